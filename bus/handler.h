@@ -1,0 +1,168 @@
+// Handler: runs one application function over a queue inside the fixed pipeline that keeps a
+// message from being lost or handled twice.
+//
+//   bus::HandlerOptions options;
+//   options.queue = "orders";
+//   options.driver = driver;
+//   options.dead_letters = dead_letters;
+//   options.idempotency = idempotency;
+//   options.retry_delay = bus::MaxAttempts(5, bus::ExponentialBackoff(absl::Seconds(1),
+//                                                                     absl::Minutes(1)));
+//   options.handle = [](const bus::Message& msg) -> absl::Status {
+//     if (!Charge(msg.payload)) return absl::UnavailableError("payment service down");
+//     return absl::OkStatus();
+//   };
+//   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+//   std::thread runner([&] { (*handler)->Run().IgnoreError(); });
+//   ...
+//   (*handler)->Stop();  // drains in-flight work within shutdown_timeout
+//   runner.join();
+//
+// For each delivered message, in this order (SPEC.md, "The Handler pipeline"):
+//  1. Decode the envelope. Malformed or oversized: store the raw bytes as a dead letter with the
+//     reason, settle, count `malformed`.
+//  2. Acquire the idempotency key `queue + "." + biz_uid` (biz_uid empty: the id) with a lease
+//     and an owner token unique to this attempt. A store error counts as not acquired.
+//  3. Not acquired: ask `ensure`; kAlreadyHandled settles and counts a duplicate.
+//  4. Call `handle`. OK is success; an error status is a retryable failure, unless wrapped by
+//     Permanent(); a thrown exception is a retryable failure with the exception's text.
+//  5. Success: mark the key done (kept for `idempotency_retention`), settle.
+//  6. Failure: release the key, increment `retried`, set `last_error`, ask `retry_delay`. A
+//     negative delay or a permanent failure: store a dead letter. Otherwise re-send the message
+//     to the queue with that delay. Only when that succeeded is the original settled; otherwise
+//     it is left to the broker's redelivery.
+//  7. Every `replay_interval`, the queue's dead letters go through the same pipeline; each is
+//     removed once the pipeline has taken it.
+//
+// Thread-safety: Stop(), Stats() and ReplayDeadLetters() may be called from any thread while
+// Run() blocks in another.
+
+#ifndef BUS_HANDLER_H_
+#define BUS_HANDLER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "bus/clock.h"
+#include "bus/driver.h"
+#include "bus/logger.h"
+#include "bus/message.h"
+#include "bus/retry.h"
+#include "bus/stats.h"
+#include "bus/stores.h"
+
+namespace bus {
+
+// Wraps `status` (which must not be OK) so that the pipeline skips the remaining retries and
+// dead-letters the message at once.
+absl::Status Permanent(absl::Status status);
+bool IsPermanent(const absl::Status& status);
+
+enum class Ensure {
+  // The business effect already exists: settle the message without handling it.
+  kAlreadyHandled,
+  // It does not: handle the message.
+  kNotHandled,
+};
+
+using HandleFn = std::function<absl::Status(const Message& msg)>;
+using EnsureFn = std::function<Ensure(const Message& msg)>;
+
+struct Subscription {
+  std::string topic;
+  // Binding key (AMQP topic rules); empty matches every route key.
+  std::string route_key;
+};
+
+struct HandlerOptions {
+  // Required: the queue to consume (bus/names.h rules).
+  std::string queue;
+  // Per-queue delivery delay given to CreateQueue; >= 0.
+  absl::Duration queue_delay = absl::ZeroDuration();
+  // Optional: bind the queue to a topic.
+  std::optional<Subscription> subscribe;
+  // Required.
+  std::shared_ptr<Driver> driver;
+  // Default: StderrLogger().
+  std::shared_ptr<Logger> logger;
+  // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
+  std::shared_ptr<DeadLetterStore> dead_letters;
+  // Default: NullIdempotencyStore() (never acquires; `ensure` decides every time).
+  std::shared_ptr<IdempotencyStore> idempotency;
+  // Required.
+  HandleFn handle;
+  // Default: always kAlreadyHandled (a key that could not be acquired means "skip").
+  EnsureFn ensure;
+  // Default: always NoRetry() (a failure goes straight to dead letters).
+  RetryDelayFn retry_delay;
+  // Handlers running at once; >= 1.
+  int concurrency = 1;
+  // Deliveries held at once (prefetch); 0 means equal to concurrency, else >= concurrency.
+  int max_in_flight = 0;
+  // How often dead letters are replayed; zero disables; else >= 1ms.
+  absl::Duration replay_interval = absl::Minutes(1);
+  // Dead letters fetched per replay batch; >= 1.
+  int replay_batch = 100;
+  // How long Stop() lets in-flight handlers finish; > 0.
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Delivery lease (ReceiveOptions::lease); > 0. Renewed while a handler runs.
+  absl::Duration delivery_lease = absl::Seconds(30);
+  // Idempotency lease; > 0. Keep it longer than the slowest handler run.
+  absl::Duration idempotency_lease = absl::Minutes(5);
+  // How long a handled key keeps later copies out; > 0.
+  absl::Duration idempotency_retention = absl::Hours(24);
+  // Envelopes larger than this are poison; >= 64.
+  size_t max_message_bytes = 1 << 20;
+  // When a dead-letter store or re-send fails, the delivery is given back with this delay
+  // (doubling per consecutive failure up to infra_backoff_max) so a broken store does not spin.
+  absl::Duration infra_backoff_base = absl::Milliseconds(100);
+  absl::Duration infra_backoff_max = absl::Seconds(30);
+  // Default: the driver's clock.
+  std::shared_ptr<Clock> clock;
+};
+
+class Handler {
+ public:
+  // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
+  static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
+
+  ~Handler();
+  Handler(const Handler&) = delete;
+  Handler& operator=(const Handler&) = delete;
+
+  // Creates the queue (and the subscription), then consumes until Stop(). Returns OK after a
+  // clean stop; FailedPrecondition if already running or already stopped; the driver's error
+  // if the queue or subscription cannot be created; DeadlineExceeded if handlers were still
+  // running when the shutdown timeout ran out (their deliveries are left to redelivery).
+  absl::Status Run();
+
+  // Asks Run() to stop and returns at once. Idempotent.
+  void Stop();
+
+  // One pass of step 7 now: walks the queue's dead letters in batches and sends each through
+  // the pipeline, removing it once taken. Letters whose bytes still cannot be decoded stay.
+  // Returns how many letters were removed.
+  absl::StatusOr<int> ReplayDeadLetters();
+
+  HandlerStats Stats() const;
+
+  const HandlerOptions& options() const { return options_; }
+
+ private:
+  struct Shared;
+  explicit Handler(HandlerOptions options);
+
+  HandlerOptions options_;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace bus
+
+#endif  // BUS_HANDLER_H_

@@ -1,0 +1,47 @@
+#include "bus/stores.h"
+
+namespace bus {
+namespace {
+
+class NullDeadLetterStoreImpl final : public DeadLetterStore {
+ public:
+  absl::StatusOr<std::string> Store(absl::string_view, absl::string_view,
+                                    absl::string_view) override {
+    return std::string("null");
+  }
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view, int limit,
+                                                absl::string_view) override {
+    if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    return std::vector<DeadLetter>{};
+  }
+  absl::Status Remove(absl::string_view, absl::string_view) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int64_t> Count(absl::string_view) override { return 0; }
+  absl::Status Purge(absl::string_view) override { return absl::OkStatus(); }
+};
+
+class NullIdempotencyStoreImpl final : public IdempotencyStore {
+ public:
+  absl::StatusOr<bool> Acquire(absl::string_view, absl::string_view, absl::Duration) override {
+    return false;
+  }
+  absl::Status MarkDone(absl::string_view, absl::string_view, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status Release(absl::string_view, absl::string_view) override {
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<DeadLetterStore> NullDeadLetterStore() {
+  return std::make_shared<NullDeadLetterStoreImpl>();
+}
+
+std::shared_ptr<IdempotencyStore> NullIdempotencyStore() {
+  return std::make_shared<NullIdempotencyStoreImpl>();
+}
+
+}  // namespace bus

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs everything the build, the tests and the benchmarks need on Debian 12: the compiler,
+# Bazel, the system libraries, clang-format, redis-server, and nsqd/nsqlookupd plus nsq's
+# bench_writer/bench_reader built from the Go module github.com/nsqio/nsq v1.3.0.
+# Idempotent: returns in about a second when everything is present.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap bazel-platforms g++ pkg-config clang-format
+  libabsl-dev libboost-dev libboost-system-dev libhiredis-dev libsqlite3-dev sqlite3
+  nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+  redis-server redis-tools golang-go
+)
+nsq_version=v1.3.0
+nsq_bin=/usr/local/bin
+
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A Go toolchain already on PATH (newer than Debian's) serves as well.
+[ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
+if command -v go >/dev/null 2>&1; then
+  missing=("${missing[@]/golang-go/}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# redis-server from Debian starts a system service on install; the tests start their own
+# servers on free ports, so the system one is not needed.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
+  "${sudo_cmd[@]}" systemctl stop redis-server || true
+fi
+
+have_nsq() {
+  for b in nsqd nsqlookupd nsq_bench_writer nsq_bench_reader; do
+    [ -x "$nsq_bin/$b" ] || return 1
+  done
+  "$nsq_bin/nsqd" --version 2>/dev/null | grep -q "${nsq_version#v}"
+}
+if ! have_nsq; then
+  echo "setup: building nsqd, nsqlookupd, bench_writer and bench_reader ${nsq_version}"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  # nsq's own go.mod replaces github.com/judwhite/go-svc, and `go install pkg@version` refuses
+  # modules with a replace, so a throwaway module requires nsq and repeats that replace.
+  cat >"$work/go.mod" <<MOD
+module msgbus.local/nsqtools
+
+go 1.17
+
+require github.com/nsqio/nsq ${nsq_version}
+
+replace github.com/judwhite/go-svc => github.com/mreiferson/go-svc v1.2.2-0.20210815184239-7a96e00010f6
+MOD
+  (
+    cd "$work"
+    export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+    go get github.com/nsqio/nsq@${nsq_version} >/dev/null 2>&1
+    mkdir -p bin
+    go build -o bin/ github.com/nsqio/nsq/apps/nsqd github.com/nsqio/nsq/apps/nsqlookupd \
+      github.com/nsqio/nsq/bench/bench_writer github.com/nsqio/nsq/bench/bench_reader
+  )
+  "${sudo_cmd[@]}" install -m 0755 "$work/bin/nsqd" "$work/bin/nsqlookupd" "$nsq_bin/"
+  "${sudo_cmd[@]}" install -m 0755 "$work/bin/bench_writer" "$nsq_bin/nsq_bench_writer"
+  "${sudo_cmd[@]}" install -m 0755 "$work/bin/bench_reader" "$nsq_bin/nsq_bench_reader"
+fi
+echo "setup: ok"
