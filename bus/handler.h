@@ -94,7 +94,7 @@ struct HandlerOptions {
   std::shared_ptr<Logger> logger;
   // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
   std::shared_ptr<DeadLetterStore> dead_letters;
-  // Default: NullIdempotencyStore() (never acquires; `ensure` decides every time).
+  // Default: NullIdempotencyStore() (grants every key: no deduplication).
   std::shared_ptr<IdempotencyStore> idempotency;
   // Required.
   HandleFn handle;

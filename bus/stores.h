@@ -98,7 +98,7 @@ class IdempotencyStore {
 
 // The defaults the Handler uses when none is configured (as the seed does): a dead-letter store
 // that keeps nothing (Store() succeeds and the letter is dropped; Fetch() returns nothing), and
-// an idempotency store that never grants a key, so the ensure function decides.
+// an idempotency store that grants every key and remembers nothing (no deduplication).
 std::shared_ptr<DeadLetterStore> NullDeadLetterStore();
 std::shared_ptr<IdempotencyStore> NullIdempotencyStore();
 
