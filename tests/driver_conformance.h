@@ -44,8 +44,7 @@ struct DriverConformanceParam {
   std::function<std::unique_ptr<DriverHarness>()> make;
 };
 
-inline std::string DriverParamName(
-    const ::testing::TestParamInfo<DriverConformanceParam>& info) {
+inline std::string DriverParamName(const ::testing::TestParamInfo<DriverConformanceParam>& info) {
   return info.param.name;
 }
 

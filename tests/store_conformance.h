@@ -56,8 +56,7 @@ class DeadLetterStoreConformanceTest : public ::testing::TestWithParam<StoreConf
   std::shared_ptr<DeadLetterStore> store_;
 };
 
-class IdempotencyStoreConformanceTest
-    : public ::testing::TestWithParam<StoreConformanceParam> {
+class IdempotencyStoreConformanceTest : public ::testing::TestWithParam<StoreConformanceParam> {
  protected:
   void SetUp() override;
 
