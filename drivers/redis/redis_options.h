@@ -58,6 +58,26 @@ std::string ToString(const RedisOptions& options);
 // The connection settings of `options`.
 redis::ConnectionOptions ToConnectionOptions(const RedisOptions& options);
 
+namespace redis {
+
+// An IoThread with one pipelined Connection, for the stores. Requests time out after
+// options.request_timeout.
+class Client {
+ public:
+  // `options` must be valid (ValidateRedisOptions).
+  explicit Client(const RedisOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  Connection& conn() { return *conn_; }
+
+ private:
+  std::unique_ptr<IoThread> io_;
+  std::shared_ptr<Connection> conn_;
+};
+
+}  // namespace redis
 }  // namespace bus
 
 #endif  // DRIVERS_REDIS_REDIS_OPTIONS_H_
