@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "absl/time/time.h"
@@ -43,6 +44,9 @@ struct StoreConformanceParam {
   std::string name;
   std::function<std::unique_ptr<StoreHarness>()> make;
 };
+
+// Prints the parameter by name in test output.
+inline void PrintTo(const StoreConformanceParam& param, std::ostream* os) { *os << param.name; }
 
 inline std::string StoreParamName(const ::testing::TestParamInfo<StoreConformanceParam>& info) {
   return info.param.name;
