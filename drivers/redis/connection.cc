@@ -92,8 +92,8 @@ absl::StatusOr<std::string> Format(const std::vector<std::string>& args) {
     lens.push_back(a.size());
   }
   char* cmd = nullptr;
-  const int n = redisFormatCommandArgv(&cmd, static_cast<int>(args.size()), argv.data(),
-                                       lens.data());
+  const int n =
+      redisFormatCommandArgv(&cmd, static_cast<int>(args.size()), argv.data(), lens.data());
   if (n < 0 || cmd == nullptr) return absl::InternalError("redisFormatCommandArgv failed");
   std::string out(cmd, static_cast<size_t>(n));
   redisFreeCommand(cmd);
@@ -109,8 +109,8 @@ std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
 absl::Status ReplyStatus(const Reply& reply) {
   if (!reply.is_error()) return absl::OkStatus();
   const std::string msg = absl::StrCat("redis: ", reply.str);
-  for (absl::string_view p : {"NOSCRIPT", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN",
-                              "READONLY", "CLUSTERDOWN"}) {
+  for (absl::string_view p :
+       {"NOSCRIPT", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "CLUSTERDOWN"}) {
     if (absl::StartsWith(reply.str, p)) return absl::UnavailableError(msg);
   }
   if (absl::StartsWith(reply.str, "NOAUTH") || absl::StartsWith(reply.str, "WRONGPASS")) {
@@ -236,9 +236,9 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
 
   void OnDeadline(const RequestPtr& req) {
     if (req->done) return;
-    Complete(req, absl::DeadlineExceededError(absl::StrCat(
-                      "redis request to ", options.host, ":", options.port,
-                      " got no reply within ", absl::FormatDuration(req->timeout))));
+    Complete(req, absl::DeadlineExceededError(absl::StrCat("redis request to ", options.host, ":",
+                                                           options.port, " got no reply within ",
+                                                           absl::FormatDuration(req->timeout))));
     // A written request without a reply means a slow or hung server: drop the connection so
     // the next request starts on a fresh one.
     if (req->written) CloseSocket();
@@ -343,8 +343,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     });
     const std::string where = absl::StrCat(options.host, ":", options.port);
     tcp::resolver resolver(io);
-    auto endpoints = co_await resolver.async_resolve(
-        options.host, std::to_string(options.port), asio::redirect_error(asio::use_awaitable, ec));
+    auto endpoints = co_await resolver.async_resolve(options.host, std::to_string(options.port),
+                                                     asio::redirect_error(asio::use_awaitable, ec));
     absl::Status st;
     if (ec) {
       st = absl::UnavailableError(absl::StrCat("redis resolve ", where, ": ", ec.message()));
@@ -442,8 +442,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!st.ok()) {
         self->FailWaiting(st);
         ++attempt;
-        self->backoff.expires_after(ToChrono(BackoffDelay(
-            attempt, self->options.backoff_base, self->options.backoff_max, self->gen)));
+        self->backoff.expires_after(ToChrono(BackoffDelay(attempt, self->options.backoff_base,
+                                                          self->options.backoff_max, self->gen)));
         co_await self->backoff.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
@@ -477,8 +477,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   uint64_t generation = 0;
 };
 
-Connection::Connection(IoThread* io, ConnectionOptions options,
-                       std::function<void()> on_reconnect)
+Connection::Connection(IoThread* io, ConnectionOptions options, std::function<void()> on_reconnect)
     : io_thread_(io),
       impl_(std::make_shared<Impl>(io->io(), std::move(options), std::move(on_reconnect))) {}
 
@@ -505,8 +504,7 @@ void Connection::Shutdown() {
 }
 
 absl::StatusOr<std::vector<Reply>> Connection::Execute(
-    std::vector<std::vector<std::string>> commands, absl::Duration timeout,
-    std::stop_token stop) {
+    std::vector<std::vector<std::string>> commands, absl::Duration timeout, std::stop_token stop) {
   if (io_thread_->InThisThread()) {
     return absl::FailedPreconditionError("redis Execute called on the connection's IoThread");
   }

@@ -152,8 +152,7 @@ class Connection {
   struct Impl;
   Connection(IoThread* io, ConnectionOptions options, std::function<void()> on_reconnect);
 
-  absl::StatusOr<std::string> ScriptSha(const Script& script, absl::Duration timeout,
-                                        bool reload);
+  absl::StatusOr<std::string> ScriptSha(const Script& script, absl::Duration timeout, bool reload);
 
   IoThread* io_thread_;
   std::shared_ptr<Impl> impl_;

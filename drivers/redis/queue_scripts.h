@@ -18,9 +18,9 @@
 
 namespace bus::redis_scripts {
 
-#define BUS_REDIS_NOW                                                     \
-  "local function now_ms()\n"                                             \
-  "  local t = redis.call('TIME')\n"                                      \
+#define BUS_REDIS_NOW                                                    \
+  "local function now_ms()\n"                                            \
+  "  local t = redis.call('TIME')\n"                                     \
   "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
   "end\n"
 
@@ -119,11 +119,11 @@ return out
 
 // The lease check shared by ack, nack and extend: the id is in flight, its lease has not run
 // out, and no later delivery took it (attempts == token).
-#define BUS_REDIS_HOLDS                                                       \
-  "local function holds(inflight, attempts, id, token, now)\n"                \
-  "  local s = redis.call('ZSCORE', inflight, id)\n"                          \
-  "  if not s or tonumber(s) <= now then return false end\n"                  \
-  "  return redis.call('HGET', attempts, id) == token\n"                      \
+#define BUS_REDIS_HOLDS                                        \
+  "local function holds(inflight, attempts, id, token, now)\n" \
+  "  local s = redis.call('ZSCORE', inflight, id)\n"           \
+  "  if not s or tonumber(s) <= now then return false end\n"   \
+  "  return redis.call('HGET', attempts, id) == token\n"       \
   "end\n"
 
 // KEYS: inflight, msgs, attempts. ARGV: id, token. Returns 1, or 0 when the lease was lost.

@@ -91,9 +91,7 @@ std::string NewId(absl::BitGen& gen) {
 // Shared by the driver and its consumers: the IoThread and the pipelined connection.
 class Core {
  public:
-  explicit Core(RedisOptions options) : options_(std::move(options)) {
-    conn_ = NewConnection();
-  }
+  explicit Core(RedisOptions options) : options_(std::move(options)) { conn_ = NewConnection(); }
   ~Core() {
     conn_->Shutdown();
     conn_.reset();
@@ -104,8 +102,8 @@ class Core {
     return Connection::Create(io_.get(), ToConnectionOptions(options_), [this] {
       const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
       options_.logger->Log(LogLevel::kWarning,
-                           absl::StrCat("redis: reconnected to ", options_.host, ":",
-                                        options_.port, " (reconnects: ", n, ")"));
+                           absl::StrCat("redis: reconnected to ", options_.host, ":", options_.port,
+                                        " (reconnects: ", n, ")"));
     });
   }
 
@@ -228,12 +226,12 @@ class RedisConsumer final : public Consumer {
         room = std::min(max, options_.max_in_flight - static_cast<int>(held_.size()));
       }
       if (room <= 0) continue;
-      absl::StatusOr<std::vector<Reply>> replies = core_->conn().Eval(
-          ReserveScript(),
-          {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs, keys_.attempts,
-            absl::StrCat(room), absl::StrCat(Millis(options_.lease)),
-            absl::StrCat(o.script_batch)}},
-          o.request_timeout);
+      absl::StatusOr<std::vector<Reply>> replies =
+          core_->conn().Eval(ReserveScript(),
+                             {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs,
+                               keys_.attempts, absl::StrCat(room),
+                               absl::StrCat(Millis(options_.lease)), absl::StrCat(o.script_batch)}},
+                             o.request_timeout);
       if (!replies.ok()) return replies.status();
       const Reply& r = (*replies)[0];
       if (r.is_error()) return redis::ReplyStatus(r);
@@ -272,14 +270,14 @@ class RedisConsumer final : public Consumer {
 
   absl::Status Ack(const Delivery& delivery) override {
     return Settle(delivery, AckScript(), [&](const ParsedReceipt& p) {
-      return std::vector<std::string>{"3", keys_.inflight, keys_.msgs, keys_.attempts, p.id,
-                                      p.token};
+      return std::vector<std::string>{"3",  keys_.inflight, keys_.msgs, keys_.attempts,
+                                      p.id, p.token};
     });
   }
 
   absl::Status Nack(const Delivery& delivery, absl::Duration delay) override {
     return Settle(delivery, NackScript(), [&](const ParsedReceipt& p) {
-      return std::vector<std::string>{"5",          keys_.inflight, keys_.ready,
+      return std::vector<std::string>{"5",           keys_.inflight, keys_.ready,
                                       keys_.delayed, keys_.attempts, keys_.notify,
                                       p.id,          p.token,        absl::StrCat(Millis(delay))};
     });
@@ -288,11 +286,11 @@ class RedisConsumer final : public Consumer {
   absl::Status Extend(const Delivery& delivery) override {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
     if (!p.ok()) return p.status();
-    absl::StatusOr<std::vector<Reply>> replies = core_->conn().Eval(
-        ExtendScript(),
-        {{"2", keys_.inflight, keys_.attempts, p->id, p->token,
-          absl::StrCat(Millis(options_.lease))}},
-        core_->options().request_timeout);
+    absl::StatusOr<std::vector<Reply>> replies =
+        core_->conn().Eval(ExtendScript(),
+                           {{"2", keys_.inflight, keys_.attempts, p->id, p->token,
+                             absl::StrCat(Millis(options_.lease))}},
+                           core_->options().request_timeout);
     if (!replies.ok()) return replies.status();
     absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
     if (!n.ok()) return n.status();
@@ -384,9 +382,10 @@ class RedisDriver final : public Driver {
     std::vector<std::vector<std::string>> calls;
     for (size_t start = 0; start < data.size(); start += kEnqueueChunk) {
       const size_t end = std::min(data.size(), start + kEnqueueChunk);
-      std::vector<std::string> call = {"6",        keys.ready,  keys.delayed,
-                                       keys.msgs,  keys.meta,   keys.notify,
-                                       keys.seen,  absl::StrCat(Millis(delay)), "0"};
+      std::vector<std::string> call = {
+          "6",       keys.ready,  keys.delayed, keys.msgs,
+          keys.meta, keys.notify, keys.seen,    absl::StrCat(Millis(delay)),
+          "0"};
       call.reserve(call.size() + 2 * (end - start));
       for (size_t i = start; i < end; ++i) {
         call.push_back(core_->NewMessageId());
@@ -401,8 +400,8 @@ class RedisDriver final : public Driver {
                            absl::string_view route_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
-    absl::StatusOr<Reply> members = core_->conn().Command(
-        {"SMEMBERS", TopicKey(prefix(), topic)}, core_->options().request_timeout);
+    absl::StatusOr<Reply> members = core_->conn().Command({"SMEMBERS", TopicKey(prefix(), topic)},
+                                                          core_->options().request_timeout);
     if (!members.ok()) return members.status();
     if (members->is_error()) return redis::ReplyStatus(*members);
     absl::flat_hash_set<std::string> queues;
@@ -416,14 +415,14 @@ class RedisDriver final : public Driver {
     std::vector<std::vector<std::string>> calls;
     for (const std::string& q : queues) {
       const QueueKeys keys(prefix(), q);
-      calls.push_back({"6", keys.ready, keys.delayed, keys.msgs, keys.meta, keys.notify,
-                       keys.seen, "0", absl::StrCat(kTopicDedupMs), id, std::string(data)});
+      calls.push_back({"6", keys.ready, keys.delayed, keys.msgs, keys.meta, keys.notify, keys.seen,
+                       "0", absl::StrCat(kTopicDedupMs), id, std::string(data)});
     }
     return core_->Enqueue(std::move(calls));
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(
-      absl::string_view queue, const ConsumerOptions& options) override {
+  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+                                                        const ConsumerOptions& options) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
     return std::make_unique<RedisConsumer>(core_, std::string(queue), options);
@@ -435,7 +434,8 @@ class RedisDriver final : public Driver {
   const std::string& prefix() const { return core_->options().key_prefix; }
 
   absl::Status Simple(std::vector<std::string> cmd) {
-    absl::StatusOr<Reply> r = core_->conn().Command(std::move(cmd), core_->options().request_timeout);
+    absl::StatusOr<Reply> r =
+        core_->conn().Command(std::move(cmd), core_->options().request_timeout);
     if (!r.ok()) return r.status();
     return redis::ReplyStatus(*r);
   }

@@ -31,8 +31,8 @@ std::string ToString(const RedisOptions& o) {
   return absl::StrCat("redis{host=", o.host, " port=", o.port,
                       " username=", o.username.empty() ? "<default>" : o.username,
                       " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
-                      " key_prefix=\"", o.key_prefix, "\" connect_timeout=",
-                      absl::FormatDuration(o.connect_timeout),
+                      " key_prefix=\"", o.key_prefix,
+                      "\" connect_timeout=", absl::FormatDuration(o.connect_timeout),
                       " request_timeout=", absl::FormatDuration(o.request_timeout),
                       " script_batch=", o.script_batch, "}");
 }

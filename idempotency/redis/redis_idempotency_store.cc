@@ -101,8 +101,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
   }
 
-  absl::StatusOr<int64_t> Run(const Script& script, absl::string_view key,
-                              absl::string_view owner, int64_t ms) {
+  absl::StatusOr<int64_t> Run(const Script& script, absl::string_view key, absl::string_view owner,
+                              int64_t ms) {
     std::vector<std::string> call = {"1", absl::StrCat(options_.key_prefix, "idem:{", key, "}"),
                                      std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));

@@ -94,11 +94,10 @@ class RedisDeadLetterStore final : public DeadLetterStore {
   absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
                                     absl::string_view reason) override {
     const Keys k = KeysOf(queue);
-    absl::StatusOr<Reply> r =
-        One(client_.conn().Eval(StoreScript(),
-                                {{"5", k.seq, k.ids, k.data, k.reason, k.time, std::string(data),
-                                  std::string(reason)}},
-                                options_.request_timeout));
+    absl::StatusOr<Reply> r = One(client_.conn().Eval(
+        StoreScript(),
+        {{"5", k.seq, k.ids, k.data, k.reason, k.time, std::string(data), std::string(reason)}},
+        options_.request_timeout));
     if (!r.ok()) return r.status();
     return r->str;
   }

@@ -45,8 +45,12 @@ absl::Status RedisServer::Launch() {
     argv.push_back(options_.password);
   }
   if (!options_.user.empty()) {
-    argv.push_back("--user");
-    argv.push_back(absl::StrCat(options_.user, " on >", options_.user_password, " ~* &* +@all"));
+    // Separate words: redis-server quotes a single argument that contains spaces.
+    for (std::string word : {std::string("--user"), options_.user, std::string("on"),
+                             absl::StrCat(">", options_.user_password), std::string("~*"),
+                             std::string("&*"), std::string("+@all")}) {
+      argv.push_back(std::move(word));
+    }
   }
   for (const auto& a : options_.extra_args) argv.push_back(a);
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =
@@ -74,7 +78,8 @@ absl::Status RedisServer::Restart() {
 
 absl::StatusOr<std::string> RedisServer::Cli(const std::vector<std::string>& args) const {
   std::string cmd = absl::StrCat("redis-cli -h 127.0.0.1 -p ", port_);
-  if (!options_.password.empty()) absl::StrAppend(&cmd, " --no-auth-warning -a ", options_.password);
+  if (!options_.password.empty())
+    absl::StrAppend(&cmd, " --no-auth-warning -a ", options_.password);
   for (const auto& a : args) absl::StrAppend(&cmd, " '", a, "'");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("popen redis-cli failed");
