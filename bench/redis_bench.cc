@@ -29,8 +29,11 @@
 #include "absl/time/clock.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
 #include "drivers/redis/redis_driver.h"
+#include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "tests/testing/redis_server.h"
 
@@ -42,6 +45,11 @@ ABSL_FLAG(int, batch, 100, "Messages per SendBatchToQueue call");
 ABSL_FLAG(int, producers, 2, "Producer threads");
 ABSL_FLAG(int, concurrency, 16, "Handler concurrency");
 ABSL_FLAG(int, max_in_flight, 512, "Handler max in flight (prefetch)");
+ABSL_FLAG(bool, memory_baseline, false,
+          "Also run the end-to-end benchmark on the memory driver and memory stores");
+ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");
+ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command script");
+ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
 ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
 
 namespace {
@@ -61,7 +69,7 @@ double RedisBenchmarkLpush(int port) {
   const size_t at = out.rfind("LPUSH: ");
   if (at == std::string::npos) return 0;
   double rate = 0;
-  std::string_view rest(out.data() + at + 7);
+  absl::string_view rest(out.data() + at + 7);
   (void)absl::SimpleAtod(rest.substr(0, rest.find(' ')), &rate);
   return rate;
 }
@@ -100,18 +108,16 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queu
   return sent / absl::ToDoubleSeconds(took);
 }
 
-double EndToEnd(const std::shared_ptr<bus::Driver>& driver, const bus::RedisOptions& options,
-                int messages) {
+double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
+                std::shared_ptr<bus::DeadLetterStore> dead_letters,
+                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages) {
   const std::string queue = "bench-e2e";
   if (Sends(driver, queue, messages) <= 0) return 0;
-  auto dead_letters = bus::NewRedisDeadLetterStore(options);
-  auto idempotency = bus::NewRedisIdempotencyStore(options);
-  if (!dead_letters.ok() || !idempotency.ok()) return 0;
   bus::HandlerOptions h;
   h.queue = queue;
   h.driver = driver;
-  h.dead_letters = *dead_letters;
-  h.idempotency = *idempotency;
+  h.dead_letters = std::move(dead_letters);
+  h.idempotency = std::move(idempotency);
   h.handle = [](const bus::Message&) { return absl::OkStatus(); };
   h.concurrency = absl::GetFlag(FLAGS_concurrency);
   h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
@@ -165,18 +171,59 @@ int main(int argc, char** argv) {
   auto driver = bus::NewRedisDriver(options);
   if (!driver.ok()) return 1;
 
+  if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
+    bus::redis::IoThread io;
+    auto conn = bus::redis::Connection::Create(&io, bus::ToConnectionOptions(options));
+    constexpr int kPings = 20000;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&] {
+        static const bus::redis::Script script("return redis.call('HGET', KEYS[1], ARGV[1])");
+        for (int i = 0; i < kPings; ++i) {
+          if (absl::GetFlag(FLAGS_ping_raw)) {
+            (void)conn->Command({"HGET", "k", "f"}, absl::Seconds(5));
+          } else if (absl::GetFlag(FLAGS_ping_eval)) {
+            (void)conn->Eval(script, {{"1", "k", "f"}}, absl::Seconds(5));
+          } else {
+            (void)conn->Command({"PING"}, absl::Seconds(5));
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const absl::Duration took = absl::Now() - start;
+    std::printf("ping: %d threads, %.0f calls/s, %.1f us per call per thread\n", threads,
+                threads * kPings / absl::ToDoubleSeconds(took),
+                absl::ToDoubleMicroseconds(took) / kPings);
+    conn->Shutdown();
+    return 0;
+  }
   const double limit = RedisBenchmarkLpush(port);
   std::printf("limit  redis-benchmark -P 16 -t lpush: %.0f requests/s\n", limit);
   const double sends = Sends(*driver, "bench-send", absl::GetFlag(FLAGS_messages));
-  std::printf("sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s"
-              "  ratio %.2f\n",
-              absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers),
-              absl::GetFlag(FLAGS_payload), sends, limit > 0 ? sends / limit : 0);
-  const double e2e = EndToEnd(*driver, options, absl::GetFlag(FLAGS_e2e_messages));
-  std::printf("e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d): %.0f msg/s"
-              "  ratio %.2f\n",
-              absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight), e2e,
-              limit > 0 ? e2e / limit : 0);
+  std::printf(
+      "sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s"
+      "  ratio %.2f\n",
+      absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload),
+      sends, limit > 0 ? sends / limit : 0);
+  auto dead_letters = bus::NewRedisDeadLetterStore(options);
+  auto idempotency = bus::NewRedisIdempotencyStore(options);
+  if (!dead_letters.ok() || !idempotency.ok()) return 1;
+  const double e2e =
+      EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages));
+  std::printf(
+      "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d): %.0f msg/s"
+      "  ratio %.2f\n",
+      absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight), e2e,
+      limit > 0 ? e2e / limit : 0);
+  if (absl::GetFlag(FLAGS_memory_baseline)) {
+    const double mem =
+        EndToEnd(bus::NewMemoryDriver(), bus::NewMemoryDeadLetterStore(),
+                 bus::NewMemoryIdempotencyStore(), absl::GetFlag(FLAGS_e2e_messages));
+    std::printf(
+        "e2e    (baseline) same Handler on the memory driver and memory stores: %.0f msg/s\n", mem);
+  }
   const double limit_after = RedisBenchmarkLpush(port);
   std::printf("limit  (again, after): %.0f requests/s\n", limit_after);
   return 0;

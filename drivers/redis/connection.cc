@@ -149,7 +149,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     bool cancel = false;
     bool written = false;
     absl::Duration timeout;
-    std::optional<asio::steady_timer> timer;
+    std::chrono::steady_clock::time_point deadline;
   };
   using RequestPtr = std::shared_ptr<Request>;
 
@@ -160,7 +160,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
         socket(io),
         idle(io),
         write_signal(io),
-        backoff(io) {}
+        backoff(io),
+        sweep(io) {}
 
   asio::io_context& io;
   const ConnectionOptions options;
@@ -171,6 +172,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   asio::steady_timer idle;
   asio::steady_timer write_signal;
   asio::steady_timer backoff;
+  asio::steady_timer sweep;
+  bool sweeping = false;  // the Sweep coroutine is alive
   ReaderPtr reader;
   bool running = false;  // the session coroutine is alive
   bool ready = false;    // connected and handshaken
@@ -185,7 +188,6 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   void Complete(const RequestPtr& req, absl::StatusOr<std::vector<Reply>> result) {
     if (req->done) return;
     req->done = true;
-    if (req->timer) req->timer->cancel();
     req->promise.set_value(std::move(result));
   }
 
@@ -209,11 +211,11 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       Complete(req, absl::CancelledError("redis request cancelled"));
       return;
     }
-    req->timer.emplace(io);
-    req->timer->expires_after(ToChrono(req->timeout));
-    req->timer->async_wait([self = shared_from_this(), req](const error_code& ec) {
-      if (!ec) self->OnDeadline(req);
-    });
+    req->deadline = std::chrono::steady_clock::now() + ToChrono(req->timeout);
+    if (!sweeping) {
+      sweeping = true;
+      asio::co_spawn(io, Sweep(shared_from_this()), asio::detached);
+    }
     if (ready) {
       Enqueue(req);
     } else {
@@ -244,6 +246,26 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     if (req->written) CloseSocket();
   }
 
+  // Fails requests whose deadline passed. One timer per connection, ticking every
+  // kSweepInterval while requests are pending, costs far less than a timer per request.
+  static constexpr std::chrono::milliseconds kSweepInterval{10};
+  static awaitable<void> Sweep(std::shared_ptr<Impl> self) {
+    error_code ec;
+    while (!self->shutdown && (!self->waiting.empty() || !self->inflight.empty())) {
+      self->sweep.expires_after(kSweepInterval);
+      co_await self->sweep.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<RequestPtr> expired;
+      for (const auto* q : {&self->waiting, &self->inflight}) {
+        for (const RequestPtr& r : *q) {
+          if (!r->done && r->deadline <= now) expired.push_back(r);
+        }
+      }
+      for (const RequestPtr& r : expired) self->OnDeadline(r);
+    }
+    self->sweeping = false;
+  }
+
   void Cancel(const RequestPtr& req) {
     req->cancel = true;
     if (req->done) return;
@@ -268,6 +290,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     CloseSocket();
     idle.cancel();
     backoff.cancel();
+    sweep.cancel();
     const absl::Status st = absl::UnavailableError("redis connection is shut down");
     FailWaiting(st);
     FailInflight(st);
