@@ -50,6 +50,7 @@ ABSL_FLAG(bool, memory_baseline, false,
 ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");
 ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command script");
 ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
+ABSL_FLAG(int, mix_threads, 0, "Only measure acquire+mark-done+ack loops from N threads");
 ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
 
 namespace {
@@ -171,6 +172,31 @@ int main(int argc, char** argv) {
   auto driver = bus::NewRedisDriver(options);
   if (!driver.ok()) return 1;
 
+  if (const int threads = absl::GetFlag(FLAGS_mix_threads); threads > 0) {
+    // The store and ack calls of the end-to-end path, without the Handler.
+    auto idem = bus::NewRedisIdempotencyStore(options);
+    auto consumer = (*driver)->NewConsumer("mix", {1, absl::Seconds(30)});
+    constexpr int kLoops = 10000;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kLoops; ++i) {
+          const std::string key = absl::StrCat("mix.", t, ".", i);
+          (void)(*idem)->Acquire(key, "owner", absl::Seconds(15));
+          (void)(*idem)->MarkDone(key, "owner", absl::Hours(1));
+          bus::Delivery d;
+          d.receipt = absl::StrCat(key, ":1");
+          (void)(*consumer)->Ack(d);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const absl::Duration took = absl::Now() - start;
+    std::printf("mix: %d threads, %.0f loops/s (3 calls each)\n", threads,
+                threads * kLoops / absl::ToDoubleSeconds(took));
+    return 0;
+  }
   if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
     bus::redis::IoThread io;
     auto conn = bus::redis::Connection::Create(&io, bus::ToConnectionOptions(options));
