@@ -21,8 +21,8 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   if (o.request_timeout <= absl::ZeroDuration()) return bad("request_timeout", "must be > 0");
   if (o.backoff_base <= absl::ZeroDuration()) return bad("backoff_base", "must be > 0");
   if (o.backoff_max < o.backoff_base) return bad("backoff_max", "must be >= backoff_base");
-  if (o.script_batch < 1 || o.script_batch > 10000) {
-    return bad("script_batch", "must be 1 to 10000");
+  if (o.script_batch < 1 || o.script_batch > 5000) {
+    return bad("script_batch", "must be 1 to 5000 (Lua unpack limit)");
   }
   return absl::OkStatus();
 }
