@@ -96,8 +96,10 @@ Settlement Handler::Shared::Process(absl::string_view data) {
   received.fetch_add(1, std::memory_order_relaxed);
   InFlight gauge(&in_flight);
 
-  // 1. Decode; a poison message becomes a dead letter and never blocks the queue.
-  Message msg;
+  // 1. Decode; a poison message becomes a dead letter and never blocks the queue. The message
+  // and key buffers are reused per thread: the handle function only borrows the message.
+  thread_local Message msg;
+  thread_local std::string key;
   if (absl::Status st = DecodeEnvelope(data, &msg, options.max_message_bytes); !st.ok()) {
     malformed.fetch_add(1, std::memory_order_relaxed);
     Log(LogLevel::kWarning,
@@ -114,8 +116,9 @@ Settlement Handler::Shared::Process(absl::string_view data) {
   }
 
   // 2. Acquire the idempotency key with an owner token unique to this attempt.
-  const std::string key =
-      absl::StrCat(options.queue, ".", msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+  key.assign(options.queue);
+  key.push_back('.');
+  key.append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
   const std::string owner = NewMessageId();
   bool acquired = false;
   if (absl::StatusOr<bool> got =
