@@ -108,7 +108,9 @@ struct Handler::Shared {
   }
 
   Settlement Taken() {
-    infra_failures.store(0, std::memory_order_relaxed);
+    if (infra_failures.load(std::memory_order_relaxed) != 0) {
+      infra_failures.store(0, std::memory_order_relaxed);
+    }
     return Settlement::Done();
   }
 };
