@@ -158,7 +158,6 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
         options(std::move(o)),
         on_reconnect(std::move(cb)),
         socket(io),
-        idle(io),
         write_signal(io),
         backoff(io),
         sweep(io) {}
@@ -169,7 +168,6 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   std::atomic<uint64_t> reconnects{0};
 
   tcp::socket socket;
-  asio::steady_timer idle;
   asio::steady_timer write_signal;
   asio::steady_timer backoff;
   asio::steady_timer sweep;
@@ -223,8 +221,6 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!running) {
         running = true;
         asio::co_spawn(io, Session(shared_from_this()), asio::detached);
-      } else {
-        idle.cancel();
       }
     }
   }
@@ -288,7 +284,6 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   void Shutdown() {
     shutdown = true;
     CloseSocket();
-    idle.cancel();
     backoff.cancel();
     sweep.cancel();
     const absl::Status st = absl::UnavailableError("redis connection is shut down");
