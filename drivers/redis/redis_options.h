@@ -40,7 +40,8 @@ struct RedisOptions {
   absl::Duration backoff_base = absl::Milliseconds(50);
   absl::Duration backoff_max = absl::Seconds(2);
   // Most messages one script call moves (promoting due delayed messages, recovering expired
-  // leases, purging). Bounds the time Redis spends in one call. Default 500; 1 to 5000 (a Lua unpack() limit).
+  // leases, purging). Bounds the time Redis spends in one call. Default 500; 1 to 5000 (a Lua
+  // unpack() limit).
   int script_batch = 500;
   // Clock for client-side waits only (how long Receive blocks). Delays and leases are measured
   // by the Redis server's clock (TIME), never this one. Default RealClock().
