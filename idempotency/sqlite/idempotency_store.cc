@@ -60,8 +60,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override {
     if (absl::Status s = CheckKeyAndOwner("MarkDone", key, owner); !s.ok()) return s;
-    if (retention < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("MarkDone: retention must be >= 0");
+    if (retention <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("MarkDone: retention must be > 0");
     }
     return db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();

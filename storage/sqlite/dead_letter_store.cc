@@ -15,7 +15,7 @@ using sqlite_internal::ScopedStatement;
 // Ids are the decimal row ids this store hands out.
 absl::StatusOr<int64_t> ParseId(absl::string_view id, absl::string_view what) {
   int64_t value = 0;
-  if (!absl::SimpleAtoi(id, &value) || value < 1) {
+  if (!absl::SimpleAtoi(id, &value) || value < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " '", id, "' is not a dead-letter id of the SQLite store"));
   }
