@@ -1,8 +1,11 @@
 #include "storage/sqlite/sqlite_db.h"
 
+#include <thread>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "storage/sqlite/sql.h"
 
@@ -12,6 +15,9 @@ using sqlite_internal::Connection;
 using sqlite_internal::ScopedStatement;
 
 namespace {
+
+// How often a new leader yields the CPU, at most, to let finished callers queue up again.
+constexpr int kMaxYields = 4;
 
 struct Migration {
   int to_version;
@@ -119,9 +125,10 @@ struct SqliteDatabase::Writer {
   explicit Writer(absl::FunctionRef<absl::Status(Connection&)> op) : op(op) {}
   absl::FunctionRef<absl::Status(Connection&)> op;
   absl::Status status;
-  // Set by the leader that ran this writer's operation, under mu_.
+  // Set before `wake` is notified: true when a leader ran this operation (status is its
+  // result), false when this writer is to lead the next batch.
   bool done = false;
-  absl::CondVar cv;
+  absl::Notification wake;
 };
 
 absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::Open(SqliteOptions options) {
@@ -150,64 +157,100 @@ SqliteDatabase::~SqliteDatabase() = default;
 
 absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> op) {
   Writer w(op);
-  mu_.Lock();
-  writers_.push_back(&w);
-  ++stats_.operations;
-  while (!w.done && writers_.front() != &w) w.cv.Wait(&mu_);
-  if (w.done) {
-    mu_.Unlock();
-    return w.status;
+  bool lead;
+  {
+    absl::MutexLock lock(&mu_);
+    writers_.push_back(&w);
+    ++stats_.operations;
+    lead = writers_.size() == 1;
   }
-  // This caller leads: it runs its own operation and those queued behind it.
-  batch_.clear();
-  for (Writer* x : writers_) {
-    if (static_cast<int>(batch_.size()) == options_.max_batch) break;
-    batch_.push_back(x);
-  }
-  mu_.Unlock();
-
-  MaybeCleanup();
-  RunBatch(batch_);
-
-  mu_.Lock();
-  ++stats_.transactions;
-  stats_.cleaned_up = cleaned_up_;
-  for (size_t i = 0; i < batch_.size(); ++i) {
-    Writer* x = writers_.front();
-    writers_.pop_front();
-    if (x != &w) {
-      x->done = true;
-      x->cv.Signal();
+  if (!lead) {
+    w.wake.WaitForNotification();
+    if (w.done) {
+      finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
+      return w.status;
     }
   }
-  if (!writers_.empty()) writers_.front()->cv.Signal();
-  mu_.Unlock();
+  // This caller leads: it runs its own operation and those queued behind it. Callers finished
+  // by the previous batch that have not even returned yet are likely to write again at once;
+  // when they wait for a CPU (more threads than cores), yielding lets them queue up and join
+  // this batch instead of this caller committing alone again and again. A lone caller never
+  // yields.
+  for (int i = 0; i < kMaxYields && finished_not_returned_.load(std::memory_order_relaxed) > 0;
+       ++i) {
+    std::this_thread::yield();
+  }
+  MaybeCleanup();
+  LeadBatch();
+  // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving at an
+  // empty queue leads at once), so the writers to wake are copied out under mu_.
+  absl::InlinedVector<Writer*, 16> finished;
+  Writer* next = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.transactions;
+    stats_.cleaned_up = cleaned_up_;
+    for (Writer* x : batch_) {
+      writers_.pop_front();
+      if (x != &w) finished.push_back(x);
+    }
+    if (!writers_.empty()) next = writers_.front();
+  }
+  // Outside mu_: a woken caller returns at once, without contending for it. A finished writer
+  // may be destroyed as soon as it sees its notification, so nothing touches it afterwards.
+  finished_not_returned_.fetch_add(static_cast<int>(finished.size()), std::memory_order_relaxed);
+  for (Writer* x : finished) {
+    x->done = true;
+    x->wake.Notify();
+  }
+  if (next != nullptr) next->wake.Notify();
   return w.status;
 }
 
-absl::Status SqliteDatabase::RunAlone(Writer& w) {
+void SqliteDatabase::LeadBatch() {
+  Connection& conn = *writer_conn_;
+  // Taking the lock first also gives callers that arrive meanwhile a chance to join the batch.
+  const absl::Status begin = conn.Exec(sqlite_internal::kBeginSql);
+  batch_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    for (Writer* x : writers_) {
+      if (static_cast<int>(batch_.size()) == options_.max_batch) break;
+      batch_.push_back(x);
+    }
+  }
+  if (!begin.ok()) {
+    // Typically the lock stayed busy for busy_timeout: the same answer for everyone in line.
+    if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+    for (Writer* w : batch_) w->status = begin;
+    return;
+  }
+  RunBatch();
+}
+
+absl::Status SqliteDatabase::RunAlone(absl::FunctionRef<absl::Status(Connection&)> op) {
   Connection& conn = *writer_conn_;
   absl::Status s = conn.Exec(sqlite_internal::kBeginSql);
-  if (s.ok()) s = w.op(conn);
+  if (s.ok()) s = op(conn);
   if (s.ok()) s = conn.Exec(sqlite_internal::kCommitSql);
   if (!s.ok() && conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
   return s;
 }
 
-void SqliteDatabase::RunBatch(const std::vector<Writer*>& batch) {
-  if (batch.size() == 1) {
-    batch[0]->status = RunAlone(*batch[0]);
-    return;
-  }
+void SqliteDatabase::RunBatch() {
   Connection& conn = *writer_conn_;
-  if (absl::Status begin = conn.Exec(sqlite_internal::kBeginSql); !begin.ok()) {
-    // Typically the lock stayed busy for busy_timeout: the same answer for everyone in line.
-    if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
-    for (Writer* w : batch) w->status = begin;
+  if (batch_.size() == 1) {
+    // Alone in its transaction: no savepoint needed, an error rolls the transaction back.
+    Writer& w = *batch_[0];
+    w.status = w.op(conn);
+    if (w.status.ok()) w.status = conn.Exec(sqlite_internal::kCommitSql);
+    if (!w.status.ok() && conn.InTransaction()) {
+      conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+    }
     return;
   }
   bool intact = true;
-  for (Writer* w : batch) {
+  for (Writer* w : batch_) {
     absl::Status s = conn.Exec(sqlite_internal::kSavepointSql);
     if (s.ok()) {
       w->status = w->op(conn);
@@ -229,7 +272,7 @@ void SqliteDatabase::RunBatch(const std::vector<Writer*>& batch) {
   // nothing of this batch is in the file. Run each operation in a transaction of its own, so
   // that each caller gets the result of its own operation and no other.
   if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
-  for (Writer* w : batch) w->status = RunAlone(*w);
+  for (Writer* w : batch_) w->status = RunAlone(w->op);
 }
 
 void SqliteDatabase::MaybeCleanup() {
@@ -245,8 +288,7 @@ void SqliteDatabase::MaybeCleanup() {
     deleted = conn.Changes();
     return absl::OkStatus();
   };
-  Writer w(cleanup);
-  const absl::Status s = RunAlone(w);
+  const absl::Status s = RunAlone(cleanup);
   if (s.ok()) cleaned_up_ += deleted;
   // A full batch means more may be waiting: go on with the next write. A failure (the lock was
   // busy) is retried at the next interval; cleanup is housekeeping and never fails a caller.

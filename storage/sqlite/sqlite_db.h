@@ -31,6 +31,7 @@
 #ifndef STORAGE_SQLITE_SQLITE_DB_H_
 #define STORAGE_SQLITE_SQLITE_DB_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -132,10 +133,14 @@ class SqliteDatabase {
 
   SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer);
 
-  // Runs `batch` (the leader holds the writer connection; mu_ is not held).
-  void RunBatch(const std::vector<Writer*>& batch);
+  // The leader's work: opens a write transaction, takes the writers queued at that moment
+  // (itself first) into batch_, runs them and commits. mu_ is not held.
+  void LeadBatch();
+  // Runs the operations of batch_ inside the open transaction and commits; falls back to
+  // RunAlone() for each when SQLite drops the transaction.
+  void RunBatch();
   // Runs one operation in a transaction of its own.
-  absl::Status RunAlone(Writer& w);
+  absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
   // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
   void MaybeCleanup();
 
@@ -143,10 +148,14 @@ class SqliteDatabase {
 
   // Group commit queue (as in LevelDB's write path): callers line up; the one at the front is
   // the leader, which takes the writers behind it into its batch, runs them, and hands the front
-  // to the next in line.
+  // to the next in line. Each waiting caller sleeps on a notification of its own rather than on
+  // mu_, so a leader that keeps coming back does not starve the callers it has just finished.
   mutable absl::Mutex mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Callers whose operation a leader finished but who have not returned from Write() yet.
+  std::atomic<int> finished_not_returned_{0};
 
   // Used only by the current leader, which is exclusive by construction.
   std::unique_ptr<sqlite_internal::Connection> writer_conn_;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -431,6 +432,8 @@ TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceLoseNothing) {
   }
   for (auto& t : threads) t.join();
   const std::vector<int> values = Values(options_.path);
+  std::cerr << "DEBUG ops " << (*db)->stats().operations << " txns " << (*db)->stats().transactions
+            << "\n";
   ASSERT_EQ(values.size(), static_cast<size_t>(kThreads * kEach));
   for (int i = 0; i < kThreads * kEach; ++i) EXPECT_EQ(values[static_cast<size_t>(i)], i);
 }
