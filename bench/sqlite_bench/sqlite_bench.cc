@@ -1,14 +1,15 @@
 // Benchmark: the SQLite stores against a raw sqlite3 loop that runs the same statements
 // (storage/sqlite/sql.h) with the same open flags and pragmas, one transaction per operation.
 //
-//   bazel run -c opt //bench/sqlite_bench -- --pairs=20000 --rounds=5
+//   bazel run --config=opt //bench/sqlite_bench -- --pairs=20000 --rounds=7
 //
-// Each measurement gets a fresh database file; rounds alternate raw and store runs, and the
-// median of the rounds is printed. Measured:
+// Each measurement gets a fresh database file; the measurements of a round run in an order
+// rotated from round to round, and the median over the rounds is printed. Measured:
 //   - acquire + mark-done pairs per second on one thread (raw loop, store);
 //   - store + fetch + remove letter cycles per second on one thread (raw loop, store);
-//   - pairs per second with --threads threads through one store (group commit), and the same
-//     with group commit off (max_batch = 1), against the single-thread raw loop.
+//   - pairs per second with --threads threads through one store with group commit, with keys
+//     from one shared sequence (as the raw loop's) and with a key range per thread; and with
+//     group commit off (max_batch = 1). All against the single-thread raw loop.
 
 #include <sqlite3.h>
 
@@ -292,7 +293,7 @@ int main(int argc, char** argv) {
   const int rounds = absl::GetFlag(FLAGS_rounds);
   const int threads = absl::GetFlag(FLAGS_threads);
   std::vector<double> raw_pairs, store_pairs, raw_letters, store_letters, group, no_group;
-  std::vector<double> group_batch, no_group_batch;
+  std::vector<double> group_batch, no_group_batch, own_keys, own_keys_batch;
   // The measurements of one round, run in a rotated order from round to round so that none
   // always runs first (after the previous round's files were deleted) or last.
   const std::vector<std::function<void()>> measurements = {
@@ -304,6 +305,11 @@ int main(int argc, char** argv) {
         const bus::StoreRun g = bus::StorePairs(n, threads, 64);
         group.push_back(g.rate);
         group_batch.push_back(g.ops_per_transaction);
+      },
+      [&] {
+        const bus::StoreRun o = bus::StorePairs(n, threads, 64, false);
+        own_keys.push_back(o.rate);
+        own_keys_batch.push_back(o.ops_per_transaction);
       },
       [&] {
         const bus::StoreRun ng = bus::StorePairs(n, threads, 1);
@@ -332,9 +338,9 @@ int main(int argc, char** argv) {
   const double raw_l = bus::Median(raw_letters);
   std::printf("SQLite %s, synchronous=%s, %d pairs/cycles per run, median of %d rounds\n",
               sqlite3_libversion(), absl::GetFlag(FLAGS_full_sync) ? "FULL" : "NORMAL", n, rounds);
-  std::printf("%-52s %12s %10s\n", "measurement", "per second", "vs raw");
+  std::printf("%-66s %12s %10s\n", "measurement", "per second", "vs raw");
   auto row = [](const std::string& name, double rate, double base) {
-    std::printf("%-52s %12.0f %9.0f%%\n", name.c_str(), rate, 100.0 * rate / base);
+    std::printf("%-66s %12.0f %9.0f%%\n", name.c_str(), rate, 100.0 * rate / base);
   };
   row("raw loop: acquire+done pairs, 1 thread", raw, raw);
   row("store: acquire+done pairs, 1 thread", bus::Median(store_pairs), raw);
@@ -343,6 +349,9 @@ int main(int argc, char** argv) {
   row(absl::StrFormat("store: pairs, %d threads, group commit (%.1f ops/txn)", threads,
                       bus::Median(group_batch)),
       bus::Median(group), raw);
+  row(absl::StrFormat("store: pairs, %d threads, group commit, own key ranges (%.1f ops/txn)",
+                      threads, bus::Median(own_keys_batch)),
+      bus::Median(own_keys), raw);
   row(absl::StrFormat("store: pairs, %d threads, max_batch=1 (%.1f ops/txn)", threads,
                       bus::Median(no_group_batch)),
       bus::Median(no_group), raw);
