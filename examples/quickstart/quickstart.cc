@@ -7,7 +7,13 @@
 //
 // Exits 0 when they do, 1 otherwise.
 //
-//   bazel run //examples/quickstart -- --orders=300
+//   bazel run //examples/quickstart -- --orders=300 --db=/tmp/bus-quickstart.db
+//
+// Dead letters and idempotency keys live in a SQLite file (the embedded default; --db). Each run
+// uses a queue of its own ("orders-<run id>"), so runs over the same file do not see each
+// other's keys, and the dead letters of every run stay in the file for inspection:
+//
+//   sqlite3 /tmp/bus-quickstart.db "SELECT queue, reason FROM dead_letters"
 
 #include <atomic>
 #include <cstdio>
@@ -24,11 +30,14 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
-#include "idempotency/memory/memory_idempotency_store.h"
-#include "storage/memory/memory_dead_letter_store.h"
+#include "idempotency/sqlite/idempotency_store.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_db.h"
 
 ABSL_FLAG(int, orders, 300, "distinct orders to publish");
 ABSL_FLAG(int, concurrency, 4, "handlers running at once");
+ABSL_FLAG(std::string, db, "/tmp/bus-quickstart.db",
+          "SQLite file for dead letters and idempotency keys (created if missing)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "give up waiting after this long");
 
 namespace {
@@ -51,14 +60,22 @@ int main(int argc, char** argv) {
   const int orders = absl::GetFlag(FLAGS_orders);
 
   std::shared_ptr<bus::Driver> driver = bus::NewMemoryDriver();
-  std::shared_ptr<bus::DeadLetterStore> dead_letters = bus::NewMemoryDeadLetterStore();
-  std::shared_ptr<bus::IdempotencyStore> idempotency = bus::NewMemoryIdempotencyStore();
+  bus::SqliteOptions sqlite;
+  sqlite.path = absl::GetFlag(FLAGS_db);
+  absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
+  if (!db.ok()) {
+    std::fprintf(stderr, "quickstart: %s\n", db.status().ToString().c_str());
+    return 1;
+  }
+  std::shared_ptr<bus::DeadLetterStore> dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  std::shared_ptr<bus::IdempotencyStore> idempotency = bus::NewSqliteIdempotencyStore(*db);
+  const std::string queue = absl::StrCat("orders-", absl::Hex(absl::ToUnixNanos(absl::Now())));
 
   absl::Mutex mu;
   absl::flat_hash_map<std::string, int> failures;  // per order, for the transient ones
 
   bus::HandlerOptions options;
-  options.queue = "orders";
+  options.queue = queue;
   options.driver = driver;
   options.dead_letters = dead_letters;
   options.idempotency = idempotency;
@@ -105,7 +122,7 @@ int main(int argc, char** argv) {
     const int copies = KindOf(i) == Kind::kDuplicated ? 2 : 1;
     for (int c = 0; c < copies; ++c) {
       absl::StatusOr<std::string> id = publisher.SendToQueue(
-          "orders", bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
+          queue, bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
       if (!id.ok()) {
         std::fprintf(stderr, "quickstart: publish: %s\n", id.status().ToString().c_str());
         return 1;
@@ -130,8 +147,14 @@ int main(int argc, char** argv) {
   (*handler)->Stop();
   runner.join();
   s = (*handler)->Stats();
-  const int64_t letters = *dead_letters->Count("orders");
+  const absl::StatusOr<int64_t> counted = dead_letters->Count(queue);
+  if (!counted.ok()) {
+    std::fprintf(stderr, "quickstart: %s\n", counted.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t letters = *counted;
 
+  std::printf("stores          SQLite %s, queue %s\n", sqlite.path.c_str(), queue.c_str());
   std::printf("published       %d (%d orders, %d duplicate copies)\n", published, orders,
               expect_duplicates);
   std::printf("received        %llu\n", static_cast<unsigned long long>(s.received));
