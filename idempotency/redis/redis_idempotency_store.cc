@@ -13,35 +13,23 @@ namespace {
 using redis::Reply;
 using redis::Script;
 
-// KEYS: key. ARGV: owner, lease_ms. 1 when taken.
-constexpr char kAcquire[] = R"lua(
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'held')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-)lua";
+// A key's value is "held:<owner>" during the lease and "done:<owner>" during the retention; its
+// TTL is the lease or the retention. Acquire is one SET NX PX (no script needed).
 
 // KEYS: key. ARGV: owner, retention_ms. 1 when done, 0 when not the owner of a live lease.
 constexpr char kMarkDone[] = R"lua(
-local v = redis.call('HMGET', KEYS[1], 'owner', 'state')
-if v[1] ~= ARGV[1] or v[2] ~= 'held' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
 return 1
 )lua";
 
 // KEYS: key. ARGV: owner. 1 when released, 0 when not the owner of a live lease.
 constexpr char kRelease[] = R"lua(
-local v = redis.call('HMGET', KEYS[1], 'owner', 'state')
-if v[1] ~= ARGV[1] or v[2] ~= 'held' then return 0 end
+if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 )lua";
 
-const Script& AcquireScript() {
-  static const Script* s = new Script(kAcquire);
-  return *s;
-}
 const Script& MarkDoneScript() {
   static const Script* s = new Script(kMarkDone);
   return *s;
@@ -70,9 +58,12 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                                absl::Duration lease) override {
     if (absl::Status st = Check(key, owner); !st.ok()) return st;
     if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("Acquire: lease <= 0");
-    absl::StatusOr<int64_t> r = Run(AcquireScript(), key, owner, Millis(lease));
+    absl::StatusOr<Reply> r = client_.conn().Command(
+        {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
+        options_.request_timeout);
     if (!r.ok()) return r.status();
-    return *r == 1;
+    if (r->is_error()) return redis::ReplyStatus(*r);
+    return !r->is_nil();
   }
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
@@ -101,10 +92,13 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
   }
 
+  std::string KeyOf(absl::string_view key) const {
+    return absl::StrCat(options_.key_prefix, "idem:{", key, "}");
+  }
+
   absl::StatusOr<int64_t> Run(const Script& script, absl::string_view key, absl::string_view owner,
                               int64_t ms) {
-    std::vector<std::string> call = {"1", absl::StrCat(options_.key_prefix, "idem:{", key, "}"),
-                                     std::string(owner)};
+    std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));
     absl::StatusOr<std::vector<Reply>> replies =
         client_.conn().Eval(script, {std::move(call)}, options_.request_timeout);

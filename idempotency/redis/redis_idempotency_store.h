@@ -1,7 +1,7 @@
-// An IdempotencyStore in Redis. Each key is one hash, P idem:{key} -> {owner, state}, whose TTL
-// is the lease (state "held") or the retention (state "done"), so Redis itself removes expired
-// entries and the store never grows without bound. Acquire, MarkDone and Release are Lua
-// scripts that compare the owner token and then update or delete in one step, so a stale
+// An IdempotencyStore in Redis. Each key is one string, P idem:{key} = "held:<owner>" or
+// "done:<owner>", whose TTL is the lease or the retention, so Redis itself removes expired
+// entries and the store never grows without bound. Acquire is SET NX PX; MarkDone and Release
+// are Lua scripts that compare the owner token and then update or delete in one step, so a stale
 // worker can never touch a key that another worker now holds. Lease times are the server's.
 //
 //   absl::StatusOr<std::shared_ptr<bus::IdempotencyStore>> store =
