@@ -223,7 +223,9 @@ class RedisConsumer final : public Consumer {
           stopping_ = false;
           if (stop.stop_requested()) return absl::OkStatus();
         }
-        room = std::min(max, options_.max_in_flight - static_cast<int>(held_.size()));
+        // One reserve moves at most script_batch messages, like every other script call.
+        room = std::min(
+            {max, options_.max_in_flight - static_cast<int>(held_.size()), o.script_batch});
       }
       if (room <= 0) continue;
       absl::StatusOr<std::vector<Reply>> replies =
