@@ -1,10 +1,10 @@
 // Benchmark: the SQLite stores against a raw sqlite3 loop that runs the same statements
 // (storage/sqlite/sql.h) with the same open flags and pragmas, one transaction per operation.
 //
-//   bazel run --config=opt //bench/sqlite_bench -- --pairs=20000 --rounds=7
+//   bazel run --config=opt //bench/sqlite_bench -- --pairs=40000 --chunk=1000
 //
-// Each measurement gets a fresh database file; the measurements of a round run in an order
-// rotated from round to round, and the median over the rounds is printed. Measured:
+// Each side has a fresh database file of its own; the sides run interleaved in chunks (see
+// Side below). Measured:
 //   - acquire + mark-done pairs per second on one thread (raw loop, store);
 //   - store + fetch + remove letter cycles per second on one thread (raw loop, store);
 //   - pairs per second with --threads threads through one store with group commit, with keys
@@ -24,6 +24,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -32,11 +33,11 @@
 #include "storage/sqlite/sql.h"
 #include "storage/sqlite/sqlite_db.h"
 
-ABSL_FLAG(int, pairs, 20000, "acquire+done pairs (and letter cycles) per measurement");
-ABSL_FLAG(int, rounds, 5, "rounds per measurement; the median is reported");
+ABSL_FLAG(int, pairs, 40000, "acquire+done pairs (or letter cycles) per side");
+ABSL_FLAG(int, chunk, 1000, "operations a side runs before the next side takes its turn");
 ABSL_FLAG(int, threads, 8, "threads for the concurrent measurement");
 ABSL_FLAG(std::string, dir, "", "directory for the database files (default: $TMPDIR or /tmp)");
-ABSL_FLAG(bool, group_only, false, "only the group-commit measurement (for profiling)");
+ABSL_FLAG(bool, group_only, false, "only the raw pairs and group-commit sides (for profiling)");
 ABSL_FLAG(bool, full_sync, false, "synchronous = FULL instead of NORMAL, for both sides");
 
 namespace bus {
@@ -182,107 +183,167 @@ class Raw {
   sqlite3_stmt* remove_ = nullptr;
 };
 
-// ---- Measurements: each returns operations (pairs or letter cycles) per second ----
+// ---- The measured sides, run interleaved in chunks ----
+//
+// This machine is shared: its load changes from second to second. Each side runs `chunk`
+// operations at a time, in turn with the others (in an order rotated from chunk to chunk), so
+// that load changes fall on every side alike; a side's rate is its operations over the time
+// spent in its own chunks.
 
-double Rate(int n, absl::Duration elapsed) { return n / absl::ToDoubleSeconds(elapsed); }
+class Side {
+ public:
+  explicit Side(std::string name) : name_(std::move(name)) {}
+  virtual ~Side() = default;
+  virtual void RunChunk(int n) = 0;
+  // Operations per write transaction, for store sides.
+  virtual double OpsPerTransaction() const { return 0; }
 
-double RawPairs(int n) {
-  const SqliteOptions options = FreshDatabase();
-  double rate = 0;
-  {
-    Raw raw(options);
+  void Timed(int n) {
     const absl::Time start = absl::Now();
-    for (int i = 0; i < n; ++i) raw.Pair(absl::StrCat("bench.", i), "worker-0");
-    rate = Rate(n, absl::Now() - start);
+    RunChunk(n);
+    elapsed_ += absl::Now() - start;
+    done_ += n;
   }
-  RemoveDatabase(options);
-  return rate;
-}
+  double Rate() const { return static_cast<double>(done_) / absl::ToDoubleSeconds(elapsed_); }
+  const std::string& name() const { return name_; }
 
-struct StoreRun {
-  double rate = 0;
-  double ops_per_transaction = 0;
+ private:
+  std::string name_;
+  absl::Duration elapsed_;
+  int64_t done_ = 0;
 };
 
-// `threads` threads share one store and do n pairs between them. With `shared_keys` they draw
-// keys from one counter ("bench.0", "bench.1", ... as the raw loop does); otherwise each thread
-// has a key range of its own ("bench.<thread>.<i>"), which spreads a batch over more pages.
-StoreRun StorePairs(int n, int threads, int max_batch, bool shared_keys = true) {
-  SqliteOptions options = FreshDatabase();
-  options.max_batch = max_batch;
-  StoreRun run;
-  {
-    absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
+class RawPairsSide final : public Side {
+ public:
+  RawPairsSide() : Side("raw loop: acquire+done pairs, 1 thread"), options_(FreshDatabase()) {
+    raw_ = std::make_unique<Raw>(options_);
+  }
+  ~RawPairsSide() override {
+    raw_.reset();
+    RemoveDatabase(options_);
+  }
+  void RunChunk(int n) override {
+    for (int i = 0; i < n; ++i) raw_->Pair(absl::StrCat("bench.", next_++), "worker-0");
+  }
+
+ private:
+  SqliteOptions options_;
+  std::unique_ptr<Raw> raw_;
+  int64_t next_ = 0;
+};
+
+class RawLettersSide final : public Side {
+ public:
+  RawLettersSide()
+      : Side("raw loop: store+fetch+remove letters, 1 thread"), options_(FreshDatabase()) {
+    raw_ = std::make_unique<Raw>(options_);
+  }
+  ~RawLettersSide() override {
+    raw_.reset();
+    RemoveDatabase(options_);
+  }
+  void RunChunk(int n) override {
+    for (int i = 0; i < n; ++i) raw_->Letter("orders", data_);
+  }
+
+ private:
+  SqliteOptions options_;
+  std::unique_ptr<Raw> raw_;
+  const std::string data_ = std::string(200, 'x');
+};
+
+// `threads` threads share one store and do each chunk between them. With `shared_keys` they
+// draw keys from one counter ("bench.0", "bench.1", ... as the raw loop does); otherwise each
+// thread has a key range of its own ("bench.<thread>.<i>"), which spreads a batch over more
+// pages of the table.
+class StorePairsSide final : public Side {
+ public:
+  StorePairsSide(std::string name, int threads, int max_batch, bool shared_keys)
+      : Side(std::move(name)),
+        options_(FreshDatabase()),
+        threads_(threads),
+        shared_keys_(shared_keys),
+        per_thread_(static_cast<size_t>(threads), 0) {
+    options_.max_batch = max_batch;
+    absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
     Check(db.status(), "open");
-    std::shared_ptr<IdempotencyStore> store = NewSqliteIdempotencyStore(*db);
-    const SqliteDatabase::Stats before = (*db)->stats();
-    const int each = n / threads;
-    std::atomic<int> next_key{0};
-    std::vector<std::thread> workers;
-    const absl::Time start = absl::Now();
-    for (int t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
-        const std::string owner = absl::StrCat("worker-", t);
-        for (int i = 0; i < each; ++i) {
-          const std::string key = shared_keys ? absl::StrCat("bench.", next_key.fetch_add(1))
-                                              : absl::StrCat("bench.", t, ".", i);
-          absl::StatusOr<bool> got = store->Acquire(key, owner, absl::Minutes(5));
-          Check(got.status(), "Acquire");
-          if (!*got) Die("Acquire did not acquire");
-          Check(store->MarkDone(key, owner, absl::Hours(24)), "MarkDone");
-        }
-      });
+    db_ = *db;
+    store_ = NewSqliteIdempotencyStore(db_);
+    before_ = db_->stats();
+  }
+  ~StorePairsSide() override {
+    store_.reset();
+    db_.reset();
+    RemoveDatabase(options_);
+  }
+  void RunChunk(int n) override {
+    if (threads_ == 1) {
+      Work(0, n);
+      return;
     }
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads_; ++t)
+      workers.emplace_back([this, t, n] { Work(t, n / threads_); });
     for (auto& w : workers) w.join();
-    run.rate = Rate(each * threads, absl::Now() - start);
-    const SqliteDatabase::Stats after = (*db)->stats();
-    run.ops_per_transaction = static_cast<double>(after.operations - before.operations) /
-                              static_cast<double>(after.transactions - before.transactions);
   }
-  RemoveDatabase(options);
-  return run;
-}
-
-double RawLetters(int n) {
-  const SqliteOptions options = FreshDatabase();
-  const std::string data(200, 'x');
-  double rate = 0;
-  {
-    Raw raw(options);
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < n; ++i) raw.Letter("orders", data);
-    rate = Rate(n, absl::Now() - start);
+  double OpsPerTransaction() const override {
+    const SqliteDatabase::Stats after = db_->stats();
+    return static_cast<double>(after.operations - before_.operations) /
+           static_cast<double>(after.transactions - before_.transactions);
   }
-  RemoveDatabase(options);
-  return rate;
-}
 
-double StoreLetters(int n) {
-  const SqliteOptions options = FreshDatabase();
-  const std::string data(200, 'x');
-  double rate = 0;
-  {
-    absl::StatusOr<std::shared_ptr<DeadLetterStore>> store = NewSqliteDeadLetterStore(options);
-    Check(store.status(), "open");
-    const absl::Time start = absl::Now();
+ private:
+  void Work(int t, int n) {
+    const std::string owner = absl::StrCat("worker-", t);
     for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::string> id = (*store)->Store("orders", data, "bench");
+      const std::string key =
+          shared_keys_ ? absl::StrCat("bench.", next_.fetch_add(1))
+                       : absl::StrCat("bench.", t, ".", per_thread_[static_cast<size_t>(t)]++);
+      absl::StatusOr<bool> got = store_->Acquire(key, owner, absl::Minutes(5));
+      Check(got.status(), "Acquire");
+      if (!*got) Die("Acquire did not acquire");
+      Check(store_->MarkDone(key, owner, absl::Hours(24)), "MarkDone");
+    }
+  }
+
+  SqliteOptions options_;
+  const int threads_;
+  const bool shared_keys_;
+  std::shared_ptr<SqliteDatabase> db_;
+  std::shared_ptr<IdempotencyStore> store_;
+  SqliteDatabase::Stats before_;
+  std::atomic<int64_t> next_{0};
+  std::vector<int64_t> per_thread_;
+};
+
+class StoreLettersSide final : public Side {
+ public:
+  StoreLettersSide()
+      : Side("store: store+fetch+remove letters, 1 thread"), options_(FreshDatabase()) {
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> store = NewSqliteDeadLetterStore(options_);
+    Check(store.status(), "open");
+    store_ = *store;
+  }
+  ~StoreLettersSide() override {
+    store_.reset();
+    RemoveDatabase(options_);
+  }
+  void RunChunk(int n) override {
+    for (int i = 0; i < n; ++i) {
+      absl::StatusOr<std::string> id = store_->Store("orders", data_, "bench");
       Check(id.status(), "Store");
-      absl::StatusOr<std::vector<DeadLetter>> letters = (*store)->Fetch("orders", 1);
+      absl::StatusOr<std::vector<DeadLetter>> letters = store_->Fetch("orders", 1);
       Check(letters.status(), "Fetch");
       if (letters->size() != 1 || (*letters)[0].id != *id) Die("Fetch did not return the letter");
-      Check((*store)->Remove("orders", *id), "Remove");
+      Check(store_->Remove("orders", *id), "Remove");
     }
-    rate = Rate(n, absl::Now() - start);
   }
-  RemoveDatabase(options);
-  return rate;
-}
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+ private:
+  SqliteOptions options_;
+  std::shared_ptr<DeadLetterStore> store_;
+  const std::string data_ = std::string(200, 'x');
+};
 
 }  // namespace
 }  // namespace bus
@@ -290,70 +351,44 @@ double Median(std::vector<double> v) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int n = absl::GetFlag(FLAGS_pairs);
-  const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int chunk = std::max(absl::GetFlag(FLAGS_chunk), absl::GetFlag(FLAGS_threads));
   const int threads = absl::GetFlag(FLAGS_threads);
-  std::vector<double> raw_pairs, store_pairs, raw_letters, store_letters, group, no_group;
-  std::vector<double> group_batch, no_group_batch, own_keys, own_keys_batch;
-  // The measurements of one round, run in a rotated order from round to round so that none
-  // always runs first (after the previous round's files were deleted) or last.
-  const std::vector<std::function<void()>> measurements = {
-      [&] { raw_pairs.push_back(bus::RawPairs(n)); },
-      [&] { store_pairs.push_back(bus::StorePairs(n, 1, 64).rate); },
-      [&] { raw_letters.push_back(bus::RawLetters(n)); },
-      [&] { store_letters.push_back(bus::StoreLetters(n)); },
-      [&] {
-        const bus::StoreRun g = bus::StorePairs(n, threads, 64);
-        group.push_back(g.rate);
-        group_batch.push_back(g.ops_per_transaction);
-      },
-      [&] {
-        const bus::StoreRun o = bus::StorePairs(n, threads, 64, false);
-        own_keys.push_back(o.rate);
-        own_keys_batch.push_back(o.ops_per_transaction);
-      },
-      [&] {
-        const bus::StoreRun ng = bus::StorePairs(n, threads, 1);
-        no_group.push_back(ng.rate);
-        no_group_batch.push_back(ng.ops_per_transaction);
-      },
-  };
-  if (absl::GetFlag(FLAGS_group_only)) {
-    for (int r = 0; r < rounds; ++r) {
-      const bus::StoreRun g = bus::StorePairs(n, threads, 64);
-      std::printf("group commit: %.0f pairs/s, %.1f ops/txn\n", g.rate, g.ops_per_transaction);
-      const bus::StoreRun o = bus::StorePairs(n, threads, 64, false);
-      std::printf("group commit, own key ranges: %.0f pairs/s, %.1f ops/txn\n", o.rate,
-                  o.ops_per_transaction);
+
+  auto raw_pairs = std::make_unique<bus::RawPairsSide>();
+  auto store_pairs =
+      std::make_unique<bus::StorePairsSide>("store: acquire+done pairs, 1 thread", 1, 64, true);
+  auto raw_letters = std::make_unique<bus::RawLettersSide>();
+  auto store_letters = std::make_unique<bus::StoreLettersSide>();
+  auto group = std::make_unique<bus::StorePairsSide>(
+      absl::StrCat("store: pairs, ", threads, " threads, group commit"), threads, 64, true);
+  auto own_keys = std::make_unique<bus::StorePairsSide>(
+      absl::StrCat("store: pairs, ", threads, " threads, group commit, own key ranges"), threads,
+      64, false);
+  auto no_group = std::make_unique<bus::StorePairsSide>(
+      absl::StrCat("store: pairs, ", threads, " threads, max_batch=1"), threads, 1, true);
+  std::vector<bus::Side*> sides = {raw_pairs.get(),     store_pairs.get(), raw_letters.get(),
+                                   store_letters.get(), group.get(),       own_keys.get(),
+                                   no_group.get()};
+  if (absl::GetFlag(FLAGS_group_only)) sides = {raw_pairs.get(), group.get()};
+
+  const int chunks = std::max(1, n / chunk);
+  for (int c = 0; c < chunks; ++c) {
+    for (size_t i = 0; i < sides.size(); ++i) {
+      sides[(i + static_cast<size_t>(c)) % sides.size()]->Timed(chunk);
     }
-    return 0;
   }
-  bus::RawPairs(n / 4);  // warm-up, not reported
-  for (int r = 0; r < rounds; ++r) {
-    for (size_t i = 0; i < measurements.size(); ++i) {
-      measurements[(i + static_cast<size_t>(r)) % measurements.size()]();
-    }
-    std::fprintf(stderr, "round %d/%d done\n", r + 1, rounds);
+
+  std::printf("SQLite %s, synchronous=%s, %d operations per side in chunks of %d, interleaved\n",
+              sqlite3_libversion(), absl::GetFlag(FLAGS_full_sync) ? "FULL" : "NORMAL",
+              chunks * chunk, chunk);
+  std::printf("%-60s %12s %8s %8s\n", "side", "per second", "vs raw", "ops/txn");
+  for (bus::Side* side : sides) {
+    const bool letters = absl::StrContains(side->name(), "letters");
+    const double base = letters ? raw_letters->Rate() : raw_pairs->Rate();
+    const double per_txn = side->OpsPerTransaction();
+    std::printf("%-60s %12.0f %7.0f%% %8s\n", side->name().c_str(), side->Rate(),
+                100.0 * side->Rate() / base,
+                per_txn > 0 ? absl::StrFormat("%.1f", per_txn).c_str() : "");
   }
-  const double raw = bus::Median(raw_pairs);
-  const double raw_l = bus::Median(raw_letters);
-  std::printf("SQLite %s, synchronous=%s, %d pairs/cycles per run, median of %d rounds\n",
-              sqlite3_libversion(), absl::GetFlag(FLAGS_full_sync) ? "FULL" : "NORMAL", n, rounds);
-  std::printf("%-66s %12s %10s\n", "measurement", "per second", "vs raw");
-  auto row = [](const std::string& name, double rate, double base) {
-    std::printf("%-66s %12.0f %9.0f%%\n", name.c_str(), rate, 100.0 * rate / base);
-  };
-  row("raw loop: acquire+done pairs, 1 thread", raw, raw);
-  row("store: acquire+done pairs, 1 thread", bus::Median(store_pairs), raw);
-  row("raw loop: store+fetch+remove letters, 1 thread", raw_l, raw_l);
-  row("store: store+fetch+remove letters, 1 thread", bus::Median(store_letters), raw_l);
-  row(absl::StrFormat("store: pairs, %d threads, group commit (%.1f ops/txn)", threads,
-                      bus::Median(group_batch)),
-      bus::Median(group), raw);
-  row(absl::StrFormat("store: pairs, %d threads, group commit, own key ranges (%.1f ops/txn)",
-                      threads, bus::Median(own_keys_batch)),
-      bus::Median(own_keys), raw);
-  row(absl::StrFormat("store: pairs, %d threads, max_batch=1 (%.1f ops/txn)", threads,
-                      bus::Median(no_group_batch)),
-      bus::Median(no_group), raw);
   return 0;
 }

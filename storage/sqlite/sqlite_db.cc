@@ -297,6 +297,30 @@ void SqliteDatabase::MaybeCleanup() {
 }
 
 absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> op) {
+  // When no write is queued, read on the writer connection, whose page cache is warm (a read
+  // connection must re-read every page the writer changed since its last read). Standing in
+  // the queue meanwhile keeps writers off the connection; the read runs outside any
+  // transaction and never joins a write batch, so it sees committed data only.
+  Writer marker(op);
+  bool idle_writer = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (writers_.empty()) {
+      writers_.push_back(&marker);
+      idle_writer = true;
+    }
+  }
+  if (idle_writer) {
+    const absl::Status s = op(*writer_conn_);
+    Writer* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      writers_.pop_front();
+      if (!writers_.empty()) next = writers_.front();
+    }
+    if (next != nullptr) next->wake.Notify();
+    return s;
+  }
   std::unique_ptr<Connection> conn;
   {
     absl::MutexLock lock(&readers_mu_);

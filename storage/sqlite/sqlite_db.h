@@ -17,7 +17,8 @@
 // transaction (up to `max_batch`), each inside its own savepoint, so one failing operation never
 // fails or undoes another, and every caller gets its result only after the COMMIT that made its
 // change durable. A lone caller runs its operation in a transaction of its own, at once. Reads
-// use a small pool of separate connections, which WAL lets run alongside the writer.
+// run on the writer connection when it is idle, else on a small pool of separate connections,
+// which WAL lets run alongside the writer.
 //
 // Several processes may open the same file: SQLite's file locks serialize their writes, and a
 // caller waits up to `busy_timeout` for another process's transaction before getting
@@ -114,8 +115,9 @@ class SqliteDatabase {
   // this object.
   absl::Status Write(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
-  // For the store implementations: runs `op` on a read connection (outside any transaction,
-  // each statement sees the latest commit).
+  // For the store implementations: runs `op` outside any transaction (each statement sees the
+  // latest commit) on the writer connection when no write is queued, else on a read
+  // connection. `op` must only read.
   absl::Status Read(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
   struct Stats {
