@@ -121,11 +121,6 @@ struct ReceiveOptions {
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Longest single wait for messages; bounds how often an idle consumer wakes up.
   absl::Duration poll_wait = absl::Seconds(1);
-  // After a callback asks for redelivery, the consumer slows down: it pauses fetching for
-  // backoff_base * 2^(consecutive redeliveries - 1), capped at backoff_max, and resumes at full
-  // speed after the next Done (go-nsq's consumer backoff). Zero base disables it.
-  absl::Duration backoff_base = absl::ZeroDuration();
-  absl::Duration backoff_max = absl::Seconds(30);
 };
 
 // The callback. It runs on one of ReceiveMessage's worker threads and must not throw
@@ -154,14 +149,14 @@ class Driver {
   // Sends several messages to one queue in as few round trips as the broker allows (Redis
   // pipelining, NSQ MPUB). OK only once all were accepted; on error some may have been accepted.
   // The default sends one at a time.
-  virtual absl::Status SendBatchToQueue(absl::string_view queue,
-                                        absl::Span<const std::string> data, absl::Duration delay);
+  virtual absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+                                        absl::Duration delay);
 
   virtual absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
                                    absl::string_view route_key) = 0;
 
-  virtual absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(
-      absl::string_view queue, const ConsumerOptions& options) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+                                                                const ConsumerOptions& options) = 0;
 
   virtual DriverStats Stats() const { return {}; }
 
@@ -174,8 +169,8 @@ class Driver {
   // Returns OK after a clean stop; InvalidArgument for a bad queue name or options. Broker
   // failures while running are retried (with backoff) and logged through `on_error`, not
   // returned.
-  absl::Status ReceiveMessage(absl::string_view queue, const ReceiveOptions& options,
-                              ReceiveFn fn, std::stop_token stop,
+  absl::Status ReceiveMessage(absl::string_view queue, const ReceiveOptions& options, ReceiveFn fn,
+                              std::stop_token stop,
                               std::function<void(const absl::Status&)> on_error = nullptr);
 };
 

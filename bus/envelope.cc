@@ -149,8 +149,8 @@ std::string EncodeEnvelope(const Message& msg) {
 
 absl::Status DecodeEnvelope(absl::string_view wire, Message* msg, size_t max_bytes) {
   if (wire.size() > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("envelope: ", wire.size(),
-                                                   " bytes exceeds the limit of ", max_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("envelope: ", wire.size(), " bytes exceeds the limit of ", max_bytes));
   }
   if (wire.size() < 2 || std::memcmp(wire.data(), kEnvelopeMagic, 2) != 0) {
     return absl::InvalidArgumentError("envelope: bad magic (not a bus envelope)");
@@ -253,10 +253,10 @@ absl::StatusOr<Message> EnvelopeFromJson(absl::string_view json) {
     std::string* dst;
   };
   std::string payload_b64;
-  for (const StringField& f : {StringField{"id", &msg.id}, StringField{"biz_uid", &msg.biz_uid},
-                               StringField{"payload_b64", &payload_b64},
-                               StringField{"last_error", &msg.last_error},
-                               StringField{"route_key", &msg.route_key}}) {
+  for (const StringField& f :
+       {StringField{"id", &msg.id}, StringField{"biz_uid", &msg.biz_uid},
+        StringField{"payload_b64", &payload_b64}, StringField{"last_error", &msg.last_error},
+        StringField{"route_key", &msg.route_key}}) {
     const auto* s = field(f.name, T::string);
     if (s == nullptr) {
       return absl::InvalidArgumentError(

@@ -114,8 +114,12 @@ struct HandlerOptions {
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Delivery lease (ReceiveOptions::lease); > 0. Renewed while a handler runs.
   absl::Duration delivery_lease = absl::Seconds(30);
-  // Idempotency lease; > 0. Keep it longer than the slowest handler run.
-  absl::Duration idempotency_lease = absl::Minutes(5);
+  // Idempotency lease; zero means delivery_lease / 2; else > 0 and shorter than
+  // delivery_lease, so that when a worker dies mid-handle its key is free again before its
+  // delivery comes back (otherwise the redelivery would be skipped as a duplicate). A handler
+  // that runs longer than this loses exclusive use of the key (mark-done then fails and is
+  // logged); the delivery itself stays leased while the handler runs.
+  absl::Duration idempotency_lease = absl::ZeroDuration();
   // How long a handled key keeps later copies out; > 0.
   absl::Duration idempotency_retention = absl::Hours(24);
   // Envelopes larger than this are poison; >= 64.
@@ -153,13 +157,13 @@ class Handler {
 
   HandlerStats Stats() const;
 
-  const HandlerOptions& options() const { return options_; }
+  // The options after defaults were filled in.
+  const HandlerOptions& options() const;
 
  private:
   struct Shared;
   explicit Handler(HandlerOptions options);
 
-  HandlerOptions options_;
   std::shared_ptr<Shared> shared_;
 };
 

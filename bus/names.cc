@@ -15,9 +15,9 @@ absl::Status ValidateName(absl::string_view what, absl::string_view name) {
   for (size_t i = 0; i < name.size(); ++i) {
     const char c = name[i];
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s name \"%s\" has character 0x%02x at %d; allowed are [.a-zA-Z0-9_-]", what,
-          absl::CHexEscape(name), static_cast<unsigned char>(c), i));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s name \"%s\" has character 0x%02x at %d; allowed are [.a-zA-Z0-9_-]",
+                          what, absl::CHexEscape(name), static_cast<unsigned char>(c), i));
     }
   }
   return absl::OkStatus();

@@ -53,9 +53,9 @@ class Publisher {
 
   // Sends several messages to one queue in as few round trips as the driver allows; returns
   // their ids in order.
-  absl::StatusOr<std::vector<std::string>> SendBatchToQueue(absl::string_view queue,
-                                                            std::vector<Outgoing> batch,
-                                                            absl::Duration delay = absl::ZeroDuration());
+  absl::StatusOr<std::vector<std::string>> SendBatchToQueue(
+      absl::string_view queue, std::vector<Outgoing> batch,
+      absl::Duration delay = absl::ZeroDuration());
 
  private:
   std::shared_ptr<Driver> driver_;

@@ -14,9 +14,7 @@ class NullDeadLetterStoreImpl final : public DeadLetterStore {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
     return std::vector<DeadLetter>{};
   }
-  absl::Status Remove(absl::string_view, absl::string_view) override {
-    return absl::OkStatus();
-  }
+  absl::Status Remove(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
   absl::StatusOr<int64_t> Count(absl::string_view) override { return 0; }
   absl::Status Purge(absl::string_view) override { return absl::OkStatus(); }
 };
@@ -29,9 +27,7 @@ class NullIdempotencyStoreImpl final : public IdempotencyStore {
   absl::Status MarkDone(absl::string_view, absl::string_view, absl::Duration) override {
     return absl::OkStatus();
   }
-  absl::Status Release(absl::string_view, absl::string_view) override {
-    return absl::OkStatus();
-  }
+  absl::Status Release(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
 };
 
 }  // namespace

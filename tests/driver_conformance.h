@@ -14,7 +14,9 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "bus/driver.h"
@@ -37,6 +39,11 @@ class DriverHarness {
   // A lease (and a delay) short enough to keep the suite fast and long enough for the broker
   // to honour it: any for the memory driver, about a second for servers.
   virtual absl::Duration ShortLease() const = 0;
+
+  // The `wait` the suite passes to Consumer::Receive while polling for messages that should
+  // arrive. Zero for the memory driver (its clock only moves when the test advances it, so any
+  // wait would block); a short real wait for servers.
+  virtual absl::Duration PollWait() const { return absl::Milliseconds(200); }
 };
 
 struct DriverConformanceParam {
@@ -44,14 +51,25 @@ struct DriverConformanceParam {
   std::function<std::unique_ptr<DriverHarness>()> make;
 };
 
-inline std::string DriverParamName(
-    const ::testing::TestParamInfo<DriverConformanceParam>& info) {
+// Prints the parameter by name in test output.
+inline void PrintTo(const DriverConformanceParam& param, std::ostream* os) { *os << param.name; }
+
+inline std::string DriverParamName(const ::testing::TestParamInfo<DriverConformanceParam>& info) {
   return info.param.name;
 }
 
 class DriverConformanceTest : public ::testing::TestWithParam<DriverConformanceParam> {
  protected:
   void SetUp() override;
+
+  // A consumer of `queue` (lease zero: the harness's ShortLease()).
+  std::unique_ptr<Consumer> NewConsumer(const std::string& queue, int max_in_flight = 16,
+                                        absl::Duration lease = absl::ZeroDuration());
+  // Receives until `n` deliveries arrived, or fails the test after a generous real-time bound.
+  std::vector<Delivery> Collect(Consumer* c, size_t n);
+  // One non-blocking look at what is deliverable right now.
+  std::vector<Delivery> Poll(Consumer* c, int max = 100);
+  void AckAll(Consumer* c, const std::vector<Delivery>& deliveries);
 
   std::unique_ptr<DriverHarness> harness_;
   std::shared_ptr<Driver> driver_;

@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "absl/time/time.h"
@@ -44,6 +45,9 @@ struct StoreConformanceParam {
   std::function<std::unique_ptr<StoreHarness>()> make;
 };
 
+// Prints the parameter by name in test output.
+inline void PrintTo(const StoreConformanceParam& param, std::ostream* os) { *os << param.name; }
+
 inline std::string StoreParamName(const ::testing::TestParamInfo<StoreConformanceParam>& info) {
   return info.param.name;
 }
@@ -56,8 +60,7 @@ class DeadLetterStoreConformanceTest : public ::testing::TestWithParam<StoreConf
   std::shared_ptr<DeadLetterStore> store_;
 };
 
-class IdempotencyStoreConformanceTest
-    : public ::testing::TestWithParam<StoreConformanceParam> {
+class IdempotencyStoreConformanceTest : public ::testing::TestWithParam<StoreConformanceParam> {
  protected:
   void SetUp() override;
 

@@ -1,0 +1,318 @@
+#include "bus/driver.h"
+
+#include <algorithm>
+#include <deque>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/names.h"
+
+namespace bus {
+namespace {
+
+// One delivery held by the receive loop, with when its lease was last renewed (on the driver's
+// clock) so the keeper knows when to extend it.
+struct Held {
+  Delivery delivery;
+  absl::Time renewed_at;
+};
+
+// State shared by the receive loop's threads. Owned through a shared_ptr so that a worker
+// abandoned after the shutdown timeout can finish safely after ReceiveMessage has returned.
+struct Loop {
+  Loop(std::unique_ptr<Consumer> c, std::shared_ptr<Clock> clk, ReceiveOptions opts, ReceiveFn f,
+       std::function<void(const absl::Status&)> err)
+      : consumer(std::move(c)),
+        clock(std::move(clk)),
+        options(opts),
+        fn(std::move(f)),
+        on_error(std::move(err)),
+        slots(static_cast<size_t>(opts.concurrency)) {}
+
+  const std::unique_ptr<Consumer> consumer;
+  const std::shared_ptr<Clock> clock;
+  const ReceiveOptions options;
+  const ReceiveFn fn;
+  const std::function<void(const absl::Status&)> on_error;
+
+  absl::Mutex mu;
+  std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
+  // What each worker is running right now, if anything.
+  std::vector<std::optional<Held>> slots ABSL_GUARDED_BY(mu);
+  int held ABSL_GUARDED_BY(mu) = 0;  // buffer + running
+  int running_workers ABSL_GUARDED_BY(mu) = 0;
+  bool fetching ABSL_GUARDED_BY(mu) = false;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  bool abandoned ABSL_GUARDED_BY(mu) = false;  // the loop returned; do not settle any more
+  int fetch_failures ABSL_GUARDED_BY(mu) = 0;
+  absl::Time fetch_paused_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  void Report(const absl::Status& st) {
+    if (on_error != nullptr) on_error(st);
+  }
+
+  void Worker(size_t index, std::stop_token stop);
+  void Keeper();
+  void Settle(const Delivery& d, const Settlement& s);
+};
+
+void Loop::Settle(const Delivery& d, const Settlement& s) {
+  const absl::Status st = s.done ? consumer->Ack(d) : consumer->Nack(d, s.redeliver_after);
+  if (!st.ok()) {
+    Report(absl::Status(st.code(), absl::StrCat(s.done ? "ack" : "nack", ": ", st.message())));
+  }
+}
+
+void Loop::Worker(size_t index, std::stop_token stop) {
+  std::vector<Delivery> batch;
+  absl::MutexLock lock(&mu);
+  while (!stopping) {
+    if (!buffer.empty()) {
+      slots[index] = std::move(buffer.front());
+      buffer.pop_front();
+      const Delivery& d = slots[index]->delivery;
+      mu.Unlock();
+      Settlement s;
+      try {
+        s = fn(d);
+      } catch (const std::exception& e) {
+        Report(absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+        s = Settlement::Redeliver();
+      } catch (...) {
+        Report(absl::InternalError("receive callback threw a non-std exception"));
+        s = Settlement::Redeliver();
+      }
+      mu.Lock();
+      if (!abandoned) {
+        // Settling outside the lock would race the keeper extending a settled delivery, which
+        // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
+        Held done = std::move(*slots[index]);
+        slots[index].reset();
+        mu.Unlock();
+        Settle(done.delivery, s);
+        mu.Lock();
+      } else {
+        slots[index].reset();
+      }
+      --held;
+      continue;
+    }
+    const int room = options.max_in_flight - held;
+    if (fetching || room <= 0) {
+      // Another worker is fetching, or the prefetch window is full: wait for either to change.
+      auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return stopping || !buffer.empty() || (!fetching && options.max_in_flight - held > 0);
+      };
+      mu.Await(absl::Condition(&cond));
+      continue;
+    }
+    const absl::Time now = clock->Now();
+    if (now < fetch_paused_until) {
+      auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping; };
+      clock->AwaitWithDeadline(&mu, absl::Condition(&cond), fetch_paused_until);
+      continue;
+    }
+    fetching = true;
+    mu.Unlock();
+    batch.clear();
+    const absl::Status st = consumer->Receive(room, options.poll_wait, stop, &batch);
+    const absl::Time received_at = clock->Now();
+    mu.Lock();
+    fetching = false;
+    if (!st.ok()) {
+      // The broker is unreachable: back off (100ms doubling to 5s) so a dead broker does not
+      // spin, and keep trying; the driver reconnects underneath.
+      Report(st);
+      ++fetch_failures;
+      const absl::Duration pause =
+          std::min(absl::Milliseconds(100) * (int64_t{1} << std::min(fetch_failures - 1, 6)),
+                   absl::Seconds(5));
+      fetch_paused_until = received_at + pause;
+      continue;
+    }
+    fetch_failures = 0;
+    for (Delivery& d : batch) buffer.push_back(Held{std::move(d), received_at});
+    held += static_cast<int>(batch.size());
+  }
+  --running_workers;
+}
+
+void Loop::Keeper() {
+  const absl::Duration half = options.lease / 2;
+  const absl::Duration period = std::max(options.lease / 4, absl::Milliseconds(1));
+  absl::MutexLock lock(&mu);
+  while (true) {
+    auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return (stopping && running_workers == 0) || abandoned;
+    };
+    if (clock->AwaitWithDeadline(&mu, absl::Condition(&cond), clock->Now() + period)) break;
+    const absl::Time now = clock->Now();
+    std::vector<Held*> due;
+    for (Held& h : buffer) {
+      if (now - h.renewed_at >= half) due.push_back(&h);
+    }
+    for (auto& slot : slots) {
+      if (slot.has_value() && now - slot->renewed_at >= half) due.push_back(&*slot);
+    }
+    if (due.empty()) continue;
+    // Extend outside the lock: copy what is needed, since the entries may move meanwhile.
+    std::vector<Delivery> copies;
+    copies.reserve(due.size());
+    for (Held* h : due) {
+      copies.push_back(h->delivery);
+      h->renewed_at = now;
+    }
+    mu.Unlock();
+    for (const Delivery& d : copies) {
+      if (absl::Status st = consumer->Extend(d); !st.ok() && !absl::IsFailedPrecondition(st)) {
+        Report(absl::Status(st.code(), absl::StrCat("extend: ", st.message())));
+      }
+    }
+    mu.Lock();
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateConsumerOptions(const ConsumerOptions& options) {
+  if (options.max_in_flight < 1) {
+    return absl::InvalidArgumentError("ConsumerOptions.max_in_flight must be >= 1");
+  }
+  if (options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ConsumerOptions.lease must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
+  if (options.concurrency < 1) {
+    return absl::InvalidArgumentError("ReceiveOptions.concurrency must be >= 1");
+  }
+  if (options.max_in_flight != 0 && options.max_in_flight < options.concurrency) {
+    return absl::InvalidArgumentError(
+        "ReceiveOptions.max_in_flight must be 0 or >= ReceiveOptions.concurrency");
+  }
+  if (options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ReceiveOptions.lease must be > 0");
+  }
+  if (options.shutdown_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ReceiveOptions.shutdown_timeout must be > 0");
+  }
+  if (options.poll_wait <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ReceiveOptions.poll_wait must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+                                      absl::Duration delay) {
+  for (const std::string& d : data) {
+    if (absl::Status st = SendToQueue(queue, d, delay); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Driver::ReceiveMessage(absl::string_view queue, const ReceiveOptions& options,
+                                    ReceiveFn fn, std::stop_token stop,
+                                    std::function<void(const absl::Status&)> on_error) {
+  if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+  if (absl::Status st = ValidateReceiveOptions(options); !st.ok()) return st;
+  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveMessage: no callback");
+  ReceiveOptions opts = options;
+  if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency;
+
+  const std::shared_ptr<Clock> clk = clock();
+  std::unique_ptr<Consumer> consumer;
+  {
+    // The broker may be down when we start: keep trying until it is up or we are stopped.
+    absl::Mutex wait_mu;
+    int failures = 0;
+    while (true) {
+      auto c = NewConsumer(queue, ConsumerOptions{opts.max_in_flight, opts.lease});
+      if (c.ok()) {
+        consumer = std::move(*c);
+        break;
+      }
+      if (!absl::IsUnavailable(c.status())) return c.status();
+      if (on_error != nullptr) on_error(c.status());
+      ++failures;
+      bool stopped = false;
+      // Registered before taking the lock: it runs at once if stop was already requested.
+      std::stop_callback wake(stop, [&] {
+        absl::MutexLock l(&wait_mu);
+        stopped = true;
+      });
+      absl::MutexLock lock(&wait_mu);
+      clk->AwaitWithDeadline(
+          &wait_mu, absl::Condition(&stopped),
+          clk->Now() + std::min(absl::Milliseconds(100) * failures, absl::Seconds(5)));
+      if (stopped) return absl::OkStatus();
+    }
+  }
+
+  auto loop =
+      std::make_shared<Loop>(std::move(consumer), clk, opts, std::move(fn), std::move(on_error));
+  std::vector<std::thread> workers;
+  {
+    absl::MutexLock lock(&loop->mu);
+    loop->running_workers = opts.concurrency;
+  }
+  for (int i = 0; i < opts.concurrency; ++i) {
+    workers.emplace_back([loop, i, stop] { loop->Worker(static_cast<size_t>(i), stop); });
+  }
+  std::thread keeper([loop] { loop->Keeper(); });
+
+  // Wait for the stop request.
+  {
+    std::stop_callback wake(stop, [&loop] {
+      absl::MutexLock l(&loop->mu);
+      loop->stopping = true;
+    });
+    absl::MutexLock lock(&loop->mu);
+    loop->mu.Await(absl::Condition(&loop->stopping));
+  }
+
+  // Let in-flight callbacks finish within the shutdown timeout.
+  bool timed_out = false;
+  std::vector<Held> unstarted;
+  {
+    absl::MutexLock lock(&loop->mu);
+    auto drained = [&loop]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop->mu) {
+      return loop->running_workers == 0;
+    };
+    const absl::Time deadline = clk->Now() + opts.shutdown_timeout;
+    timed_out = !clk->AwaitWithDeadline(&loop->mu, absl::Condition(&drained), deadline);
+    if (timed_out) loop->abandoned = true;
+    for (Held& h : loop->buffer) unstarted.push_back(std::move(h));
+    loop->buffer.clear();
+  }
+  // Give back what was received and never started, so it is redelivered at once.
+  for (const Held& h : unstarted) loop->Settle(h.delivery, Settlement::Redeliver());
+
+  int stuck = 0;
+  {
+    absl::MutexLock lock(&loop->mu);
+    stuck = loop->running_workers;
+  }
+  keeper.join();
+  for (std::thread& w : workers) {
+    if (timed_out) {
+      w.detach();  // finished ones exit promptly; stuck ones hold `loop` until they return
+    } else {
+      w.join();
+    }
+  }
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        stuck, " callback(s) still running after the shutdown timeout of ",
+        absl::FormatDuration(opts.shutdown_timeout), "; their deliveries are left unsettled"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bus

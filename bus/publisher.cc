@@ -1,0 +1,70 @@
+#include "bus/publisher.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "bus/envelope.h"
+
+namespace bus {
+
+std::string NewMessageId() {
+  static const uint64_t prefix = [] {
+    absl::BitGen gen;
+    return absl::Uniform<uint64_t>(gen);
+  }();
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t n = counter.fetch_add(1, std::memory_order_relaxed);
+  return absl::StrCat(absl::Hex(prefix, absl::kZeroPad16), absl::Hex(n, absl::kZeroPad16));
+}
+
+Publisher::Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock)
+    : driver_(std::move(driver)), clock_(clock != nullptr ? std::move(clock) : driver_->clock()) {}
+
+Message Publisher::Build(Outgoing out) const {
+  Message msg;
+  msg.id = NewMessageId();
+  msg.biz_uid = std::move(out.biz_uid);
+  msg.payload = std::move(out.payload);
+  msg.headers = std::move(out.headers);
+  msg.created_at = clock_->Now();
+  return msg;
+}
+
+absl::StatusOr<std::string> Publisher::SendToQueue(absl::string_view queue, Outgoing out,
+                                                   absl::Duration delay) {
+  Message msg = Build(std::move(out));
+  if (absl::Status st = driver_->SendToQueue(queue, EncodeEnvelope(msg), delay); !st.ok()) {
+    return st;
+  }
+  return std::move(msg.id);
+}
+
+absl::StatusOr<std::string> Publisher::PublishToTopic(absl::string_view topic,
+                                                      absl::string_view route_key, Outgoing out) {
+  Message msg = Build(std::move(out));
+  msg.route_key = std::string(route_key);
+  if (absl::Status st = driver_->SendToTopic(topic, EncodeEnvelope(msg), route_key); !st.ok()) {
+    return st;
+  }
+  return std::move(msg.id);
+}
+
+absl::StatusOr<std::vector<std::string>> Publisher::SendBatchToQueue(absl::string_view queue,
+                                                                     std::vector<Outgoing> batch,
+                                                                     absl::Duration delay) {
+  std::vector<std::string> ids;
+  std::vector<std::string> wire;
+  ids.reserve(batch.size());
+  wire.reserve(batch.size());
+  for (Outgoing& out : batch) {
+    Message msg = Build(std::move(out));
+    wire.push_back(EncodeEnvelope(msg));
+    ids.push_back(std::move(msg.id));
+  }
+  if (absl::Status st = driver_->SendBatchToQueue(queue, wire, delay); !st.ok()) return st;
+  return ids;
+}
+
+}  // namespace bus

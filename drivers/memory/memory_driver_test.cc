@@ -1,0 +1,51 @@
+// The Driver conformance suite on the memory driver, plus what is specific to it.
+
+#include "drivers/memory/memory_driver.h"
+
+#include "absl/strings/str_cat.h"
+#include "tests/driver_conformance.h"
+
+namespace bus::testing {
+namespace {
+
+class MemoryHarness final : public DriverHarness {
+ public:
+  std::shared_ptr<Driver> NewDriver() override { return driver_; }
+  void Advance(absl::Duration d) override { clock_->Advance(d); }
+  absl::Duration ShortLease() const override { return absl::Seconds(1); }
+  absl::Duration PollWait() const override { return absl::ZeroDuration(); }
+
+ private:
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> driver_ = NewMemoryDriver({.clock = clock_});
+};
+
+INSTANTIATE_TEST_SUITE_P(Memory, DriverConformanceTest,
+                         ::testing::Values(DriverConformanceParam{
+                             "memory", [] { return std::make_unique<MemoryHarness>(); }}),
+                         DriverParamName);
+
+TEST(MemoryDriverTest, RejectsMessagesOverTheSizeLimit) {
+  auto driver = NewMemoryDriver({.max_message_bytes = 10});
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver->SendToQueue("q", std::string(11, 'x'), absl::ZeroDuration())));
+  EXPECT_TRUE(driver->SendToQueue("q", std::string(10, 'x'), absl::ZeroDuration()).ok());
+}
+
+TEST(MemoryDriverTest, AWaitingReceiveWakesWhenTheFakeClockMakesAMessageDue) {
+  auto clock = std::make_shared<FakeClock>();
+  auto driver = NewMemoryDriver({.clock = clock});
+  ASSERT_TRUE(driver->SendToQueue("q", "due", absl::Seconds(5)).ok());
+  auto consumer = driver->NewConsumer("q", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::vector<Delivery> out;
+  std::thread waiter([&] { ASSERT_TRUE((*consumer)->Receive(1, absl::Hours(1), {}, &out).ok()); });
+  while (clock->waiters() == 0) absl::SleepFor(absl::Milliseconds(1));
+  clock->Advance(absl::Seconds(5));
+  waiter.join();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].data, "due");
+}
+
+}  // namespace
+}  // namespace bus::testing

@@ -1,0 +1,36 @@
+// An in-memory IdempotencyStore: leases with owner tokens, done-with-retention, release by the
+// owner only (bus/stores.h). Expired entries are swept in bounded batches as operations run, so
+// the map does not grow without bound. Time comes from the injected clock.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef IDEMPOTENCY_MEMORY_MEMORY_IDEMPOTENCY_STORE_H_
+#define IDEMPOTENCY_MEMORY_MEMORY_IDEMPOTENCY_STORE_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "bus/clock.h"
+#include "bus/stores.h"
+
+namespace bus {
+
+struct MemoryIdempotencyOptions {
+  // Default: RealClock().
+  std::shared_ptr<Clock> clock;
+  // Expired entries removed per operation, at most.
+  int sweep_batch = 16;
+};
+
+class MemoryIdempotencyStore : public IdempotencyStore {
+ public:
+  // Entries currently stored (live or expired but not yet swept); for tests and metrics.
+  virtual size_t size() const = 0;
+};
+
+std::shared_ptr<MemoryIdempotencyStore> NewMemoryIdempotencyStore(
+    MemoryIdempotencyOptions options = {});
+
+}  // namespace bus
+
+#endif  // IDEMPOTENCY_MEMORY_MEMORY_IDEMPOTENCY_STORE_H_

@@ -1,0 +1,89 @@
+#include "storage/memory/memory_dead_letter_store.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace bus {
+namespace {
+
+class MemoryDeadLetterStore final : public DeadLetterStore {
+ public:
+  explicit MemoryDeadLetterStore(std::shared_ptr<Clock> clock) : clock_(std::move(clock)) {}
+
+  absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
+                                    absl::string_view reason) override {
+    absl::MutexLock lock(&mu_);
+    const uint64_t seq = ++seq_;
+    DeadLetter letter;
+    letter.id = absl::StrCat(seq);
+    letter.queue = std::string(queue);
+    letter.data = std::string(data);
+    letter.reason = std::string(reason);
+    letter.stored_at = clock_->Now();
+    std::string id = letter.id;
+    queues_[queue].emplace(seq, std::move(letter));
+    return id;
+  }
+
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
+                                                absl::string_view after_id) override {
+    if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    uint64_t after = 0;
+    if (!after_id.empty() && !absl::SimpleAtoi(after_id, &after)) {
+      return absl::InvalidArgumentError(absl::StrCat("Fetch: bad after_id \"", after_id, "\""));
+    }
+    absl::MutexLock lock(&mu_);
+    std::vector<DeadLetter> out;
+    auto q = queues_.find(queue);
+    if (q == queues_.end()) return out;
+    for (auto it = q->second.upper_bound(after);
+         it != q->second.end() && static_cast<int>(out.size()) < limit; ++it) {
+      out.push_back(it->second);
+    }
+    return out;
+  }
+
+  absl::Status Remove(absl::string_view queue, absl::string_view id) override {
+    uint64_t seq = 0;
+    if (!absl::SimpleAtoi(id, &seq)) {
+      return absl::InvalidArgumentError(absl::StrCat("Remove: bad id \"", id, "\""));
+    }
+    absl::MutexLock lock(&mu_);
+    auto q = queues_.find(queue);
+    if (q != queues_.end()) q->second.erase(seq);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Count(absl::string_view queue) override {
+    absl::MutexLock lock(&mu_);
+    auto q = queues_.find(queue);
+    return q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
+  }
+
+  absl::Status Purge(absl::string_view queue) override {
+    absl::MutexLock lock(&mu_);
+    queues_.erase(queue);
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::shared_ptr<Clock> clock_;
+  absl::Mutex mu_;
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::map<uint64_t, DeadLetter>> queues_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::shared_ptr<DeadLetterStore> NewMemoryDeadLetterStore(std::shared_ptr<Clock> clock) {
+  return std::make_shared<MemoryDeadLetterStore>(clock != nullptr ? std::move(clock) : RealClock());
+}
+
+}  // namespace bus

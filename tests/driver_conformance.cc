@@ -1,0 +1,672 @@
+#include "tests/driver_conformance.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bus/names.h"
+#include "gmock/gmock.h"
+
+namespace bus::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+// Real-time bound for waiting on something that should happen; a broken driver fails the test
+// at this point instead of hanging it.
+constexpr absl::Duration kPatience = absl::Seconds(20);
+
+// A queue or topic name unique in this process and across processes sharing one broker.
+std::string Unique(absl::string_view base) {
+  static std::atomic<int> counter{0};
+  return absl::StrCat(base, "-", getpid(), "-", counter.fetch_add(1));
+}
+
+// Every byte value, so binary safety is checked everywhere.
+std::string BinaryPayload(size_t size) {
+  std::string s(size, '\0');
+  for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 7 % 256);
+  return s;
+}
+
+std::vector<std::string> Datas(const std::vector<Delivery>& ds) {
+  std::vector<std::string> out;
+  for (const Delivery& d : ds) out.push_back(d.data);
+  return out;
+}
+
+}  // namespace
+
+void DriverConformanceTest::SetUp() {
+  harness_ = GetParam().make();
+  ASSERT_NE(harness_, nullptr);
+  driver_ = harness_->NewDriver();
+  ASSERT_NE(driver_, nullptr);
+}
+
+std::unique_ptr<Consumer> DriverConformanceTest::NewConsumer(const std::string& queue,
+                                                             int max_in_flight,
+                                                             absl::Duration lease) {
+  if (lease == absl::ZeroDuration()) lease = harness_->ShortLease();
+  auto c = driver_->NewConsumer(queue, ConsumerOptions{max_in_flight, lease});
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::vector<Delivery> DriverConformanceTest::Collect(Consumer* c, size_t n) {
+  std::vector<Delivery> out;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (out.size() < n && absl::Now() < deadline) {
+    const size_t before = out.size();
+    absl::Status st = c->Receive(static_cast<int>(n - out.size()), harness_->PollWait(), {}, &out);
+    EXPECT_TRUE(st.ok()) << st;
+    if (out.size() == before && harness_->PollWait() == absl::ZeroDuration()) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  EXPECT_EQ(out.size(), n) << "deliveries that arrived within " << kPatience;
+  return out;
+}
+
+std::vector<Delivery> DriverConformanceTest::Poll(Consumer* c, int max) {
+  std::vector<Delivery> out;
+  absl::Status st = c->Receive(max, absl::ZeroDuration(), {}, &out);
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+void DriverConformanceTest::AckAll(Consumer* c, const std::vector<Delivery>& deliveries) {
+  for (const Delivery& d : deliveries) EXPECT_TRUE(c->Ack(d).ok());
+}
+
+namespace {
+
+TEST_P(DriverConformanceTest, CreateQueueIsIdempotent) {
+  const std::string q = Unique("q");
+  EXPECT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "one", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("one"));  // re-creating did not drop the message
+  AckAll(c.get(), got);
+}
+
+TEST_P(DriverConformanceTest, BadNamesAreInvalidArgumentUpFront) {
+  const std::vector<std::string> bad = {
+      "",           "has space",    std::string(65, 'a'),   "slash/name",
+      "colon:name", "h\xc3\xa9llo", std::string("nul\0", 4)};
+  for (const std::string& name : bad) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->CreateQueue(name, absl::ZeroDuration())));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->SendToQueue(name, "x", absl::ZeroDuration())));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->SendToTopic(name, "x", "k")));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->Subscribe(name, Unique("q"), "")));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->Subscribe(Unique("t"), name, "")));
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        driver_->NewConsumer(name, ConsumerOptions{1, harness_->ShortLease()}).status()));
+  }
+  // The edges of the rule are accepted.
+  std::string longest = Unique("e");
+  longest.resize(kMaxNameLength, 'x');
+  EXPECT_TRUE(driver_->CreateQueue(longest, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(driver_->CreateQueue(Unique("Az09._-"), absl::ZeroDuration()).ok());
+}
+
+TEST_P(DriverConformanceTest, BadOptionsAreInvalidArgument) {
+  const std::string q = Unique("q");
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver_->NewConsumer(q, ConsumerOptions{0, harness_->ShortLease()}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver_->NewConsumer(q, ConsumerOptions{1, absl::ZeroDuration()}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(driver_->SendToQueue(q, "x", absl::Seconds(-1))));
+  EXPECT_TRUE(absl::IsInvalidArgument(driver_->CreateQueue(q, absl::Seconds(-1))));
+}
+
+TEST_P(DriverConformanceTest, SendThenReceiveIsBinarySafeAndAckedMessagesAreGone) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  const std::string big = BinaryPayload(100 * 1024);
+  ASSERT_TRUE(driver_->SendToQueue(q, "a", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, big, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, std::string("\0\xff\0", 3), absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_THAT(Datas(got), UnorderedElementsAre("a", big, std::string("\0\xff\0", 3)));
+  for (const Delivery& d : got) {
+    EXPECT_FALSE(d.receipt.empty());
+    EXPECT_LE(d.attempts, 1);  // first delivery (0: the broker does not count)
+  }
+  AckAll(c.get(), got);
+  harness_->Advance(harness_->ShortLease() * 2);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
+TEST_P(DriverConformanceTest, SendingToAQueueNeverCreatedCreatesIt) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "hello", absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("hello"));
+  AckAll(c.get(), got);
+}
+
+TEST_P(DriverConformanceTest, SendBatchDeliversEveryMessage) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  std::vector<std::string> batch;
+  for (int i = 0; i < 100; ++i) batch.push_back(absl::StrCat("m", i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q, /*max_in_flight=*/100);
+  auto got = Collect(c.get(), 100);
+  std::vector<std::string> datas = Datas(got);
+  std::sort(datas.begin(), datas.end());
+  std::sort(batch.begin(), batch.end());
+  EXPECT_EQ(datas, batch);
+  AckAll(c.get(), got);
+}
+
+TEST_P(DriverConformanceTest, PerMessageDelayIsHonoured) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  const absl::Duration delay = harness_->ShortLease() * 2;
+  ASSERT_TRUE(driver_->SendToQueue(q, "later", delay).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "now", absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto first = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(first), ElementsAre("now"));
+  AckAll(c.get(), first);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+  harness_->Advance(delay + harness_->ShortLease() / 2);
+  auto second = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(second), ElementsAre("later"));
+  AckAll(c.get(), second);
+}
+
+TEST_P(DriverConformanceTest, PerQueueDelayAppliesToEveryMessageAndAddsToMessageDelay) {
+  const std::string q = Unique("q");
+  const absl::Duration d = harness_->ShortLease() * 2;
+  ASSERT_TRUE(driver_->CreateQueue(q, d).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "queue-delay", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "both-delays", d).ok());
+  auto c = NewConsumer(q);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+  harness_->Advance(d + d / 4);
+  auto first = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(first), ElementsAre("queue-delay"));
+  AckAll(c.get(), first);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());  // the other waits for both delays
+  harness_->Advance(d);
+  auto second = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(second), ElementsAre("both-delays"));
+  AckAll(c.get(), second);
+}
+
+TEST_P(DriverConformanceTest, TopicFansOutToEveryMatchingBinding) {
+  const std::string t = Unique("t");
+  const std::string star = Unique("star"), hash = Unique("hash"), other = Unique("other"),
+                    all = Unique("all"), exact = Unique("exact");
+  ASSERT_TRUE(driver_->CreateQueue(star, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->CreateQueue(hash, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->CreateQueue(other, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->CreateQueue(all, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->CreateQueue(exact, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->Subscribe(t, star, "order.*").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, hash, "order.#").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, other, "payment.*").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, all, "").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, exact, "order.created.eu").ok());
+  // Consumers exist before publishing (a broker may only route to live subscriptions).
+  auto c_star = NewConsumer(star), c_hash = NewConsumer(hash), c_other = NewConsumer(other),
+       c_all = NewConsumer(all), c_exact = NewConsumer(exact);
+  ASSERT_TRUE(driver_->SendToTopic(t, "created", "order.created").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "eu", "order.created.eu").ok());
+
+  auto got_star = Collect(c_star.get(), 1);
+  auto got_hash = Collect(c_hash.get(), 2);
+  auto got_all = Collect(c_all.get(), 2);
+  auto got_exact = Collect(c_exact.get(), 1);
+  EXPECT_THAT(Datas(got_star), ElementsAre("created"));
+  EXPECT_THAT(Datas(got_hash), UnorderedElementsAre("created", "eu"));
+  EXPECT_THAT(Datas(got_all), UnorderedElementsAre("created", "eu"));
+  EXPECT_THAT(Datas(got_exact), ElementsAre("eu"));
+  // Nothing else arrives: the non-matching queue stays empty, and no queue gets extra copies.
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c_other.get()), IsEmpty());
+  EXPECT_THAT(Poll(c_star.get()), IsEmpty());
+  EXPECT_THAT(Poll(c_exact.get()), IsEmpty());
+  AckAll(c_star.get(), got_star);
+  AckAll(c_hash.get(), got_hash);
+  AckAll(c_all.get(), got_all);
+  AckAll(c_exact.get(), got_exact);
+}
+
+TEST_P(DriverConformanceTest, SubscribeIsIdempotent) {
+  const std::string t = Unique("t");
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->Subscribe(t, q, "a.*").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, q, "a.*").ok());
+  auto c = NewConsumer(q);
+  ASSERT_TRUE(driver_->SendToTopic(t, "once", "a.b").ok());
+  auto got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("once"));
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+  AckAll(c.get(), got);
+}
+
+TEST_P(DriverConformanceTest, NackRedeliversAndCountsAttempts) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "again", absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto first = Collect(c.get(), 1);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(c->Nack(first[0], absl::ZeroDuration()).ok());
+  auto second = Collect(c.get(), 1);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].data, "again");
+  if (first[0].attempts > 0) {
+    EXPECT_EQ(second[0].attempts, first[0].attempts + 1);
+  }
+  // The first receipt is settled: it cannot be settled again.
+  EXPECT_TRUE(absl::IsFailedPrecondition(c->Ack(first[0])));
+  AckAll(c.get(), second);
+}
+
+TEST_P(DriverConformanceTest, NackWithDelayWaitsBeforeRedelivery) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "later", absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto first = Collect(c.get(), 1);
+  ASSERT_EQ(first.size(), 1u);
+  const absl::Duration delay = harness_->ShortLease() * 2;
+  ASSERT_TRUE(c->Nack(first[0], delay).ok());
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+  harness_->Advance(delay + harness_->ShortLease() / 2);
+  auto second = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(second), ElementsAre("later"));
+  AckAll(c.get(), second);
+}
+
+TEST_P(DriverConformanceTest, ExpiredLeaseIsRedeliveredAndTheStaleAckIsRefused) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "leased", absl::ZeroDuration()).ok());
+  auto a = NewConsumer(q);
+  auto b = NewConsumer(q);
+  auto held = Collect(a.get(), 1);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_THAT(Poll(b.get()), IsEmpty());  // never the same delivery at once
+  harness_->Advance(harness_->ShortLease() * 2);
+  auto again = Collect(b.get(), 1);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].data, "leased");
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->Ack(held[0])));
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->Extend(held[0])));
+  EXPECT_TRUE(b->Ack(again[0]).ok());
+  harness_->Advance(harness_->ShortLease() * 2);
+  EXPECT_THAT(Poll(a.get()), IsEmpty());
+  EXPECT_THAT(Poll(b.get()), IsEmpty());
+}
+
+TEST_P(DriverConformanceTest, ExtendKeepsTheLease) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "long", absl::ZeroDuration()).ok());
+  const absl::Duration lease = harness_->ShortLease() * 2;
+  auto a = NewConsumer(q, 16, lease);
+  auto b = NewConsumer(q, 16, lease);
+  auto held = Collect(a.get(), 1);
+  ASSERT_EQ(held.size(), 1u);
+  for (int i = 0; i < 3; ++i) {
+    harness_->Advance(lease * 6 / 10);
+    ASSERT_TRUE(a->Extend(held[0]).ok()) << "round " << i;
+  }
+  EXPECT_THAT(Poll(b.get()), IsEmpty());  // 1.8 leases have passed, but it was extended
+  EXPECT_TRUE(a->Ack(held[0]).ok());
+}
+
+TEST_P(DriverConformanceTest, CompetingConsumersShareTheQueueWithoutOverlap) {
+  const std::string q = Unique("q");
+  constexpr int kMessages = 200;
+  std::vector<std::string> batch;
+  for (int i = 0; i < kMessages; ++i) batch.push_back(absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  auto other_driver = harness_->NewDriver();
+  auto c1 = NewConsumer(q, 8);
+  auto c2_or = other_driver->NewConsumer(q, ConsumerOptions{8, harness_->ShortLease() * 10});
+  ASSERT_TRUE(c2_or.ok());
+  auto c2 = std::move(*c2_or);
+  absl::Mutex mu;
+  std::multiset<std::string> seen;
+  auto run = [&](Consumer* c) {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu);
+        if (seen.size() >= static_cast<size_t>(kMessages)) return;
+      }
+      std::vector<Delivery> got;
+      ASSERT_TRUE(c->Receive(4, harness_->PollWait(), {}, &got).ok());
+      if (got.empty() && harness_->PollWait() == absl::ZeroDuration()) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      for (const Delivery& d : got) {
+        {
+          absl::MutexLock lock(&mu);
+          seen.insert(d.data);
+        }
+        ASSERT_TRUE(c->Ack(d).ok());
+      }
+    }
+  };
+  std::thread t1(run, c1.get());
+  std::thread t2(run, c2.get());
+  t1.join();
+  t2.join();
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kMessages));
+  for (const std::string& m : batch) EXPECT_EQ(seen.count(m), 1u) << m;
+}
+
+TEST_P(DriverConformanceTest, AConsumerNeverHoldsMoreThanMaxInFlight) {
+  const std::string q = Unique("q");
+  std::vector<std::string> batch;
+  for (int i = 0; i < 5; ++i) batch.push_back(absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q, /*max_in_flight=*/2, harness_->ShortLease() * 10);
+  auto first = Collect(c.get(), 2);
+  ASSERT_EQ(first.size(), 2u);
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c.get(), 10), IsEmpty());
+  ASSERT_TRUE(c->Ack(first[0]).ok());
+  auto next = Collect(c.get(), 1);
+  EXPECT_EQ(next.size(), 1u);
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c.get(), 10), IsEmpty());
+  ASSERT_TRUE(c->Ack(first[1]).ok());
+  AckAll(c.get(), next);
+  auto rest = Collect(c.get(), 2);
+  EXPECT_EQ(rest.size(), 2u);
+  AckAll(c.get(), rest);
+}
+
+TEST_P(DriverConformanceTest, AClosedConsumersDeliveriesAreRedelivered) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "x", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "y", absl::ZeroDuration()).ok());
+  {
+    auto a = NewConsumer(q);
+    auto held = Collect(a.get(), 2);
+    ASSERT_EQ(held.size(), 2u);
+  }  // closed without settling
+  harness_->Advance(harness_->ShortLease() * 2);
+  auto b = NewConsumer(q);
+  auto got = Collect(b.get(), 2);
+  EXPECT_THAT(Datas(got), UnorderedElementsAre("x", "y"));
+  AckAll(b.get(), got);
+}
+
+TEST_P(DriverConformanceTest, ReceiveOnAnEmptyQueueReturnsNothingAndStopInterruptsIt) {
+  const std::string q = Unique("q");
+  auto c = NewConsumer(q);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+  std::stop_source stop;
+  auto waiting = std::async(std::launch::async, [&] {
+    std::vector<Delivery> out;
+    absl::Status st = c->Receive(1, absl::Hours(1), stop.get_token(), &out);
+    return std::make_pair(st, out.size());
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  stop.request_stop();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  auto [st, n] = waiting.get();
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(n, 0u);
+}
+
+// ReceiveMessage, the run loop every driver shares.
+
+class ReceiveLoop {
+ public:
+  ReceiveLoop(Driver* driver, std::string queue, ReceiveOptions options, ReceiveFn fn)
+      : result_(std::async(std::launch::async, [=, this] {
+          return driver->ReceiveMessage(queue, options, fn, stop_.get_token());
+        })) {}
+  ~ReceiveLoop() {
+    stop_.request_stop();
+    if (result_.valid()) result_.wait();
+  }
+  std::future<absl::Status>& Stop() {
+    stop_.request_stop();
+    return result_;
+  }
+
+ private:
+  std::stop_source stop_;
+  std::future<absl::Status> result_;
+};
+
+bool WaitUntil(const std::function<bool()>& cond) {
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+TEST_P(DriverConformanceTest, ReceiveMessageHandsEachMessageToTheCallbackUntilStopped) {
+  const std::string q = Unique("q");
+  absl::Mutex mu;
+  std::vector<std::string> seen;
+  ReceiveOptions options;
+  options.concurrency = 3;
+  options.max_in_flight = 6;
+  options.lease = harness_->ShortLease() * 10;
+  options.poll_wait = harness_->ShortLease();
+  std::vector<std::string> batch;
+  for (int i = 0; i < 50; ++i) batch.push_back(absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  {
+    ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery& d) {
+      absl::MutexLock lock(&mu);
+      seen.push_back(d.data);
+      return Settlement::Done();
+    });
+    ASSERT_TRUE(WaitUntil([&] {
+      absl::MutexLock lock(&mu);
+      return seen.size() >= batch.size();
+    }));
+    auto& result = loop.Stop();
+    ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_TRUE(result.get().ok());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::sort(batch.begin(), batch.end());
+  EXPECT_EQ(seen, batch);
+  // Everything was acked: nothing comes back.
+  harness_->Advance(options.lease + harness_->ShortLease());
+  auto c = NewConsumer(q);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
+TEST_P(DriverConformanceTest, ReceiveMessageRedeliversWhatTheCallbackDidNotFinish) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "flaky", absl::ZeroDuration()).ok());
+  std::atomic<int> calls{0};
+  ReceiveOptions options;
+  options.poll_wait = harness_->ShortLease();
+  options.lease = harness_->ShortLease() * 10;
+  ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) {
+    return calls.fetch_add(1) == 0 ? Settlement::Redeliver() : Settlement::Done();
+  });
+  EXPECT_TRUE(WaitUntil([&] { return calls.load() >= 2; }));
+  auto& result = loop.Stop();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST_P(DriverConformanceTest, ReceiveMessageSurvivesACallbackThatThrows) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "boom", absl::ZeroDuration()).ok());
+  std::atomic<int> calls{0};
+  ReceiveOptions options;
+  options.poll_wait = harness_->ShortLease();
+  options.lease = harness_->ShortLease() * 10;
+  ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) -> Settlement {
+    if (calls.fetch_add(1) == 0) throw std::runtime_error("boom");
+    return Settlement::Done();
+  });
+  EXPECT_TRUE(WaitUntil([&] { return calls.load() >= 2; }));
+  auto& result = loop.Stop();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+}
+
+TEST_P(DriverConformanceTest, StopFinishesInFlightWorkSettlesItAndGivesTheRestBack) {
+  const std::string q = Unique("q");
+  std::vector<std::string> batch = {"first", "second", "third", "fourth"};
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  absl::Mutex mu;
+  bool release = false;
+  std::vector<std::string> started;
+  ReceiveOptions options;
+  options.concurrency = 1;
+  options.max_in_flight = 4;
+  options.poll_wait = harness_->ShortLease();
+  options.lease = harness_->ShortLease() * 20;
+  options.shutdown_timeout = absl::Hours(1);
+  auto loop = std::make_unique<ReceiveLoop>(driver_.get(), q, options, [&](const Delivery& d) {
+    absl::MutexLock lock(&mu);
+    started.push_back(d.data);
+    mu.Await(absl::Condition(&release));
+    return Settlement::Done();
+  });
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&mu);
+    return !started.empty();
+  }));
+  auto& result = loop->Stop();
+  {
+    absl::MutexLock lock(&mu);
+    release = true;
+  }
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  loop.reset();
+  std::string finished;
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(started.size(), 1u);  // nothing new started after stop
+    finished = started[0];
+  }
+  // The finished message was acked; the three others come back (promptly, or after a lease).
+  harness_->Advance(options.lease + harness_->ShortLease());
+  auto c = NewConsumer(q);
+  auto rest = Collect(c.get(), 3);
+  std::vector<std::string> got = Datas(rest);
+  std::vector<std::string> expected;
+  for (const auto& m : batch) {
+    if (m != finished) expected.push_back(m);
+  }
+  std::sort(got.begin(), got.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(got, expected);
+  AckAll(c.get(), rest);
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
+TEST_P(DriverConformanceTest, StopAbandonsACallbackThatOutlivesTheShutdownTimeout) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "stuck", absl::ZeroDuration()).ok());
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  ReceiveOptions options;
+  options.poll_wait = harness_->ShortLease();
+  options.lease = harness_->ShortLease() * 2;
+  options.shutdown_timeout = harness_->ShortLease() / 2;
+  auto loop =
+      std::make_unique<ReceiveLoop>(driver_.get(), q, options, [release, started](const Delivery&) {
+        started->store(true);
+        while (!release->load()) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+        return Settlement::Done();
+      });
+  ASSERT_TRUE(WaitUntil([&] { return started->load(); }));
+  auto& result = loop->Stop();
+  // Let the shutdown timeout pass on the driver's clock.
+  while (result.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+    harness_->Advance(options.shutdown_timeout);
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(result.get()));
+  loop.reset();
+  // The abandoned delivery is left unsettled, so it is delivered again once its lease runs out.
+  harness_->Advance(options.lease * 2);
+  auto c = NewConsumer(q);
+  auto again = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(again), ElementsAre("stuck"));
+  release->store(true);  // the abandoned callback finishes; it must not settle anything
+  AckAll(c.get(), again);
+}
+
+TEST_P(DriverConformanceTest, ReceiveMessageExtendsTheLeaseOfALongCallback) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "slow", absl::ZeroDuration()).ok());
+  std::atomic<int> calls{0};
+  std::atomic<bool> release{false};
+  ReceiveOptions options;
+  options.poll_wait = harness_->ShortLease();
+  options.lease = harness_->ShortLease() * 2;
+  ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) {
+    calls.fetch_add(1);
+    while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+    return Settlement::Done();
+  });
+  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 1; }));
+  // Three leases pass in small steps; the loop's keeper renews the lease each half lease.
+  auto other = NewConsumer(q);
+  for (int i = 0; i < 12; ++i) {
+    harness_->Advance(options.lease / 4);
+    absl::SleepFor(absl::Milliseconds(10));  // let the keeper run its renewal
+  }
+  EXPECT_THAT(Poll(other.get()), IsEmpty());
+  release.store(true);
+  auto& result = loop.Stop();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_P(DriverConformanceTest, ReceiveMessageRejectsBadArguments) {
+  ReceiveOptions options;
+  std::stop_source stop;
+  auto fn = [](const Delivery&) { return Settlement::Done(); };
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(driver_->ReceiveMessage("bad name", options, fn, stop.get_token())));
+  options.concurrency = 0;
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  options.concurrency = 4;
+  options.max_in_flight = 2;
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+}
+
+}  // namespace
+
+}  // namespace bus::testing

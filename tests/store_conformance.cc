@@ -1,0 +1,274 @@
+#include "tests/store_conformance.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+
+namespace bus::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+std::string Unique(absl::string_view base) {
+  static std::atomic<int> counter{0};
+  return absl::StrCat(base, "-", getpid(), "-", counter.fetch_add(1));
+}
+
+std::vector<std::string> Datas(const std::vector<DeadLetter>& letters) {
+  std::vector<std::string> out;
+  for (const DeadLetter& l : letters) out.push_back(l.data);
+  return out;
+}
+
+}  // namespace
+
+void DeadLetterStoreConformanceTest::SetUp() {
+  harness_ = GetParam().make();
+  ASSERT_NE(harness_, nullptr);
+  store_ = harness_->NewDeadLetterStore();
+  ASSERT_NE(store_, nullptr);
+}
+
+void IdempotencyStoreConformanceTest::SetUp() {
+  harness_ = GetParam().make();
+  ASSERT_NE(harness_, nullptr);
+  store_ = harness_->NewIdempotencyStore();
+  ASSERT_NE(store_, nullptr);
+}
+
+namespace {
+
+// ---- DeadLetterStore ----
+
+TEST_P(DeadLetterStoreConformanceTest, StoreFetchRemoveCount) {
+  const std::string q = Unique("q");
+  const std::string binary("\0\x01\xff payload \0", 13);
+  auto id1 = store_->Store(q, "first", "reason one");
+  auto id2 = store_->Store(q, binary, "reason two");
+  auto id3 = store_->Store(q, "third", "");
+  ASSERT_TRUE(id1.ok() && id2.ok() && id3.ok());
+  EXPECT_NE(*id1, *id2);
+  EXPECT_NE(*id2, *id3);
+  EXPECT_EQ(*store_->Count(q), 3);
+
+  auto letters = store_->Fetch(q, 10);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  ASSERT_EQ(letters->size(), 3u);
+  EXPECT_THAT(Datas(*letters), ElementsAre("first", binary, "third"));  // oldest first
+  EXPECT_EQ((*letters)[0].id, *id1);
+  EXPECT_EQ((*letters)[0].queue, q);
+  EXPECT_EQ((*letters)[0].reason, "reason one");
+  EXPECT_EQ((*letters)[1].reason, "reason two");
+  EXPECT_GT((*letters)[0].stored_at, absl::UnixEpoch());
+
+  ASSERT_TRUE(store_->Remove(q, *id2).ok());
+  EXPECT_TRUE(store_->Remove(q, *id2).ok());  // idempotent
+  EXPECT_EQ(*store_->Count(q), 2);
+  EXPECT_THAT(Datas(*store_->Fetch(q, 10)), ElementsAre("first", "third"));
+}
+
+TEST_P(DeadLetterStoreConformanceTest, FetchWalksAQueueInBoundedBatches) {
+  const std::string q = Unique("q");
+  for (int i = 0; i < 25; ++i) ASSERT_TRUE(store_->Store(q, absl::StrCat("m", i), "r").ok());
+  std::vector<std::string> all;
+  std::string after;
+  std::vector<size_t> sizes;
+  while (true) {
+    auto batch = store_->Fetch(q, 10, after);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    sizes.push_back(batch->size());
+    if (batch->empty()) break;
+    for (const DeadLetter& l : *batch) all.push_back(l.data);
+    after = batch->back().id;
+  }
+  EXPECT_THAT(sizes, ElementsAre(10u, 10u, 5u, 0u));
+  ASSERT_EQ(all.size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], absl::StrCat("m", i));
+}
+
+TEST_P(DeadLetterStoreConformanceTest, QueuesAreSeparateAndPurgeEmptiesOne) {
+  const std::string a = Unique("a");
+  const std::string b = Unique("b");
+  ASSERT_TRUE(store_->Store(a, "a1", "r").ok());
+  ASSERT_TRUE(store_->Store(b, "b1", "r").ok());
+  ASSERT_TRUE(store_->Store(a, "a2", "r").ok());
+  EXPECT_THAT(Datas(*store_->Fetch(a, 10)), ElementsAre("a1", "a2"));
+  EXPECT_THAT(Datas(*store_->Fetch(b, 10)), ElementsAre("b1"));
+  ASSERT_TRUE(store_->Purge(a).ok());
+  EXPECT_EQ(*store_->Count(a), 0);
+  EXPECT_EQ(*store_->Count(b), 1);
+  EXPECT_THAT(*store_->Fetch(a, 10), IsEmpty());
+}
+
+TEST_P(DeadLetterStoreConformanceTest, EmptyQueueAndBadLimit) {
+  const std::string q = Unique("q");
+  EXPECT_EQ(*store_->Count(q), 0);
+  EXPECT_THAT(*store_->Fetch(q, 5), IsEmpty());
+  EXPECT_TRUE(store_->Purge(q).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Fetch(q, 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Fetch(q, -1).status()));
+}
+
+TEST_P(DeadLetterStoreConformanceTest, LargeBinaryLettersRoundTrip) {
+  const std::string q = Unique("q");
+  std::string big(256 * 1024, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 13 % 256);
+  ASSERT_TRUE(store_->Store(q, big, std::string("why\0not", 7)).ok());
+  auto letters = store_->Fetch(q, 1);
+  ASSERT_TRUE(letters.ok());
+  ASSERT_EQ(letters->size(), 1u);
+  EXPECT_EQ((*letters)[0].data, big);
+}
+
+TEST_P(DeadLetterStoreConformanceTest, TwoStoreObjectsShareTheBackingState) {
+  const std::string q = Unique("q");
+  auto other = harness_->NewDeadLetterStore();
+  auto id = store_->Store(q, "shared", "r");
+  ASSERT_TRUE(id.ok());
+  EXPECT_THAT(Datas(*other->Fetch(q, 10)), ElementsAre("shared"));
+  ASSERT_TRUE(other->Remove(q, *id).ok());
+  EXPECT_EQ(*store_->Count(q), 0);
+}
+
+TEST_P(DeadLetterStoreConformanceTest, ConcurrentStoresAreAllKept) {
+  const std::string q = Unique("q");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        EXPECT_TRUE(store_->Store(q, absl::StrCat(t, "-", i), "r").ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*store_->Count(q), 100);
+}
+
+// ---- IdempotencyStore ----
+
+TEST_P(IdempotencyStoreConformanceTest, OnlyOneOwnerHoldsAKey) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  EXPECT_TRUE(*store_->Acquire(key, "a", lease));
+  EXPECT_FALSE(*store_->Acquire(key, "b", lease));
+  EXPECT_FALSE(*store_->Acquire(key, "a", lease));         // a live lease is not re-granted
+  EXPECT_TRUE(*store_->Acquire(Unique("k"), "b", lease));  // other keys are independent
+}
+
+TEST_P(IdempotencyStoreConformanceTest, DoneKeysStayTakenForTheRetention) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease();
+  const absl::Duration retention = harness_->ShortLease() * 2;
+  ASSERT_TRUE(*store_->Acquire(key, "a", lease));
+  ASSERT_TRUE(store_->MarkDone(key, "a", retention).ok());
+  harness_->Advance(lease * 3 / 2);  // past the lease, within the retention
+  EXPECT_FALSE(*store_->Acquire(key, "b", lease));
+  // Done is not a live lease: the former owner can no longer release or mark it.
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->Release(key, "a")));
+  harness_->Advance(retention);
+  EXPECT_TRUE(*store_->Acquire(key, "b", lease));
+}
+
+TEST_P(IdempotencyStoreConformanceTest, ReleaseGivesTheKeyBack) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  ASSERT_TRUE(*store_->Acquire(key, "a", lease));
+  ASSERT_TRUE(store_->Release(key, "a").ok());
+  EXPECT_TRUE(*store_->Acquire(key, "b", lease));
+}
+
+TEST_P(IdempotencyStoreConformanceTest, AnExpiredLeaseCanBeTakenAndTheStaleOwnerIsRefused) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease();
+  ASSERT_TRUE(*store_->Acquire(key, "stale", lease));
+  harness_->Advance(lease * 2);
+  ASSERT_TRUE(*store_->Acquire(key, "fresh", lease * 10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->MarkDone(key, "stale", lease * 10)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->Release(key, "stale")));
+  // The fresh owner's lease was untouched by the stale worker.
+  EXPECT_FALSE(*store_->Acquire(key, "third", lease));
+  EXPECT_TRUE(store_->MarkDone(key, "fresh", lease * 10).ok());
+  EXPECT_FALSE(*store_->Acquire(key, "third", lease));
+}
+
+TEST_P(IdempotencyStoreConformanceTest, AnExpiredLeaseWithNoSuccessorIsRefusedToo) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease();
+  ASSERT_TRUE(*store_->Acquire(key, "slow", lease));
+  harness_->Advance(lease * 2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->MarkDone(key, "slow", lease * 10)));
+  EXPECT_TRUE(*store_->Acquire(key, "next", lease));
+}
+
+TEST_P(IdempotencyStoreConformanceTest, NonOwnersCannotReleaseOrMarkDone) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  ASSERT_TRUE(*store_->Acquire(key, "owner", lease));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->Release(key, "intruder")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->MarkDone(key, "intruder", lease)));
+  EXPECT_FALSE(*store_->Acquire(key, "intruder", lease));  // still held by the owner
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->Release(Unique("never"), "owner")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->MarkDone(Unique("never"), "owner", lease)));
+  EXPECT_TRUE(store_->Release(key, "owner").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(store_->Release(key, "owner")));  // once only
+}
+
+TEST_P(IdempotencyStoreConformanceTest, BadArgumentsAreInvalidArgument) {
+  const absl::Duration lease = harness_->ShortLease();
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Acquire("", "a", lease).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Acquire("k", "", lease).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Acquire("k", "a", absl::ZeroDuration()).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->MarkDone("", "a", lease)));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Release("k", "")));
+}
+
+TEST_P(IdempotencyStoreConformanceTest, KeysAreBinarySafeStrings) {
+  const std::string key = Unique("orders.") + std::string("\0\xff", 2);
+  const std::string other = Unique("orders.") + std::string("\0\xfe", 2);
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  EXPECT_TRUE(*store_->Acquire(key, "a", lease));
+  EXPECT_TRUE(*store_->Acquire(other, "a", lease));
+  EXPECT_TRUE(store_->MarkDone(key, "a", lease).ok());
+}
+
+TEST_P(IdempotencyStoreConformanceTest, TwoStoreObjectsShareTheBackingState) {
+  const std::string key = Unique("k");
+  auto other = harness_->NewIdempotencyStore();
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  ASSERT_TRUE(*store_->Acquire(key, "a", lease));
+  EXPECT_FALSE(*other->Acquire(key, "b", lease));
+  EXPECT_TRUE(absl::IsFailedPrecondition(other->Release(key, "b")));
+  EXPECT_TRUE(other->MarkDone(key, "a", lease).ok());
+}
+
+TEST_P(IdempotencyStoreConformanceTest, ConcurrentAcquiresGrantEachKeyOnce) {
+  constexpr int kKeys = 20;
+  constexpr int kThreads = 8;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(Unique("k"));
+  std::vector<std::atomic<int>> winners(kKeys);
+  std::vector<std::thread> threads;
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kKeys; ++i) {
+        auto got = store_->Acquire(keys[static_cast<size_t>(i)], absl::StrCat("w", t), lease);
+        ASSERT_TRUE(got.ok()) << got.status();
+        if (*got) winners[static_cast<size_t>(i)].fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kKeys; ++i) EXPECT_EQ(winners[static_cast<size_t>(i)].load(), 1) << i;
+}
+
+}  // namespace
+}  // namespace bus::testing
