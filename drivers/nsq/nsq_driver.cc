@@ -104,18 +104,20 @@ absl::Status ValidateOptions(const NsqOptions& o) {
 
 int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
-// A receipt: the connection's id (8 bytes) and the NSQ message id (16 bytes).
-std::string MakeReceipt(uint64_t conn_id, const nsq::MessageId& id) {
-  std::string r(24, '\0');
+// A receipt: the connection's id (8 bytes), a per-consumer delivery number (8 bytes, so a
+// redelivery of the same message gets a new receipt) and the NSQ message id (16 bytes).
+std::string MakeReceipt(uint64_t conn_id, uint64_t seq, const nsq::MessageId& id) {
+  std::string r(32, '\0');
   std::memcpy(r.data(), &conn_id, 8);
-  std::memcpy(r.data() + 8, id.data(), 16);
+  std::memcpy(r.data() + 8, &seq, 8);
+  std::memcpy(r.data() + 16, id.data(), 16);
   return r;
 }
 
 bool ParseReceipt(absl::string_view r, uint64_t* conn_id, nsq::MessageId* id) {
-  if (r.size() != 24) return false;
+  if (r.size() != 32) return false;
   std::memcpy(conn_id, r.data(), 8);
-  std::memcpy(id->data(), r.data() + 8, 16);
+  std::memcpy(id->data(), r.data() + 16, 16);
   return true;
 }
 
@@ -378,14 +380,26 @@ class ConsumerState : public Connection::Listener,
       return stop.stop_requested() || stopped_ ||
              (!buffer_.empty() && static_cast<int>(held_.size()) < options_.max_in_flight);
     };
+    // Demand drives RDY: while someone waits in Receive (and shortly after), nsqd may push.
+    ++waiting_;
+    last_demand_ = absl::Now();
+    if (!demand_on_) {
+      demand_on_ = true;
+      asio::post(core_->io(), [self = shared_from_this()] {
+        absl::MutexLock l(&self->mu_);
+        if (!self->stopped_) self->DistributeRdy();
+      });
+    }
     clock->AwaitWithDeadline(&mu_, absl::Condition(&ready), deadline);
+    --waiting_;
+    last_demand_ = absl::Now();
     int n = std::min<int>(max, options_.max_in_flight - static_cast<int>(held_.size()));
     while (n > 0 && !buffer_.empty() && !stop.stop_requested()) {
       Buffered b = std::move(buffer_.front());
       buffer_.pop_front();
       Delivery d;
       d.data = std::move(b.payload);
-      d.receipt = MakeReceipt(b.conn_id, b.id);
+      d.receipt = MakeReceipt(b.conn_id, ++delivery_seq_, b.id);
       d.attempts = b.attempts;
       held_[d.receipt] = Held{b.conn_id, b.id, b.leased_at + lease_};
       out->push_back(std::move(d));
@@ -741,6 +755,14 @@ class ConsumerState : public Connection::Listener,
       s->rdy = count;
       s->rdy_since = now;
     };
+    // Without demand (nobody has called Receive lately) nothing is pushed: messages stay in
+    // nsqd for competing consumers instead of waiting in this one's buffer.
+    if (waiting_ == 0 && now - last_demand_ >= 2 * idle) {
+      for (Slot* s : live) set(s, 0);
+      demand_on_ = false;
+      return;
+    }
+    demand_on_ = true;
     if (n <= m) {
       for (int64_t i = 0; i < n; ++i) set(live[i], m / n + (i < m % n ? 1 : 0));
       return;
@@ -868,6 +890,10 @@ class ConsumerState : public Connection::Listener,
   std::deque<Buffered> buffer_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
   int live_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t delivery_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside Receive
+  absl::Time last_demand_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool demand_on_ ABSL_GUARDED_BY(mu_) = false;  // RDY currently granted
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -937,7 +963,9 @@ class NsqDriver final : public Driver {
                            absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
-    if (delay < absl::ZeroDuration()) delay = absl::ZeroDuration();
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("SendToQueue: delay must be >= 0");
+    }
     return core_->Publish(QueueCommand(queue, data, delay + core_->QueueDelay(queue)));
   }
 
@@ -947,8 +975,10 @@ class NsqDriver final : public Driver {
     for (const std::string& d : data) {
       if (absl::Status s = CheckSize(d); !s.ok()) return s;
     }
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("SendBatchToQueue: delay must be >= 0");
+    }
     if (data.empty()) return absl::OkStatus();
-    if (delay < absl::ZeroDuration()) delay = absl::ZeroDuration();
     const absl::Duration total = delay + core_->QueueDelay(queue);
     if (total > absl::ZeroDuration()) {
       // DPUB has no batch form: one command each.
