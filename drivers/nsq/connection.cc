@@ -49,8 +49,7 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, std::st
   } else {
     colon = address.rfind(':');
     if (colon == absl::string_view::npos || colon == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("address \"", address, "\" is not host:port"));
+      return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not host:port"));
     }
     *host = std::string(address.substr(0, colon));
   }
@@ -64,8 +63,7 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, std::st
 
 std::shared_ptr<Connection> Connection::Create(asio::io_context& io, ConnectionOptions options,
                                                std::weak_ptr<Listener> listener) {
-  return std::shared_ptr<Connection>(
-      new Connection(io, std::move(options), std::move(listener)));
+  return std::shared_ptr<Connection>(new Connection(io, std::move(options), std::move(listener)));
 }
 
 Connection::Connection(asio::io_context& io, ConnectionOptions options,
@@ -88,8 +86,8 @@ awaitable<absl::StatusOr<Frame>> Connection::ReadFrame() {
     if (!next.ok()) co_return next.status();
     if (next->has_value()) co_return std::move(**next);
     error_code ec;
-    const size_t n =
-        co_await socket_.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec));
+    const size_t n = co_await socket_.async_read_some(asio::buffer(buf),
+                                                      asio::redirect_error(use_awaitable, ec));
     if (ec) co_return IoError(options_.address, "read", ec);
     reader_.Append(absl::string_view(buf, n));
   }
@@ -162,9 +160,9 @@ awaitable<absl::Status> Connection::Handshake() {
 
   if (identify_.auth_required) {
     if (options_.auth_secret.empty()) {
-      co_return fail(absl::FailedPreconditionError(
-          absl::StrCat("nsqd ", options_.address,
-                       " requires AUTH and no auth secret is configured (NsqOptions.auth_secret)")));
+      co_return fail(absl::FailedPreconditionError(absl::StrCat(
+          "nsqd ", options_.address,
+          " requires AUTH and no auth secret is configured (NsqOptions.auth_secret)")));
     }
     std::string auth;
     AppendAuth(options_.auth_secret, &auth);
@@ -306,9 +304,9 @@ awaitable<void> Connection::HeartbeatWatch() {
     if (closed()) co_return;
     const int64_t silent_ns = absl::GetCurrentTimeNanos() - last_read_ns_.load();
     if (silent_ns > 2 * interval_ms * 1000000) {
-      CloseOnIo(absl::UnavailableError(absl::StrCat(
-          "nsqd ", options_.address, ": no data for ", silent_ns / 1000000,
-          " ms (two heartbeat intervals)")));
+      CloseOnIo(absl::UnavailableError(absl::StrCat("nsqd ", options_.address, ": no data for ",
+                                                    silent_ns / 1000000,
+                                                    " ms (two heartbeat intervals)")));
       co_return;
     }
   }

@@ -65,8 +65,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   using ResponseFn = std::function<void(absl::StatusOr<std::string>)>;
 
-  static std::shared_ptr<Connection> Create(boost::asio::io_context& io,
-                                            ConnectionOptions options,
+  static std::shared_ptr<Connection> Create(boost::asio::io_context& io, ConnectionOptions options,
                                             std::weak_ptr<Listener> listener);
 
   ~Connection();

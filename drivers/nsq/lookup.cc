@@ -46,8 +46,8 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
   });
   auto unavailable = [&](absl::string_view what, const error_code& ec) {
     deadline.cancel();
-    return absl::UnavailableError(absl::StrCat(
-        "nsqlookupd ", hostport, ": ", what, ": ", timed_out ? "timed out" : ec.message()));
+    return absl::UnavailableError(absl::StrCat("nsqlookupd ", hostport, ": ", what, ": ",
+                                               timed_out ? "timed out" : ec.message()));
   };
 
   error_code ec;
@@ -77,8 +77,8 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
   const auto& res = parser.get();
   if (res.result() == http::status::not_found) co_return std::vector<std::string>{};
   if (res.result() != http::status::ok) {
-    co_return absl::UnavailableError(absl::StrCat("nsqlookupd ", hostport, ": /lookup answered ",
-                                                  res.result_int()));
+    co_return absl::UnavailableError(
+        absl::StrCat("nsqlookupd ", hostport, ": /lookup answered ", res.result_int()));
   }
   co_return ParseLookupResponse(res.body());
 }

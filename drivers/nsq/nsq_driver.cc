@@ -59,7 +59,8 @@ absl::Status ValidateOptions(const NsqOptions& o) {
   std::string host, port;
   for (const std::string& a : o.nsqd_tcp_addresses) {
     if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
     }
   }
   for (std::string a : o.lookupd_http_addresses) {
@@ -290,9 +291,9 @@ class Core {
       ++slot.failures;
       slot.next_attempt = absl::Now() + wait;
       slot.last_error = s;
-      Log(LogLevel::kWarning, absl::StrCat("producer connection to nsqd ", slot.address,
-                                           " failed: ", s.message(), "; retry allowed in ",
-                                           absl::FormatDuration(wait)));
+      Log(LogLevel::kWarning,
+          absl::StrCat("producer connection to nsqd ", slot.address, " failed: ", s.message(),
+                       "; retry allowed in ", absl::FormatDuration(wait)));
       // Unavailable stays Unavailable; configuration errors (AUTH, IDENTIFY) keep their code.
       return s;
     }
@@ -322,8 +323,7 @@ class Core {
   // queue -> topic -> binding keys
   std::map<std::string, std::map<std::string, std::set<std::string>>> bindings_
       ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<std::weak_ptr<ConsumerState>>> consumers_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::weak_ptr<ConsumerState>>> consumers_ ABSL_GUARDED_BY(mu_);
 };
 
 // The state of one consumer, driven from the I/O thread (connections, RDY, discovery) and from
@@ -551,9 +551,8 @@ class ConsumerState : public Connection::Listener,
   }
 
   void OnNonFatalError(Connection* conn, const nsq::ErrorFrame& error) override {
-    core_->Log(LogLevel::kWarning,
-               absl::StrCat("consumer of ", queue_, ": nsqd ", conn->address(), " ", error.code,
-                            " ", error.text));
+    core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": nsqd ", conn->address(),
+                                                " ", error.code, " ", error.text));
   }
 
   void OnClose(Connection* conn, const absl::Status& why) override {
@@ -573,10 +572,9 @@ class ConsumerState : public Connection::Listener,
     slot.next_attempt = absl::Now() + core_->Backoff(slot.failures);
     last_error_ = why;
     poll_now_ = true;
-    core_->Log(LogLevel::kWarning,
-               absl::StrCat("consumer of ", queue_, ": lost nsqd ", conn->address(), " (",
-                            subs_[slot.sub].topic, "/", subs_[slot.sub].channel,
-                            "): ", why.message()));
+    core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": lost nsqd ",
+                                                conn->address(), " (", subs_[slot.sub].topic, "/",
+                                                subs_[slot.sub].channel, "): ", why.message()));
   }
 
  private:
@@ -708,9 +706,9 @@ class ConsumerState : public Connection::Listener,
       slot.next_attempt = absl::Now() + wait;
       last_error_ = s;
       conn->Close(s);
-      core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": connecting to nsqd ",
-                                                  what, " failed: ", s.message(), "; retry in ",
-                                                  absl::FormatDuration(wait)));
+      core_->Log(LogLevel::kWarning,
+                 absl::StrCat("consumer of ", queue_, ": connecting to nsqd ", what,
+                              " failed: ", s.message(), "; retry in ", absl::FormatDuration(wait)));
       return;
     }
     if (conn->closed()) return;  // closed between SUB and here; OnClose already ran or will
@@ -771,7 +769,8 @@ class ConsumerState : public Connection::Listener,
     for (Slot* s : live) {
       if (s->rdy == 0) continue;
       if (s->rdy > 1) set(s, 1);
-      const bool idle_now = s->in_flight == 0 && now - std::max(s->last_message, s->rdy_since) >= idle;
+      const bool idle_now =
+          s->in_flight == 0 && now - std::max(s->last_message, s->rdy_since) >= idle;
       if (idle_now) {
         set(s, 0);
       } else {
@@ -829,8 +828,8 @@ class ConsumerState : public Connection::Listener,
           absl::StatusOr<std::vector<std::string>> r =
               co_await nsq::LookupProducers(core_->io(), lookupd, topic, o.dial_timeout);
           if (!r.ok()) {
-            core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": ",
-                                                        r.status().message()));
+            core_->Log(LogLevel::kWarning,
+                       absl::StrCat("consumer of ", queue_, ": ", r.status().message()));
             continue;
           }
           found[topic].insert(r->begin(), r->end());
@@ -843,8 +842,9 @@ class ConsumerState : public Connection::Listener,
           auto& known = discovered_[topic];
           for (const std::string& a : addrs) {
             if (known.insert(a).second) {
-              core_->Log(LogLevel::kInfo, absl::StrCat("consumer of ", queue_, ": lookupd lists nsqd ",
-                                                       a, " for topic ", topic));
+              core_->Log(LogLevel::kInfo,
+                         absl::StrCat("consumer of ", queue_, ": lookupd lists nsqd ", a,
+                                      " for topic ", topic));
             }
           }
         }
@@ -853,9 +853,9 @@ class ConsumerState : public Connection::Listener,
       // The first wait is a random fraction of the interval, so consumers started together
       // do not poll together; later waits carry +-jitter.
       const double u = core_->Uniform();
-      absl::Duration wait = first ? o.lookupd_poll_interval * (o.lookupd_poll_jitter * u)
-                                  : o.lookupd_poll_interval *
-                                        (1.0 + o.lookupd_poll_jitter * (u - 0.5) * 2.0);
+      absl::Duration wait =
+          first ? o.lookupd_poll_interval * (o.lookupd_poll_jitter * u)
+                : o.lookupd_poll_interval * (1.0 + o.lookupd_poll_jitter * (u - 0.5) * 2.0);
       first = false;
       const absl::Time until = absl::Now() + wait;
       // Sleep in short steps so that a lost connection or a new binding triggers a poll soon.
@@ -1041,9 +1041,9 @@ class NsqDriver final : public Driver {
  private:
   absl::Status CheckSize(absl::string_view data) const {
     if (data.size() > core_->options().max_message_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nsq: message of ", data.size(), " bytes exceeds max_message_bytes (",
-                       core_->options().max_message_bytes, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("nsq: message of ", data.size(),
+                                                     " bytes exceeds max_message_bytes (",
+                                                     core_->options().max_message_bytes, ")"));
     }
     return absl::OkStatus();
   }

@@ -156,8 +156,8 @@ absl::Status ErrorToStatus(absl::string_view context, const ErrorFrame& error) {
   }
   if (c == "E_AUTH_FAILED" || c == "E_AUTH_FIRST") return absl::UnauthenticatedError(msg);
   if (c == "E_UNAUTHORIZED" || c == "E_AUTH_DISABLED") return absl::PermissionDeniedError(msg);
-  if (c == "E_PUB_FAILED" || c == "E_MPUB_FAILED" || c == "E_DPUB_FAILED" ||
-      c == "E_SUB_FAILED" || c == "E_AUTH_ERROR") {
+  if (c == "E_PUB_FAILED" || c == "E_MPUB_FAILED" || c == "E_DPUB_FAILED" || c == "E_SUB_FAILED" ||
+      c == "E_AUTH_ERROR") {
     return absl::UnavailableError(msg);
   }
   // E_INVALID, E_BAD_BODY, E_BAD_TOPIC, E_BAD_CHANNEL, E_BAD_MESSAGE, E_IDENTIFY_FAILED and
@@ -183,9 +183,9 @@ absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data) {
   if (data == kOk) return r;
   nlohmann::json j = nlohmann::json::parse(data.begin(), data.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "IDENTIFY response is neither OK nor a JSON object: \"",
-        absl::CHexEscape(data.substr(0, 64)), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("IDENTIFY response is neither OK nor a JSON object: \"",
+                     absl::CHexEscape(data.substr(0, 64)), "\""));
   }
   auto get_int = [&](const char* key, int64_t* out) {
     auto it = j.find(key);
@@ -224,8 +224,7 @@ absl::StatusOr<std::vector<std::string>> ParseLookupResponse(absl::string_view b
     if (!p.is_object()) continue;
     auto addr = p.find("broadcast_address");
     auto port = p.find("tcp_port");
-    if (addr == p.end() || !addr->is_string() || port == p.end() ||
-        !port->is_number_integer()) {
+    if (addr == p.end() || !addr->is_string() || port == p.end() || !port->is_number_integer()) {
       continue;
     }
     const int64_t tcp_port = port->get<int64_t>();

@@ -122,7 +122,7 @@ struct IdentifyRequest {
   std::string hostname;
   std::string user_agent;
   int64_t heartbeat_interval_ms = 30000;
-  int64_t msg_timeout_ms = 0;  // 0: server default
+  int64_t msg_timeout_ms = 0;            // 0: server default
   int64_t output_buffer_timeout_ms = 0;  // 0: server default
 };
 std::string IdentifyBody(const IdentifyRequest& request);

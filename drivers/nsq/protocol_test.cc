@@ -18,13 +18,18 @@ std::string Frame(int32_t type, const std::string& data) {
 TEST(CommandsTest, EncodeAsTheSpecSays) {
   std::string out;
   AppendPub("t", "ab", &out);
-  EXPECT_EQ(out, std::string("PUB t\n\0\0\0\x02" "ab", 12));
+  EXPECT_EQ(out, std::string("PUB t\n\0\0\0\x02"
+                             "ab",
+                             12));
   out.clear();
   AppendDpub("t", 1500, "x", &out);
   EXPECT_EQ(out, std::string("DPUB t 1500\n\0\0\0\x01x", 17));
   out.clear();
   AppendMpub("t", {std::string("a"), std::string("bc")}, &out);
-  EXPECT_EQ(out, std::string("MPUB t\n\0\0\0\x0f\0\0\0\x02\0\0\0\x01" "a\0\0\0\x02" "bc", 26));
+  EXPECT_EQ(out, std::string("MPUB t\n\0\0\0\x0f\0\0\0\x02\0\0\0\x01"
+                             "a\0\0\0\x02"
+                             "bc",
+                             26));
   out.clear();
   MessageId id;
   for (int i = 0; i < 16; ++i) id[i] = static_cast<char>('a' + i);
@@ -41,7 +46,8 @@ TEST(CommandsTest, EncodeAsTheSpecSays) {
 }
 
 TEST(FrameReaderTest, SplitsFramesAcrossArbitraryChunks) {
-  const std::string stream = Frame(0, "OK") + Frame(1, "E_BAD_TOPIC nope") + Frame(0, "_heartbeat_");
+  const std::string stream =
+      Frame(0, "OK") + Frame(1, "E_BAD_TOPIC nope") + Frame(0, "_heartbeat_");
   for (size_t chunk = 1; chunk <= stream.size(); ++chunk) {
     FrameReader r(1024);
     std::vector<nsq::Frame> got;
