@@ -248,8 +248,12 @@ void Connection::HandleFrame(Frame frame) {
           pending_.pop_front();
         }
       }
+      // Close before answering, so a caller that reacts to the error at once already sees a
+      // closed connection (and reconnects) instead of queueing behind this one.
+      CloseOnIo(absl::UnavailableError(absl::StrCat("nsqd ", options_.address,
+                                                    " closed the connection after ",
+                                                    error.code)));
       if (done) done(status);
-      CloseOnIo(status);
       return;
     }
     case FrameType::kMessage: {
