@@ -83,7 +83,10 @@ awaitable<absl::StatusOr<Frame>> Connection::ReadFrame() {
   char buf[4096];
   while (true) {
     absl::StatusOr<std::optional<Frame>> next = reader_.Next();
-    if (!next.ok()) co_return next.status();
+    if (!next.ok()) {
+      co_return absl::UnavailableError(
+          absl::StrCat("nsqd ", options_.address, ": bad frame: ", next.status().message()));
+    }
     if (next->has_value()) co_return std::move(**next);
     error_code ec;
     const size_t n = co_await socket_.async_read_some(asio::buffer(buf),
@@ -180,14 +183,13 @@ awaitable<absl::Status> Connection::Handshake() {
     absl::MutexLock lock(&mu_);
     started_ = true;
   }
-  asio::co_spawn(io_, ReadLoop(), asio::detached);
-  asio::co_spawn(io_, WriteLoop(), asio::detached);
-  asio::co_spawn(io_, HeartbeatWatch(), asio::detached);
+  asio::co_spawn(io_, ReadLoop(self), asio::detached);
+  asio::co_spawn(io_, WriteLoop(self), asio::detached);
+  asio::co_spawn(io_, HeartbeatWatch(self), asio::detached);
   co_return absl::OkStatus();
 }
 
-awaitable<void> Connection::ReadLoop() {
-  auto self = shared_from_this();
+awaitable<void> Connection::ReadLoop([[maybe_unused]] std::shared_ptr<Connection> self) {
   std::string buf(64 * 1024, '\0');
   while (!closed()) {
     while (true) {
@@ -250,9 +252,8 @@ void Connection::HandleFrame(Frame frame) {
       }
       // Close before answering, so a caller that reacts to the error at once already sees a
       // closed connection (and reconnects) instead of queueing behind this one.
-      CloseOnIo(absl::UnavailableError(absl::StrCat("nsqd ", options_.address,
-                                                    " closed the connection after ",
-                                                    error.code)));
+      CloseOnIo(absl::UnavailableError(
+          absl::StrCat("nsqd ", options_.address, " closed the connection after ", error.code)));
       if (done) done(status);
       return;
     }
@@ -269,8 +270,7 @@ void Connection::HandleFrame(Frame frame) {
   }
 }
 
-awaitable<void> Connection::WriteLoop() {
-  auto self = shared_from_this();
+awaitable<void> Connection::WriteLoop([[maybe_unused]] std::shared_ptr<Connection> self) {
   std::string buf;
   while (!closed()) {
     buf.clear();
@@ -297,8 +297,7 @@ awaitable<void> Connection::WriteLoop() {
   }
 }
 
-awaitable<void> Connection::HeartbeatWatch() {
-  auto self = shared_from_this();
+awaitable<void> Connection::HeartbeatWatch([[maybe_unused]] std::shared_ptr<Connection> self) {
   const int64_t interval_ms = options_.identify.heartbeat_interval_ms;
   if (interval_ms <= 0) co_return;
   while (!closed()) {

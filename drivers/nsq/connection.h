@@ -97,9 +97,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
              std::weak_ptr<Listener> listener);
 
   boost::asio::awaitable<absl::StatusOr<Frame>> ReadFrame();
-  boost::asio::awaitable<void> ReadLoop();
-  boost::asio::awaitable<void> WriteLoop();
-  boost::asio::awaitable<void> HeartbeatWatch();
+  // Each loop takes the reference that keeps the connection alive as a parameter, so it lives
+  // in the coroutine frame from the moment the loop is spawned.
+  boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
+  boost::asio::awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
+  boost::asio::awaitable<void> HeartbeatWatch(std::shared_ptr<Connection> self);
   void HandleFrame(Frame frame);
   void CloseOnIo(absl::Status why);
 

@@ -349,9 +349,9 @@ class ConsumerState : public Connection::Listener,
       }
     }
     auto self = shared_from_this();
-    asio::co_spawn(core_->io(), TickLoop(), asio::detached);
+    asio::co_spawn(core_->io(), TickLoop(self), asio::detached);
     if (!core_->options().lookupd_http_addresses.empty()) {
-      asio::co_spawn(core_->io(), LookupLoop(), asio::detached);
+      asio::co_spawn(core_->io(), LookupLoop(self), asio::detached);
     }
   }
 
@@ -559,17 +559,20 @@ class ConsumerState : public Connection::Listener,
     absl::MutexLock lock(&mu_);
     auto it = by_conn_.find(conn->id());
     if (it == by_conn_.end()) return;
-    auto sit = slots_.find(it->second);
+    Slot& slot = *it->second;
     by_conn_.erase(it);
     std::erase_if(buffer_, [&](const Buffered& b) { return b.conn_id == conn->id(); });
-    if (sit == slots_.end()) return;
-    Slot& slot = sit->second;
     slot.conn.reset();
     slot.rdy = 0;
     slot.in_flight = 0;
     --live_;
     if (stopped_) return;
-    slot.next_attempt = absl::Now() + core_->Backoff(slot.failures);
+    // A connection that dies soon after it was made counts as a failed attempt, so a server
+    // that accepts and then breaks every connection is retried with growing backoff.
+    const absl::Time now = absl::Now();
+    if (now - slot.connected_at > absl::Seconds(10)) slot.failures = 0;
+    slot.next_attempt = now + core_->Backoff(slot.failures);
+    ++slot.failures;
     last_error_ = why;
     poll_now_ = true;
     core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": lost nsqd ",
@@ -592,6 +595,7 @@ class ConsumerState : public Connection::Listener,
     bool ever_connected = false;
     int failures = 0;
     absl::Time next_attempt = absl::InfinitePast();
+    absl::Time connected_at = absl::InfinitePast();
     int64_t rdy = 0;
     int64_t max_rdy = 1;
     int in_flight = 0;
@@ -614,14 +618,13 @@ class ConsumerState : public Connection::Listener,
 
   Slot* SlotByConn(uint64_t conn_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = by_conn_.find(conn_id);
-    if (it == by_conn_.end()) return nullptr;
-    auto sit = slots_.find(it->second);
-    if (sit == slots_.end() || !sit->second.conn) return nullptr;
-    return &sit->second;
+    if (it == by_conn_.end() || !it->second->conn) return nullptr;
+    return it->second;
   }
 
-  awaitable<void> TickLoop() {
-    auto self = shared_from_this();
+  // Coroutines take `self` as a parameter: it is copied into the frame when the coroutine is
+  // spawned, so the state outlives every loop that has not yet started.
+  awaitable<void> TickLoop([[maybe_unused]] std::shared_ptr<ConsumerState> self) {
     while (true) {
       {
         absl::MutexLock lock(&mu_);
@@ -662,12 +665,11 @@ class ConsumerState : public Connection::Listener,
       slot.sub = key.second;
       if (slot.conn || slot.connecting || now < slot.next_attempt) continue;
       slot.connecting = true;
-      asio::co_spawn(core_->io(), Connect(key), asio::detached);
+      asio::co_spawn(core_->io(), Connect(shared_from_this(), key), asio::detached);
     }
   }
 
-  awaitable<void> Connect(SlotKey key) {
-    auto self = shared_from_this();
+  awaitable<void> Connect(std::shared_ptr<ConsumerState> self, SlotKey key) {
     std::string topic, channel;
     {
       absl::MutexLock lock(&mu_);
@@ -716,8 +718,8 @@ class ConsumerState : public Connection::Listener,
     slot.rdy = 0;
     slot.in_flight = 0;
     slot.max_rdy = std::max<int64_t>(1, conn->identify().max_rdy_count);
-    slot.failures = 0;
-    by_conn_[conn->id()] = key;
+    slot.connected_at = absl::Now();
+    by_conn_[conn->id()] = &slot;
     ++live_;
     last_error_ = absl::OkStatus();
     if (slot.ever_connected) {
@@ -810,8 +812,7 @@ class ConsumerState : public Connection::Listener,
     }
   }
 
-  awaitable<void> LookupLoop() {
-    auto self = shared_from_this();
+  awaitable<void> LookupLoop([[maybe_unused]] std::shared_ptr<ConsumerState> self) {
     const NsqOptions& o = core_->options();
     bool first = true;
     while (true) {
@@ -885,7 +886,8 @@ class ConsumerState : public Connection::Listener,
   bool poll_now_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Sub> subs_ ABSL_GUARDED_BY(mu_);
   std::map<SlotKey, Slot> slots_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, SlotKey> by_conn_ ABSL_GUARDED_BY(mu_);
+  // Live connections; std::map nodes are stable, and a slot is only erased without a connection.
+  absl::flat_hash_map<uint64_t, Slot*> by_conn_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<std::string>> discovered_ ABSL_GUARDED_BY(mu_);
   std::deque<Buffered> buffer_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/write.hpp"
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/http.hpp"
 #include "gtest/gtest.h"
@@ -321,6 +322,93 @@ TEST(NsqDriverTest, AuthWithTheRightSecretWorksAndAWrongOneFailsClearlyWithoutAS
     rst = (*wc)->Receive(1, absl::Milliseconds(200), {}, &got);
   }
   EXPECT_TRUE(absl::IsUnauthenticated(rst)) << rst;
+}
+
+// A fake nsqd that answers every connection with fixed bytes after reading the client's first
+// bytes, then keeps the socket open until the test ends.
+class FakeNsqd {
+ public:
+  explicit FakeNsqd(std::string reply)
+      : reply_(std::move(reply)), acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FakeNsqd() {
+    stop_ = true;
+    boost::system::error_code ec;
+    boost::asio::ip::tcp::socket s(io_);
+    s.connect(acceptor_.local_endpoint(), ec);
+    thread_.join();
+  }
+  std::string address() const {
+    return absl::StrCat("127.0.0.1:", acceptor_.local_endpoint().port());
+  }
+  int connections() const { return connections_.load(); }
+
+ private:
+  void Run() {
+    std::vector<std::unique_ptr<boost::asio::ip::tcp::socket>> open;
+    while (!stop_) {
+      auto socket = std::make_unique<boost::asio::ip::tcp::socket>(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(*socket, ec);
+      if (ec || stop_) continue;
+      connections_.fetch_add(1);
+      char buf[256];
+      socket->read_some(boost::asio::buffer(buf), ec);
+      boost::asio::write(*socket, boost::asio::buffer(reply_), ec);
+      open.push_back(std::move(socket));
+    }
+  }
+
+  const std::string reply_;
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+};
+
+std::string FrameBytes(uint32_t size, uint32_t type, const std::string& data) {
+  std::string out;
+  for (uint32_t v : {size, type}) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
+  }
+  return out + data;
+}
+
+TEST(NsqDriverTest, MalformedFramesCloseTheConnectionWithAClearError) {
+  // A size field of ~4 GiB: never allocated, never trusted.
+  FakeNsqd huge(FrameBytes(0xFFFFFFF0u, 0, ""));
+  auto d1 = MakeDriver({.nsqd_tcp_addresses = {huge.address()}});
+  absl::Status st = d1->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "bad frame")) << st;
+
+  // A frame of an unknown type.
+  FakeNsqd type(FrameBytes(6, 7, "OK"));
+  auto d2 = MakeDriver({.nsqd_tcp_addresses = {type.address()}});
+  st = d2->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "type")) << st;
+
+  // A consumer whose nsqd accepts IDENTIFY and SUB, then sends a message frame shorter than
+  // the message header: Receive reports the broken connection, and it is retried with backoff.
+  FakeNsqd short_message(FrameBytes(6, 0, "OK") + FrameBytes(6, 0, "OK") +
+                         FrameBytes(10, 2, "short!"));
+  auto d3 = MakeDriver({.nsqd_tcp_addresses = {short_message.address()}});
+  auto c = d3->NewConsumer("q", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  absl::Status rst;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (rst.ok() && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    rst = (*c)->Receive(1, absl::Milliseconds(200), {}, &got);
+    EXPECT_TRUE(got.empty());
+  }
+  EXPECT_TRUE(absl::IsUnavailable(rst)) << rst;
+  EXPECT_TRUE(absl::StrContains(rst.message(), "message frame")) << rst;
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LT(short_message.connections(), 10) << "reconnects must back off";
 }
 
 TEST(NsqDriverTest, DelayLongerThanNsqdsMaxReqTimeoutIsHonoured) {
