@@ -257,6 +257,12 @@ absl::Status Driver::ReceiveMessage(absl::string_view queue, const ReceiveOption
 
   auto loop =
       std::make_shared<Loop>(std::move(consumer), clk, opts, std::move(fn), std::move(on_error));
+  // Registered before any worker starts, so no worker can take a new delivery after stop was
+  // requested (it runs at once if stop was requested already).
+  std::stop_callback on_stop(stop, [loop] {
+    absl::MutexLock l(&loop->mu);
+    loop->stopping = true;
+  });
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&loop->mu);
@@ -267,12 +273,7 @@ absl::Status Driver::ReceiveMessage(absl::string_view queue, const ReceiveOption
   }
   std::thread keeper([loop] { loop->Keeper(); });
 
-  // Wait for the stop request.
   {
-    std::stop_callback wake(stop, [&loop] {
-      absl::MutexLock l(&loop->mu);
-      loop->stopping = true;
-    });
     absl::MutexLock lock(&loop->mu);
     loop->mu.Await(absl::Condition(&loop->stopping));
   }

@@ -4,6 +4,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -27,6 +28,26 @@ class InFlight {
  private:
   std::atomic<int64_t>* gauge_;
 };
+
+// An idempotency owner token unique to one attempt, across threads and processes: 40 random
+// bits fixed per process and a 50-bit counter, as 15 base64url characters, so it fits the
+// small-string buffer and costs no allocation on the hot path.
+std::string NewOwnerToken() {
+  static const uint64_t prefix = [] {
+    absl::BitGen gen;
+    return absl::Uniform<uint64_t>(gen) & ((uint64_t{1} << 40) - 1);
+  }();
+  static std::atomic<uint64_t> counter{0};
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  const uint64_t n = counter.fetch_add(1, std::memory_order_relaxed) & ((uint64_t{1} << 50) - 1);
+  std::string out(15, '\0');
+  uint64_t hi = prefix, lo = n;
+  for (int i = 0; i < 7; ++i, lo >>= 6) out[14 - i] = kAlphabet[lo & 63];  // 42 bits of n
+  hi = (hi << 8) | lo;  // the last 8 bits of n, then the prefix
+  for (int i = 7; i < 15; ++i, hi >>= 6) out[14 - i] = kAlphabet[hi & 63];
+  return out;
+}
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("HandlerOptions.", field, ": ", what));
@@ -87,7 +108,9 @@ struct Handler::Shared {
   }
 
   Settlement Taken() {
-    infra_failures.store(0, std::memory_order_relaxed);
+    if (infra_failures.load(std::memory_order_relaxed) != 0) {
+      infra_failures.store(0, std::memory_order_relaxed);
+    }
     return Settlement::Done();
   }
 };
@@ -96,8 +119,10 @@ Settlement Handler::Shared::Process(absl::string_view data) {
   received.fetch_add(1, std::memory_order_relaxed);
   InFlight gauge(&in_flight);
 
-  // 1. Decode; a poison message becomes a dead letter and never blocks the queue.
-  Message msg;
+  // 1. Decode; a poison message becomes a dead letter and never blocks the queue. The message
+  // and key buffers are reused per thread: the handle function only borrows the message.
+  thread_local Message msg;
+  thread_local std::string key;
   if (absl::Status st = DecodeEnvelope(data, &msg, options.max_message_bytes); !st.ok()) {
     malformed.fetch_add(1, std::memory_order_relaxed);
     Log(LogLevel::kWarning,
@@ -114,9 +139,10 @@ Settlement Handler::Shared::Process(absl::string_view data) {
   }
 
   // 2. Acquire the idempotency key with an owner token unique to this attempt.
-  const std::string key =
-      absl::StrCat(options.queue, ".", msg.biz_uid.empty() ? msg.id : msg.biz_uid);
-  const std::string owner = NewMessageId();
+  key.assign(options.queue);
+  key.push_back('.');
+  key.append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+  const std::string owner = NewOwnerToken();
   bool acquired = false;
   if (absl::StatusOr<bool> got =
           options.idempotency->Acquire(key, owner, options.idempotency_lease);

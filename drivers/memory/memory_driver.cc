@@ -240,10 +240,9 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return next;
   }
 
-  void Lease(Queue* q, uint64_t consumer, absl::Duration lease, Msg msg, Delivery* out)
+  void Lease(Queue* q, uint64_t consumer, absl::Time deadline, Msg msg, Delivery* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t token = ++seq_;
-    const absl::Time deadline = options_.clock->Now() + lease;
     msg.attempts += 1;
     out->attempts = msg.attempts;
     out->data = msg.data;
@@ -320,10 +319,11 @@ absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_tok
       const int n = std::min<int>(room, static_cast<int>(queue_->ready.size()));
       const size_t base = out->size();
       out->resize(base + static_cast<size_t>(n));
+      const absl::Time lease_deadline = now + options_.lease;
       for (int i = 0; i < n; ++i) {
         Msg msg = std::move(queue_->ready.front());
         queue_->ready.pop_front();
-        d.Lease(queue_, id_, options_.lease, std::move(msg),
+        d.Lease(queue_, id_, lease_deadline, std::move(msg),
                 &(*out)[base + static_cast<size_t>(i)]);
       }
       return absl::OkStatus();

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -15,14 +15,19 @@ namespace {
 
 struct Entry {
   std::string owner;
+  // Lease or retention end; InfinitePast once released (free, awaiting cleanup).
   absl::Time expires;
   bool done = false;
+  // Heap items that point at this entry; it may only be erased when none do.
+  int heap_refs = 0;
 };
 
-// (expiry, key) pairs in a min-heap; an entry is stale when the key's current expiry differs.
+// A pending expiry. Entries live in a node_hash_map, whose nodes never move, so the heap points
+// at them instead of copying keys; an item is stale when its entry's expiry has moved on.
 struct Expiry {
   absl::Time at;
-  std::string key;
+  const std::string* key;
+  Entry* entry;
   bool operator>(const Expiry& o) const { return at > o.at; }
 };
 
@@ -43,10 +48,10 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     auto [it, inserted] = entries_.try_emplace(key);
     Entry& e = it->second;
     if (!inserted && e.expires > now) return false;  // live lease, or done within retention
-    e.owner = std::string(owner);
+    e.owner.assign(owner.data(), owner.size());
     e.expires = now + lease;
     e.done = false;
-    Track(it->first, e.expires);
+    Track(&it->first, &e);
     return true;
   }
 
@@ -58,11 +63,12 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     }
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
-    Entry* e = Owned(key, owner, now);
-    if (e == nullptr) return NotOwner("MarkDone", key);
-    e->done = true;
-    e->expires = now + retention;
-    Track(std::string(key), e->expires);
+    auto it = Owned(key, owner, now);
+    if (it == entries_.end()) return NotOwner("MarkDone", key);
+    Entry& e = it->second;
+    e.done = true;
+    e.expires = now + retention;
+    Track(&it->first, &e);
     return absl::OkStatus();
   }
 
@@ -70,8 +76,10 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     if (absl::Status st = Check(key, owner); !st.ok()) return st;
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
-    if (Owned(key, owner, now) == nullptr) return NotOwner("Release", key);
-    entries_.erase(key);
+    auto it = Owned(key, owner, now);
+    if (it == entries_.end()) return NotOwner("Release", key);
+    // Free at once; the node itself goes when the sweep pops its last heap item.
+    it->second.expires = absl::InfinitePast();
     return absl::OkStatus();
   }
 
@@ -92,39 +100,48 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
   }
 
-  Entry* Owned(absl::string_view key, absl::string_view owner, absl::Time now)
+  using Map = absl::node_hash_map<std::string, Entry>;
+
+  Map::iterator Owned(absl::string_view key, absl::string_view owner, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = entries_.find(key);
-    if (it == entries_.end()) return nullptr;
-    Entry& e = it->second;
-    if (e.done || e.expires <= now || e.owner != owner) return nullptr;
-    return &e;
+    if (it == entries_.end()) return it;
+    const Entry& e = it->second;
+    if (e.done || e.expires <= now || e.owner != owner) return entries_.end();
+    return it;
   }
 
-  void Track(std::string key, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    heap_.push_back(Expiry{at, std::move(key)});
+  void Track(const std::string* key, Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++e->heap_refs;
+    heap_.push_back(Expiry{e->expires, key, e});
     std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
     if (heap_.size() > 2 * entries_.size() + 1024) {
+      // Mostly stale items: rebuild with one item per entry.
       heap_.clear();
-      for (const auto& [k, e] : entries_) heap_.push_back(Expiry{e.expires, k});
+      for (auto& [k, entry] : entries_) {
+        entry.heap_refs = 1;
+        heap_.push_back(Expiry{entry.expires, &k, &entry});
+      }
       std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
     }
   }
 
-  // Removes up to sweep_batch expired entries.
+  // Pops up to sweep_batch due heap items and erases entries that are expired and no longer
+  // referenced by any item.
   void Sweep(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int i = 0; i < options_.sweep_batch && !heap_.empty() && heap_.front().at <= now; ++i) {
       std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
-      Expiry x = std::move(heap_.back());
+      const Expiry x = heap_.back();
       heap_.pop_back();
-      auto it = entries_.find(x.key);
-      if (it != entries_.end() && it->second.expires == x.at) entries_.erase(it);
+      if (--x.entry->heap_refs == 0 && x.entry->expires <= now) {
+        entries_.erase(entries_.find(*x.key));
+      }
     }
   }
 
   MemoryIdempotencyOptions options_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  Map entries_ ABSL_GUARDED_BY(mu_);
   std::vector<Expiry> heap_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,80 @@
+#include "bus/clock.h"
+
+#include <thread>
+
+#include "bus/stats.h"
+#include "gtest/gtest.h"
+
+namespace bus {
+namespace {
+
+TEST(FakeClockTest, MovesOnlyWhenAdvanced) {
+  FakeClock clock;
+  const absl::Time t0 = clock.Now();
+  EXPECT_EQ(clock.Now(), t0);
+  clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(clock.Now(), t0 + absl::Seconds(5));
+  clock.Advance(absl::Seconds(-5));  // ignored
+  EXPECT_EQ(clock.Now(), t0 + absl::Seconds(5));
+}
+
+TEST(FakeClockTest, AdvanceWakesAWaiterWhoseDeadlinePassed) {
+  FakeClock clock;
+  absl::Mutex mu;
+  bool never = false;
+  bool result = true;
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    result = clock.AwaitWithDeadline(&mu, absl::Condition(&never), clock.Now() + absl::Hours(1));
+  });
+  while (clock.waiters() == 0) absl::SleepFor(absl::Milliseconds(1));
+  clock.Advance(absl::Minutes(59));
+  absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(clock.waiters(), 1);  // not yet
+  clock.Advance(absl::Minutes(1));
+  waiter.join();
+  EXPECT_FALSE(result);
+  EXPECT_EQ(clock.waiters(), 0);
+}
+
+TEST(FakeClockTest, TheConditionStillWakesAWaiter) {
+  FakeClock clock;
+  absl::Mutex mu;
+  bool ready = false;
+  bool result = false;
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    result = clock.AwaitWithDeadline(&mu, absl::Condition(&ready), clock.Now() + absl::Hours(1));
+  });
+  while (clock.waiters() == 0) absl::SleepFor(absl::Milliseconds(1));
+  {
+    absl::MutexLock lock(&mu);
+    ready = true;
+  }
+  waiter.join();
+  EXPECT_TRUE(result);
+}
+
+TEST(RealClockTest, WaitsForRealUntilTheDeadline) {
+  auto clock = RealClock();
+  absl::Mutex mu;
+  bool never = false;
+  absl::MutexLock lock(&mu);
+  const absl::Time deadline = clock->Now() + absl::Milliseconds(5);
+  EXPECT_FALSE(clock->AwaitWithDeadline(&mu, absl::Condition(&never), deadline));
+  EXPECT_GE(clock->Now(), deadline);
+}
+
+TEST(LatencyHistogramTest, QuantilesAreBucketBoundsCappedByTheMax) {
+  LatencyHistogram h;
+  EXPECT_EQ(h.Quantile(0.5), absl::ZeroDuration());
+  for (int i = 0; i < 99; ++i) h.Record(absl::Microseconds(3));
+  h.Record(absl::Milliseconds(900));
+  EXPECT_EQ(h.Quantile(0.5), absl::Microseconds(4));
+  EXPECT_EQ(h.Quantile(0.99), absl::Microseconds(4));
+  EXPECT_EQ(h.Quantile(1.0), absl::Milliseconds(900));
+  EXPECT_EQ(h.Max(), absl::Milliseconds(900));
+}
+
+}  // namespace
+}  // namespace bus

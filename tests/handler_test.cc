@@ -1,0 +1,775 @@
+// The Handler pipeline, branch by branch (SPEC.md "The Handler pipeline"), on the memory driver
+// and memory stores with a fake clock.
+
+#include "bus/handler.h"
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bus/envelope.h"
+#include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "tests/testing/fault_injection.h"
+
+namespace bus {
+namespace {
+
+using ::bus::testing::CapturingLogger;
+using ::bus::testing::FaultyDeadLetterStore;
+using ::bus::testing::FaultyDriver;
+using ::bus::testing::FaultyIdempotencyStore;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kPatience = absl::Seconds(30);
+
+bool WaitUntil(const std::function<bool()>& cond) {
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Records what the handle function saw.
+class Recorder {
+ public:
+  void Add(const Message& m) {
+    absl::MutexLock lock(&mu_);
+    seen_.push_back(m);
+  }
+  std::vector<Message> seen() const {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return seen_.size();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Message> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+class HandlerTest : public ::testing::Test {
+ protected:
+  HandlerOptions Options(HandleFn handle) {
+    HandlerOptions o;
+    o.queue = "orders";
+    o.driver = driver_;
+    o.logger = logger_;
+    o.dead_letters = dead_letters_;
+    o.idempotency = idempotency_;
+    o.handle = std::move(handle);
+    o.replay_interval = absl::ZeroDuration();
+    o.delivery_lease = absl::Seconds(30);
+    return o;
+  }
+
+  // Creates the handler and runs it on a background thread.
+  Handler* Start(HandlerOptions options) {
+    auto h = Handler::Create(std::move(options));
+    EXPECT_TRUE(h.ok()) << h.status();
+    handler_ = std::move(*h);
+    Handler* raw = handler_.get();
+    run_ = std::async(std::launch::async, [raw] { return raw->Run(); });
+    return raw;
+  }
+
+  absl::Status StopAndWait() {
+    handler_->Stop();
+    EXPECT_EQ(run_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return run_.get();
+  }
+
+  void TearDown() override {
+    if (handler_ != nullptr && run_.valid()) {
+      EXPECT_TRUE(StopAndWait().ok());
+    }
+  }
+
+  std::string Publish(std::string biz_uid, std::string payload,
+                      std::vector<std::pair<std::string, std::string>> headers = {}) {
+    auto id = publisher_.SendToQueue(
+        "orders", Outgoing{std::move(biz_uid), std::move(payload), std::move(headers)});
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
+  }
+
+  std::vector<DeadLetter> Letters() {
+    auto l = dead_letters_->Fetch("orders", 1000);
+    EXPECT_TRUE(l.ok());
+    return l.ok() ? *l : std::vector<DeadLetter>{};
+  }
+
+  // Advances the fake clock in steps until `cond` holds.
+  bool AdvanceUntil(const std::function<bool()>& cond, absl::Duration step) {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (!cond()) {
+      if (absl::Now() > deadline) return false;
+      clock_->Advance(step);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> driver_ = NewMemoryDriver({.clock = clock_});
+  std::shared_ptr<DeadLetterStore> dead_letters_ = NewMemoryDeadLetterStore(clock_);
+  std::shared_ptr<MemoryIdempotencyStore> idempotency_ =
+      NewMemoryIdempotencyStore({.clock = clock_});
+  std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
+  Publisher publisher_{driver_};
+  std::unique_ptr<Handler> handler_;
+  std::future<absl::Status> run_;
+};
+
+// ---- Creation ----
+
+TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
+  auto ok = [](const Message&) { return absl::OkStatus(); };
+  struct Case {
+    std::string field;
+    std::function<void(HandlerOptions&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"queue", [](HandlerOptions& o) { o.queue = ""; }},
+      {"queue", [](HandlerOptions& o) { o.queue = "bad name"; }},
+      {"driver", [](HandlerOptions& o) { o.driver = nullptr; }},
+      {"handle", [](HandlerOptions& o) { o.handle = nullptr; }},
+      {"queue_delay", [](HandlerOptions& o) { o.queue_delay = absl::Seconds(-1); }},
+      {"subscribe.topic",
+       [](HandlerOptions& o) {
+         o.subscribe = Subscription{"bad topic", ""};
+       }},
+      {"subscribe.route_key",
+       [](HandlerOptions& o) {
+         o.subscribe = Subscription{"t", std::string(300, 'k')};
+       }},
+      {"concurrency", [](HandlerOptions& o) { o.concurrency = 0; }},
+      {"max_in_flight",
+       [](HandlerOptions& o) {
+         o.concurrency = 4;
+         o.max_in_flight = 2;
+       }},
+      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Seconds(-1); }},
+      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Microseconds(10); }},
+      {"replay_batch", [](HandlerOptions& o) { o.replay_batch = 0; }},
+      {"shutdown_timeout", [](HandlerOptions& o) { o.shutdown_timeout = absl::ZeroDuration(); }},
+      {"delivery_lease", [](HandlerOptions& o) { o.delivery_lease = absl::ZeroDuration(); }},
+      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Minutes(5); }},
+      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Seconds(-1); }},
+      {"idempotency_retention",
+       [](HandlerOptions& o) { o.idempotency_retention = absl::ZeroDuration(); }},
+      {"max_message_bytes", [](HandlerOptions& o) { o.max_message_bytes = 10; }},
+      {"infra_backoff_base", [](HandlerOptions& o) { o.infra_backoff_base = absl::Seconds(-1); }},
+  };
+  for (const Case& c : cases) {
+    HandlerOptions o = Options(ok);
+    c.spoil(o);
+    auto h = Handler::Create(o);
+    ASSERT_FALSE(h.ok()) << c.field;
+    EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+    EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions." + c.field + ":"));
+  }
+}
+
+TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
+  HandlerOptions o;
+  o.queue = "orders";
+  o.driver = driver_;
+  o.handle = [](const Message&) { return absl::OkStatus(); };
+  auto h = Handler::Create(o);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const HandlerOptions& filled = (*h)->options();
+  EXPECT_NE(filled.logger, nullptr);
+  EXPECT_NE(filled.dead_letters, nullptr);
+  EXPECT_NE(filled.idempotency, nullptr);
+  EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
+  EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
+  EXPECT_EQ(filled.max_in_flight, 1);
+  EXPECT_EQ(filled.idempotency_lease, absl::Seconds(15));
+  EXPECT_EQ(filled.clock, driver_->clock());
+}
+
+TEST_F(HandlerTest, RunTwiceOrAfterStopIsRefused) {
+  Handler* h = Start(Options([](const Message&) { return absl::OkStatus(); }));
+  ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));
+  EXPECT_TRUE(absl::IsFailedPrecondition(h->Run()));
+  EXPECT_TRUE(StopAndWait().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(h->Run()));
+}
+
+// ---- Steps 1-5: success ----
+
+TEST_F(HandlerTest, SuccessHandlesOnceMarksTheKeyDoneAndSettles) {
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  const std::string id =
+      Publish("order-1", std::string("pay\0load", 8), {{"traceparent", "00-abc-01"}});
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].id, id);
+  EXPECT_EQ(seen[0].biz_uid, "order-1");
+  EXPECT_EQ(seen[0].payload, std::string("pay\0load", 8));
+  ASSERT_NE(seen[0].FindHeader("traceparent"), nullptr);
+  EXPECT_EQ(*seen[0].FindHeader("traceparent"), "00-abc-01");
+  EXPECT_EQ(seen[0].retried, 0);
+  EXPECT_EQ(seen[0].created_at, clock_->Now());
+  // The key is done: nobody else can take it within the retention.
+  EXPECT_FALSE(*idempotency_->Acquire("orders.order-1", "someone", absl::Seconds(1)));
+  // Settled: nothing comes back after the lease.
+  clock_->Advance(absl::Minutes(2));
+  absl::SleepFor(absl::Milliseconds(20));
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.received, 1u);
+  EXPECT_EQ(s.succeeded, 1u);
+  EXPECT_EQ(s.failed, 0u);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+TEST_F(HandlerTest, ADuplicateBizUidIsSkippedAndAnEmptyBizUidFallsBackToTheId) {
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  Publish("same", "first");
+  Publish("same", "second");
+  Publish("", "no-key-1");
+  Publish("", "no-key-2");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().received == 4; }));
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().in_flight == 0; }));
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.succeeded, 3u);
+  EXPECT_EQ(s.duplicates, 1u);
+  std::set<std::string> payloads;
+  for (const Message& m : rec.seen()) payloads.insert(m.payload);
+  EXPECT_EQ(payloads, (std::set<std::string>{"first", "no-key-1", "no-key-2"}));
+}
+
+// ---- Step 3: key not acquired ----
+
+TEST_F(HandlerTest, HeldKeyAndEnsureSaysHandledIsSkipped) {
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-7", "other-worker", absl::Minutes(1)));
+  std::atomic<int> ensure_calls{0};
+  std::atomic<int> handle_calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    handle_calls.fetch_add(1);
+    return absl::OkStatus();
+  });
+  o.ensure = [&](const Message& m) {
+    EXPECT_EQ(m.biz_uid, "order-7");
+    ensure_calls.fetch_add(1);
+    return Ensure::kAlreadyHandled;
+  };
+  Handler* h = Start(o);
+  Publish("order-7", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
+  EXPECT_EQ(ensure_calls.load(), 1);
+  EXPECT_EQ(handle_calls.load(), 0);
+  clock_->Advance(absl::Minutes(2));  // settled: no redelivery
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(h->Stats().received, 1u);
+}
+
+TEST_F(HandlerTest, HeldKeyAndEnsureSaysNotHandledIsHandled) {
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-8", "other-worker", absl::Minutes(1)));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.ensure = [](const Message&) { return Ensure::kNotHandled; };
+  Handler* h = Start(o);
+  Publish("order-8", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  // It did not own the key, so it left the other worker's lease alone.
+  EXPECT_TRUE(idempotency_->Release("orders.order-8", "other-worker").ok());
+}
+
+TEST_F(HandlerTest, IdempotencyStoreErrorCountsAsNotAcquiredAndEnsureDecides) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire.FailAlways(absl::UnavailableError("store down"));
+  std::atomic<int> ensure_calls{0};
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.idempotency = faulty;
+  o.ensure = [&](const Message& m) {
+    ensure_calls.fetch_add(1);
+    return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
+  };
+  Handler* h = Start(o);
+  Publish("a", "new");
+  Publish("b", "old");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().received == 2 && h->Stats().in_flight == 0; }));
+  EXPECT_EQ(ensure_calls.load(), 2);
+  EXPECT_EQ(h->Stats().succeeded, 1u);
+  EXPECT_EQ(h->Stats().duplicates, 1u);
+  ASSERT_EQ(rec.size(), 1u);
+  EXPECT_EQ(rec.seen()[0].payload, "new");
+  EXPECT_GE(logger_->Count("store down"), 2);
+}
+
+// ---- Step 6: failures ----
+
+TEST_F(HandlerTest, RetryableFailureIsResentWithTheComputedDelay) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    if (m.retried == 0) return absl::UnavailableError("db down");
+    return absl::OkStatus();
+  });
+  std::vector<int> asked;
+  absl::Mutex asked_mu;
+  o.retry_delay = [&](int attempts) {
+    absl::MutexLock lock(&asked_mu);
+    asked.push_back(attempts);
+    return absl::Seconds(10);
+  };
+  Handler* h = Start(o);
+  Publish("order-9", "x", {{"traceparent", "t-1"}});
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
+  // Not before the delay.
+  clock_->Advance(absl::Seconds(9));
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(rec.size(), 1u);
+  clock_->Advance(absl::Seconds(1));
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].id, seen[0].id);
+  EXPECT_EQ(seen[1].retried, 1);
+  EXPECT_EQ(seen[1].last_error, "db down");
+  ASSERT_NE(seen[1].FindHeader("traceparent"), nullptr);  // headers survive retries
+  {
+    absl::MutexLock lock(&asked_mu);
+    EXPECT_EQ(asked, std::vector<int>{1});
+  }
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.failed, 1u);
+  EXPECT_EQ(s.dead_lettered, 0u);
+  // The key was released after the failure and marked done after the success.
+  EXPECT_FALSE(*idempotency_->Acquire("orders.order-9", "someone", absl::Seconds(1)));
+}
+
+TEST_F(HandlerTest, PermanentFailureGoesStraightToDeadLetters) {
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return Permanent(absl::InvalidArgumentError("unknown product"));
+  });
+  o.retry_delay = FixedBackoff(absl::Seconds(1));  // would retry, but the failure is permanent
+  Handler* h = Start(o);
+  Publish("order-10", "x", {{"traceparent", "t-2"}});
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().dead_lettered == 1; }));
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(h->Stats().retried, 0u);
+  const auto letters = Letters();
+  ASSERT_EQ(letters.size(), 1u);
+  EXPECT_EQ(letters[0].reason, "unknown product");
+  auto msg = DecodeEnvelope(letters[0].data);
+  ASSERT_TRUE(msg.ok());
+  EXPECT_EQ(msg->retried, 1);
+  EXPECT_EQ(msg->last_error, "unknown product");
+  ASSERT_NE(msg->FindHeader("traceparent"), nullptr);  // headers survive dead-lettering
+  // The key was released: a replay may take it.
+  EXPECT_TRUE(*idempotency_->Acquire("orders.order-10", "replayer", absl::Seconds(1)));
+}
+
+TEST_F(HandlerTest, ExhaustedRetriesGoToDeadLetters) {
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return absl::UnavailableError("still down");
+  });
+  o.retry_delay = MaxAttempts(3, FixedBackoff(absl::Seconds(5)));
+  Handler* h = Start(o);
+  Publish("order-11", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().dead_lettered == 1; }, absl::Seconds(1)));
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(h->Stats().retried, 2u);
+  const auto letters = Letters();
+  ASSERT_EQ(letters.size(), 1u);
+  EXPECT_EQ(DecodeEnvelope(letters[0].data)->retried, 3);
+}
+
+TEST_F(HandlerTest, AHandlerExceptionIsARetryableFailureWithItsText) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) -> absl::Status {
+    rec.Add(m);
+    if (m.retried == 0) throw std::runtime_error("boom");
+    return absl::OkStatus();
+  });
+  o.retry_delay = FixedBackoff(absl::Seconds(1));
+  Handler* h = Start(o);
+  Publish("order-12", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(1)));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_THAT(seen[1].last_error, HasSubstr("boom"));
+  EXPECT_EQ(h->Stats().failed, 1u);
+}
+
+TEST_F(HandlerTest, AFailingDeadLetterStoreLeavesTheDeliveryToBeRedelivered) {
+  auto faulty = std::make_shared<FaultyDeadLetterStore>(dead_letters_);
+  faulty->store.FailNext(2, absl::UnavailableError("disk full"));
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return Permanent(absl::InternalError("bad"));
+  });
+  o.dead_letters = faulty;
+  Handler* h = Start(o);
+  Publish("order-13", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().dead_lettered == 1; }, absl::Milliseconds(100)));
+  EXPECT_EQ(faulty->store.injected(), 2);
+  EXPECT_EQ(calls.load(), 3);  // handled again after each redelivery
+  EXPECT_EQ(h->Stats().redelivered, 2u);
+  EXPECT_EQ(Letters().size(), 1u);
+  EXPECT_GE(logger_->Count("disk full"), 2);
+}
+
+TEST_F(HandlerTest, AFailingResendLeavesTheDeliveryToBeRedelivered) {
+  auto faulty = std::make_shared<FaultyDriver>(driver_);
+  faulty->send.FailNext(1, absl::UnavailableError("broker down"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    if (rec.size() <= 2) return absl::UnavailableError("try later");
+    return absl::OkStatus();
+  });
+  o.driver = faulty;
+  o.retry_delay = FixedBackoff(absl::Seconds(1));
+  Handler* h = Start(o);
+  Publish("order-14", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(200)));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 3u);
+  // First failure: the re-send failed, so the original came back unchanged (retried 0).
+  EXPECT_EQ(seen[1].retried, 0);
+  // Second failure: re-sent with retried 1.
+  EXPECT_EQ(seen[2].retried, 1);
+  EXPECT_EQ(h->Stats().redelivered, 1u);
+  EXPECT_EQ(h->Stats().retried, 1u);
+  EXPECT_EQ(logger_->Count("broker down"), 1);
+}
+
+// ---- Poison messages ----
+
+TEST_F(HandlerTest, MalformedAndOversizedEnvelopesAreDeadLetteredAndTheQueueMovesOn) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.max_message_bytes = 1024;
+  Handler* h = Start(o);
+  ASSERT_TRUE(driver_->SendToQueue("orders", "not an envelope", absl::ZeroDuration()).ok());
+  std::string truncated = EncodeEnvelope(publisher_.Build(Outgoing{"t", "payload", {}}));
+  truncated.resize(truncated.size() - 3);
+  ASSERT_TRUE(driver_->SendToQueue("orders", truncated, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_
+                  ->SendToQueue(
+                      "orders",
+                      EncodeEnvelope(publisher_.Build(Outgoing{"big", std::string(2000, 'x'), {}})),
+                      absl::ZeroDuration())
+                  .ok());
+  Publish("good", "fine");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().malformed == 3; }));
+  EXPECT_EQ(rec.seen()[0].payload, "fine");
+  const auto letters = Letters();
+  ASSERT_EQ(letters.size(), 3u);
+  std::map<std::string, std::string> reasons;
+  for (const auto& l : letters) reasons[l.data.substr(0, 15)] = l.reason;
+  EXPECT_THAT(reasons["not an envelope"], HasSubstr("malformed: envelope: bad magic"));
+  int truncated_seen = 0, oversized_seen = 0;
+  for (const auto& l : letters) {
+    truncated_seen += absl::StrContains(l.reason, "claims") ? 1 : 0;
+    oversized_seen += absl::StrContains(l.reason, "exceeds the limit of 1024") ? 1 : 0;
+  }
+  EXPECT_EQ(truncated_seen, 1);
+  EXPECT_EQ(oversized_seen, 1);
+  EXPECT_EQ(h->Stats().dead_lettered, 3u);
+}
+
+// ---- Leases ----
+
+TEST_F(HandlerTest, AWorkerThatDiesMidHandleIsReplacedWhenItsLeasesRunOut) {
+  // A "worker" takes the delivery and the key, then dies: it never settles or releases.
+  Publish("order-15", "x");
+  auto dead = driver_->NewConsumer("orders", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(dead.ok());
+  std::vector<Delivery> held;
+  ASSERT_TRUE((*dead)->Receive(1, absl::ZeroDuration(), {}, &held).ok());
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-15", "dead-worker", absl::Seconds(15)));
+
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(1)));
+  EXPECT_EQ(rec.size(), 1u);
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  // The dead worker's late settlement is refused.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*dead)->Ack(held[0])));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      idempotency_->MarkDone("orders.order-15", "dead-worker", absl::Hours(1))));
+}
+
+TEST_F(HandlerTest, AStaleWorkerCannotReleaseAKeyAnotherWorkerCompleted) {
+  // Two copies of one business message. The first worker stalls past its idempotency lease,
+  // the second takes the key and succeeds; the stale first one then fails and must not free
+  // the key (a third copy stays a duplicate).
+  absl::Mutex mu;
+  bool release_first = false;
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message& m) -> absl::Status {
+    const int n = calls.fetch_add(1);
+    if (n == 0) {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&release_first));
+      return absl::UnavailableError("stale worker failed");
+    }
+    (void)m;
+    return absl::OkStatus();
+  });
+  o.concurrency = 2;
+  o.idempotency_lease = absl::Seconds(10);
+  o.retry_delay = FixedBackoff(absl::Hours(1));
+  Handler* h = Start(o);
+  Publish("order-16", "copy-1");
+  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 1; }));
+  clock_->Advance(absl::Seconds(11));  // the first worker's key lease runs out
+  Publish("order-16", "copy-2");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  {
+    absl::MutexLock lock(&mu);
+    release_first = true;
+  }
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().failed == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return logger_->Count("idempotency release failed") == 1; }));
+  Publish("order-16", "copy-3");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
+  EXPECT_EQ(calls.load(), 2);
+}
+
+// ---- Step 7: replay ----
+
+TEST_F(HandlerTest, ReplayTakesDeadLettersBackThroughThePipeline) {
+  std::atomic<bool> recovered{false};
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    if (!recovered.load()) return absl::UnavailableError("dependency down");
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.replay_interval = absl::Minutes(1);
+  o.replay_batch = 2;  // several batches per pass
+  Handler* h = Start(o);
+  for (int i = 0; i < 5; ++i) Publish(absl::StrCat("r", i), absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendToQueue("orders", "poison", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().dead_lettered == 6; }));
+
+  EXPECT_EQ(*dead_letters_->Count("orders"), 6);
+
+  recovered.store(true);
+  // The replay loop runs once a minute (whenever its thread reached its wait, it waits a minute).
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().replayed == 5; }, absl::Seconds(20)));
+  EXPECT_EQ(rec.size(), 5u);
+  const auto letters = Letters();
+  ASSERT_EQ(letters.size(), 1u);
+  EXPECT_EQ(letters[0].data, "poison");
+  EXPECT_EQ(h->Stats().succeeded, 5u);
+}
+
+TEST_F(HandlerTest, ReplayOfALetterThatFailsAgainKeepsItForTheNextPass) {
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return absl::UnavailableError("still failing");
+  });
+  Handler* h = Start(o);
+  Publish("x", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().dead_lettered == 1; }));
+  auto removed = h->ReplayDeadLetters();
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);  // taken by the pipeline (stored again as a new letter)
+  EXPECT_EQ(calls.load(), 2);
+  const auto letters = Letters();
+  ASSERT_EQ(letters.size(), 1u);
+  EXPECT_EQ(DecodeEnvelope(letters[0].data)->retried, 2);
+}
+
+// ---- Stop ----
+
+TEST_F(HandlerTest, StopWithWorkInFlightLosesNothingAndHandlesNothingTwice) {
+  constexpr int kMessages = 200;
+  absl::Mutex mu;
+  std::map<std::string, int> handled;
+  auto handle = [&](const Message& m) {
+    absl::SleepFor(absl::Microseconds(200));
+    absl::MutexLock lock(&mu);
+    ++handled[m.payload];
+    return absl::OkStatus();
+  };
+  HandlerOptions o = Options(handle);
+  o.concurrency = 4;
+  o.max_in_flight = 16;
+  Handler* h = Start(o);
+  for (int i = 0; i < kMessages; ++i) Publish(absl::StrCat("k", i), absl::StrCat(i));
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded >= 30; }));
+  ASSERT_TRUE(StopAndWait().ok());
+  handler_.reset();
+
+  // A second handler (a restarted process) finishes the rest.
+  Handler* h2 = Start(Options(handle));
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&mu);
+    return handled.size() == static_cast<size_t>(kMessages);
+  }));
+  ASSERT_TRUE(WaitUntil([&] { return h2->Stats().in_flight == 0; }));
+  clock_->Advance(absl::Minutes(5));  // any unsettled lease would now come back
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(handled.size(), static_cast<size_t>(kMessages));
+  for (const auto& [payload, n] : handled) EXPECT_EQ(n, 1) << payload;
+  EXPECT_EQ(h2->Stats().duplicates, 0u);
+}
+
+TEST_F(HandlerTest, ConcurrencyBoundsTheHandlersRunningAtOnce) {
+  std::atomic<int> running{0};
+  std::atomic<int> peak{0};
+  HandlerOptions o = Options([&](const Message&) {
+    const int now = running.fetch_add(1) + 1;
+    int seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+    running.fetch_sub(1);
+    return absl::OkStatus();
+  });
+  o.concurrency = 3;
+  o.max_in_flight = 6;
+  Handler* h = Start(o);
+  for (int i = 0; i < 60; ++i) Publish(absl::StrCat("c", i), "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 60; }));
+  EXPECT_LE(peak.load(), 3);
+  EXPECT_GE(peak.load(), 2);  // they do run side by side
+}
+
+TEST_F(HandlerTest, RunReportsAHandlerThatOutlivesTheShutdownTimeout) {
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  HandlerOptions o = Options([release, started](const Message&) {
+    started->store(true);
+    while (!release->load()) absl::SleepFor(absl::Milliseconds(1));
+    return absl::OkStatus();
+  });
+  o.shutdown_timeout = absl::Seconds(5);
+  Handler* h = Start(o);
+  Publish("slow", "x");
+  ASSERT_TRUE(WaitUntil([&] { return started->load(); }));
+  h->Stop();
+  while (run_.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+    clock_->Advance(absl::Seconds(1));
+  }
+  EXPECT_TRUE(absl::IsDeadlineExceeded(run_.get()));
+  release->store(true);
+  // The abandoned run's delivery was not settled: it comes back to the next consumer, and the
+  // key the abandoned run marked done makes it a duplicate instead of a second effect.
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  handler_.reset();
+  Handler* h2 = Start(Options([](const Message&) { return absl::OkStatus(); }));
+  ASSERT_TRUE(AdvanceUntil([&] { return h2->Stats().duplicates == 1; }, absl::Seconds(5)));
+  EXPECT_EQ(h2->Stats().succeeded, 0u);
+}
+
+// ---- Topics and queue delay ----
+
+TEST_F(HandlerTest, ASubscribedHandlerReceivesMatchingTopicMessagesWithTheirRouteKey) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.subscribe = Subscription{"events", "order.*"};
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));  // subscribed and waiting
+  ASSERT_TRUE(publisher_.PublishToTopic("events", "order.created", Outgoing{"e1", "c", {}}).ok());
+  ASSERT_TRUE(publisher_.PublishToTopic("events", "user.created", Outgoing{"e2", "u", {}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  absl::SleepFor(absl::Milliseconds(20));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].route_key, "order.created");
+}
+
+TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.queue_delay = absl::Seconds(30);
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));
+  Publish("d", "delayed");
+  clock_->Advance(absl::Seconds(29));
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(rec.size(), 0u);
+  clock_->Advance(absl::Seconds(1));
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+}
+
+TEST_F(HandlerTest, StatsCountLatency) {
+  Handler* h = Start(Options([&](const Message&) {
+    clock_->Advance(absl::Milliseconds(3));
+    return absl::OkStatus();
+  }));
+  Publish("l", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.latency_max, absl::Milliseconds(3));
+  EXPECT_GE(s.latency_p50, absl::Milliseconds(3));
+  EXPECT_THAT(s.ToString(), HasSubstr("succeeded=1"));
+}
+
+TEST(PermanentTest, MarksAndDetects) {
+  EXPECT_FALSE(IsPermanent(absl::UnavailableError("x")));
+  EXPECT_FALSE(IsPermanent(absl::OkStatus()));
+  const absl::Status p = Permanent(absl::InvalidArgumentError("bad"));
+  EXPECT_TRUE(IsPermanent(p));
+  EXPECT_EQ(p.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.message(), "bad");
+  EXPECT_TRUE(IsPermanent(Permanent(absl::OkStatus())));
+}
+
+}  // namespace
+}  // namespace bus

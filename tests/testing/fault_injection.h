@@ -1,0 +1,171 @@
+// Forwarding wrappers for fault injection (LevelDB's EnvWrapper idea): each forwards every call
+// to a real implementation, and a test flips a switch to make one operation fail with a chosen
+// status. A capturing logger records lines for assertions.
+//
+// Thread-safety: the switches are atomics or mutex-guarded; safe to flip while in use.
+
+#ifndef TESTS_TESTING_FAULT_INJECTION_H_
+#define TESTS_TESTING_FAULT_INJECTION_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/driver.h"
+#include "bus/logger.h"
+#include "bus/stores.h"
+
+namespace bus::testing {
+
+// Fails the next `n` calls of one kind (or all of them while `n` < 0) with `status`.
+class FaultSwitch {
+ public:
+  void FailNext(int n, absl::Status status = absl::UnavailableError("injected fault")) {
+    absl::MutexLock lock(&mu_);
+    remaining_ = n;
+    status_ = std::move(status);
+  }
+  void FailAlways(absl::Status status = absl::UnavailableError("injected fault")) {
+    FailNext(-1, std::move(status));
+  }
+  void Heal() { FailNext(0); }
+
+  // OK, or the injected failure (consuming one of the `n`).
+  absl::Status Check() {
+    absl::MutexLock lock(&mu_);
+    if (remaining_ == 0) return absl::OkStatus();
+    if (remaining_ > 0) --remaining_;
+    ++injected_;
+    return status_;
+  }
+  int injected() const {
+    absl::MutexLock lock(&mu_);
+    return injected_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  int remaining_ ABSL_GUARDED_BY(mu_) = 0;
+  int injected_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+class FaultyDriver final : public Driver {
+ public:
+  explicit FaultyDriver(std::shared_ptr<Driver> base) : base_(std::move(base)) {}
+
+  FaultSwitch send;  // SendToQueue, SendBatchToQueue, SendToTopic
+
+  absl::string_view name() const override { return base_->name(); }
+  std::shared_ptr<Clock> clock() const override { return base_->clock(); }
+  absl::Status CreateQueue(absl::string_view q, absl::Duration d) override {
+    return base_->CreateQueue(q, d);
+  }
+  absl::Status Subscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+    return base_->Subscribe(t, q, k);
+  }
+  absl::Status SendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+    if (absl::Status st = send.Check(); !st.ok()) return st;
+    return base_->SendToQueue(q, data, d);
+  }
+  absl::Status SendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
+                                absl::Duration d) override {
+    if (absl::Status st = send.Check(); !st.ok()) return st;
+    return base_->SendBatchToQueue(q, data, d);
+  }
+  absl::Status SendToTopic(absl::string_view t, absl::string_view data,
+                           absl::string_view k) override {
+    if (absl::Status st = send.Check(); !st.ok()) return st;
+    return base_->SendToTopic(t, data, k);
+  }
+  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view q,
+                                                        const ConsumerOptions& o) override {
+    return base_->NewConsumer(q, o);
+  }
+  DriverStats Stats() const override { return base_->Stats(); }
+
+ private:
+  std::shared_ptr<Driver> base_;
+};
+
+class FaultyDeadLetterStore final : public DeadLetterStore {
+ public:
+  explicit FaultyDeadLetterStore(std::shared_ptr<DeadLetterStore> base) : base_(std::move(base)) {}
+
+  FaultSwitch store;
+  FaultSwitch remove;
+
+  absl::StatusOr<std::string> Store(absl::string_view q, absl::string_view data,
+                                    absl::string_view reason) override {
+    if (absl::Status st = store.Check(); !st.ok()) return st;
+    return base_->Store(q, data, reason);
+  }
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view q, int limit,
+                                                absl::string_view after) override {
+    return base_->Fetch(q, limit, after);
+  }
+  absl::Status Remove(absl::string_view q, absl::string_view id) override {
+    if (absl::Status st = remove.Check(); !st.ok()) return st;
+    return base_->Remove(q, id);
+  }
+  absl::StatusOr<int64_t> Count(absl::string_view q) override { return base_->Count(q); }
+  absl::Status Purge(absl::string_view q) override { return base_->Purge(q); }
+
+ private:
+  std::shared_ptr<DeadLetterStore> base_;
+};
+
+class FaultyIdempotencyStore final : public IdempotencyStore {
+ public:
+  explicit FaultyIdempotencyStore(std::shared_ptr<IdempotencyStore> base)
+      : base_(std::move(base)) {}
+
+  FaultSwitch acquire;
+
+  absl::StatusOr<bool> Acquire(absl::string_view k, absl::string_view o,
+                               absl::Duration lease) override {
+    if (absl::Status st = acquire.Check(); !st.ok()) return st;
+    return base_->Acquire(k, o, lease);
+  }
+  absl::Status MarkDone(absl::string_view k, absl::string_view o, absl::Duration r) override {
+    return base_->MarkDone(k, o, r);
+  }
+  absl::Status Release(absl::string_view k, absl::string_view o) override {
+    return base_->Release(k, o);
+  }
+
+ private:
+  std::shared_ptr<IdempotencyStore> base_;
+};
+
+class CapturingLogger final : public Logger {
+ public:
+  void Log(LogLevel level, absl::string_view line) override {
+    absl::MutexLock lock(&mu_);
+    lines_.emplace_back(level, std::string(line));
+  }
+  std::vector<std::pair<LogLevel, std::string>> lines() const {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+  // Number of lines containing `needle`.
+  int Count(absl::string_view needle) const {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const auto& [level, line] : lines_) n += absl::StrContains(line, needle) ? 1 : 0;
+    return n;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<LogLevel, std::string>> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace bus::testing
+
+#endif  // TESTS_TESTING_FAULT_INJECTION_H_
