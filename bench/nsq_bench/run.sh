@@ -24,7 +24,9 @@ curl -s -X POST "http://127.0.0.1:$hport/channel/create?topic=ours&channel=bus" 
 
 their_w=$(nsq_bench_writer --nsqd-tcp-address=$addr --topic=theirs --size=200 --batch-size=200 --runfor=$runfor 2>&1 | rate)
 our_w=$($ours --mode=write --nsqd=$addr --topic=ours --size=200 --batch_size=200 --runfor=$runfor | rate)
-their_r=$(nsq_bench_reader --nsqd-tcp-address=$addr --topic=theirs --channel=ch --size=200 --runfor=$runfor 2>&1 | rate)
-our_r=$($ours --mode=read --nsqd=$addr --topic=ours --runfor=$runfor | rate)
+# Readers run for half as long as the writers did, so neither drains its backlog early.
+readfor=$(python3 -c "print(str(float('${runfor%s}')/2)+'s')")
+their_r=$(nsq_bench_reader --nsqd-tcp-address=$addr --topic=theirs --channel=ch --size=200 --runfor=$readfor 2>&1 | rate)
+our_r=$($ours --mode=read --nsqd=$addr --topic=ours --runfor=$readfor | rate)
 echo "publish  msgs/s: bench_writer=$their_w ours=$our_w ratio=$(python3 -c "print(round($our_w/$their_w,3))")"
 echo "consume  msgs/s: bench_reader=$their_r ours=$our_r ratio=$(python3 -c "print(round($our_r/$their_r,3))")"

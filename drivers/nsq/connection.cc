@@ -258,7 +258,7 @@ void Connection::HandleFrame(Frame frame) {
       return;
     }
     case FrameType::kMessage: {
-      absl::StatusOr<Message> m = ParseMessage(frame.data);
+      absl::StatusOr<Message> m = ParseMessage(std::move(frame.data));
       if (!m.ok()) {
         CloseOnIo(absl::UnavailableError(
             absl::StrCat("nsqd ", options_.address, ": ", m.status().message())));

@@ -96,6 +96,9 @@ absl::Status ValidateOptions(const NsqOptions& o) {
   if (!(o.lookupd_poll_jitter >= 0 && o.lookupd_poll_jitter <= 1)) {
     return absl::InvalidArgumentError("NsqOptions.lookupd_poll_jitter must be in [0, 1]");
   }
+  if (o.publish_connections < 1) {
+    return absl::InvalidArgumentError("NsqOptions.publish_connections must be >= 1");
+  }
   if (o.max_message_bytes == 0 || o.max_batch_bytes == 0) {
     return absl::InvalidArgumentError(
         "NsqOptions.max_message_bytes and max_batch_bytes must be > 0");
@@ -105,20 +108,21 @@ absl::Status ValidateOptions(const NsqOptions& o) {
 
 int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
-// A receipt: the connection's id (8 bytes), a per-consumer delivery number (8 bytes, so a
-// redelivery of the same message gets a new receipt) and the NSQ message id (16 bytes).
-std::string MakeReceipt(uint64_t conn_id, uint64_t seq, const nsq::MessageId& id) {
-  std::string r(32, '\0');
-  std::memcpy(r.data(), &conn_id, 8);
-  std::memcpy(r.data() + 8, &seq, 8);
-  std::memcpy(r.data() + 16, id.data(), 16);
+// A receipt: the connection's id (4 bytes) and a per-consumer delivery number (8 bytes, so a
+// redelivery of the same message gets a new receipt). 12 bytes stay within std::string's
+// inline buffer; the message id is kept with the held delivery.
+std::string MakeReceipt(uint64_t conn_id, uint64_t seq) {
+  const uint32_t c = static_cast<uint32_t>(conn_id);
+  std::string r(12, '\0');
+  std::memcpy(r.data(), &c, 4);
+  std::memcpy(r.data() + 4, &seq, 8);
   return r;
 }
 
-bool ParseReceipt(absl::string_view r, uint64_t* conn_id, nsq::MessageId* id) {
-  if (r.size() != 32) return false;
-  std::memcpy(conn_id, r.data(), 8);
-  std::memcpy(id->data(), r.data() + 16, 16);
+bool ParseReceipt(absl::string_view r, uint32_t* conn_id, uint64_t* seq) {
+  if (r.size() != 12) return false;
+  std::memcpy(conn_id, r.data(), 4);
+  std::memcpy(seq, r.data() + 4, 8);
   return true;
 }
 
@@ -134,8 +138,11 @@ class Core {
     if (options_.client_id.empty()) options_.client_id = HostName();
     if (!options_.logger) options_.logger = StderrLogger(LogLevel::kInfo);
     for (const std::string& a : options_.nsqd_tcp_addresses) {
-      producers_.push_back(std::make_unique<ProducerSlot>());
-      producers_.back()->address = a;
+      producers_.emplace_back();
+      for (int i = 0; i < options_.publish_connections; ++i) {
+        producers_.back().push_back(std::make_unique<ProducerSlot>());
+        producers_.back().back()->address = a;
+      }
     }
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -203,7 +210,11 @@ class Core {
           "nsq: publishing needs NsqOptions.nsqd_tcp_addresses (lookupd is for consumers)");
     }
     absl::Status last;
-    for (auto& slot : producers_) {
+    // Publishers take the connections of one nsqd in turn, so concurrent publishers spread
+    // over them (nsqd serves each connection on its own goroutine).
+    const uint64_t turn = next_publish_.fetch_add(1, std::memory_order_relaxed);
+    for (auto& group : producers_) {
+      ProducerSlot* slot = group[turn % group.size()].get();
       absl::StatusOr<std::shared_ptr<Connection>> conn = ProducerConnection(*slot);
       if (!conn.ok()) {
         last = conn.status();
@@ -312,7 +323,9 @@ class Core {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::thread thread_;
   std::atomic<uint64_t> reconnects_{0};
-  std::vector<std::unique_ptr<ProducerSlot>> producers_;
+  // Per nsqd address, `publish_connections` slots.
+  std::vector<std::vector<std::unique_ptr<ProducerSlot>>> producers_;
+  std::atomic<uint64_t> next_publish_{0};
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
@@ -399,9 +412,10 @@ class ConsumerState : public Connection::Listener,
       buffer_.pop_front();
       Delivery d;
       d.data = std::move(b.payload);
-      d.receipt = MakeReceipt(b.conn_id, ++delivery_seq_, b.id);
+      const uint64_t seq = ++delivery_seq_;
+      d.receipt = MakeReceipt(b.conn_id, seq);
       d.attempts = b.attempts;
-      held_[d.receipt] = Held{b.conn_id, b.id, b.leased_at + lease_};
+      held_[seq] = Held{b.conn_id, b.id, b.leased_at + lease_};
       out->push_back(std::move(d));
       --n;
     }
@@ -410,17 +424,18 @@ class ConsumerState : public Connection::Listener,
   }
 
   absl::Status Settle(const Delivery& d, int kind, absl::Duration delay) {
-    uint64_t conn_id;
-    nsq::MessageId id;
-    if (!ParseReceipt(d.receipt, &conn_id, &id)) {
+    uint32_t conn_id;
+    uint64_t seq;
+    if (!ParseReceipt(d.receipt, &conn_id, &seq)) {
       return absl::InvalidArgumentError("nsq: malformed receipt");
     }
     absl::MutexLock lock(&mu_);
-    auto it = held_.find(d.receipt);
-    if (it == held_.end()) {
+    auto it = held_.find(seq);
+    if (it == held_.end() || static_cast<uint32_t>(it->second.conn_id) != conn_id) {
       return absl::FailedPreconditionError("nsq: delivery is not held (already settled?)");
     }
-    Slot* slot = SlotByConn(conn_id);
+    const nsq::MessageId id = it->second.id;
+    Slot* slot = SlotByConn(it->second.conn_id);
     const absl::Time now = absl::Now();
     if (slot == nullptr) {
       held_.erase(it);
@@ -470,7 +485,7 @@ class ConsumerState : public Connection::Listener,
         for (const Buffered& b : buffer_) {
           if (b.conn_id == slot.conn->id()) nsq::AppendReq(b.id, 0, &cmd);
         }
-        for (const auto& [receipt, h] : held_) {
+        for (const auto& [seq, h] : held_) {
           if (h.conn_id == slot.conn->id()) nsq::AppendReq(h.id, 0, &cmd);
         }
         slot.conn->Send(cmd);
@@ -545,7 +560,10 @@ class ConsumerState : public Connection::Listener,
     b.conn_id = conn->id();
     b.id = m.id;
     b.attempts = m.attempts;
-    b.payload = std::string(w.payload);
+    // The payload is the tail of the body: drop the wrapper in place instead of copying.
+    const size_t header = m.body.size() - w.payload.size();
+    m.body.erase(0, header);
+    b.payload = std::move(m.body);
     b.leased_at = now;
     buffer_.push_back(std::move(b));
   }
@@ -890,7 +908,7 @@ class ConsumerState : public Connection::Listener,
   absl::flat_hash_map<uint64_t, Slot*> by_conn_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::set<std::string>> discovered_ ABSL_GUARDED_BY(mu_);
   std::deque<Buffered> buffer_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);  // by delivery number
   int live_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t delivery_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside Receive
@@ -989,26 +1007,23 @@ class NsqDriver final : public Driver {
       }
       return absl::OkStatus();
     }
-    std::vector<std::string> bodies;
-    size_t bytes = 4;
-    auto flush = [&]() -> absl::Status {
-      if (bodies.empty()) return absl::OkStatus();
-      std::string cmd;
-      nsq::AppendMpub(queue, bodies, &cmd);
-      bodies.clear();
-      bytes = 4;
-      return core_->Publish(std::move(cmd));
-    };
-    for (const std::string& d : data) {
-      std::string body;
-      nsq::AppendWrapped(d, nullptr, std::nullopt, &body);
-      if (bytes + 4 + body.size() > core_->options().max_batch_bytes) {
-        if (absl::Status s = flush(); !s.ok()) return s;
+    // One MPUB per max_batch_bytes, built in place.
+    const size_t limit = core_->options().max_batch_bytes;
+    size_t begin = 0;
+    while (begin < data.size()) {
+      size_t end = begin;
+      size_t bytes = 4;
+      while (end < data.size() &&
+             (end == begin || bytes + nsq::MpubWrappedCost(data[end].size()) <= limit)) {
+        bytes += nsq::MpubWrappedCost(data[end].size());
+        ++end;
       }
-      bytes += 4 + body.size();
-      bodies.push_back(std::move(body));
+      std::string cmd;
+      nsq::AppendMpubWrapped(queue, data.subspan(begin, end - begin), &cmd);
+      if (absl::Status s = core_->Publish(std::move(cmd)); !s.ok()) return s;
+      begin = end;
     }
-    return flush();
+    return absl::OkStatus();
   }
 
   absl::Status SendToTopic(absl::string_view topic, absl::string_view data,

@@ -70,6 +70,9 @@ struct NsqOptions {
   // How often a consumer re-balances RDY across its connections when it has more connections
   // than max_in_flight (an idle connection's RDY moves on to the next). Default 100ms.
   absl::Duration rdy_redistribute_interval = absl::Milliseconds(100);
+  // Publishing connections per nsqd; concurrent publishers take them in turn. nsqd serves each
+  // connection on one goroutine, so more than one lets it use more cores. Default 2; >= 1.
+  int publish_connections = 2;
   // Largest application message accepted by SendToQueue / SendToTopic (nsqd's --max-msg-size,
   // less the driver's wrapper). Default 1 MiB - 512.
   size_t max_message_bytes = (1 << 20) - 512;

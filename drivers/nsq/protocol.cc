@@ -117,6 +117,16 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
   return std::optional<Frame>(std::move(frame));
 }
 
+absl::StatusOr<Message> ParseMessage(std::string&& data) {
+  absl::StatusOr<Message> m =
+      ParseMessage(absl::string_view(data.data(), 26 <= data.size() ? 26 : data.size()));
+  if (!m.ok()) return m;
+  // Reuse the frame's buffer for the body.
+  data.erase(0, 26);
+  m->body = std::move(data);
+  return m;
+}
+
 absl::StatusOr<Message> ParseMessage(absl::string_view data) {
   constexpr size_t kHeader = 8 + 2 + 16;
   if (data.size() < kHeader) {
@@ -260,6 +270,22 @@ void AppendWrapped(absl::string_view payload, const std::string* route_key,
     out->append(b, 8);
   }
   out->append(payload.data(), payload.size());
+}
+
+void AppendMpubWrapped(absl::string_view topic, absl::Span<const std::string> payloads,
+                       std::string* out) {
+  size_t total = 4;
+  for (const std::string& p : payloads) total += MpubWrappedCost(p.size());
+  absl::StrAppend(out, "MPUB ", topic, "\n");
+  out->reserve(out->size() + 4 + total);
+  AppendU32(static_cast<uint32_t>(total), out);
+  AppendU32(static_cast<uint32_t>(payloads.size()), out);
+  const char header[4] = {kWrapMagic0, kWrapMagic1, kWrapVersion, 0};
+  for (const std::string& p : payloads) {
+    AppendU32(static_cast<uint32_t>(4 + p.size()), out);
+    out->append(header, 4);
+    out->append(p);
+  }
 }
 
 Wrapped Unwrap(absl::string_view body) {

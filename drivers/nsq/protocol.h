@@ -98,6 +98,8 @@ struct Message {
 };
 
 absl::StatusOr<Message> ParseMessage(absl::string_view data);
+// The same, reusing `data`'s buffer for the body (no copy).
+absl::StatusOr<Message> ParseMessage(std::string&& data);
 
 // An error frame: "E_CODE description".
 struct ErrorFrame {
@@ -154,6 +156,12 @@ struct Wrapped {
 };
 void AppendWrapped(absl::string_view payload, const std::string* route_key,
                    std::optional<absl::Time> not_before, std::string* out);
+// MPUB of `payloads`, each wrapped with no fields (what AppendWrapped(p, nullptr, nullopt)
+// produces), written straight into `*out` without intermediate bodies.
+void AppendMpubWrapped(absl::string_view topic, absl::Span<const std::string> payloads,
+                       std::string* out);
+// Bytes one payload adds to an MPUB built by AppendMpubWrapped.
+inline size_t MpubWrappedCost(size_t payload_bytes) { return 4 + 4 + payload_bytes; }
 // Never fails: a body that is not a well-formed wrapper is returned as a foreign payload.
 Wrapped Unwrap(absl::string_view body);
 

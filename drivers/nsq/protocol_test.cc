@@ -169,6 +169,19 @@ TEST(WrapperTest, RoundTripsAndTreatsForeignBodiesAsPayload) {
   EXPECT_EQ(foreign.payload, "plain bytes");
 }
 
+TEST(WrapperTest, MpubWrappedMatchesMpubOfWrappedBodies) {
+  const std::vector<std::string> payloads = {"a", std::string("\0b", 2), ""};
+  std::vector<std::string> bodies;
+  for (const std::string& p : payloads) {
+    bodies.emplace_back();
+    AppendWrapped(p, nullptr, std::nullopt, &bodies.back());
+  }
+  std::string expected, got;
+  AppendMpub("t", bodies, &expected);
+  AppendMpubWrapped("t", payloads, &got);
+  EXPECT_EQ(got, expected);
+}
+
 TEST(BackoffTest, GrowsCapsAndJitters) {
   const absl::Duration base = absl::Milliseconds(100), max = absl::Seconds(10);
   EXPECT_EQ(BackoffDelay(0, base, max, 0.0), absl::Milliseconds(50));
