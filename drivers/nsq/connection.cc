@@ -203,6 +203,9 @@ awaitable<void> Connection::ReadLoop([[maybe_unused]] std::shared_ptr<Connection
       HandleFrame(std::move(**next));
       if (closed()) co_return;
     }
+    // Everything read so far is parsed: hand the messages over in one call.
+    FlushMessages();
+    if (closed()) co_return;
     error_code ec;
     const size_t n = co_await socket_.async_read_some(asio::buffer(buf.data(), buf.size()),
                                                       asio::redirect_error(use_awaitable, ec));
@@ -215,7 +218,15 @@ awaitable<void> Connection::ReadLoop([[maybe_unused]] std::shared_ptr<Connection
   }
 }
 
+void Connection::FlushMessages() {
+  if (batch_.empty()) return;
+  if (auto l = listener_.lock()) l->OnMessages(this, batch_);
+  batch_.clear();
+}
+
 void Connection::HandleFrame(Frame frame) {
+  // Responses and errors are handled after the messages that came before them.
+  if (frame.type != FrameType::kMessage) FlushMessages();
   switch (frame.type) {
     case FrameType::kResponse: {
       if (frame.data == kHeartbeat) {
@@ -264,7 +275,7 @@ void Connection::HandleFrame(Frame frame) {
             absl::StrCat("nsqd ", options_.address, ": ", m.status().message())));
         return;
       }
-      if (auto l = listener_.lock()) l->OnMessage(this, std::move(*m));
+      batch_.push_back(std::move(*m));
       return;
     }
   }
@@ -325,7 +336,11 @@ void Connection::Request(std::string command, ResponseFn done) {
                                                "nsqd ", options_.address, ": connection closed"))
                                          : close_status_;
     } else {
-      out_.append(command);
+      if (out_.empty()) {
+        out_ = std::move(command);  // the common case: no copy of a large MPUB
+      } else {
+        out_.append(command);
+      }
       pending_.push_back(std::move(done));
       if (writer_idle_) {
         writer_idle_ = false;

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -56,7 +57,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   class Listener {
    public:
     virtual ~Listener() = default;
-    virtual void OnMessage(Connection* conn, Message message) = 0;
+    // Messages in the order nsqd sent them; several at once when they arrived together.
+    virtual void OnMessages(Connection* conn, std::vector<Message>& messages) = 0;
     // A non-fatal error frame (the connection stays open).
     virtual void OnNonFatalError(Connection* conn, const ErrorFrame& error) = 0;
     // Called once, when the connection closes for any reason (including Close()).
@@ -88,6 +90,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool closed() const { return closed_.load(std::memory_order_acquire); }
   uint64_t id() const { return id_; }
+  // The context whose (single) thread runs this connection.
+  boost::asio::io_context& io() const { return io_; }
   const std::string& address() const { return options_.address; }
   // Valid after a successful Handshake.
   const IdentifyResponse& identify() const { return identify_; }
@@ -103,6 +107,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
   boost::asio::awaitable<void> HeartbeatWatch(std::shared_ptr<Connection> self);
   void HandleFrame(Frame frame);
+  void FlushMessages();
   void CloseOnIo(absl::Status why);
 
   boost::asio::io_context& io_;
@@ -113,6 +118,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::steady_timer wake_;  // cancelled to wake the write loop
   boost::asio::steady_timer watchdog_;
   FrameReader reader_;
+  std::vector<Message> batch_;  // read loop only: messages not yet handed to the listener
   IdentifyResponse identify_;
   std::atomic<bool> closed_{false};
   std::atomic<int64_t> last_read_ns_{0};

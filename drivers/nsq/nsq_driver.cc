@@ -96,6 +96,12 @@ absl::Status ValidateOptions(const NsqOptions& o) {
   if (!(o.lookupd_poll_jitter >= 0 && o.lookupd_poll_jitter <= 1)) {
     return absl::InvalidArgumentError("NsqOptions.lookupd_poll_jitter must be in [0, 1]");
   }
+  if (o.io_threads < 1 || o.io_threads > 64) {
+    return absl::InvalidArgumentError("NsqOptions.io_threads must be in [1, 64]");
+  }
+  if (o.output_buffer_size < 0) {
+    return absl::InvalidArgumentError("NsqOptions.output_buffer_size must be >= 0");
+  }
   if (o.publish_connections < 1) {
     return absl::InvalidArgumentError("NsqOptions.publish_connections must be >= 1");
   }
@@ -133,8 +139,7 @@ class ConsumerState;
 // destroyed on its own I/O thread.
 class Core {
  public:
-  explicit Core(NsqOptions options)
-      : options_(std::move(options)), work_(asio::make_work_guard(io_)) {
+  explicit Core(NsqOptions options) : options_(std::move(options)) {
     if (options_.client_id.empty()) options_.client_id = HostName();
     if (!options_.logger) options_.logger = StderrLogger(LogLevel::kInfo);
     for (const std::string& a : options_.nsqd_tcp_addresses) {
@@ -144,16 +149,26 @@ class Core {
         producers_.back().back()->address = a;
       }
     }
-    thread_ = std::thread([this] { io_.run(); });
+    for (int i = 0; i < options_.io_threads; ++i) {
+      ios_.push_back(std::make_unique<asio::io_context>(1));
+      works_.push_back(asio::make_work_guard(*ios_.back()));
+    }
+    for (auto& io : ios_) threads_.emplace_back([io = io.get()] { io->run(); });
   }
 
   ~Core() {
-    work_.reset();
-    io_.stop();
-    thread_.join();
+    for (auto& w : works_) w.reset();
+    for (auto& io : ios_) io->stop();
+    for (auto& t : threads_) t.join();
   }
 
-  asio::io_context& io() { return io_; }
+  // The I/O context for timers and discovery.
+  asio::io_context& io() { return *ios_[0]; }
+  // The I/O context for a new connection: each runs on one thread, connections spread over
+  // them in turn.
+  asio::io_context& NextIo() {
+    return *ios_[next_io_.fetch_add(1, std::memory_order_relaxed) % ios_.size()];
+  }
   const NsqOptions& options() const { return options_; }
   void Log(LogLevel level, absl::string_view line) {
     options_.logger->Log(level, absl::StrCat("nsq: ", line));
@@ -182,13 +197,14 @@ class Core {
     c.identify.heartbeat_interval_ms = ToMs(options_.heartbeat_interval);
     c.identify.msg_timeout_ms = ToMs(msg_timeout);
     c.identify.output_buffer_timeout_ms = ToMs(options_.output_buffer_timeout);
+    c.identify.output_buffer_size = options_.output_buffer_size;
     return c;
   }
 
   // Connects and handshakes `conn` from a user thread (blocks until done).
   absl::Status HandshakeBlocking(const std::shared_ptr<Connection>& conn) {
     std::future<absl::Status> f = asio::co_spawn(
-        io_, [conn]() -> awaitable<absl::Status> { co_return co_await conn->Handshake(); },
+        conn->io(), [conn]() -> awaitable<absl::Status> { co_return co_await conn->Handshake(); },
         asio::use_future);
     return f.get();
   }
@@ -236,7 +252,7 @@ class Core {
     }
     absl::Status result;
     for (const std::string& address : options_.nsqd_tcp_addresses) {
-      auto conn = Connection::Create(io_, ConnOptions(address, absl::ZeroDuration()), {});
+      auto conn = Connection::Create(io(), ConnOptions(address, absl::ZeroDuration()), {});
       absl::Status s = HandshakeBlocking(conn);
       if (s.ok()) {
         std::string sub;
@@ -295,7 +311,7 @@ class Core {
           "nsqd ", slot.address, " is down (", slot.last_error.message(), "); next attempt in ",
           absl::FormatDuration(absl::Trunc(slot.next_attempt - now, absl::Milliseconds(1)))));
     }
-    auto conn = Connection::Create(io_, ConnOptions(slot.address, absl::ZeroDuration()), {});
+    auto conn = Connection::Create(NextIo(), ConnOptions(slot.address, absl::ZeroDuration()), {});
     absl::Status s = HandshakeBlocking(conn);
     if (!s.ok()) {
       const absl::Duration wait = Backoff(slot.failures);
@@ -319,9 +335,10 @@ class Core {
   }
 
   NsqOptions options_;
-  asio::io_context io_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::thread thread_;
+  std::vector<std::unique_ptr<asio::io_context>> ios_;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> works_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> next_io_{0};
   std::atomic<uint64_t> reconnects_{0};
   // Per nsqd address, `publish_connections` slots.
   std::vector<std::vector<std::unique_ptr<ProducerSlot>>> producers_;
@@ -388,6 +405,7 @@ class ConsumerState : public Connection::Listener,
     // registered before, and destroyed after, the section that holds the mutex.
     std::stop_callback on_stop(stop, [this] { absl::MutexLock l(&mu_); });
     absl::MutexLock lock(&mu_);
+    FlushAllPending();
     const absl::Time deadline = clock->Now() + wait;
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop.stop_requested() || stopped_ ||
@@ -447,13 +465,14 @@ class ConsumerState : public Connection::Listener,
       --slot->in_flight;
       return absl::FailedPreconditionError("nsq: lease expired; nsqd will redeliver it");
     }
-    std::string cmd;
+    std::string& cmd = slot->pending;
     switch (kind) {
       case 0:
         nsq::AppendFin(id, &cmd);
         held_.erase(it);
         --slot->in_flight;
-        break;
+        if (cmd.size() >= 4096) FlushPending(*slot);
+        return absl::OkStatus();
       case 1: {
         absl::Duration dl = std::clamp(delay, absl::ZeroDuration(), core_->options().max_defer);
         nsq::AppendReq(id, ToMs(dl), &cmd);
@@ -466,7 +485,7 @@ class ConsumerState : public Connection::Listener,
         it->second.lease_deadline = now + lease_;
         break;
     }
-    slot->conn->Send(cmd);
+    FlushPending(*slot);  // REQ and TOUCH go out at once (after any FINs before them)
     return absl::OkStatus();
   }
 
@@ -480,7 +499,8 @@ class ConsumerState : public Connection::Listener,
       stopped_ = true;
       for (auto& [key, slot] : slots_) {
         if (!slot.conn) continue;
-        std::string cmd;
+        std::string cmd = std::move(slot.pending);
+        slot.pending.clear();
         nsq::AppendRdy(0, &cmd);
         for (const Buffered& b : buffer_) {
           if (b.conn_id == slot.conn->id()) nsq::AppendReq(b.id, 0, &cmd);
@@ -516,56 +536,15 @@ class ConsumerState : public Connection::Listener,
   }
 
   // ---- Connection::Listener (I/O thread) ----
-  void OnMessage(Connection* conn, nsq::Message m) override {
+  void OnMessages(Connection* conn, std::vector<nsq::Message>& batch) override {
     absl::MutexLock lock(&mu_);
     Slot* slot = SlotByConn(conn->id());
     if (slot == nullptr) return;
-    ++slot->in_flight;
     const absl::Time now = absl::Now();
     slot->last_message = now;
-    std::string cmd;
-    if (stopped_) {
-      nsq::AppendReq(m.id, 0, &cmd);
-      --slot->in_flight;
-      conn->Send(cmd);
-      return;
-    }
-    nsq::Wrapped w = nsq::Unwrap(m.body);
-    const Sub& sub = subs_[slot->sub];
-    if (sub.filter) {
-      bool match = false;
-      if (w.route_key.has_value()) {
-        for (const std::string& k : sub.keys) {
-          if (RouteKeyMatches(k, *w.route_key)) {
-            match = true;
-            break;
-          }
-        }
-      }
-      if (!match) {
-        nsq::AppendFin(m.id, &cmd);
-        --slot->in_flight;
-        conn->Send(cmd);
-        return;
-      }
-    }
-    if (w.not_before.has_value() && *w.not_before > now + absl::Milliseconds(5)) {
-      const absl::Duration rest = std::min(*w.not_before - now, core_->options().max_defer);
-      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(rest)), &cmd);
-      --slot->in_flight;
-      conn->Send(cmd);
-      return;
-    }
-    Buffered b;
-    b.conn_id = conn->id();
-    b.id = m.id;
-    b.attempts = m.attempts;
-    // The payload is the tail of the body: drop the wrapper in place instead of copying.
-    const size_t header = m.body.size() - w.payload.size();
-    m.body.erase(0, header);
-    b.payload = std::move(m.body);
-    b.leased_at = now;
-    buffer_.push_back(std::move(b));
+    std::string cmds;  // FIN / REQ for messages not delivered
+    for (nsq::Message& m : batch) OnMessage(*slot, now, m, &cmds);
+    if (!cmds.empty()) conn->Send(cmds);
   }
 
   void OnNonFatalError(Connection* conn, const nsq::ErrorFrame& error) override {
@@ -581,6 +560,7 @@ class ConsumerState : public Connection::Listener,
     by_conn_.erase(it);
     std::erase_if(buffer_, [&](const Buffered& b) { return b.conn_id == conn->id(); });
     slot.conn.reset();
+    slot.pending.clear();
     slot.rdy = 0;
     slot.in_flight = 0;
     --live_;
@@ -617,6 +597,9 @@ class ConsumerState : public Connection::Listener,
     int64_t rdy = 0;
     int64_t max_rdy = 1;
     int in_flight = 0;
+    // FINs not yet handed to the connection: acks are written in batches (at the next
+    // Receive, at the next tick, or every 4 KiB) to spare a write per message.
+    std::string pending;
     absl::Time last_message = absl::InfinitePast();
     absl::Time rdy_since = absl::InfinitePast();
   };
@@ -634,6 +617,57 @@ class ConsumerState : public Connection::Listener,
   };
   using SlotKey = std::pair<std::string, int>;  // nsqd address, subscription index
 
+  void OnMessage(Slot& slot, absl::Time now, nsq::Message& m, std::string* cmds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopped_) {
+      nsq::AppendReq(m.id, 0, cmds);
+      return;
+    }
+    nsq::Wrapped w = nsq::Unwrap(m.body);
+    const Sub& sub = subs_[slot.sub];
+    if (sub.filter) {
+      bool match = false;
+      if (w.route_key.has_value()) {
+        for (const std::string& k : sub.keys) {
+          if (RouteKeyMatches(k, *w.route_key)) {
+            match = true;
+            break;
+          }
+        }
+      }
+      if (!match) {
+        nsq::AppendFin(m.id, cmds);
+        return;
+      }
+    }
+    if (w.not_before.has_value() && *w.not_before > now + absl::Milliseconds(5)) {
+      const absl::Duration rest = std::min(*w.not_before - now, core_->options().max_defer);
+      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(rest)), cmds);
+      return;
+    }
+    ++slot.in_flight;
+    Buffered b;
+    b.conn_id = slot.conn->id();
+    b.id = m.id;
+    b.attempts = m.attempts;
+    // The payload is the tail of the body: drop the wrapper in place instead of copying.
+    const size_t header = m.body.size() - w.payload.size();
+    m.body.erase(0, header);
+    b.payload = std::move(m.body);
+    b.leased_at = now;
+    buffer_.push_back(std::move(b));
+  }
+
+  void FlushPending(Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (slot.pending.empty()) return;
+    if (slot.conn) slot.conn->Send(slot.pending);
+    slot.pending.clear();
+  }
+
+  void FlushAllPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [key, slot] : slots_) FlushPending(slot);
+  }
+
   Slot* SlotByConn(uint64_t conn_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = by_conn_.find(conn_id);
     if (it == by_conn_.end() || !it->second->conn) return nullptr;
@@ -647,6 +681,7 @@ class ConsumerState : public Connection::Listener,
       {
         absl::MutexLock lock(&mu_);
         if (stopped_) co_return;
+        FlushAllPending();
         EnsureConnections();
         DistributeRdy();
         TouchBuffered();
@@ -683,18 +718,19 @@ class ConsumerState : public Connection::Listener,
       slot.sub = key.second;
       if (slot.conn || slot.connecting || now < slot.next_attempt) continue;
       slot.connecting = true;
-      asio::co_spawn(core_->io(), Connect(shared_from_this(), key), asio::detached);
+      asio::io_context& io = core_->NextIo();
+      asio::co_spawn(io, Connect(shared_from_this(), key, &io), asio::detached);
     }
   }
 
-  awaitable<void> Connect(std::shared_ptr<ConsumerState> self, SlotKey key) {
+  awaitable<void> Connect(std::shared_ptr<ConsumerState> self, SlotKey key, asio::io_context* io) {
     std::string topic, channel;
     {
       absl::MutexLock lock(&mu_);
       topic = subs_[key.second].topic;
       channel = subs_[key.second].channel;
     }
-    auto conn = Connection::Create(core_->io(), core_->ConnOptions(key.first, lease_),
+    auto conn = Connection::Create(*io, core_->ConnOptions(key.first, lease_),
                                    std::weak_ptr<Connection::Listener>(self));
     absl::Status s = co_await conn->Handshake();
     if (s.ok()) {

@@ -20,8 +20,9 @@
 // Publishing goes to `nsqd_tcp_addresses` (the first one that is up, in order); consuming
 // connects to `nsqd_tcp_addresses` and to every nsqd that the nsqlookupds list for the topics.
 //
-// Thread-safety: the driver and its consumers are safe for concurrent use. All network I/O runs
-// on one thread per driver. Consumers may outlive the driver object (they share its I/O thread).
+// Thread-safety: the driver and its consumers are safe for concurrent use. Network I/O runs on
+// `io_threads` threads per driver. Consumers may outlive the driver object (they share its I/O
+// threads).
 
 #ifndef DRIVERS_NSQ_NSQ_DRIVER_H_
 #define DRIVERS_NSQ_NSQ_DRIVER_H_
@@ -58,6 +59,10 @@ struct NsqOptions {
   // nsqd's flush interval for this client's output buffer; lower means lower latency at some
   // nsqd CPU cost. Default 25ms (nsqd's minimum); zero keeps nsqd's default (250ms).
   absl::Duration output_buffer_timeout = absl::Milliseconds(25);
+  // nsqd's output buffer for this client in bytes: bigger means fewer, larger writes from
+  // nsqd (less CPU on both sides under load). Must not exceed nsqd's --max-output-buffer-size
+  // (default 64 KiB). Default 64 KiB; zero keeps nsqd's default (16 KiB).
+  int64_t output_buffer_size = 64 * 1024;
   // nsqlookupd polling period and jitter fraction in [0, 1]: each wait is
   // interval * (1 + jitter * (u - 0.5) * 2) for uniform u. Defaults 15s and 0.3.
   absl::Duration lookupd_poll_interval = absl::Seconds(15);
@@ -70,6 +75,9 @@ struct NsqOptions {
   // How often a consumer re-balances RDY across its connections when it has more connections
   // than max_in_flight (an idle connection's RDY moves on to the next). Default 100ms.
   absl::Duration rdy_redistribute_interval = absl::Milliseconds(100);
+  // Threads running the driver's network I/O; each connection lives on one of them, new
+  // connections take them in turn. Default 2; in [1, 64].
+  int io_threads = 2;
   // Publishing connections per nsqd; concurrent publishers take them in turn. nsqd serves each
   // connection on one goroutine, so more than one lets it use more cores. Default 2; >= 1.
   int publish_connections = 2;

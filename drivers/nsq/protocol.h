@@ -126,6 +126,7 @@ struct IdentifyRequest {
   int64_t heartbeat_interval_ms = 30000;
   int64_t msg_timeout_ms = 0;            // 0: server default
   int64_t output_buffer_timeout_ms = 0;  // 0: server default
+  int64_t output_buffer_size = 0;        // 0: server default
 };
 std::string IdentifyBody(const IdentifyRequest& request);
 
