@@ -460,7 +460,9 @@ class ConsumerState : public Connection::Listener,
       return absl::FailedPreconditionError(
           "nsq: the connection that delivered this message is gone; nsqd will redeliver it");
     }
-    if (now >= it->second.lease_deadline) {
+    // nsqd started the lease when it sent the message, a little before it arrived here, so
+    // the last sliver of the local lease counts as lost too.
+    if (now >= it->second.lease_deadline - lease_ / 50) {
       held_.erase(it);
       --slot->in_flight;
       return absl::FailedPreconditionError("nsq: lease expired; nsqd will redeliver it");
