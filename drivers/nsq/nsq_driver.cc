@@ -823,16 +823,11 @@ class ConsumerState : public Connection::Listener,
       for (int64_t i = 0; i < n; ++i) set(live[i], m / n + (i < m % n ? 1 : 0));
       return;
     }
-    int64_t active = 0;
     for (Slot* s : live) {
       if (s->rdy == 0) continue;
       if (s->rdy > 1) set(s, 1);
-      const bool idle_now =
-          s->in_flight == 0 && now - std::max(s->last_message, s->rdy_since) >= idle;
-      if (idle_now) {
-        set(s, 0);
-      } else {
-        ++active;
+      if (s->in_flight == 0 && now - std::max(s->last_message, s->rdy_since) >= idle) {
+        set(s, 0);  // idle holder: pass the RDY on
       }
     }
     // Hand free RDY to the connections that have waited longest (round robin by rdy_since;
@@ -851,7 +846,6 @@ class ConsumerState : public Connection::Listener,
       if (s->in_flight == 0) ++used;
       set(s, 1);
     }
-    (void)active;
   }
 
   // Buffered messages (received, not yet handed out) keep their lease: TOUCH at half of it.

@@ -115,6 +115,40 @@ TEST(NsqDriverTest, ConsumerDiscoversEveryNsqdThroughLookupd) {
   EXPECT_EQ(Drain(c->get(), sent.size()), sent);
 }
 
+TEST(NsqDriverTest, RdyMovesBetweenMoreConnectionsThanMaxInFlight) {
+  // A queue bound to two topics: three connections, max in flight 1. Messages on every one of
+  // them arrive, one at a time, in a few redistribution intervals each.
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  const std::string q = "rotating";
+  ASSERT_TRUE(driver->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->Subscribe("events-a", q, "").ok());
+  ASSERT_TRUE(driver->Subscribe("events-b", q, "b.#").ok());
+  auto c = driver->NewConsumer(q, ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  std::set<std::string> sent;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(driver->SendToQueue(q, absl::StrCat("q", i), absl::ZeroDuration()).ok());
+    ASSERT_TRUE(driver->SendToTopic("events-a", absl::StrCat("a", i), "x").ok());
+    ASSERT_TRUE(driver->SendToTopic("events-b", absl::StrCat("b", i), "b.y").ok());
+    ASSERT_TRUE(driver->SendToTopic("events-b", "filtered", "c.y").ok());
+    sent.insert({absl::StrCat("q", i), absl::StrCat("a", i), absl::StrCat("b", i)});
+  }
+  std::set<std::string> seen;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (seen.size() < sent.size() && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    ASSERT_TRUE((*c)->Receive(8, absl::Milliseconds(200), {}, &got).ok());
+    EXPECT_LE(got.size(), 1u) << "max in flight is 1";
+    for (const Delivery& d : got) {
+      seen.insert(d.data);
+      EXPECT_TRUE((*c)->Ack(d).ok());
+    }
+  }
+  EXPECT_EQ(seen, sent);
+}
+
 TEST(NsqDriverTest, ProducerAndConsumerSurviveAnNsqdRestart) {
   // Every message goes to disk, so what nsqd accepted survives its restart.
   auto nsqd = StartNsqd({.mem_queue_size = 0});
