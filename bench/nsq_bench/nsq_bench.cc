@@ -1,0 +1,113 @@
+// Throughput of the NSQ driver, shaped like nsq's bench_writer / bench_reader so the two can
+// be compared on one nsqd: `write` publishes batches (SendBatchToQueue = MPUB) from --threads
+// threads for --runfor; `read` consumes with --threads consumers (max in flight --rdy each),
+// acking every message, for --runfor. Prints "ops/s: N".
+//
+//   nsq_bench --mode=write --nsqd=127.0.0.1:4150 --topic=ours --size=200 --batch_size=200
+//   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=ours
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "drivers/nsq/nsq_driver.h"
+
+ABSL_FLAG(std::string, mode, "write", "write or read");
+ABSL_FLAG(std::string, nsqd, "127.0.0.1:4150", "nsqd TCP address");
+ABSL_FLAG(std::string, topic, "ours", "queue (NSQ topic) to use");
+ABSL_FLAG(int, size, 200, "message size in bytes");
+ABSL_FLAG(int, batch_size, 200, "messages per SendBatchToQueue");
+ABSL_FLAG(int, threads, 2, "publishing threads / consumers (bench_* use GOMAXPROCS)");
+ABSL_FLAG(int, rdy, 2500, "max in flight per consumer");
+ABSL_FLAG(absl::Duration, runfor, absl::Seconds(10), "how long to run");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  bus::NsqOptions options;
+  options.nsqd_tcp_addresses = {absl::GetFlag(FLAGS_nsqd)};
+  options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
+  auto driver_or = bus::NewNsqDriver(options);
+  if (!driver_or.ok()) {
+    std::fprintf(stderr, "%s\n", driver_or.status().ToString().c_str());
+    return 1;
+  }
+  std::shared_ptr<bus::Driver> driver = *driver_or;
+  const std::string topic = absl::GetFlag(FLAGS_topic);
+  const absl::Duration runfor = absl::GetFlag(FLAGS_runfor);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  std::atomic<int64_t> total{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> workers;
+  absl::Time start;
+
+  const std::vector<std::string> batch(absl::GetFlag(FLAGS_batch_size),
+                                       std::string(absl::GetFlag(FLAGS_size), 'x'));
+  if (absl::GetFlag(FLAGS_mode) == "write") {
+    start = absl::Now();
+    const absl::Time end = start + runfor;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&] {
+        int64_t n = 0;
+        while (absl::Now() < end) {
+          absl::Status st = driver->SendBatchToQueue(topic, batch, absl::ZeroDuration());
+          if (!st.ok()) {
+            std::fprintf(stderr, "publish: %s\n", st.ToString().c_str());
+            failed = true;
+            break;
+          }
+          n += static_cast<int64_t>(batch.size());
+        }
+        total += n;
+      });
+    }
+  } else {
+    std::vector<std::unique_ptr<bus::Consumer>> consumers;
+    for (int t = 0; t < threads; ++t) {
+      auto c = driver->NewConsumer(
+          topic, bus::ConsumerOptions{absl::GetFlag(FLAGS_rdy), absl::Seconds(60)});
+      if (!c.ok()) {
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      consumers.push_back(std::move(*c));
+    }
+    start = absl::Now();
+    const absl::Time end = start + runfor;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, c = consumers[t].get()] {
+        int64_t n = 0;
+        std::vector<bus::Delivery> got;
+        while (absl::Now() < end) {
+          got.clear();
+          absl::Status st = c->Receive(absl::GetFlag(FLAGS_rdy), absl::Milliseconds(100), {}, &got);
+          if (!st.ok()) {
+            std::fprintf(stderr, "receive: %s\n", st.ToString().c_str());
+            failed = true;
+            break;
+          }
+          for (const bus::Delivery& d : got) {
+            if (!c->Ack(d).ok()) failed = true;
+          }
+          n += static_cast<int64_t>(got.size());
+        }
+        total += n;
+      });
+    }
+    for (auto& w : workers) w.join();
+    workers.clear();
+    const absl::Duration took = absl::Now() - start;
+    std::printf("duration: %s - ops/s: %.0f\n", absl::FormatDuration(took).c_str(),
+                static_cast<double>(total.load()) / absl::ToDoubleSeconds(took));
+    return failed ? 1 : 0;
+  }
+  for (auto& w : workers) w.join();
+  const absl::Duration took = absl::Now() - start;
+  std::printf("duration: %s - ops/s: %.0f\n", absl::FormatDuration(took).c_str(),
+              static_cast<double>(total.load()) / absl::ToDoubleSeconds(took));
+  return failed ? 1 : 0;
+}

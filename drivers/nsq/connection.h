@@ -1,0 +1,139 @@
+// One TCP connection to nsqd speaking protocol V2, driven by Boost.Asio coroutines on an
+// io_context that the owner runs.
+//
+//   auto conn = Connection::Create(io, options, listener);
+//   co_await conn->Handshake();                 // connect, magic, IDENTIFY, AUTH if required
+//   conn->Request(sub_command, on_response);    // commands with a response, matched in order
+//   conn->Send(fin_command);                    // commands without one (RDY, FIN, REQ, TOUCH)
+//
+// The connection answers heartbeats with NOP, closes itself when nsqd has been silent for two
+// heartbeat intervals, and closes on a malformed frame or a fatal error frame (every pending
+// request then fails). Non-fatal error frames (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) go to
+// the listener and leave the connection open.
+//
+// Ownership: shared; the coroutines hold a reference until the connection closes. The listener
+// is held weakly. Thread-safety: Request, Send, Close and the accessors are safe from any
+// thread; Handshake runs on the io_context. Callbacks (request completions and the listener) run
+// on the io_context's thread.
+
+#ifndef DRIVERS_NSQ_CONNECTION_H_
+#define DRIVERS_NSQ_CONNECTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "boost/asio/awaitable.hpp"
+#include "boost/asio/io_context.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/steady_timer.hpp"
+#include "drivers/nsq/protocol.h"
+
+namespace bus::nsq {
+
+struct ConnectionOptions {
+  // "host:port" of nsqd (or "[v6]:port").
+  std::string address;
+  IdentifyRequest identify;
+  // Sent with AUTH when nsqd requires it. Never logged and never in a Status.
+  std::string auth_secret;
+  // Bound on TCP connect plus handshake.
+  absl::Duration dial_timeout = absl::Seconds(5);
+  // Largest frame accepted from nsqd; a larger size field closes the connection.
+  size_t max_frame_bytes = (1 << 20) + 1024;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // Messages in the order nsqd sent them; several at once when they arrived together.
+    virtual void OnMessages(Connection* conn, std::vector<Message>& messages) = 0;
+    // A non-fatal error frame (the connection stays open).
+    virtual void OnNonFatalError(Connection* conn, const ErrorFrame& error) = 0;
+    // Called once, when the connection closes for any reason (including Close()).
+    virtual void OnClose(Connection* conn, const absl::Status& why) = 0;
+  };
+
+  using ResponseFn = std::function<void(absl::StatusOr<std::string>)>;
+
+  static std::shared_ptr<Connection> Create(boost::asio::io_context& io, ConnectionOptions options,
+                                            std::weak_ptr<Listener> listener);
+
+  ~Connection();
+
+  // Connects and negotiates. OK, or Unavailable (unreachable, timed out, closed), or the mapped
+  // nsqd error (InvalidArgument for a bad IDENTIFY, Unauthenticated for a wrong secret,
+  // FailedPrecondition when nsqd requires AUTH and no secret is configured). On success the
+  // read, write and heartbeat loops are running.
+  boost::asio::awaitable<absl::Status> Handshake();
+
+  // Writes `command` and calls `done` with nsqd's response (OK or the data of a response frame),
+  // or an error: the mapped error frame, or Unavailable if the connection closes first.
+  void Request(std::string command, ResponseFn done);
+
+  // Writes `command`, which has no response. Dropped if the connection is closed.
+  void Send(absl::string_view command);
+
+  // Closes the socket; pending requests fail with `why`. Idempotent.
+  void Close(absl::Status why);
+
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  uint64_t id() const { return id_; }
+  // The context whose (single) thread runs this connection.
+  boost::asio::io_context& io() const { return io_; }
+  const std::string& address() const { return options_.address; }
+  // Valid after a successful Handshake.
+  const IdentifyResponse& identify() const { return identify_; }
+
+ private:
+  Connection(boost::asio::io_context& io, ConnectionOptions options,
+             std::weak_ptr<Listener> listener);
+
+  boost::asio::awaitable<absl::StatusOr<Frame>> ReadFrame();
+  // Each loop takes the reference that keeps the connection alive as a parameter, so it lives
+  // in the coroutine frame from the moment the loop is spawned.
+  boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
+  boost::asio::awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
+  boost::asio::awaitable<void> HeartbeatWatch(std::shared_ptr<Connection> self);
+  void HandleFrame(Frame frame);
+  void FlushMessages();
+  void CloseOnIo(absl::Status why);
+
+  boost::asio::io_context& io_;
+  const ConnectionOptions options_;
+  const std::weak_ptr<Listener> listener_;
+  const uint64_t id_;
+  boost::asio::ip::tcp::socket socket_;
+  boost::asio::steady_timer wake_;  // cancelled to wake the write loop
+  boost::asio::steady_timer watchdog_;
+  FrameReader reader_;
+  std::vector<Message> batch_;  // read loop only: messages not yet handed to the listener
+  IdentifyResponse identify_;
+  std::atomic<bool> closed_{false};
+  std::atomic<int64_t> last_read_ns_{0};
+
+  absl::Mutex mu_;
+  std::string out_ ABSL_GUARDED_BY(mu_);
+  bool writer_idle_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<ResponseFn> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// Splits "host:port" / "[v6]:port". InvalidArgument when malformed.
+absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port);
+
+}  // namespace bus::nsq
+
+#endif  // DRIVERS_NSQ_CONNECTION_H_

@@ -1,0 +1,86 @@
+#include "drivers/nsq/lookup.h"
+
+#include <chrono>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "boost/asio/connect.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/redirect_error.hpp"
+#include "boost/asio/steady_timer.hpp"
+#include "boost/asio/use_awaitable.hpp"
+#include "boost/beast/core/flat_buffer.hpp"
+#include "boost/beast/http.hpp"
+#include "drivers/nsq/connection.h"
+#include "drivers/nsq/protocol.h"
+
+namespace bus::nsq {
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+using asio::awaitable;
+using asio::use_awaitable;
+using boost::system::error_code;
+
+awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_context& io,
+                                                                    std::string address,
+                                                                    std::string topic,
+                                                                    absl::Duration timeout) {
+  absl::string_view hostport = address;
+  if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
+  if (const size_t slash = hostport.find('/'); slash != absl::string_view::npos) {
+    hostport = hostport.substr(0, slash);
+  }
+  std::string host, port;
+  if (absl::Status s = SplitHostPort(hostport, &host, &port); !s.ok()) co_return s;
+
+  asio::ip::tcp::socket socket(io);
+  bool timed_out = false;
+  asio::steady_timer deadline(io);
+  deadline.expires_after(absl::ToChronoNanoseconds(timeout));
+  deadline.async_wait([&](const error_code& ec) {
+    if (!ec) {
+      timed_out = true;
+      error_code ignored;
+      socket.close(ignored);
+    }
+  });
+  auto unavailable = [&](absl::string_view what, const error_code& ec) {
+    deadline.cancel();
+    return absl::UnavailableError(absl::StrCat("nsqlookupd ", hostport, ": ", what, ": ",
+                                               timed_out ? "timed out" : ec.message()));
+  };
+
+  error_code ec;
+  asio::ip::tcp::resolver resolver(io);
+  auto endpoints =
+      co_await resolver.async_resolve(host, port, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return unavailable("resolve", ec);
+  co_await asio::async_connect(socket, endpoints, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return unavailable("connect", ec);
+
+  http::request<http::empty_body> req(http::verb::get, absl::StrCat("/lookup?topic=", topic), 11);
+  req.set(http::field::host, std::string(hostport));
+  req.set(http::field::accept, "application/vnd.nsq; version=1.0");
+  req.set(http::field::user_agent, "msgbus-nsq");
+  co_await http::async_write(socket, req, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return unavailable("write", ec);
+
+  boost::beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(4 << 20);
+  co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return unavailable("read", ec);
+  deadline.cancel();
+  error_code ignored;
+  socket.close(ignored);
+
+  const auto& res = parser.get();
+  if (res.result() == http::status::not_found) co_return std::vector<std::string>{};
+  if (res.result() != http::status::ok) {
+    co_return absl::UnavailableError(
+        absl::StrCat("nsqlookupd ", hostport, ": /lookup answered ", res.result_int()));
+  }
+  co_return ParseLookupResponse(res.body());
+}
+
+}  // namespace bus::nsq

@@ -1,0 +1,471 @@
+// NSQ-specific behaviour against real nsqd and nsqlookupd processes: discovery through
+// nsqlookupd, nsqd restarts, a SIGKILLed consumer, bad input (oversized message, bad name,
+// wrong AUTH secret), and delays beyond nsqd's --max-req-timeout.
+
+#include "drivers/nsq/nsq_driver.h"
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/write.hpp"
+#include "boost/beast/core/flat_buffer.hpp"
+#include "boost/beast/http.hpp"
+#include "gtest/gtest.h"
+#include "tests/testing/nsq_server.h"
+#include "tests/testing/process.h"
+
+namespace bus {
+namespace {
+
+using testing::NsqdConfig;
+using testing::NsqdServer;
+using testing::NsqlookupdServer;
+
+constexpr absl::Duration kPatience = absl::Seconds(30);
+
+std::unique_ptr<NsqdServer> StartNsqd(NsqdConfig config = {}) {
+  auto s = NsqdServer::Start(std::move(config));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::shared_ptr<Driver> MakeDriver(NsqOptions options) {
+  options.logger = StderrLogger(LogLevel::kWarning);
+  options.reconnect_backoff_base = absl::Milliseconds(50);
+  options.reconnect_backoff_max = absl::Seconds(1);
+  auto d = NewNsqDriver(std::move(options));
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : nullptr;
+}
+
+// Receives and acks until `want` distinct payloads arrived or the patience runs out.
+std::set<std::string> Drain(Consumer* c, size_t want) {
+  std::set<std::string> seen;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (seen.size() < want && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    absl::Status st = c->Receive(64, absl::Milliseconds(200), {}, &got);
+    if (!st.ok()) continue;  // Unavailable while reconnecting
+    for (const Delivery& d : got) {
+      seen.insert(d.data);
+      (void)c->Ack(d);
+    }
+  }
+  return seen;
+}
+
+TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
+  NsqOptions o;
+  auto d = NewNsqDriver(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(d.status()));
+  o.nsqd_tcp_addresses = {"nohostport"};
+  d = NewNsqDriver(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "nsqd_tcp_addresses"));
+  o.nsqd_tcp_addresses = {"127.0.0.1:1"};
+  o.heartbeat_interval = absl::Milliseconds(10);
+  d = NewNsqDriver(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "heartbeat_interval"));
+}
+
+TEST(NsqDriverTest, UnreachableNsqdIsUnavailable) {
+  auto port = testing::PickFreePort();
+  ASSERT_TRUE(port.ok());
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {absl::StrCat("127.0.0.1:", *port)}});
+  ASSERT_NE(driver, nullptr);
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  // During the backoff the answer comes straight back, without another connect.
+  st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+}
+
+TEST(NsqDriverTest, ConsumerDiscoversEveryNsqdThroughLookupd) {
+  auto lookupd = NsqlookupdServer::Start();
+  ASSERT_TRUE(lookupd.ok()) << lookupd.status();
+  auto a = StartNsqd({.lookupd_tcp_address = (*lookupd)->tcp_address()});
+  auto b = StartNsqd({.lookupd_tcp_address = (*lookupd)->tcp_address()});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto pa = MakeDriver({.nsqd_tcp_addresses = {a->tcp_address()}});
+  auto pb = MakeDriver({.nsqd_tcp_addresses = {b->tcp_address()}});
+  const std::string q = "discovered";
+  std::set<std::string> sent;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(pa->SendToQueue(q, absl::StrCat("a", i), absl::ZeroDuration()).ok());
+    ASSERT_TRUE(pb->SendToQueue(q, absl::StrCat("b", i), absl::ZeroDuration()).ok());
+    sent.insert(absl::StrCat("a", i));
+    sent.insert(absl::StrCat("b", i));
+  }
+  auto consumer_driver = MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()},
+                                     .lookupd_poll_interval = absl::Milliseconds(300)});
+  auto c = consumer_driver->NewConsumer(q, ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Drain(c->get(), sent.size()), sent);
+}
+
+TEST(NsqDriverTest, RdyMovesBetweenMoreConnectionsThanMaxInFlight) {
+  // A queue bound to two topics: three connections, max in flight 1. Messages on every one of
+  // them arrive, one at a time, in a few redistribution intervals each.
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  const std::string q = "rotating";
+  ASSERT_TRUE(driver->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->Subscribe("events-a", q, "").ok());
+  ASSERT_TRUE(driver->Subscribe("events-b", q, "b.#").ok());
+  auto c = driver->NewConsumer(q, ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  std::set<std::string> sent;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(driver->SendToQueue(q, absl::StrCat("q", i), absl::ZeroDuration()).ok());
+    ASSERT_TRUE(driver->SendToTopic("events-a", absl::StrCat("a", i), "x").ok());
+    ASSERT_TRUE(driver->SendToTopic("events-b", absl::StrCat("b", i), "b.y").ok());
+    ASSERT_TRUE(driver->SendToTopic("events-b", "filtered", "c.y").ok());
+    sent.insert({absl::StrCat("q", i), absl::StrCat("a", i), absl::StrCat("b", i)});
+  }
+  std::set<std::string> seen;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (seen.size() < sent.size() && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    ASSERT_TRUE((*c)->Receive(8, absl::Milliseconds(200), {}, &got).ok());
+    EXPECT_LE(got.size(), 1u) << "max in flight is 1";
+    for (const Delivery& d : got) {
+      seen.insert(d.data);
+      EXPECT_TRUE((*c)->Ack(d).ok());
+    }
+  }
+  EXPECT_EQ(seen, sent);
+}
+
+TEST(NsqDriverTest, ProducerAndConsumerSurviveAnNsqdRestart) {
+  // Every message goes to disk, so what nsqd accepted survives its restart.
+  auto nsqd = StartNsqd({.mem_queue_size = 0});
+  ASSERT_NE(nsqd, nullptr);
+  auto producer = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  auto consumer_driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  const std::string q = "restart";
+  ASSERT_TRUE(producer->CreateQueue(q, absl::ZeroDuration()).ok());
+  auto c = consumer_driver->NewConsumer(q, ConsumerOptions{16, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+
+  absl::Mutex mu;
+  std::set<std::string> accepted, seen;
+  std::atomic<bool> publishing{true};
+  std::thread publisher([&] {
+    for (int i = 0; i < 400; ++i) {
+      const std::string m = absl::StrCat("m", i);
+      if (producer->SendToQueue(q, m, absl::ZeroDuration()).ok()) {
+        absl::MutexLock lock(&mu);
+        accepted.insert(m);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    publishing = false;
+  });
+  std::thread consumer([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!publishing &&
+            std::includes(seen.begin(), seen.end(), accepted.begin(), accepted.end())) {
+          return;
+        }
+      }
+      std::vector<Delivery> got;
+      if (!(*c)->Receive(32, absl::Milliseconds(100), {}, &got).ok()) continue;
+      for (const Delivery& d : got) {
+        (void)(*c)->Ack(d);  // may fail across the restart; nsqd then delivers it again
+        absl::MutexLock lock(&mu);
+        seen.insert(d.data);
+      }
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(600));
+  nsqd->Kill(SIGTERM);  // nsqd writes in-flight and in-memory messages to disk on SIGTERM
+  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(nsqd->Restart().ok());
+  publisher.join();
+  consumer.join();
+  absl::MutexLock lock(&mu);
+  EXPECT_GT(accepted.size(), 100u);
+  EXPECT_LT(accepted.size(), 400u) << "some publishes should have failed while nsqd was down";
+  for (const std::string& m : accepted) EXPECT_TRUE(seen.contains(m)) << m << " was lost";
+  EXPECT_GE(producer->Stats().reconnects, 1u);
+  EXPECT_GE(consumer_driver->Stats().reconnects, 1u);
+}
+
+TEST(NsqDriverTest, AKilledConsumersMessagesAreRedeliveredAfterTheLease) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  const std::string q = "orphaned";
+  std::set<std::string> sent;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(driver->SendToQueue(q, absl::StrCat("o", i), absl::ZeroDuration()).ok());
+    sent.insert(absl::StrCat("o", i));
+  }
+  const std::string marker = testing::MakeTempDir("hold") + "/held";
+  auto child = testing::ChildProcess::Start(
+      {"drivers/nsq/nsq_hold_consumer", nsqd->tcp_address(), q, "5", "2000", marker});
+  ASSERT_TRUE(child.ok()) << child.status();
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!std::filesystem::exists(marker) && absl::Now() < deadline && (*child)->Running()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(marker)) << "the child never held the messages";
+  (*child)->Kill(SIGKILL);
+
+  auto c = driver->NewConsumer(q, ConsumerOptions{16, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  std::set<std::string> seen;
+  int min_attempts = 1000;
+  const absl::Time until = absl::Now() + kPatience;
+  while (seen.size() < sent.size() && absl::Now() < until) {
+    std::vector<Delivery> got;
+    ASSERT_TRUE((*c)->Receive(16, absl::Milliseconds(200), {}, &got).ok());
+    for (const Delivery& d : got) {
+      seen.insert(d.data);
+      min_attempts = std::min(min_attempts, d.attempts);
+      EXPECT_TRUE((*c)->Ack(d).ok());
+    }
+  }
+  EXPECT_EQ(seen, sent);
+  EXPECT_GE(min_attempts, 2) << "each was delivered to the killed consumer first";
+}
+
+TEST(NsqDriverTest, OversizedMessageIsAClearErrorWithoutAReconnectStorm) {
+  auto nsqd = StartNsqd({.max_msg_size = 1000});
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  ASSERT_TRUE(driver->SendToQueue("big", "small", absl::ZeroDuration()).ok());
+  for (int i = 0; i < 3; ++i) {
+    absl::Status st = driver->SendToQueue("big", std::string(5000, 'x'), absl::ZeroDuration());
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "E_BAD_MESSAGE")) << st;
+    EXPECT_TRUE(driver->SendToQueue("big", "small", absl::ZeroDuration()).ok());
+  }
+  // nsqd closes the connection after E_BAD_MESSAGE: one reconnect per rejected message.
+  EXPECT_LE(driver->Stats().reconnects, 3u);
+
+  // The driver's own limit answers before any I/O.
+  auto strict = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}, .max_message_bytes = 100});
+  absl::Status st = strict->SendToQueue("big", std::string(101, 'x'), absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(strict->Stats().reconnects, 0u);
+  EXPECT_TRUE(absl::IsInvalidArgument(driver->SendToTopic("bad topic", "x", "k")));
+}
+
+// A minimal nsqd auth server: GET /auth?secret=... grants everything to "right", 403 otherwise.
+class AuthServer {
+ public:
+  AuthServer() : acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~AuthServer() {
+    stop_ = true;
+    boost::system::error_code ec;
+    boost::asio::ip::tcp::socket s(io_);
+    s.connect(acceptor_.local_endpoint(), ec);  // unblocks accept()
+    thread_.join();
+  }
+  std::string address() const {
+    return absl::StrCat("127.0.0.1:", acceptor_.local_endpoint().port());
+  }
+  int requests() const { return requests_.load(); }
+
+ private:
+  void Run() {
+    namespace http = boost::beast::http;
+    while (!stop_) {
+      boost::asio::ip::tcp::socket socket(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (ec || stop_) continue;
+      boost::beast::flat_buffer buffer;
+      http::request<http::string_body> req;
+      http::read(socket, buffer, req, ec);
+      if (ec) continue;
+      requests_.fetch_add(1);
+      const bool ok = absl::StrContains(std::string(req.target()), "secret=right");
+      http::response<http::string_body> res(ok ? http::status::ok : http::status::forbidden, 11);
+      res.set(http::field::content_type, "application/json");
+      res.body() =
+          ok ? R"({"ttl":3600,"identity":"test","authorizations":[)"
+               R"({"topic":".*","channels":[".*"],"permissions":["subscribe","publish"]}]})"
+             : R"({"message":"NOT_AUTHORIZED"})";
+      res.prepare_payload();
+      http::write(socket, res, ec);
+    }
+  }
+
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+};
+
+TEST(NsqDriverTest, AuthWithTheRightSecretWorksAndAWrongOneFailsClearlyWithoutAStorm) {
+  AuthServer auth;
+  auto nsqd = StartNsqd({.auth_http_address = auth.address()});
+  ASSERT_NE(nsqd, nullptr);
+
+  auto right = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}, .auth_secret = "right"});
+  ASSERT_TRUE(right->SendToQueue("authq", "hello", absl::ZeroDuration()).ok());
+  auto c = right->NewConsumer("authq", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(Drain(c->get(), 1), std::set<std::string>{"hello"});
+
+  auto none = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  absl::Status st = none->SendToQueue("authq", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+
+  const int before = auth.requests();
+  auto wrong = MakeDriver(
+      {.nsqd_tcp_addresses = {nsqd->tcp_address()}, .auth_secret = "wrong-secret-value"});
+  for (int i = 0; i < 50; ++i) {
+    st = wrong->SendToQueue("authq", "x", absl::ZeroDuration());
+    EXPECT_FALSE(st.ok());
+    EXPECT_FALSE(absl::StrContains(st.message(), "wrong-secret-value")) << "secret leaked";
+  }
+  st = wrong->SendToQueue("authq", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnauthenticated(st) || absl::StrContains(st.message(), "E_AUTH_FAILED"))
+      << st;
+  // 50 publishes in quick succession: the backoff let only a few reach nsqd.
+  EXPECT_LE(auth.requests() - before, 4);
+
+  auto wc = wrong->NewConsumer("authq", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(wc.ok());
+  absl::Status rst;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (rst.ok() && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    rst = (*wc)->Receive(1, absl::Milliseconds(200), {}, &got);
+  }
+  EXPECT_TRUE(absl::IsUnauthenticated(rst)) << rst;
+}
+
+// A fake nsqd that answers every connection with fixed bytes after reading the client's first
+// bytes, then keeps the socket open until the test ends.
+class FakeNsqd {
+ public:
+  explicit FakeNsqd(std::string reply)
+      : reply_(std::move(reply)), acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FakeNsqd() {
+    stop_ = true;
+    boost::system::error_code ec;
+    boost::asio::ip::tcp::socket s(io_);
+    s.connect(acceptor_.local_endpoint(), ec);
+    thread_.join();
+  }
+  std::string address() const {
+    return absl::StrCat("127.0.0.1:", acceptor_.local_endpoint().port());
+  }
+  int connections() const { return connections_.load(); }
+
+ private:
+  void Run() {
+    std::vector<std::unique_ptr<boost::asio::ip::tcp::socket>> open;
+    while (!stop_) {
+      auto socket = std::make_unique<boost::asio::ip::tcp::socket>(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(*socket, ec);
+      if (ec || stop_) continue;
+      connections_.fetch_add(1);
+      char buf[256];
+      socket->read_some(boost::asio::buffer(buf), ec);
+      boost::asio::write(*socket, boost::asio::buffer(reply_), ec);
+      open.push_back(std::move(socket));
+    }
+  }
+
+  const std::string reply_;
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+};
+
+std::string FrameBytes(uint32_t size, uint32_t type, const std::string& data) {
+  std::string out;
+  for (uint32_t v : {size, type}) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(v >> shift));
+  }
+  return out + data;
+}
+
+TEST(NsqDriverTest, MalformedFramesCloseTheConnectionWithAClearError) {
+  // A size field of ~4 GiB: never allocated, never trusted.
+  FakeNsqd huge(FrameBytes(0xFFFFFFF0u, 0, ""));
+  auto d1 = MakeDriver({.nsqd_tcp_addresses = {huge.address()}});
+  absl::Status st = d1->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "bad frame")) << st;
+
+  // A frame of an unknown type.
+  FakeNsqd type(FrameBytes(6, 7, "OK"));
+  auto d2 = MakeDriver({.nsqd_tcp_addresses = {type.address()}});
+  st = d2->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "type")) << st;
+
+  // A consumer whose nsqd accepts IDENTIFY and SUB, then sends a message frame shorter than
+  // the message header: Receive reports the broken connection, and it is retried with backoff.
+  FakeNsqd short_message(FrameBytes(6, 0, "OK") + FrameBytes(6, 0, "OK") +
+                         FrameBytes(10, 2, "short!"));
+  auto d3 = MakeDriver({.nsqd_tcp_addresses = {short_message.address()}});
+  auto c = d3->NewConsumer("q", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  absl::Status rst;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (rst.ok() && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    rst = (*c)->Receive(1, absl::Milliseconds(200), {}, &got);
+    EXPECT_TRUE(got.empty());
+  }
+  EXPECT_TRUE(absl::IsUnavailable(rst)) << rst;
+  EXPECT_TRUE(absl::StrContains(rst.message(), "message frame")) << rst;
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_LT(short_message.connections(), 10) << "reconnects must back off";
+}
+
+TEST(NsqDriverTest, DelayLongerThanNsqdsMaxReqTimeoutIsHonoured) {
+  auto nsqd = StartNsqd({.max_req_timeout = "2s"});
+  ASSERT_NE(nsqd, nullptr);
+  auto driver =
+      MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}, .max_defer = absl::Seconds(2)});
+  const std::string q = "longdelay";
+  ASSERT_TRUE(driver->CreateQueue(q, absl::ZeroDuration()).ok());
+  const absl::Time sent_at = absl::Now();
+  ASSERT_TRUE(driver->SendToQueue(q, "late", absl::Seconds(7)).ok());
+  auto c = driver->NewConsumer(q, ConsumerOptions{4, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (got.empty() && absl::Now() < deadline) {
+    ASSERT_TRUE((*c)->Receive(1, absl::Milliseconds(200), {}, &got).ok());
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].data, "late");
+  EXPECT_GE(absl::Now() - sent_at, absl::Seconds(7)) << "delivered before its delay";
+  EXPECT_TRUE((*c)->Ack(got[0]).ok());
+}
+
+}  // namespace
+}  // namespace bus
