@@ -14,7 +14,12 @@
 //
 //   bazel run //examples/quickstart -- --driver=redis --stores=redis --redis=127.0.0.1:6379
 //
-// (the password, if any, from the REDIS_PASSWORD environment variable). Each run
+// (the password, if any, from the REDIS_PASSWORD environment variable). Against NSQ (nsqd for
+// publishing, nsqlookupd for discovery; SQLite stores):
+//
+//   bazel run //examples/quickstart -- --driver=nsq --nsqd=127.0.0.1:4150 --lookupd=127.0.0.1:4161
+//
+// Each run
 // uses a queue of its own ("orders-<run id>"), so runs over the same file do not see each
 // other's keys, and the dead letters of every run stay in the file for inspection:
 //
@@ -25,6 +30,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
@@ -36,6 +42,7 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
@@ -50,10 +57,14 @@ ABSL_FLAG(int, concurrency, 4, "handlers running at once");
 ABSL_FLAG(std::string, db, "/tmp/bus-quickstart.db",
           "SQLite file for dead letters and idempotency keys (created if missing)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "give up waiting after this long");
-ABSL_FLAG(std::string, driver, "memory", "broker: memory or redis");
+ABSL_FLAG(std::string, driver, "memory", "broker: memory, redis or nsq");
 ABSL_FLAG(std::string, stores, "sqlite",
           "dead-letter and idempotency stores: sqlite, redis or memory");
 ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis server host:port (--driver/--stores=redis)");
+ABSL_FLAG(std::vector<std::string>, nsqd, {"127.0.0.1:4150"},
+          "nsqd TCP addresses, comma-separated (--driver=nsq)");
+ABSL_FLAG(std::vector<std::string>, lookupd, {},
+          "nsqlookupd HTTP addresses, comma-separated (--driver=nsq; optional)");
 
 namespace {
 
@@ -100,6 +111,16 @@ absl::StatusOr<Backend> MakeBackend() {
     absl::StatusOr<bus::RedisOptions> redis = RedisFromFlags();
     if (!redis.ok()) return redis.status();
     absl::StatusOr<std::shared_ptr<bus::Driver>> d = bus::NewRedisDriver(*redis);
+    if (!d.ok()) return d.status();
+    b.driver = *d;
+  } else if (driver == "nsq") {
+    bus::NsqOptions nsq;
+    nsq.nsqd_tcp_addresses = absl::GetFlag(FLAGS_nsqd);
+    nsq.lookupd_http_addresses = absl::GetFlag(FLAGS_lookupd);
+    if (const char* secret = std::getenv("NSQ_AUTH_SECRET"); secret != nullptr) {
+      nsq.auth_secret = secret;
+    }
+    absl::StatusOr<std::shared_ptr<bus::Driver>> d = bus::NewNsqDriver(nsq);
     if (!d.ok()) return d.status();
     b.driver = *d;
   } else {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/nsq_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 
@@ -64,6 +65,23 @@ TEST(QuickstartBackendsTest, AddsUpOnTheRedisDriverWithSqliteStores) {
                           &out),
             0)
       << out;
+  RemoveTree(dir);
+}
+
+TEST(QuickstartBackendsTest, AddsUpOnTheNsqDriverDiscoveredThroughLookupd) {
+  auto lookupd = NsqlookupdServer::Start();
+  ASSERT_TRUE(lookupd.ok()) << lookupd.status();
+  auto nsqd = NsqdServer::Start({.lookupd_tcp_address = (*lookupd)->tcp_address()});
+  ASSERT_TRUE(nsqd.ok()) << nsqd.status();
+  const std::string dir = MakeTempDir("quickstart-db");
+  std::string out;
+  EXPECT_EQ(RunQuickstart({"--driver=nsq", absl::StrCat("--db=", dir, "/bus.db"),
+                           absl::StrCat("--nsqd=", (*nsqd)->tcp_address()),
+                           absl::StrCat("--lookupd=", (*lookupd)->http_address())},
+                          &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("nsq driver, SQLite"), std::string::npos) << out;
   RemoveTree(dir);
 }
 
