@@ -7,10 +7,22 @@
 //
 // Exits 0 when they do, 1 otherwise.
 //
-//   bazel run //examples/quickstart -- --orders=300
+//   bazel run //examples/quickstart -- --orders=300 --db=/tmp/bus-quickstart.db
+//
+// By default the broker is the in-process memory driver and dead letters and idempotency keys
+// live in a SQLite file (the embedded default; --db). Against a Redis server:
+//
+//   bazel run //examples/quickstart -- --driver=redis --stores=redis --redis=127.0.0.1:6379
+//
+// (the password, if any, from the REDIS_PASSWORD environment variable). Each run
+// uses a queue of its own ("orders-<run id>"), so runs over the same file do not see each
+// other's keys, and the dead letters of every run stay in the file for inspection:
+//
+//   sqlite3 /tmp/bus-quickstart.db "SELECT queue, reason FROM dead_letters"
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -24,12 +36,24 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_db.h"
 
 ABSL_FLAG(int, orders, 300, "distinct orders to publish");
 ABSL_FLAG(int, concurrency, 4, "handlers running at once");
+ABSL_FLAG(std::string, db, "/tmp/bus-quickstart.db",
+          "SQLite file for dead letters and idempotency keys (created if missing)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "give up waiting after this long");
+ABSL_FLAG(std::string, driver, "memory", "broker: memory or redis");
+ABSL_FLAG(std::string, stores, "sqlite",
+          "dead-letter and idempotency stores: sqlite, redis or memory");
+ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis server host:port (--driver/--stores=redis)");
 
 namespace {
 
@@ -44,24 +68,96 @@ Kind KindOf(int i) {
   return Kind::kOk;
 }
 
+struct Backend {
+  std::shared_ptr<bus::Driver> driver;
+  std::shared_ptr<bus::DeadLetterStore> dead_letters;
+  std::shared_ptr<bus::IdempotencyStore> idempotency;
+  std::string description;
+};
+
+absl::StatusOr<bus::RedisOptions> RedisFromFlags() {
+  bus::RedisOptions redis;
+  const std::string addr = absl::GetFlag(FLAGS_redis);
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &redis.port)) {
+    return absl::InvalidArgumentError(absl::StrCat("--redis: want host:port, got \"", addr, "\""));
+  }
+  redis.host = addr.substr(0, colon);
+  if (const char* password = std::getenv("REDIS_PASSWORD"); password != nullptr) {
+    redis.password = password;
+  }
+  return redis;
+}
+
+// The driver and stores the flags ask for.
+absl::StatusOr<Backend> MakeBackend() {
+  Backend b;
+  const std::string driver = absl::GetFlag(FLAGS_driver);
+  const std::string stores = absl::GetFlag(FLAGS_stores);
+  if (driver == "memory") {
+    b.driver = bus::NewMemoryDriver();
+  } else if (driver == "redis") {
+    absl::StatusOr<bus::RedisOptions> redis = RedisFromFlags();
+    if (!redis.ok()) return redis.status();
+    absl::StatusOr<std::shared_ptr<bus::Driver>> d = bus::NewRedisDriver(*redis);
+    if (!d.ok()) return d.status();
+    b.driver = *d;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--driver: unknown \"", driver, "\""));
+  }
+  if (stores == "sqlite") {
+    bus::SqliteOptions sqlite;
+    sqlite.path = absl::GetFlag(FLAGS_db);
+    absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
+    if (!db.ok()) return db.status();
+    b.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+    b.idempotency = bus::NewSqliteIdempotencyStore(*db);
+    b.description = absl::StrCat("SQLite ", sqlite.path);
+  } else if (stores == "redis") {
+    absl::StatusOr<bus::RedisOptions> redis = RedisFromFlags();
+    if (!redis.ok()) return redis.status();
+    absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> dl = bus::NewRedisDeadLetterStore(*redis);
+    if (!dl.ok()) return dl.status();
+    absl::StatusOr<std::shared_ptr<bus::IdempotencyStore>> idem =
+        bus::NewRedisIdempotencyStore(*redis);
+    if (!idem.ok()) return idem.status();
+    b.dead_letters = *dl;
+    b.idempotency = *idem;
+    b.description = absl::StrCat("Redis ", absl::GetFlag(FLAGS_redis));
+  } else if (stores == "memory") {
+    b.dead_letters = bus::NewMemoryDeadLetterStore();
+    b.idempotency = bus::NewMemoryIdempotencyStore();
+    b.description = "memory";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--stores: unknown \"", stores, "\""));
+  }
+  b.description = absl::StrCat(driver, " driver, ", b.description, " stores");
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int orders = absl::GetFlag(FLAGS_orders);
 
-  std::shared_ptr<bus::Driver> driver = bus::NewMemoryDriver();
-  std::shared_ptr<bus::DeadLetterStore> dead_letters = bus::NewMemoryDeadLetterStore();
-  std::shared_ptr<bus::IdempotencyStore> idempotency = bus::NewMemoryIdempotencyStore();
+  absl::StatusOr<Backend> backend = MakeBackend();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "quickstart: %s\n", backend.status().ToString().c_str());
+    return 1;
+  }
+  const std::shared_ptr<bus::Driver> driver = backend->driver;
+  const std::shared_ptr<bus::DeadLetterStore> dead_letters = backend->dead_letters;
+  const std::string queue = absl::StrCat("orders-", absl::Hex(absl::ToUnixNanos(absl::Now())));
 
   absl::Mutex mu;
   absl::flat_hash_map<std::string, int> failures;  // per order, for the transient ones
 
   bus::HandlerOptions options;
-  options.queue = "orders";
+  options.queue = queue;
   options.driver = driver;
   options.dead_letters = dead_letters;
-  options.idempotency = idempotency;
+  options.idempotency = backend->idempotency;
   options.logger = bus::StderrLogger(bus::LogLevel::kError);
   options.concurrency = absl::GetFlag(FLAGS_concurrency);
   options.max_in_flight = options.concurrency * 4;
@@ -105,7 +201,7 @@ int main(int argc, char** argv) {
     const int copies = KindOf(i) == Kind::kDuplicated ? 2 : 1;
     for (int c = 0; c < copies; ++c) {
       absl::StatusOr<std::string> id = publisher.SendToQueue(
-          "orders", bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
+          queue, bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
       if (!id.ok()) {
         std::fprintf(stderr, "quickstart: publish: %s\n", id.status().ToString().c_str());
         return 1;
@@ -130,8 +226,14 @@ int main(int argc, char** argv) {
   (*handler)->Stop();
   runner.join();
   s = (*handler)->Stats();
-  const int64_t letters = *dead_letters->Count("orders");
+  const absl::StatusOr<int64_t> counted = dead_letters->Count(queue);
+  if (!counted.ok()) {
+    std::fprintf(stderr, "quickstart: %s\n", counted.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t letters = *counted;
 
+  std::printf("backend         %s, queue %s\n", backend->description.c_str(), queue.c_str());
   std::printf("published       %d (%d orders, %d duplicate copies)\n", published, orders,
               expect_duplicates);
   std::printf("received        %llu\n", static_cast<unsigned long long>(s.received));

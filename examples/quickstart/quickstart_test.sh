@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Runs the quickstart and checks that its summary adds up (it exits non-zero otherwise).
+# Runs the quickstart twice over one SQLite file and checks that each summary adds up (it exits
+# non-zero otherwise) and that the dead letters of both runs are in the file.
 set -euo pipefail
-out=$("${TEST_SRCDIR}/${TEST_WORKSPACE}/examples/quickstart/quickstart" --orders=300)
-echo "$out"
-grep -q "check .*: OK$" <<<"$out"
+bin="${TEST_SRCDIR}/${TEST_WORKSPACE}/examples/quickstart/quickstart"
+db="${TEST_TMPDIR}/bus.db"
+for run in 1 2; do
+  out=$("$bin" --orders=300 --db="$db")
+  echo "$out"
+  grep -q "check .*: OK$" <<<"$out"
+done

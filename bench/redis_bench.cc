@@ -1,0 +1,263 @@
+// Redis driver throughput, side by side with redis-benchmark against the same server:
+//
+//  1. limit:  redis-benchmark -P 16 -t lpush (the server's pipelined LPUSH rate)
+//  2. sends:  envelopes sent with Publisher::SendBatchToQueue (one script per 100 messages,
+//             pipelined) from --producers threads
+//  3. e2e:    a Handler with a no-op handle function, Redis dead-letter and idempotency stores,
+//             draining a pre-filled queue (one consumer process)
+//
+// Each rate is printed with its ratio to the limit. The program starts its own redis-server
+// (persistence off) on a free loopback port, or uses --port.
+//
+//   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
+
+#include <sys/wait.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bus/handler.h"
+#include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
+#include "drivers/redis/redis_driver.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/redis_server.h"
+
+ABSL_FLAG(int, port, 0, "Use the redis-server on 127.0.0.1:port (0: start one)");
+ABSL_FLAG(int, messages, 300000, "Messages for the send benchmark");
+ABSL_FLAG(int, e2e_messages, 100000, "Messages for the end-to-end benchmark");
+ABSL_FLAG(int, payload, 100, "Payload bytes per message");
+ABSL_FLAG(int, batch, 100, "Messages per SendBatchToQueue call");
+ABSL_FLAG(int, producers, 2, "Producer threads");
+ABSL_FLAG(int, concurrency, 16, "Handler concurrency");
+ABSL_FLAG(int, max_in_flight, 512, "Handler max in flight (prefetch)");
+ABSL_FLAG(bool, memory_baseline, false,
+          "Also run the end-to-end benchmark on the memory driver and memory stores");
+ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");
+ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command script");
+ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
+ABSL_FLAG(int, mix_threads, 0, "Only measure acquire+mark-done+ack loops from N threads");
+ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
+
+namespace {
+
+double RedisBenchmarkLpush(int port) {
+  const std::string cmd =
+      absl::StrCat("redis-benchmark -h 127.0.0.1 -p ", port, " -P 16 -t lpush -q -n ",
+                   absl::GetFlag(FLAGS_limit_requests), " 2>/dev/null");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return 0;
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  pclose(pipe);
+  // "LPUSH: 523560.22 requests per second, p50=..." (possibly after \r progress lines).
+  const size_t at = out.rfind("LPUSH: ");
+  if (at == std::string::npos) return 0;
+  double rate = 0;
+  absl::string_view rest(out.data() + at + 7);
+  (void)absl::SimpleAtod(rest.substr(0, rest.find(' ')), &rate);
+  return rate;
+}
+
+std::vector<bus::Outgoing> Batch(int n, int payload) {
+  std::vector<bus::Outgoing> out(n);
+  for (auto& o : out) o.payload = std::string(payload, 'x');
+  return out;
+}
+
+double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queue, int messages) {
+  const int producers = absl::GetFlag(FLAGS_producers);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int payload = absl::GetFlag(FLAGS_payload);
+  std::atomic<int> next{0};
+  std::atomic<bool> failed{false};
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < producers; ++t) {
+    threads.emplace_back([&] {
+      bus::Publisher publisher(driver);
+      while (next.fetch_add(batch) < messages) {
+        auto ids = publisher.SendBatchToQueue(queue, Batch(batch, payload));
+        if (!ids.ok()) {
+          std::fprintf(stderr, "send failed: %s\n", ids.status().ToString().c_str());
+          failed = true;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const absl::Duration took = absl::Now() - start;
+  if (failed) return 0;
+  const int sent = (messages + batch - 1) / batch * batch;
+  return sent / absl::ToDoubleSeconds(took);
+}
+
+double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
+                std::shared_ptr<bus::DeadLetterStore> dead_letters,
+                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages) {
+  static int run = 0;
+  const std::string queue = absl::StrCat("bench-e2e-", run++);
+  if (Sends(driver, queue, messages) <= 0) return 0;
+  bus::HandlerOptions h;
+  h.queue = queue;
+  h.driver = driver;
+  h.dead_letters = std::move(dead_letters);
+  h.idempotency = std::move(idempotency);
+  h.handle = [](const bus::Message&) { return absl::OkStatus(); };
+  h.concurrency = absl::GetFlag(FLAGS_concurrency);
+  h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  h.replay_interval = absl::ZeroDuration();
+  h.logger = bus::NullLogger();
+  auto handler = bus::Handler::Create(h);
+  if (!handler.ok()) {
+    std::fprintf(stderr, "handler: %s\n", handler.status().ToString().c_str());
+    return 0;
+  }
+  const absl::Time start = absl::Now();
+  std::thread runner([&] { (void)(*handler)->Run(); });
+  const int total = (messages + absl::GetFlag(FLAGS_batch) - 1) / absl::GetFlag(FLAGS_batch) *
+                    absl::GetFlag(FLAGS_batch);
+  absl::Time done = start;
+  const absl::Time give_up = start + absl::Minutes(10);
+  while (absl::Now() < give_up) {
+    const bus::HandlerStats s = (*handler)->Stats();
+    if (s.succeeded + s.duplicates >= static_cast<uint64_t>(total)) {
+      done = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  (*handler)->Stop();
+  runner.join();
+  const bus::HandlerStats s = (*handler)->Stats();
+  std::printf("e2e stats: %s\n", s.ToString().c_str());
+  if (done == start) return 0;
+  return total / absl::ToDoubleSeconds(done - start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::unique_ptr<bus::testing::RedisServer> server;
+  int port = absl::GetFlag(FLAGS_port);
+  if (port == 0) {
+    auto started = bus::testing::RedisServer::Start({});
+    if (!started.ok()) {
+      std::fprintf(stderr, "redis-server: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    server = std::move(*started);
+    port = server->port();
+  }
+  bus::RedisOptions options;
+  options.port = port;
+  options.logger = bus::NullLogger();
+  auto driver = bus::NewRedisDriver(options);
+  if (!driver.ok()) return 1;
+
+  if (const int threads = absl::GetFlag(FLAGS_mix_threads); threads > 0) {
+    // The store and ack calls of the end-to-end path, without the Handler.
+    auto idem = bus::NewRedisIdempotencyStore(options);
+    auto consumer = (*driver)->NewConsumer("mix", {1, absl::Seconds(30)});
+    constexpr int kLoops = 10000;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kLoops; ++i) {
+          const std::string key = absl::StrCat("mix.", t, ".", i);
+          (void)(*idem)->Acquire(key, "owner", absl::Seconds(15));
+          (void)(*idem)->MarkDone(key, "owner", absl::Hours(1));
+          bus::Delivery d;
+          d.receipt = absl::StrCat(key, ":1");
+          (void)(*consumer)->Ack(d);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const absl::Duration took = absl::Now() - start;
+    std::printf("mix: %d threads, %.0f loops/s (3 calls each)\n", threads,
+                threads * kLoops / absl::ToDoubleSeconds(took));
+    return 0;
+  }
+  if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
+    bus::redis::IoThread io;
+    auto conn = bus::redis::Connection::Create(&io, bus::ToConnectionOptions(options));
+    constexpr int kPings = 20000;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&] {
+        static const bus::redis::Script script("return redis.call('HGET', KEYS[1], ARGV[1])");
+        for (int i = 0; i < kPings; ++i) {
+          if (absl::GetFlag(FLAGS_ping_raw)) {
+            (void)conn->Command({"HGET", "k", "f"}, absl::Seconds(5));
+          } else if (absl::GetFlag(FLAGS_ping_eval)) {
+            (void)conn->Eval(script, {{"1", "k", "f"}}, absl::Seconds(5));
+          } else {
+            (void)conn->Command({"PING"}, absl::Seconds(5));
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    const absl::Duration took = absl::Now() - start;
+    std::printf("ping: %d threads, %.0f calls/s, %.1f us per call per thread\n", threads,
+                threads * kPings / absl::ToDoubleSeconds(took),
+                absl::ToDoubleMicroseconds(took) / kPings);
+    conn->Shutdown();
+    return 0;
+  }
+  const double limit = RedisBenchmarkLpush(port);
+  std::printf("limit  redis-benchmark -P 16 -t lpush: %.0f requests/s\n", limit);
+  const double sends = Sends(*driver, "bench-send", absl::GetFlag(FLAGS_messages));
+  std::printf(
+      "sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s"
+      "  ratio %.2f\n",
+      absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload),
+      sends, limit > 0 ? sends / limit : 0);
+  auto dead_letters = bus::NewRedisDeadLetterStore(options);
+  auto idempotency = bus::NewRedisIdempotencyStore(options);
+  if (!dead_letters.ok() || !idempotency.ok()) return 1;
+  const double e2e =
+      EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages));
+  std::printf(
+      "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d): %.0f msg/s"
+      "  ratio %.2f\n",
+      absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight), e2e,
+      limit > 0 ? e2e / limit : 0);
+  if (absl::GetFlag(FLAGS_memory_baseline)) {
+    const double mixed =
+        EndToEnd(*driver, bus::NewMemoryDeadLetterStore(), bus::NewMemoryIdempotencyStore(),
+                 absl::GetFlag(FLAGS_e2e_messages));
+    std::printf(
+        "e2e    (baseline) same Handler on the Redis driver with memory stores: %.0f msg/s\n",
+        mixed);
+    const double mem =
+        EndToEnd(bus::NewMemoryDriver(), bus::NewMemoryDeadLetterStore(),
+                 bus::NewMemoryIdempotencyStore(), absl::GetFlag(FLAGS_e2e_messages));
+    std::printf(
+        "e2e    (baseline) same Handler on the memory driver and memory stores: %.0f msg/s\n", mem);
+  }
+  const double limit_after = RedisBenchmarkLpush(port);
+  std::printf("limit  (again, after): %.0f requests/s\n", limit_after);
+  return 0;
+}

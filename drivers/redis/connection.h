@@ -1,0 +1,165 @@
+// A Redis client connection over Boost.Asio, speaking RESP2 with hiredis's
+// redisFormatCommandArgv (requests) and redisReader (replies). Debian's hiredis 0.14 has no
+// async timeouts and no TLS, so the socket, the deadlines and the reconnection live here.
+//
+//   auto io = std::make_shared<bus::redis::IoThread>();
+//   auto conn = bus::redis::Connection::Create(io, {.port = 6379});
+//   absl::StatusOr<bus::redis::Reply> r = conn->Command({"PING"}, absl::Seconds(1));
+//   ...
+//   conn->Shutdown();  // before `io` is destroyed
+//
+//  - Pipelining: requests from any number of threads are written back to back on one socket
+//    without waiting for earlier replies; replies are matched to requests in order.
+//  - Deadlines: every request has one. A request still queued or unanswered at its deadline
+//    fails with DeadlineExceeded; when it was already written, the socket is closed (the server
+//    may be hung) and the next request reconnects.
+//  - Reconnection: the connection is opened lazily by the first request and re-opened after a
+//    loss, with exponential backoff and full jitter (BackoffDelay) between failed attempts.
+//    Requests that were written on a lost connection fail with Unavailable; they are not
+//    re-sent (the caller decides what is safe to repeat). Each re-established connection calls
+//    `on_reconnect`.
+//  - Handshake: AUTH (password, or ACL username and password) and SELECT run on every
+//    (re)connect before any request is written.
+//  - Scripts: Eval() runs a Lua script with EVALSHA, loading it (SCRIPT LOAD) the first time
+//    and again after NOSCRIPT (a restarted or failed-over server has no scripts).
+//
+// Errors (Status codes): Unavailable (cannot connect, connection lost), DeadlineExceeded (the
+// request's deadline passed), Cancelled (the request's stop token fired), Unauthenticated
+// (AUTH refused), Internal (protocol error). A Redis error reply is not a transport error: it is
+// returned as a Reply of type kError inside an OK result.
+//
+// Ownership: a Connection must be Shutdown() before the IoThread it runs on is destroyed.
+// Thread-safety: Execute/Command/Eval/Shutdown are safe from any thread except the IoThread's.
+
+#ifndef DRIVERS_REDIS_CONNECTION_H_
+#define DRIVERS_REDIS_CONNECTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/bit_gen_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "boost/asio/executor_work_guard.hpp"
+#include "boost/asio/io_context.hpp"
+
+namespace bus::redis {
+
+// One RESP2 reply, copied out of hiredis's redisReply tree.
+struct Reply {
+  enum class Type { kString, kArray, kInteger, kNil, kStatus, kError };
+  Type type = Type::kNil;
+  std::string str;  // kString, kStatus, kError
+  int64_t integer = 0;
+  std::vector<Reply> elements;  // kArray
+
+  bool is_error() const { return type == Type::kError; }
+  bool is_nil() const { return type == Type::kNil; }
+};
+
+// A Redis error reply as a Status: NOSCRIPT, BUSY, LOADING, MASTERDOWN, TRYAGAIN and READONLY
+// are Unavailable (retry later); NOAUTH, WRONGPASS are Unauthenticated; NOPERM is
+// PermissionDenied; others are Internal. OK for a reply that is not an error.
+absl::Status ReplyStatus(const Reply& reply);
+
+struct ConnectionOptions {
+  // Server address. Default 127.0.0.1:6379.
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  // ACL user; empty: the default user (AUTH <password>).
+  std::string username;
+  // Password for AUTH; empty: no AUTH. Never logged or included in errors.
+  std::string password;
+  // Database for SELECT; 0 skips SELECT.
+  int db = 0;
+  // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
+  absl::Duration connect_timeout = absl::Seconds(2);
+  // Backoff between failed connect attempts: full jitter over base * 2^(attempt-1), capped.
+  absl::Duration backoff_base = absl::Milliseconds(50);
+  absl::Duration backoff_max = absl::Seconds(2);
+};
+
+// Full-jitter exponential backoff: a uniformly random duration in
+// [0, min(max, base * 2^(attempt - 1))]. attempt >= 1; a pure function of its inputs.
+absl::Duration BackoffDelay(int attempt, absl::Duration base, absl::Duration max,
+                            absl::BitGenRef gen);
+
+// An io_context run by one background thread. Its destructor returns once every Connection on
+// it has been Shutdown() and their operations have finished.
+class IoThread {
+ public:
+  IoThread();
+  ~IoThread();
+  IoThread(const IoThread&) = delete;
+  IoThread& operator=(const IoThread&) = delete;
+
+  boost::asio::io_context& io() { return io_; }
+  bool InThisThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_;
+  std::thread thread_;
+};
+
+// A Lua script run by SHA, with its source for SCRIPT LOAD.
+struct Script {
+  explicit Script(std::string src) : source(std::move(src)) {}
+  std::string source;
+};
+
+class Connection {
+ public:
+  static std::shared_ptr<Connection> Create(IoThread* io, ConnectionOptions options,
+                                            std::function<void()> on_reconnect = nullptr);
+  ~Connection();
+
+  // Sends `commands` back to back and returns one reply per command, in order. The result is
+  // an error only for transport failures (see the header comment); each reply may be a Redis
+  // error. `timeout` bounds the whole call; `stop` cancels it (Cancelled).
+  absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
+                                             absl::Duration timeout, std::stop_token stop = {});
+
+  // One command. Like Execute().
+  absl::StatusOr<Reply> Command(std::vector<std::string> args, absl::Duration timeout,
+                                std::stop_token stop = {});
+
+  // Runs `script` once per entry of `calls` (each: numkeys, then keys and args, as for
+  // EVALSHA), pipelined, loading the script when the server lacks it. Replies as Execute().
+  absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
+                                          std::vector<std::vector<std::string>> calls,
+                                          absl::Duration timeout);
+
+  // Closes the socket and fails every pending request with Unavailable; later requests fail at
+  // once. Idempotent; blocks until done.
+  void Shutdown();
+
+  // Times a lost connection was re-established.
+  uint64_t reconnects() const;
+
+ private:
+  struct Impl;
+  Connection(IoThread* io, ConnectionOptions options, std::function<void()> on_reconnect);
+
+  absl::StatusOr<std::string> ScriptSha(const Script& script, absl::Duration timeout, bool reload);
+
+  IoThread* io_thread_;
+  std::shared_ptr<Impl> impl_;
+  absl::Mutex sha_mu_;
+  absl::flat_hash_map<const Script*, std::string> sha_ ABSL_GUARDED_BY(sha_mu_);
+};
+
+}  // namespace bus::redis
+
+#endif  // DRIVERS_REDIS_CONNECTION_H_

@@ -1,0 +1,168 @@
+// The Lua scripts behind the Redis driver's queues. Every multi-step change to a queue is one
+// script, so it is atomic on the server; every loop in them is bounded by an argument (the
+// driver's script_batch or the caller's max), so no call scans a whole queue.
+//
+// Keys of queue Q under prefix P (one hash tag per queue, so they share a cluster slot):
+//   P q:{Q}:ready     list    ids ready for delivery (LPUSH new, RPOP next)
+//   P q:{Q}:delayed   zset    id -> due time (server ms)
+//   P q:{Q}:inflight  zset    id -> lease deadline (server ms)
+//   P q:{Q}:msgs      hash    id -> message bytes
+//   P q:{Q}:attempts  hash    id -> deliveries so far (also the lease token)
+//   P q:{Q}:meta      hash    delay -> per-queue delay in ms
+//   P q:{Q}:notify    list    wake-up tokens for idle consumers (BLPOP), at most 64
+//   P q:{Q}:seen      zset    id -> expiry (server ms): topic copies already landed
+// Time is always the server's: redis.call('TIME').
+
+#ifndef DRIVERS_REDIS_QUEUE_SCRIPTS_H_
+#define DRIVERS_REDIS_QUEUE_SCRIPTS_H_
+
+namespace bus::redis_scripts {
+
+#define BUS_REDIS_NOW                                                    \
+  "local function now_ms()\n"                                            \
+  "  local t = redis.call('TIME')\n"                                     \
+  "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
+  "end\n"
+
+// KEYS: ready, delayed, msgs, meta, notify, seen.
+// ARGV: delay_ms, dedup_ms (0: no dedup), then id, body pairs.
+// Adds each message unless its id is already stored (a retried send) or, with dedup, was
+// already seen (a retried topic publish). The queue's own delay adds to delay_ms.
+// Returns the number of messages added.
+inline constexpr char kEnqueue[] = BUS_REDIS_NOW R"lua(
+local now = now_ms()
+redis.call('HSETNX', KEYS[4], 'delay', '0')
+local delay = tonumber(ARGV[1]) + tonumber(redis.call('HGET', KEYS[4], 'delay') or '0')
+local dedup = tonumber(ARGV[2])
+if dedup > 0 then
+  local old = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 100)
+  if #old > 0 then redis.call('ZREM', KEYS[6], unpack(old)) end
+end
+local added = 0
+for i = 3, #ARGV, 2 do
+  local id = ARGV[i]
+  local fresh = true
+  if dedup > 0 then
+    if redis.call('ZSCORE', KEYS[6], id) then
+      fresh = false
+    else
+      redis.call('ZADD', KEYS[6], now + dedup, id)
+    end
+  end
+  if fresh and redis.call('HSETNX', KEYS[3], id, ARGV[i + 1]) == 1 then
+    if delay > 0 then
+      redis.call('ZADD', KEYS[2], now + delay, id)
+    else
+      redis.call('LPUSH', KEYS[1], id)
+    end
+    added = added + 1
+  end
+end
+if added > 0 then
+  for i = 1, math.min(added, 8) do redis.call('LPUSH', KEYS[5], '1') end
+  redis.call('LTRIM', KEYS[5], 0, 63)
+end
+return added
+)lua";
+
+// KEYS: ready, delayed, inflight, msgs, attempts.
+// ARGV: max, lease_ms, batch.
+// Moves up to `batch` expired leases back to ready, up to `batch` due delayed messages to ready,
+// then leases up to `max` ready messages. Returns {wait_ms, id1, attempts1, body1, ...} where
+// wait_ms is how long until the next delayed message falls due or lease runs out (0: more are
+// ready now; -1: nothing pending).
+inline constexpr char kReserve[] = BUS_REDIS_NOW R"lua(
+local now = now_ms()
+local batch = tonumber(ARGV[3])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, batch)
+if #expired > 0 then
+  redis.call('ZREM', KEYS[3], unpack(expired))
+  redis.call('RPUSH', KEYS[1], unpack(expired))
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)
+if #due > 0 then
+  redis.call('ZREM', KEYS[2], unpack(due))
+  redis.call('LPUSH', KEYS[1], unpack(due))
+end
+local out = {0}
+local lease = now + tonumber(ARGV[2])
+local ids = redis.call('RPOP', KEYS[1], tonumber(ARGV[1]))
+if ids then
+  for _, id in ipairs(ids) do
+    local body = redis.call('HGET', KEYS[4], id)
+    if body then
+      local a = redis.call('HINCRBY', KEYS[5], id, 1)
+      redis.call('ZADD', KEYS[3], lease, id)
+      out[#out + 1] = id
+      out[#out + 1] = a
+      out[#out + 1] = body
+    else
+      redis.call('HDEL', KEYS[5], id)
+    end
+  end
+end
+local wait = -1
+if redis.call('LLEN', KEYS[1]) > 0 then
+  wait = 0
+else
+  local d = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if #d > 0 then wait = math.max(0, tonumber(d[2]) - now) end
+  local f = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if #f > 0 then
+    local w = math.max(0, tonumber(f[2]) - now)
+    if wait < 0 or w < wait then wait = w end
+  end
+end
+out[1] = wait
+return out
+)lua";
+
+// The lease check shared by ack, nack and extend: the id is in flight, its lease has not run
+// out, and no later delivery took it (attempts == token).
+#define BUS_REDIS_HOLDS                                        \
+  "local function holds(inflight, attempts, id, token, now)\n" \
+  "  local s = redis.call('ZSCORE', inflight, id)\n"           \
+  "  if not s or tonumber(s) <= now then return false end\n"   \
+  "  return redis.call('HGET', attempts, id) == token\n"       \
+  "end\n"
+
+// KEYS: inflight, msgs, attempts. ARGV: id, token. Returns 1, or 0 when the lease was lost.
+inline constexpr char kAck[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+if not holds(KEYS[1], KEYS[3], ARGV[1], ARGV[2], now_ms()) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+)lua";
+
+// KEYS: inflight, ready, delayed, attempts, notify. ARGV: id, token, delay_ms.
+// Returns 1, or 0 when the lease was lost.
+inline constexpr char kNack[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+local now = now_ms()
+if not holds(KEYS[1], KEYS[4], ARGV[1], ARGV[2], now) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local delay = tonumber(ARGV[3])
+if delay > 0 then
+  redis.call('ZADD', KEYS[3], now + delay, ARGV[1])
+else
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+end
+redis.call('LPUSH', KEYS[5], '1')
+redis.call('LTRIM', KEYS[5], 0, 63)
+return 1
+)lua";
+
+// KEYS: inflight, attempts. ARGV: id, token, lease_ms. Returns 1, or 0 when the lease was lost.
+inline constexpr char kExtend[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+local now = now_ms()
+if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now) then return 0 end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
+return 1
+)lua";
+
+#undef BUS_REDIS_HOLDS
+#undef BUS_REDIS_NOW
+
+}  // namespace bus::redis_scripts
+
+#endif  // DRIVERS_REDIS_QUEUE_SCRIPTS_H_

@@ -1,0 +1,457 @@
+#include "drivers/redis/redis_driver.h"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/names.h"
+#include "bus/route_key.h"
+#include "drivers/redis/connection.h"
+#include "drivers/redis/queue_scripts.h"
+
+namespace bus {
+namespace {
+
+using redis::Connection;
+using redis::IoThread;
+using redis::Reply;
+using redis::Script;
+
+const Script& EnqueueScript() {
+  static const Script* s = new Script(redis_scripts::kEnqueue);
+  return *s;
+}
+const Script& ReserveScript() {
+  static const Script* s = new Script(redis_scripts::kReserve);
+  return *s;
+}
+const Script& AckScript() {
+  static const Script* s = new Script(redis_scripts::kAck);
+  return *s;
+}
+const Script& NackScript() {
+  static const Script* s = new Script(redis_scripts::kNack);
+  return *s;
+}
+const Script& ExtendScript() {
+  static const Script* s = new Script(redis_scripts::kExtend);
+  return *s;
+}
+
+// How long a topic publish's id is remembered per queue, so that a retry does not add a second
+// copy.
+constexpr int64_t kTopicDedupMs = 10 * 60 * 1000;
+// Messages per enqueue script call in a batch send.
+constexpr size_t kEnqueueChunk = 100;
+
+struct QueueKeys {
+  QueueKeys(absl::string_view prefix, absl::string_view queue) {
+    const std::string base = absl::StrCat(prefix, "q:{", queue, "}:");
+    ready = base + "ready";
+    delayed = base + "delayed";
+    inflight = base + "inflight";
+    msgs = base + "msgs";
+    attempts = base + "attempts";
+    meta = base + "meta";
+    notify = base + "notify";
+    seen = base + "seen";
+  }
+  std::string ready, delayed, inflight, msgs, attempts, meta, notify, seen;
+};
+
+std::string TopicKey(absl::string_view prefix, absl::string_view topic) {
+  return absl::StrCat(prefix, "t:{", topic, "}:bindings");
+}
+
+int64_t Millis(absl::Duration d) {
+  return std::max<int64_t>(0, absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
+}
+
+// A script reply that should be an integer.
+absl::StatusOr<int64_t> IntReply(const Reply& r) {
+  if (r.is_error()) return redis::ReplyStatus(r);
+  if (r.type != Reply::Type::kInteger) return absl::InternalError("redis: unexpected reply type");
+  return r.integer;
+}
+
+std::string NewId(absl::BitGen& gen) {
+  return absl::StrCat(absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16),
+                      absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
+}
+
+// Shared by the driver and its consumers: the IoThread and the pipelined connection.
+class Core {
+ public:
+  explicit Core(RedisOptions options) : options_(std::move(options)) { conn_ = NewConnection(); }
+  ~Core() {
+    conn_->Shutdown();
+    conn_.reset();
+    // io_ (declared first) is destroyed last, after every connection on it shut down.
+  }
+
+  std::shared_ptr<Connection> NewConnection() {
+    return Connection::Create(io_.get(), ToConnectionOptions(options_), [this] {
+      const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
+      options_.logger->Log(LogLevel::kWarning,
+                           absl::StrCat("redis: reconnected to ", options_.host, ":", options_.port,
+                                        " (reconnects: ", n, ")"));
+    });
+  }
+
+  const RedisOptions& options() const { return options_; }
+  Connection& conn() { return *conn_; }
+  uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
+
+  std::string NewMessageId() {
+    absl::MutexLock lock(&gen_mu_);
+    return NewId(gen_);
+  }
+
+  // Runs an enqueue of (id, body) pairs, retrying transport failures with the same ids until
+  // request_timeout has passed (the script ignores ids it already stored).
+  absl::Status Enqueue(std::vector<std::vector<std::string>> calls) {
+    const absl::Time deadline = absl::Now() + options_.request_timeout;
+    absl::BitGen gen;
+    for (int attempt = 1;; ++attempt) {
+      absl::StatusOr<std::vector<Reply>> replies =
+          conn_->Eval(EnqueueScript(), calls, deadline - absl::Now());
+      absl::Status st = replies.status();
+      if (st.ok()) {
+        for (const Reply& r : *replies) {
+          absl::StatusOr<int64_t> n = IntReply(r);
+          if (!n.ok()) {
+            st = n.status();
+            break;
+          }
+        }
+        if (st.ok()) return st;
+      }
+      if (!absl::IsUnavailable(st) || absl::Now() >= deadline) return st;
+      const absl::Duration pause =
+          redis::BackoffDelay(attempt, options_.backoff_base, options_.backoff_max, gen);
+      if (absl::Now() + pause >= deadline) return st;
+      absl::SleepFor(pause);
+    }
+  }
+
+ private:
+  RedisOptions options_;
+  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
+  std::shared_ptr<Connection> conn_;
+  std::atomic<uint64_t> reconnects_{0};
+  absl::Mutex gen_mu_;
+  absl::BitGen gen_ ABSL_GUARDED_BY(gen_mu_);
+};
+
+struct ParsedReceipt {
+  std::string id;
+  std::string token;
+};
+
+absl::StatusOr<ParsedReceipt> ParseReceipt(absl::string_view receipt) {
+  std::pair<std::string, std::string> parts = absl::StrSplit(receipt, absl::MaxSplits(':', 1));
+  if (parts.first.empty() || parts.second.empty()) {
+    return absl::InvalidArgumentError("not a receipt of the redis driver");
+  }
+  return ParsedReceipt{std::move(parts.first), std::move(parts.second)};
+}
+
+class RedisConsumer final : public Consumer {
+ public:
+  RedisConsumer(std::shared_ptr<Core> core, std::string queue, ConsumerOptions options)
+      : core_(std::move(core)),
+        queue_(std::move(queue)),
+        keys_(core_->options().key_prefix, queue_),
+        options_(options),
+        blocking_(core_->NewConnection()) {}
+
+  ~RedisConsumer() override {
+    // Give back what this consumer still holds, so others get it now rather than after the
+    // leases run out. Best effort: the leases cover a failure here.
+    std::vector<std::string> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.assign(held_.begin(), held_.end());
+      held_.clear();
+    }
+    std::vector<std::vector<std::string>> calls;
+    for (const std::string& receipt : held) {
+      absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
+      if (!p.ok()) continue;
+      calls.push_back({"5", keys_.inflight, keys_.ready, keys_.delayed, keys_.attempts,
+                       keys_.notify, p->id, p->token, "0"});
+    }
+    if (!calls.empty()) {
+      (void)core_->conn().Eval(NackScript(), std::move(calls), core_->options().request_timeout);
+    }
+    blocking_->Shutdown();
+  }
+
+  absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
+                       std::vector<Delivery>* out) override {
+    if (max < 1) return absl::InvalidArgumentError("Receive: max must be >= 1");
+    const RedisOptions& o = core_->options();
+    Clock& clock = *o.clock;
+    const absl::Time deadline = clock.Now() + wait;
+    absl::MutexLock receive_lock(&receive_mu_);
+    std::stop_callback wake(stop, [this] {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    });
+    while (!stop.stop_requested()) {
+      int room;
+      {
+        absl::MutexLock lock(&mu_);
+        // At capacity: wait for a settle (or stop, or the deadline) instead of asking Redis.
+        auto has_room = [this] {
+          mu_.AssertHeld();
+          return stopping_ || static_cast<int>(held_.size()) < options_.max_in_flight;
+        };
+        if (!clock.AwaitWithDeadline(&mu_, absl::Condition(&has_room), deadline)) {
+          return absl::OkStatus();
+        }
+        if (stopping_) {
+          stopping_ = false;
+          if (stop.stop_requested()) return absl::OkStatus();
+        }
+        // One reserve moves at most script_batch messages, like every other script call.
+        room = std::min(
+            {max, options_.max_in_flight - static_cast<int>(held_.size()), o.script_batch});
+      }
+      if (room <= 0) continue;
+      absl::StatusOr<std::vector<Reply>> replies =
+          core_->conn().Eval(ReserveScript(),
+                             {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs,
+                               keys_.attempts, absl::StrCat(room),
+                               absl::StrCat(Millis(options_.lease)), absl::StrCat(o.script_batch)}},
+                             o.request_timeout);
+      if (!replies.ok()) return replies.status();
+      const Reply& r = (*replies)[0];
+      if (r.is_error()) return redis::ReplyStatus(r);
+      if (r.type != Reply::Type::kArray || r.elements.empty() || (r.elements.size() - 1) % 3) {
+        return absl::InternalError("redis: malformed reserve reply");
+      }
+      const int64_t next_ms = r.elements[0].integer;
+      if (r.elements.size() > 1) {
+        absl::MutexLock lock(&mu_);
+        for (size_t i = 1; i + 2 < r.elements.size(); i += 3) {
+          Delivery d;
+          d.attempts = static_cast<int>(r.elements[i + 1].integer);
+          d.receipt = absl::StrCat(r.elements[i].str, ":", d.attempts);
+          d.data = r.elements[i + 2].str;
+          held_.insert(d.receipt);
+          out->push_back(std::move(d));
+        }
+        return absl::OkStatus();
+      }
+      absl::Duration block = deadline - clock.Now();
+      if (block <= absl::ZeroDuration()) return absl::OkStatus();
+      if (next_ms >= 0) block = std::min(block, absl::Milliseconds(next_ms));
+      // BLPOP's timeout has millisecond resolution and 0 means forever.
+      block = std::max(block, absl::Milliseconds(1));
+      absl::StatusOr<Reply> woke = blocking_->Command(
+          {"BLPOP", keys_.notify, absl::StrFormat("%.3f", absl::ToDoubleSeconds(block))},
+          block + o.request_timeout, stop);
+      if (!woke.ok()) {
+        if (stop.stop_requested()) return absl::OkStatus();
+        return woke.status();
+      }
+      if (woke->is_error()) return redis::ReplyStatus(*woke);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Ack(const Delivery& delivery) override {
+    return Settle(delivery, AckScript(), [&](const ParsedReceipt& p) {
+      return std::vector<std::string>{"3",  keys_.inflight, keys_.msgs, keys_.attempts,
+                                      p.id, p.token};
+    });
+  }
+
+  absl::Status Nack(const Delivery& delivery, absl::Duration delay) override {
+    return Settle(delivery, NackScript(), [&](const ParsedReceipt& p) {
+      return std::vector<std::string>{"5",           keys_.inflight, keys_.ready,
+                                      keys_.delayed, keys_.attempts, keys_.notify,
+                                      p.id,          p.token,        absl::StrCat(Millis(delay))};
+    });
+  }
+
+  absl::Status Extend(const Delivery& delivery) override {
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+    if (!p.ok()) return p.status();
+    absl::StatusOr<std::vector<Reply>> replies =
+        core_->conn().Eval(ExtendScript(),
+                           {{"2", keys_.inflight, keys_.attempts, p->id, p->token,
+                             absl::StrCat(Millis(options_.lease))}},
+                           core_->options().request_timeout);
+    if (!replies.ok()) return replies.status();
+    absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
+    if (!n.ok()) return n.status();
+    if (*n == 0) return LeaseLost(delivery);
+    return absl::OkStatus();
+  }
+
+ private:
+  template <typename MakeCall>
+  absl::Status Settle(const Delivery& delivery, const Script& script, MakeCall make_call) {
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+    if (!p.ok()) return p.status();
+    absl::StatusOr<std::vector<Reply>> replies =
+        core_->conn().Eval(script, {make_call(*p)}, core_->options().request_timeout);
+    {
+      // Whatever the outcome, this consumer stops counting the delivery: settled, lost, or left
+      // to its lease.
+      absl::MutexLock lock(&mu_);
+      held_.erase(delivery.receipt);
+    }
+    if (!replies.ok()) return replies.status();
+    absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
+    if (!n.ok()) return n.status();
+    if (*n == 0) return LeaseLost(delivery);
+    return absl::OkStatus();
+  }
+
+  absl::Status LeaseLost(const Delivery& delivery) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "redis: the lease of delivery ", delivery.receipt, " on queue ", queue_, " was lost"));
+  }
+
+  std::shared_ptr<Core> core_;
+  const std::string queue_;
+  const QueueKeys keys_;
+  const ConsumerOptions options_;
+  std::shared_ptr<Connection> blocking_;  // BLPOP only; never shared with pipelined requests
+  absl::Mutex receive_mu_;                // one Receive at a time (one blocking connection)
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> held_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class RedisDriver final : public Driver {
+ public:
+  explicit RedisDriver(RedisOptions options) : core_(std::make_shared<Core>(std::move(options))) {}
+
+  absl::string_view name() const override { return "redis"; }
+  std::shared_ptr<Clock> clock() const override { return core_->options().clock; }
+
+  absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
+    }
+    const QueueKeys keys(prefix(), queue);
+    return Simple({"HSET", keys.meta, "delay", absl::StrCat(Millis(delay))});
+  }
+
+  absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
+                         absl::string_view binding_key) override {
+    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
+    const QueueKeys keys(prefix(), queue);
+    absl::StatusOr<std::vector<Reply>> replies = core_->conn().Execute(
+        {{"HSETNX", keys.meta, "delay", "0"},
+         {"SADD", TopicKey(prefix(), topic), absl::StrCat(queue, "\n", binding_key)}},
+        core_->options().request_timeout);
+    if (!replies.ok()) return replies.status();
+    for (const Reply& r : *replies) {
+      if (r.is_error()) return redis::ReplyStatus(r);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
+                           absl::Duration delay) override {
+    const std::string one(data);
+    return SendBatchToQueue(queue, absl::MakeConstSpan(&one, 1), delay);
+  }
+
+  absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+                                absl::Duration delay) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
+    if (data.empty()) return absl::OkStatus();
+    const QueueKeys keys(prefix(), queue);
+    std::vector<std::vector<std::string>> calls;
+    for (size_t start = 0; start < data.size(); start += kEnqueueChunk) {
+      const size_t end = std::min(data.size(), start + kEnqueueChunk);
+      std::vector<std::string> call = {
+          "6",       keys.ready,  keys.delayed, keys.msgs,
+          keys.meta, keys.notify, keys.seen,    absl::StrCat(Millis(delay)),
+          "0"};
+      call.reserve(call.size() + 2 * (end - start));
+      for (size_t i = start; i < end; ++i) {
+        call.push_back(core_->NewMessageId());
+        call.push_back(data[i]);
+      }
+      calls.push_back(std::move(call));
+    }
+    return core_->Enqueue(std::move(calls));
+  }
+
+  absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
+                           absl::string_view route_key) override {
+    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
+    if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
+    absl::StatusOr<Reply> members = core_->conn().Command({"SMEMBERS", TopicKey(prefix(), topic)},
+                                                          core_->options().request_timeout);
+    if (!members.ok()) return members.status();
+    if (members->is_error()) return redis::ReplyStatus(*members);
+    absl::flat_hash_set<std::string> queues;
+    for (const Reply& m : members->elements) {
+      std::pair<std::string, std::string> qk = absl::StrSplit(m.str, absl::MaxSplits('\n', 1));
+      if (RouteKeyMatches(qk.second, route_key)) queues.insert(std::move(qk.first));
+    }
+    if (queues.empty()) return absl::OkStatus();
+    // One id for every copy and every retry: each queue's `seen` set drops a repeat.
+    const std::string id = core_->NewMessageId();
+    std::vector<std::vector<std::string>> calls;
+    for (const std::string& q : queues) {
+      const QueueKeys keys(prefix(), q);
+      calls.push_back({"6", keys.ready, keys.delayed, keys.msgs, keys.meta, keys.notify, keys.seen,
+                       "0", absl::StrCat(kTopicDedupMs), id, std::string(data)});
+    }
+    return core_->Enqueue(std::move(calls));
+  }
+
+  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+                                                        const ConsumerOptions& options) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
+    return std::make_unique<RedisConsumer>(core_, std::string(queue), options);
+  }
+
+  DriverStats Stats() const override { return {core_->reconnects()}; }
+
+ private:
+  const std::string& prefix() const { return core_->options().key_prefix; }
+
+  absl::Status Simple(std::vector<std::string> cmd) {
+    absl::StatusOr<Reply> r =
+        core_->conn().Command(std::move(cmd), core_->options().request_timeout);
+    if (!r.ok()) return r.status();
+    return redis::ReplyStatus(*r);
+  }
+
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Driver>> NewRedisDriver(RedisOptions options) {
+  if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
+  if (options.clock == nullptr) options.clock = RealClock();
+  if (options.logger == nullptr) options.logger = StderrLogger(LogLevel::kWarning);
+  return std::shared_ptr<Driver>(std::make_shared<RedisDriver>(std::move(options)));
+}
+
+}  // namespace bus

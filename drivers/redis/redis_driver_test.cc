@@ -1,0 +1,573 @@
+// Redis-specific behaviour of the driver against real redis-servers that each test starts
+// itself: crash recovery, server restarts, client clock skew, large delayed backlogs, failures
+// of the server or the network, authentication, and idle consumers that do not busy-poll.
+//
+// The binary doubles as the crashing consumer: run with --child-consumer PORT QUEUE N FILE it
+// leases N messages, writes their data to FILE and waits to be killed.
+
+#include "drivers/redis/redis_driver.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "drivers/redis/connection.h"
+#include "drivers/redis/queue_scripts.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/process.h"
+#include "tests/testing/redis_server.h"
+
+namespace bus::testing {
+namespace {
+
+constexpr absl::Duration kPatience = absl::Seconds(60);
+
+std::shared_ptr<Driver> MustDriver(RedisOptions options) {
+  absl::StatusOr<std::shared_ptr<Driver>> d = NewRedisDriver(std::move(options));
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : nullptr;
+}
+
+RedisOptions OptionsFor(const RedisServer& server) {
+  RedisOptions options;
+  options.port = server.port();
+  options.logger = NullLogger();
+  return options;
+}
+
+std::unique_ptr<RedisServer> MustStart(RedisServerOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> s = RedisServer::Start(std::move(options));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// Receives and acks until `want` distinct datas were seen or kPatience passes.
+std::set<std::string> Drain(Consumer* c, size_t want) {
+  std::set<std::string> seen;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (seen.size() < want && absl::Now() < deadline) {
+    std::vector<Delivery> got;
+    absl::Status st = c->Receive(500, absl::Milliseconds(500), {}, &got);
+    if (!st.ok()) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    for (const Delivery& d : got) {
+      seen.insert(d.data);
+      (void)c->Ack(d);
+    }
+  }
+  return seen;
+}
+
+int64_t Int(absl::string_view s) {
+  int64_t v = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(s), &v)) << s;
+  return v;
+}
+
+// Calls of one command since the last CONFIG RESETSTAT, from INFO commandstats.
+int64_t Calls(const RedisServer& server, absl::string_view command) {
+  absl::StatusOr<std::string> info = server.Cli({"INFO", "commandstats"});
+  EXPECT_TRUE(info.ok()) << info.status();
+  const std::string prefix = absl::StrCat("cmdstat_", command, ":calls=");
+  for (absl::string_view line : absl::StrSplit(info.value_or(""), '\n')) {
+    if (absl::StartsWith(line, prefix)) {
+      line.remove_prefix(prefix.size());
+      return Int(line.substr(0, line.find(',')));
+    }
+  }
+  return 0;
+}
+
+TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "crash";
+  std::set<std::string> sent;
+  std::vector<std::string> batch;
+  for (int i = 0; i < 100; ++i) batch.push_back(absl::StrCat("m", i));
+  ASSERT_TRUE(driver->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  sent.insert(batch.begin(), batch.end());
+
+  const std::string file = absl::StrCat(MakeTempDir("crash"), "/held");
+  auto child = ChildProcess::Start(
+      {SelfExecutable(), "--child-consumer", absl::StrCat(server->port()), q, "40", file});
+  ASSERT_TRUE(child.ok()) << child.status();
+  // Wait until the child holds its 40 messages.
+  std::vector<std::string> held;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (absl::Now() < deadline) {
+    std::ifstream in(file);
+    std::string line;
+    held.clear();
+    while (std::getline(in, line)) {
+      if (line == "ready") break;
+      held.push_back(line);
+    }
+    if (line == "ready") break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(held.size(), 40u);
+  (*child)->Kill(SIGKILL);
+
+  auto consumer = driver->NewConsumer(q, {200, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::set<std::string> got = Drain(consumer->get(), sent.size());
+  EXPECT_EQ(got, sent);
+  for (const std::string& h : held) EXPECT_TRUE(got.count(h)) << h;
+}
+
+int ChildConsumer(int port, const std::string& queue, int n, const std::string& file) {
+  RedisOptions options;
+  options.port = port;
+  auto driver = NewRedisDriver(options);
+  if (!driver.ok()) return 2;
+  auto consumer = (*driver)->NewConsumer(queue, {n, absl::Seconds(2)});
+  if (!consumer.ok()) return 3;
+  std::vector<Delivery> held;
+  while (static_cast<int>(held.size()) < n) {
+    if (!(*consumer)
+             ->Receive(n - static_cast<int>(held.size()), absl::Seconds(1), {}, &held)
+             .ok()) {
+      return 4;
+    }
+  }
+  {
+    std::ofstream out(file);
+    for (const Delivery& d : held) out << d.data << "\n";
+    out << "ready\n";
+  }
+  while (true) absl::SleepFor(absl::Seconds(1));
+}
+
+TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLost) {
+  auto server = MustStart({.append_only = true});
+  ASSERT_NE(server, nullptr);
+  RedisOptions options = OptionsFor(*server);
+  options.request_timeout = absl::Seconds(2);
+  auto producer = MustDriver(options);
+  auto consumer_driver = MustDriver(options);
+  const std::string q = "restart";
+  ASSERT_TRUE(producer->CreateQueue(q, absl::ZeroDuration()).ok());
+  auto consumer = consumer_driver->NewConsumer(q, {50, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+
+  absl::Mutex mu;
+  std::set<std::string> accepted, consumed;
+  std::atomic<bool> producing{true};
+  std::atomic<int> failures{0};
+  std::thread produce([&] {
+    for (int i = 0; i < 3000; ++i) {
+      const std::string data = absl::StrCat("r", i);
+      if (producer->SendToQueue(q, data, absl::ZeroDuration()).ok()) {
+        absl::MutexLock lock(&mu);
+        accepted.insert(data);
+      } else {
+        failures.fetch_add(1);
+      }
+      if (i % 100 == 0) absl::SleepFor(absl::Milliseconds(5));
+    }
+    producing = false;
+  });
+  std::thread consume([&] {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!producing && consumed.size() >= accepted.size() &&
+            std::includes(consumed.begin(), consumed.end(), accepted.begin(), accepted.end())) {
+          return;
+        }
+      }
+      std::vector<Delivery> got;
+      if (!(*consumer)->Receive(100, absl::Milliseconds(200), {}, &got).ok()) {
+        absl::SleepFor(absl::Milliseconds(20));
+        continue;
+      }
+      for (const Delivery& d : got) {
+        (void)(*consumer)->Ack(d);  // a lost ack only means a redelivery
+        absl::MutexLock lock(&mu);
+        consumed.insert(d.data);
+      }
+    }
+  });
+  // Restart once some traffic has flowed.
+  {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(
+                            +[](std::set<std::string>* c) { return c->size() >= 300; }, &consumed),
+                        kPatience);
+  }
+  server->Stop(SIGKILL);
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(server->Restart().ok());
+  produce.join();
+  consume.join();
+  absl::MutexLock lock(&mu);
+  EXPECT_GT(accepted.size(), 300u);
+  for (const std::string& a : accepted) ASSERT_TRUE(consumed.count(a)) << a << " was lost";
+  EXPECT_GE(producer->Stats().reconnects + consumer_driver->Stats().reconnects, 1u);
+}
+
+// A clock `offset` away from the real one.
+class OffsetClock final : public Clock {
+ public:
+  explicit OffsetClock(absl::Duration offset) : offset_(offset) {}
+  absl::Time Now() const override { return absl::Now() + offset_; }
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
+                         absl::Time deadline) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return mu->AwaitWithDeadline(cond, deadline - offset_);
+  }
+
+ private:
+  absl::Duration offset_;
+};
+
+TEST(RedisDriverTest, AClientClockMinutesOffStillGetsCorrectDelaysAndLeases) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  for (absl::Duration skew : {absl::Minutes(10), -absl::Minutes(10)}) {
+    SCOPED_TRACE(absl::FormatDuration(skew));
+    RedisOptions options = OptionsFor(*server);
+    options.clock = std::make_shared<OffsetClock>(skew);
+    auto driver = MustDriver(options);
+    const std::string q = absl::StrCat("skew", absl::ToInt64Minutes(skew));
+    const absl::Time sent_at = absl::Now();
+    ASSERT_TRUE(driver->SendToQueue(q, "late", absl::Seconds(2)).ok());
+    auto c1 = driver->NewConsumer(q, {1, absl::Seconds(2)});
+    ASSERT_TRUE(c1.ok());
+    std::vector<Delivery> got;
+    ASSERT_TRUE((*c1)->Receive(1, absl::ZeroDuration(), {}, &got).ok());
+    EXPECT_TRUE(got.empty()) << "delivered before its delay";
+    while (got.empty() && absl::Now() < sent_at + kPatience) {
+      ASSERT_TRUE((*c1)->Receive(1, absl::Seconds(1), {}, &got).ok());
+    }
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_GE(absl::Now() - sent_at, absl::Seconds(2) - absl::Milliseconds(5));
+    // The lease (2 s) holds: another consumer sees nothing now, and the message after it ran
+    // out.
+    const absl::Time leased_at = absl::Now();
+    auto c2 = driver->NewConsumer(q, {1, absl::Seconds(30)});
+    ASSERT_TRUE(c2.ok());
+    std::vector<Delivery> again;
+    ASSERT_TRUE((*c2)->Receive(1, absl::ZeroDuration(), {}, &again).ok());
+    EXPECT_TRUE(again.empty()) << "redelivered while leased";
+    while (again.empty() && absl::Now() < leased_at + kPatience) {
+      ASSERT_TRUE((*c2)->Receive(1, absl::Seconds(1), {}, &again).ok());
+    }
+    ASSERT_EQ(again.size(), 1u);
+    EXPECT_EQ(again[0].attempts, 2);
+    EXPECT_TRUE(absl::IsFailedPrecondition((*c1)->Ack(got[0])));
+    EXPECT_TRUE((*c2)->Ack(again[0]).ok());
+  }
+}
+
+TEST(RedisDriverTest, ABacklogOfDelayedMessagesFallingDueAtOnceIsDeliveredInBoundedScripts) {
+  auto server = MustStart(
+      {.extra_args = {"--slowlog-log-slower-than", "1000000", "--slowlog-max-len", "1000"}});
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "backlog";
+  constexpr int kCount = 100000;
+  std::vector<std::string> batch;
+  for (int i = 0; i < kCount; ++i) {
+    batch.push_back(absl::StrCat("b", i));
+    if (batch.size() == 5000) {
+      ASSERT_TRUE(driver->SendBatchToQueue(q, batch, absl::Seconds(5)).ok());
+      batch.clear();
+    }
+  }
+  ASSERT_TRUE(server->Cli({"SLOWLOG", "RESET"}).ok());
+  EXPECT_EQ(Int(*server->Cli({"ZCARD", "bus:q:{backlog}:delayed"})), kCount);
+
+  // Once all are due, one reserve call (one script) moves at most script_batch of them: the
+  // bound is on work, which holds however loaded the machine is.
+  absl::SleepFor(absl::Seconds(6));
+  {
+    auto c = driver->NewConsumer(q, {1, absl::Seconds(60)});
+    ASSERT_TRUE(c.ok());
+    std::vector<Delivery> first;
+    ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &first).ok());
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_GE(Int(*server->Cli({"ZCARD", "bus:q:{backlog}:delayed"})),
+              kCount - RedisOptions{}.script_batch);
+    ASSERT_TRUE((*c)->Nack(first[0], absl::ZeroDuration()).ok());
+  }
+
+  // Four consumers, each acking from its own thread.
+  std::atomic<int> acked{0};
+  absl::Mutex mu;
+  std::set<std::string> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      auto c = driver->NewConsumer(q, {200, absl::Seconds(60)});
+      ASSERT_TRUE(c.ok());
+      const absl::Time deadline = absl::Now() + absl::Minutes(3);
+      while (acked.load() < kCount && absl::Now() < deadline) {
+        std::vector<Delivery> got;
+        ASSERT_TRUE((*c)->Receive(100, absl::Milliseconds(200), {}, &got).ok());
+        for (const Delivery& d : got) {
+          ASSERT_TRUE((*c)->Ack(d).ok());
+          acked.fetch_add(1);
+        }
+        absl::MutexLock lock(&mu);
+        for (const Delivery& d : got) seen.insert(d.data);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kCount));
+  // And the server's SLOWLOG saw no script call of a second or more (promoting the whole
+  // backlog in one call would be O(N); a bounded batch takes milliseconds).
+  absl::StatusOr<std::string> slow = server->Cli({"SLOWLOG", "GET", "1000"});
+  ASSERT_TRUE(slow.ok());
+  EXPECT_THAT(*slow, ::testing::Not(::testing::HasSubstr("EVALSHA"))) << *slow;
+  EXPECT_EQ(Int(*server->Cli({"SLOWLOG", "LEN"})), 0) << *slow;
+}
+
+TEST(RedisDriverTest, WrongPasswordIsAClearErrorWithoutTheSecret) {
+  auto server = MustStart({.password = "right-secret"});
+  ASSERT_NE(server, nullptr);
+  RedisOptions options = OptionsFor(*server);
+  options.password = "wrong-secret";
+  auto driver = MustDriver(options);
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnauthenticated(st)) << st;
+  EXPECT_THAT(st.ToString(), ::testing::Not(::testing::HasSubstr("secret")));
+  EXPECT_THAT(ToString(options), ::testing::Not(::testing::HasSubstr("secret")));
+  EXPECT_THAT(ToString(options), ::testing::HasSubstr("<redacted>"));
+
+  options.password = "right-secret";
+  auto good = MustDriver(options);
+  EXPECT_TRUE(good->SendToQueue("q", "x", absl::ZeroDuration()).ok());
+}
+
+TEST(RedisDriverTest, AclUserAndDatabaseSelection) {
+  auto server = MustStart({.password = "admin-pw", .user = "alice", .user_password = "alice-pw"});
+  ASSERT_NE(server, nullptr);
+  RedisOptions options = OptionsFor(*server);
+  options.username = "alice";
+  options.password = "alice-pw";
+  options.db = 3;
+  auto driver = MustDriver(options);
+  ASSERT_TRUE(driver->SendToQueue("acl", "x", absl::ZeroDuration()).ok());
+  EXPECT_EQ(Int(*server->Cli({"-n", "3", "HLEN", "bus:q:{acl}:msgs"})), 1);
+  EXPECT_EQ(Int(*server->Cli({"-n", "0", "EXISTS", "bus:q:{acl}:msgs"})), 0);
+  auto c = driver->NewConsumer("acl", {1, absl::Seconds(5)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE((*c)->Ack(got[0]).ok());
+
+  options.password = "not-alice-pw";
+  auto bad = MustDriver(options);
+  EXPECT_TRUE(absl::IsUnauthenticated(bad->SendToQueue("acl", "x", absl::ZeroDuration())));
+}
+
+TEST(RedisDriverTest, AnUnreachableServerIsUnavailableWithinTheDeadline) {
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RedisOptions options;
+  options.port = *port;
+  options.request_timeout = absl::Seconds(1);
+  options.logger = NullLogger();
+  auto driver = MustDriver(options);
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr(absl::StrCat("127.0.0.1:", *port)));
+  auto c = driver->NewConsumer("q", {1, absl::Seconds(1)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  EXPECT_TRUE(absl::IsUnavailable((*c)->Receive(1, absl::Seconds(1), {}, &got)));
+}
+
+// A TCP listener on a free loopback port that runs `serve` for each connection, one at a time.
+class FakeServer {
+ public:
+  explicit FakeServer(std::function<void(int fd)> serve) : serve_(std::move(serve)) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    EXPECT_EQ(listen(listen_fd_, 16), 0);
+    thread_ = std::thread([this] {
+      while (true) {
+        const int fd = accept(listen_fd_, nullptr, nullptr);
+        if (fd < 0) return;
+        serve_(fd);
+        close(fd);
+      }
+    });
+  }
+  ~FakeServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    close(listen_fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  std::function<void(int)> serve_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+TEST(RedisDriverTest, AServerThatClosesMidReplyIsUnavailableNotACrash) {
+  FakeServer fake([](int fd) {
+    char buf[4096];
+    (void)!read(fd, buf, sizeof(buf));
+    const char partial[] = "*3\r\n:0\r\n$10\r\nabc";
+    (void)!write(fd, partial, sizeof(partial) - 1);
+  });
+  RedisOptions options;
+  options.port = fake.port();
+  options.request_timeout = absl::Seconds(2);
+  options.logger = NullLogger();
+  auto driver = MustDriver(options);
+  auto c = driver->NewConsumer("q", {1, absl::Seconds(1)});
+  ASSERT_TRUE(c.ok());
+  for (int i = 0; i < 3; ++i) {
+    std::vector<Delivery> got;
+    absl::Status st = (*c)->Receive(1, absl::Seconds(1), {}, &got);
+    EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+    EXPECT_TRUE(got.empty());
+  }
+}
+
+TEST(RedisDriverTest, AServerThatNeverAnswersFailsAtTheDeadline) {
+  std::atomic<bool> stop{false};
+  FakeServer fake([&](int fd) {
+    while (!stop) {
+      char buf[4096];
+      if (read(fd, buf, sizeof(buf)) <= 0) return;
+    }
+  });
+  RedisOptions options;
+  options.port = fake.port();
+  options.request_timeout = absl::Milliseconds(500);
+  options.logger = NullLogger();
+  auto driver = MustDriver(options);
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st)) << st;
+  stop = true;
+}
+
+TEST(RedisDriverTest, ScriptsAreReloadedAfterNoscript) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->SendToQueue("ns", "1", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(server->Cli({"SCRIPT", "FLUSH"}).ok());
+  ASSERT_TRUE(driver->SendToQueue("ns", "2", absl::ZeroDuration()).ok());
+  auto c = driver->NewConsumer("ns", {10, absl::Seconds(5)});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(Drain(c->get(), 2), (std::set<std::string>{"1", "2"}));
+}
+
+TEST(RedisDriverTest, AnIdleConsumerBlocksInsteadOfPolling) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->CreateQueue("idle", absl::ZeroDuration()).ok());
+  auto c = driver->NewConsumer("idle", {1, absl::Seconds(5)});
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(server->Cli({"CONFIG", "RESETSTAT"}).ok());
+  std::vector<Delivery> got;
+  ASSERT_TRUE((*c)->Receive(1, absl::Seconds(2), {}, &got).ok());
+  EXPECT_TRUE(got.empty());
+  // One reserve, one BLPOP for the whole wait, maybe one reserve after it.
+  EXPECT_LE(Calls(*server, "evalsha"), 3);
+  EXPECT_LE(Calls(*server, "blpop"), 2);
+
+  // A message sent while the consumer waits wakes it.
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(driver->SendToQueue("idle", "wake", absl::ZeroDuration()).ok());
+  });
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (got.empty() && absl::Now() < deadline) {
+    ASSERT_TRUE((*c)->Receive(1, absl::Seconds(30), {}, &got).ok());
+  }
+  later.join();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].data, "wake");
+}
+
+TEST(RedisDriverTest, ARetriedTopicPublishDoesNotDuplicateACopyThatLanded) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->Subscribe("t", "a", "x.*").ok());
+  ASSERT_TRUE(driver->Subscribe("t", "b", "#").ok());
+  ASSERT_TRUE(driver->Subscribe("t", "b", "x.y").ok());  // a second matching key: one copy
+  ASSERT_TRUE(driver->SendToTopic("t", "hello", "x.y").ok());
+  EXPECT_EQ(Int(*server->Cli({"LLEN", "bus:q:{a}:ready"})), 1);
+  EXPECT_EQ(Int(*server->Cli({"LLEN", "bus:q:{b}:ready"})), 1);
+  auto c = driver->NewConsumer("a", {1, absl::Seconds(5)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &got).ok());
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE((*c)->Ack(got[0]).ok());
+  const std::string id = got[0].receipt.substr(0, got[0].receipt.find(':'));
+
+  // Replay the enqueue of the copy that landed (and was even consumed already), as a retry
+  // after a lost reply does: it is not added again. A fresh id is.
+  redis::IoThread io;
+  auto conn = redis::Connection::Create(&io, {.port = server->port()});
+  const redis::Script enqueue(redis_scripts::kEnqueue);
+  auto replay = [&](const std::string& msg_id) {
+    const std::string base = "bus:q:{a}:";
+    absl::StatusOr<std::vector<redis::Reply>> r =
+        conn->Eval(enqueue,
+                   {{"6", base + "ready", base + "delayed", base + "msgs", base + "meta",
+                     base + "notify", base + "seen", "0", "600000", msg_id, "hello"}},
+                   absl::Seconds(5));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? (*r)[0].integer : -1;
+  };
+  EXPECT_EQ(replay(id), 0);
+  EXPECT_EQ(Int(*server->Cli({"LLEN", "bus:q:{a}:ready"})), 0);
+  EXPECT_EQ(replay("fresh-id"), 1);
+  conn->Shutdown();
+}
+
+}  // namespace
+}  // namespace bus::testing
+
+int main(int argc, char** argv) {
+  if (argc == 6 && std::string(argv[1]) == "--child-consumer") {
+    return bus::testing::ChildConsumer(std::atoi(argv[2]), argv[3], std::atoi(argv[4]), argv[5]);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

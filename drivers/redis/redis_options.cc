@@ -1,0 +1,67 @@
+#include "drivers/redis/redis_options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace bus {
+
+absl::Status ValidateRedisOptions(const RedisOptions& o) {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("RedisOptions.", field, " ", why));
+  };
+  if (o.host.empty()) return bad("host", "must not be empty");
+  if (o.port < 1 || o.port > 65535) return bad("port", "must be 1 to 65535");
+  if (!o.username.empty() && o.password.empty()) {
+    return bad("username", "needs a password");
+  }
+  if (o.db < 0) return bad("db", "must be >= 0");
+  if (o.key_prefix.find_first_of("{}") != std::string::npos) {
+    return bad("key_prefix", "must not contain '{' or '}' (they delimit hash tags)");
+  }
+  if (o.connect_timeout <= absl::ZeroDuration()) return bad("connect_timeout", "must be > 0");
+  if (o.request_timeout <= absl::ZeroDuration()) return bad("request_timeout", "must be > 0");
+  if (o.backoff_base <= absl::ZeroDuration()) return bad("backoff_base", "must be > 0");
+  if (o.backoff_max < o.backoff_base) return bad("backoff_max", "must be >= backoff_base");
+  if (o.script_batch < 1 || o.script_batch > 5000) {
+    return bad("script_batch", "must be 1 to 5000 (Lua unpack limit)");
+  }
+  return absl::OkStatus();
+}
+
+std::string ToString(const RedisOptions& o) {
+  return absl::StrCat("redis{host=", o.host, " port=", o.port,
+                      " username=", o.username.empty() ? "<default>" : o.username,
+                      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
+                      " key_prefix=\"", o.key_prefix,
+                      "\" connect_timeout=", absl::FormatDuration(o.connect_timeout),
+                      " request_timeout=", absl::FormatDuration(o.request_timeout),
+                      " script_batch=", o.script_batch, "}");
+}
+
+redis::ConnectionOptions ToConnectionOptions(const RedisOptions& o) {
+  redis::ConnectionOptions c;
+  c.host = o.host;
+  c.port = o.port;
+  c.username = o.username;
+  c.password = o.password;
+  c.db = o.db;
+  c.connect_timeout = o.connect_timeout;
+  c.backoff_base = o.backoff_base;
+  c.backoff_max = o.backoff_max;
+  return c;
+}
+
+namespace redis {
+
+Client::Client(const RedisOptions& options)
+    : io_(std::make_unique<IoThread>()),
+      conn_(Connection::Create(io_.get(), ToConnectionOptions(options))) {}
+
+Client::~Client() {
+  conn_->Shutdown();
+  conn_.reset();
+  io_.reset();
+}
+
+}  // namespace redis
+
+}  // namespace bus

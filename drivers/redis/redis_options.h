@@ -1,0 +1,84 @@
+// Options shared by the Redis driver (drivers/redis/redis_driver.h) and the Redis stores
+// (storage/redis, idempotency/redis): where the server is, how to authenticate, and the key
+// prefix. Validated once by ValidateRedisOptions, whose errors name the field.
+//
+// Thread-safety: a plain struct.
+
+#ifndef DRIVERS_REDIS_REDIS_OPTIONS_H_
+#define DRIVERS_REDIS_REDIS_OPTIONS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "bus/clock.h"
+#include "bus/logger.h"
+#include "drivers/redis/connection.h"
+
+namespace bus {
+
+struct RedisOptions {
+  // Server address. Default 127.0.0.1:6379.
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  // ACL user name; empty: the default user. Only used with a password.
+  std::string username;
+  // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
+  std::string password;
+  // Database number for SELECT; default 0 (no SELECT).
+  int db = 0;
+  // Prefix of every key the driver or store writes. Default "bus:". Each queue's keys share one
+  // hash tag, "{queue}", so they live in one cluster slot.
+  std::string key_prefix = "bus:";
+  // Deadline of one connect attempt (TCP connect, AUTH, SELECT). Default 2 s.
+  absl::Duration connect_timeout = absl::Seconds(2);
+  // Deadline of every request (and of the internal retries of a send). Default 5 s.
+  absl::Duration request_timeout = absl::Seconds(5);
+  // Reconnect backoff: full jitter over backoff_base * 2^(attempt-1), capped by backoff_max.
+  // Defaults 50 ms and 2 s.
+  absl::Duration backoff_base = absl::Milliseconds(50);
+  absl::Duration backoff_max = absl::Seconds(2);
+  // Most messages one script call moves (promoting due delayed messages, recovering expired
+  // leases, purging). Bounds the time Redis spends in one call. Default 500; 1 to 5000 (a Lua
+  // unpack() limit).
+  int script_batch = 500;
+  // Clock for client-side waits only (how long Receive blocks). Delays and leases are measured
+  // by the Redis server's clock (TIME), never this one. Default RealClock().
+  std::shared_ptr<Clock> clock;
+  // Where reconnects and failures are logged. Default: StderrLogger(kWarning).
+  std::shared_ptr<Logger> logger;
+};
+
+// InvalidArgument naming the first bad field.
+absl::Status ValidateRedisOptions(const RedisOptions& options);
+
+// A one-line description for logs, with the password shown as "<redacted>".
+std::string ToString(const RedisOptions& options);
+
+// The connection settings of `options`.
+redis::ConnectionOptions ToConnectionOptions(const RedisOptions& options);
+
+namespace redis {
+
+// An IoThread with one pipelined Connection, for the stores. Requests time out after
+// options.request_timeout.
+class Client {
+ public:
+  // `options` must be valid (ValidateRedisOptions).
+  explicit Client(const RedisOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  Connection& conn() { return *conn_; }
+
+ private:
+  std::unique_ptr<IoThread> io_;
+  std::shared_ptr<Connection> conn_;
+};
+
+}  // namespace redis
+}  // namespace bus
+
+#endif  // DRIVERS_REDIS_REDIS_OPTIONS_H_

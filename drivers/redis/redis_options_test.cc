@@ -1,0 +1,99 @@
+// Pure functions of the Redis client: option validation, redaction, backoff, error mapping.
+
+#include "drivers/redis/redis_options.h"
+
+#include "absl/random/mock_distributions.h"
+#include "absl/random/mocking_bit_gen.h"
+#include "absl/random/random.h"
+#include "drivers/redis/connection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace bus {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(RedisOptionsTest, DefaultsAreValid) { EXPECT_TRUE(ValidateRedisOptions({}).ok()); }
+
+TEST(RedisOptionsTest, EachBadFieldIsNamed) {
+  struct Case {
+    const char* field;
+    void (*mutate)(RedisOptions&);
+  };
+  const Case cases[] = {
+      {"host", [](RedisOptions& o) { o.host = ""; }},
+      {"port", [](RedisOptions& o) { o.port = 0; }},
+      {"port", [](RedisOptions& o) { o.port = 70000; }},
+      {"username", [](RedisOptions& o) { o.username = "alice"; }},
+      {"db", [](RedisOptions& o) { o.db = -1; }},
+      {"key_prefix", [](RedisOptions& o) { o.key_prefix = "a{b"; }},
+      {"connect_timeout", [](RedisOptions& o) { o.connect_timeout = absl::ZeroDuration(); }},
+      {"request_timeout", [](RedisOptions& o) { o.request_timeout = -absl::Seconds(1); }},
+      {"backoff_base", [](RedisOptions& o) { o.backoff_base = absl::ZeroDuration(); }},
+      {"backoff_max", [](RedisOptions& o) { o.backoff_max = absl::Milliseconds(1); }},
+      {"script_batch", [](RedisOptions& o) { o.script_batch = 0; }},
+  };
+  for (const Case& c : cases) {
+    RedisOptions o;
+    c.mutate(o);
+    absl::Status st = ValidateRedisOptions(o);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.field;
+    EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("RedisOptions.", c.field))) << st;
+  }
+}
+
+TEST(RedisOptionsTest, ToStringRedactsThePassword) {
+  RedisOptions o;
+  o.username = "alice";
+  o.password = "hunter2-secret";
+  const std::string s = ToString(o);
+  EXPECT_THAT(s, Not(HasSubstr("hunter2")));
+  EXPECT_THAT(s, HasSubstr("password=<redacted>"));
+  EXPECT_THAT(s, HasSubstr("username=alice"));
+  EXPECT_THAT(ToString(RedisOptions{}), HasSubstr("password=<none>"));
+}
+
+TEST(BackoffDelayTest, FullJitterWithinAnExponentialCap) {
+  absl::BitGen gen;
+  const absl::Duration base = absl::Milliseconds(50), max = absl::Seconds(2);
+  for (int attempt = 1; attempt <= 12; ++attempt) {
+    absl::Duration cap = base;
+    for (int i = 1; i < attempt; ++i) cap = std::min(cap * 2, max);
+    for (int i = 0; i < 100; ++i) {
+      const absl::Duration d = redis::BackoffDelay(attempt, base, max, gen);
+      EXPECT_GE(d, absl::ZeroDuration());
+      EXPECT_LE(d, cap) << attempt;
+    }
+  }
+}
+
+TEST(BackoffDelayTest, IsAPureFunctionOfTheRandomSource) {
+  absl::MockingBitGen gen;
+  EXPECT_CALL(absl::MockUniform<int64_t>(),
+              Call(absl::IntervalClosed, gen, 0, absl::ToInt64Nanoseconds(absl::Milliseconds(400))))
+      .WillOnce(::testing::Return(absl::ToInt64Nanoseconds(absl::Milliseconds(123))));
+  EXPECT_EQ(redis::BackoffDelay(4, absl::Milliseconds(50), absl::Seconds(2), gen),
+            absl::Milliseconds(123));
+}
+
+TEST(ReplyStatusTest, MapsRedisErrorsToWhatTheCallerShouldDo) {
+  auto err = [](const char* text) {
+    redis::Reply r;
+    r.type = redis::Reply::Type::kError;
+    r.str = text;
+    return redis::ReplyStatus(r);
+  };
+  EXPECT_TRUE(absl::IsUnavailable(err("NOSCRIPT No matching script")));
+  EXPECT_TRUE(absl::IsUnavailable(err("LOADING Redis is loading the dataset in memory")));
+  EXPECT_TRUE(absl::IsUnavailable(err("BUSY Redis is busy running a script")));
+  EXPECT_TRUE(absl::IsUnauthenticated(err("WRONGPASS invalid username-password pair")));
+  EXPECT_TRUE(absl::IsUnauthenticated(err("NOAUTH Authentication required.")));
+  EXPECT_TRUE(absl::IsPermissionDenied(err("NOPERM this user has no permissions")));
+  EXPECT_TRUE(absl::IsInternal(err("ERR unknown command")));
+  EXPECT_TRUE(redis::ReplyStatus(redis::Reply{}).ok());
+}
+
+}  // namespace
+}  // namespace bus

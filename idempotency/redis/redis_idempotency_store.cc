@@ -1,0 +1,123 @@
+#include "idempotency/redis/redis_idempotency_store.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace bus {
+namespace {
+
+using redis::Reply;
+using redis::Script;
+
+// A key's value is "held:<owner>" during the lease and "done:<owner>" during the retention; its
+// TTL is the lease or the retention. Acquire is one SET NX PX (no script needed).
+
+// KEYS: key. ARGV: owner, retention_ms. 1 when done, 0 when not the owner of a live lease.
+constexpr char kMarkDone[] = R"lua(
+if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
+return 1
+)lua";
+
+// KEYS: key. ARGV: owner. 1 when released, 0 when not the owner of a live lease.
+constexpr char kRelease[] = R"lua(
+if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+)lua";
+
+const Script& MarkDoneScript() {
+  static const Script* s = new Script(kMarkDone);
+  return *s;
+}
+const Script& ReleaseScript() {
+  static const Script* s = new Script(kRelease);
+  return *s;
+}
+
+int64_t Millis(absl::Duration d) {
+  return std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
+}
+
+absl::Status Check(absl::string_view key, absl::string_view owner) {
+  if (key.empty()) return absl::InvalidArgumentError("idempotency key is empty");
+  if (owner.empty()) return absl::InvalidArgumentError("idempotency owner is empty");
+  return absl::OkStatus();
+}
+
+class RedisIdempotencyStore final : public IdempotencyStore {
+ public:
+  explicit RedisIdempotencyStore(RedisOptions options)
+      : options_(std::move(options)), client_(options_) {}
+
+  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
+                               absl::Duration lease) override {
+    if (absl::Status st = Check(key, owner); !st.ok()) return st;
+    if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("Acquire: lease <= 0");
+    absl::StatusOr<Reply> r = client_.conn().Command(
+        {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
+        options_.request_timeout);
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return redis::ReplyStatus(*r);
+    return !r->is_nil();
+  }
+
+  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
+                        absl::Duration retention) override {
+    if (absl::Status st = Check(key, owner); !st.ok()) return st;
+    if (retention <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("MarkDone: retention <= 0");
+    }
+    absl::StatusOr<int64_t> r = Run(MarkDoneScript(), key, owner, Millis(retention));
+    if (!r.ok()) return r.status();
+    if (*r == 0) return NotOwner("MarkDone", key);
+    return absl::OkStatus();
+  }
+
+  absl::Status Release(absl::string_view key, absl::string_view owner) override {
+    if (absl::Status st = Check(key, owner); !st.ok()) return st;
+    absl::StatusOr<int64_t> r = Run(ReleaseScript(), key, owner, -1);
+    if (!r.ok()) return r.status();
+    if (*r == 0) return NotOwner("Release", key);
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
+  }
+
+  std::string KeyOf(absl::string_view key) const {
+    return absl::StrCat(options_.key_prefix, "idem:{", key, "}");
+  }
+
+  absl::StatusOr<int64_t> Run(const Script& script, absl::string_view key, absl::string_view owner,
+                              int64_t ms) {
+    std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
+    if (ms >= 0) call.push_back(absl::StrCat(ms));
+    absl::StatusOr<std::vector<Reply>> replies =
+        client_.conn().Eval(script, {std::move(call)}, options_.request_timeout);
+    if (!replies.ok()) return replies.status();
+    const Reply& r = (*replies)[0];
+    if (r.is_error()) return redis::ReplyStatus(r);
+    return r.integer;
+  }
+
+  const RedisOptions options_;
+  redis::Client client_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewRedisIdempotencyStore(RedisOptions options) {
+  if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
+  return std::shared_ptr<IdempotencyStore>(
+      std::make_shared<RedisIdempotencyStore>(std::move(options)));
+}
+
+}  // namespace bus

@@ -1,0 +1,110 @@
+#include "idempotency/sqlite/idempotency_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "storage/sqlite/sql.h"
+
+namespace bus {
+namespace {
+
+using sqlite_internal::Connection;
+using sqlite_internal::ScopedStatement;
+
+absl::Status CheckKeyAndOwner(absl::string_view call, absl::string_view key,
+                              absl::string_view owner) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty key"));
+  if (owner.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty owner"));
+  return absl::OkStatus();
+}
+
+absl::Status NotOwner(absl::string_view call, absl::string_view key) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(call, ": the caller holds no live lease on idempotency key '", key,
+                   "' (it ran out, was released or marked done, or another owner holds it)"));
+}
+
+// Expiry `d` after `now`, in whole milliseconds, at least 1ms after now.
+int64_t ExpiryMillis(absl::Time now, absl::Duration d) {
+  return absl::ToUnixMillis(now + std::max(d, absl::Milliseconds(1)));
+}
+
+class SqliteIdempotencyStore final : public IdempotencyStore {
+ public:
+  explicit SqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
+
+  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
+                               absl::Duration lease) override {
+    if (absl::Status s = CheckKeyAndOwner("Acquire", key, owner); !s.ok()) return s;
+    if (lease <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("Acquire: lease must be > 0");
+    }
+    bool acquired = false;
+    const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kAcquireSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, key);
+      stmt->BindText(2, owner);
+      stmt->BindInt64(3, ExpiryMillis(now, lease));
+      stmt->BindInt64(4, absl::ToUnixMillis(now));
+      if (absl::Status run = stmt->Run(); !run.ok()) return run;
+      acquired = conn.Changes() == 1;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return acquired;
+  }
+
+  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
+                        absl::Duration retention) override {
+    if (absl::Status s = CheckKeyAndOwner("MarkDone", key, owner); !s.ok()) return s;
+    if (retention <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("MarkDone: retention must be > 0");
+    }
+    return db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kMarkDoneSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, key);
+      stmt->BindText(2, owner);
+      stmt->BindInt64(3, ExpiryMillis(now, retention));
+      stmt->BindInt64(4, absl::ToUnixMillis(now));
+      if (absl::Status run = stmt->Run(); !run.ok()) return run;
+      return conn.Changes() == 1 ? absl::OkStatus() : NotOwner("MarkDone", key);
+    });
+  }
+
+  absl::Status Release(absl::string_view key, absl::string_view owner) override {
+    if (absl::Status s = CheckKeyAndOwner("Release", key, owner); !s.ok()) return s;
+    return db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kReleaseKeySql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, key);
+      stmt->BindText(2, owner);
+      stmt->BindInt64(3, absl::ToUnixMillis(now));
+      if (absl::Status run = stmt->Run(); !run.ok()) return run;
+      return conn.Changes() == 1 ? absl::OkStatus() : NotOwner("Release", key);
+    });
+  }
+
+ private:
+  const std::shared_ptr<SqliteDatabase> db_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
+    const SqliteOptions& options) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
+  if (!db.ok()) return db.status();
+  return NewSqliteIdempotencyStore(*std::move(db));
+}
+
+std::shared_ptr<IdempotencyStore> NewSqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) {
+  return std::make_shared<SqliteIdempotencyStore>(std::move(db));
+}
+
+}  // namespace bus

@@ -1,0 +1,102 @@
+// The store conformance suites on the Redis dead-letter and idempotency stores, against a
+// redis-server that each test starts itself, plus what is specific to them.
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "tests/store_conformance.h"
+#include "tests/testing/redis_server.h"
+
+namespace bus::testing {
+namespace {
+
+class RedisStoreHarness final : public StoreHarness {
+ public:
+  RedisStoreHarness() {
+    absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) server_ = std::move(*server);
+  }
+
+  RedisOptions Options() const {
+    RedisOptions options;
+    options.port = server_ != nullptr ? server_->port() : 1;
+    return options;
+  }
+
+  std::shared_ptr<DeadLetterStore> NewDeadLetterStore() override {
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> s = NewRedisDeadLetterStore(Options());
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : nullptr;
+  }
+  std::shared_ptr<IdempotencyStore> NewIdempotencyStore() override {
+    absl::StatusOr<std::shared_ptr<IdempotencyStore>> s = NewRedisIdempotencyStore(Options());
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : nullptr;
+  }
+  void Advance(absl::Duration d) override { absl::SleepFor(d); }
+  absl::Duration ShortLease() const override { return absl::Seconds(1); }
+
+  RedisServer* server() { return server_.get(); }
+
+ private:
+  std::unique_ptr<RedisServer> server_;
+};
+
+const StoreConformanceParam kRedis{"redis", [] { return std::make_unique<RedisStoreHarness>(); }};
+
+INSTANTIATE_TEST_SUITE_P(Redis, DeadLetterStoreConformanceTest, ::testing::Values(kRedis),
+                         StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Redis, IdempotencyStoreConformanceTest, ::testing::Values(kRedis),
+                         StoreParamName);
+
+TEST(RedisIdempotencyStoreTest, EntriesCarryATtlSoRedisRemovesThem) {
+  RedisStoreHarness h;
+  ASSERT_NE(h.server(), nullptr);
+  std::shared_ptr<IdempotencyStore> store = h.NewIdempotencyStore();
+  ASSERT_TRUE(*store->Acquire("k1", "o", absl::Seconds(30)));
+  ASSERT_TRUE(*store->Acquire("k2", "o", absl::Seconds(30)));
+  ASSERT_TRUE(store->MarkDone("k2", "o", absl::Seconds(60)).ok());
+  for (const char* key : {"bus:idem:{k1}", "bus:idem:{k2}"}) {
+    absl::StatusOr<std::string> ttl = h.server()->Cli({"PTTL", key});
+    ASSERT_TRUE(ttl.ok()) << ttl.status();
+    EXPECT_GT(std::stoll(*ttl), 0) << key;
+  }
+}
+
+TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatches) {
+  RedisStoreHarness h;
+  ASSERT_NE(h.server(), nullptr);
+  RedisOptions options = h.Options();
+  options.script_batch = 7;
+  {
+    auto store = NewRedisDeadLetterStore(options);
+    ASSERT_TRUE(store.ok());
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE((*store)->Store("q", absl::StrCat(i), "r").ok());
+  }
+  auto store = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ(*(*store)->Count("q"), 50);
+  ASSERT_TRUE((*store)->Purge("q").ok());
+  EXPECT_EQ(*(*store)->Count("q"), 0);
+}
+
+TEST(RedisStoresTest, AnUnreachableServerIsUnavailable) {
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RedisOptions options;
+  options.port = *port;
+  options.request_timeout = absl::Seconds(1);
+  auto dlq = NewRedisDeadLetterStore(options);
+  auto idem = NewRedisIdempotencyStore(options);
+  ASSERT_TRUE(dlq.ok() && idem.ok());
+  EXPECT_TRUE(absl::IsUnavailable((*dlq)->Store("q", "d", "r").status()));
+  EXPECT_TRUE(absl::IsUnavailable((*idem)->Acquire("k", "o", absl::Seconds(1)).status()));
+}
+
+}  // namespace
+}  // namespace bus::testing

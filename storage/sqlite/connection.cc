@@ -1,0 +1,191 @@
+#include "storage/sqlite/connection.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace bus::sqlite_internal {
+namespace {
+
+absl::StatusCode CodeFor(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_PROTOCOL:
+    case SQLITE_IOERR:
+    case SQLITE_SCHEMA:
+      return absl::StatusCode::kUnavailable;
+    case SQLITE_NOMEM:
+    case SQLITE_FULL:
+      return absl::StatusCode::kResourceExhausted;
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+    case SQLITE_AUTH:
+      return absl::StatusCode::kPermissionDenied;
+    case SQLITE_CANTOPEN:
+    case SQLITE_NOTADB:
+    case SQLITE_CONSTRAINT:
+    case SQLITE_MISMATCH:
+      return absl::StatusCode::kFailedPrecondition;
+    case SQLITE_CORRUPT:
+      return absl::StatusCode::kDataLoss;
+    case SQLITE_TOOBIG:
+    case SQLITE_RANGE:
+      return absl::StatusCode::kInvalidArgument;
+    case SQLITE_INTERRUPT:
+    case SQLITE_ABORT:
+      return absl::StatusCode::kAborted;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+}  // namespace
+
+absl::Status SqliteStatus(int rc, sqlite3* db, absl::string_view context) {
+  if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE) return absl::OkStatus();
+  // sqlite3_errmsg describes the latest failure on `db`, which is `rc` when the caller passes
+  // the code it just got; without a handle only the generic text is available.
+  const char* text = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  std::string message = absl::StrCat(context, ": ", text);
+  if ((rc & 0xff) == SQLITE_NOTADB) {
+    absl::StrAppend(&message, " (the file is not a SQLite database)");
+  }
+  absl::StrAppend(&message, " [sqlite ", sqlite3_errstr(rc), ", code ", rc, "]");
+  return absl::Status(CodeFor(rc), message);
+}
+
+ScopedStatement::~ScopedStatement() {
+  if (stmt_ == nullptr) return;
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+absl::Status ScopedStatement::Error(int rc) const {
+  return SqliteStatus(rc, conn_->raw(), absl::StrCat(conn_->path(), ": ", sqlite3_sql(stmt_)));
+}
+
+void ScopedStatement::BindInt64(int index, int64_t value) {
+  const int rc = sqlite3_bind_int64(stmt_, index, value);
+  if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+}
+
+void ScopedStatement::BindText(int index, absl::string_view value) {
+  // A null pointer would bind SQL NULL; an empty value must stay an empty string.
+  const char* data = value.data() != nullptr ? value.data() : "";
+  const int rc = sqlite3_bind_text64(stmt_, index, data, value.size(), SQLITE_STATIC, SQLITE_UTF8);
+  if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+}
+
+void ScopedStatement::BindBlob(int index, absl::string_view value) {
+  const char* data = value.data() != nullptr ? value.data() : "";
+  const int rc = sqlite3_bind_blob64(stmt_, index, data, value.size(), SQLITE_STATIC);
+  if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+}
+
+absl::StatusOr<bool> ScopedStatement::Step() {
+  if (bind_rc_ != SQLITE_OK) return Error(bind_rc_);
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return Error(rc);
+}
+
+absl::Status ScopedStatement::Run() {
+  while (true) {
+    absl::StatusOr<bool> row = Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return absl::OkStatus();
+  }
+}
+
+int64_t ScopedStatement::ColumnInt64(int index) const { return sqlite3_column_int64(stmt_, index); }
+
+bool ScopedStatement::ColumnIsNull(int index) const {
+  return sqlite3_column_type(stmt_, index) == SQLITE_NULL;
+}
+
+absl::string_view ScopedStatement::ColumnText(int index) const {
+  const auto* data = reinterpret_cast<const char*>(sqlite3_column_text(stmt_, index));
+  const int size = sqlite3_column_bytes(stmt_, index);
+  return data == nullptr ? absl::string_view() : absl::string_view(data, size);
+}
+
+absl::string_view ScopedStatement::ColumnBlob(int index) const {
+  const auto* data = static_cast<const char*>(sqlite3_column_blob(stmt_, index));
+  const int size = sqlite3_column_bytes(stmt_, index);
+  return data == nullptr ? absl::string_view() : absl::string_view(data, size);
+}
+
+Connection::Connection(std::unique_ptr<sqlite3, SqliteCloser> db, std::string path,
+                       absl::Duration busy_timeout)
+    : db_(std::move(db)), path_(std::move(path)), busy_timeout_(busy_timeout) {}
+
+absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& path,
+                                                             absl::Duration busy_timeout,
+                                                             SqliteSynchronous synchronous) {
+  sqlite3* raw = nullptr;
+  // NOMUTEX: each connection is used by one thread at a time (our own locks see to that), so
+  // SQLite's per-connection mutex would be pure overhead.
+  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  std::unique_ptr<sqlite3, SqliteCloser> db(raw);
+  if (rc != SQLITE_OK) {
+    return SqliteStatus(rc, db.get(), absl::StrCat("cannot open SQLite database ", path));
+  }
+  sqlite3_extended_result_codes(db.get(), 1);
+  // SQLite quietly falls back to read-only when the file cannot be opened for writing; every
+  // store needs to write, so say so now instead of failing on the first write.
+  if (sqlite3_db_readonly(db.get(), "main") == 1) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("SQLite database ", path, " is read-only (no write permission on the file)"));
+  }
+  std::unique_ptr<Connection> conn(new Connection(std::move(db), path, busy_timeout));
+  sqlite3_busy_handler(conn->raw(), &Connection::BusyHandler, conn.get());
+  const char* pragma = synchronous == SqliteSynchronous::kFull ? "PRAGMA synchronous = FULL"
+                                                               : "PRAGMA synchronous = NORMAL";
+  if (absl::Status s = conn->Exec(pragma); !s.ok()) return s;
+  return conn;
+}
+
+int Connection::BusyHandler(void* self, int attempts) {
+  // Another connection (in this process or another) holds the lock for a few microseconds to
+  // milliseconds. SQLite's default handler sleeps 1, 2, 5, 10... ms; shorter, jittered sleeps
+  // keep two busy processes from waiting in lockstep far longer than the lock is held. This
+  // waits on real time: it paces I/O, it is not logic that a test drives with a fake clock.
+  auto* conn = static_cast<Connection*>(self);
+  thread_local absl::BitGen bitgen;
+  const absl::Time now = absl::Now();
+  if (attempts == 0) conn->busy_started_ = now;
+  if (now - conn->busy_started_ >= conn->busy_timeout_) return 0;
+  const absl::Duration base = std::min(
+      absl::Microseconds(20) * (int64_t{1} << std::min(attempts, 7)), absl::Milliseconds(2));
+  absl::SleepFor(base * absl::Uniform(bitgen, 0.5, 1.5));
+  return 1;
+}
+
+absl::StatusOr<ScopedStatement> Connection::Prepare(const char* sql) {
+  auto it = cache_.find(sql);
+  if (it == cache_.end()) {
+    sqlite3_stmt* stmt = nullptr;
+    const int rc =
+        sqlite3_prepare_v3(db_.get(), sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+    std::unique_ptr<sqlite3_stmt, StatementFinalizer> owned(stmt);
+    if (rc != SQLITE_OK) {
+      return SqliteStatus(rc, db_.get(), absl::StrCat(path_, ": preparing ", sql));
+    }
+    it = cache_.emplace(sql, std::move(owned)).first;
+  }
+  return ScopedStatement(it->second.get(), this);
+}
+
+absl::Status Connection::Exec(const char* sql) {
+  absl::StatusOr<ScopedStatement> stmt = Prepare(sql);
+  if (!stmt.ok()) return stmt.status();
+  return stmt->Run();
+}
+
+}  // namespace bus::sqlite_internal

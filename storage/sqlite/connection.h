@@ -1,0 +1,159 @@
+// Internal to the SQLite stores: one SQLite connection with its cached prepared statements, and
+// the one function that turns SQLite result codes into absl::Status.
+//
+//   absl::StatusOr<std::unique_ptr<Connection>> conn =
+//       Connection::Open("bus.db", absl::Seconds(5), SqliteSynchronous::kNormal);
+//   absl::StatusOr<ScopedStatement> stmt = (*conn)->Prepare(kCountLettersSql);
+//   stmt->BindText(1, queue);
+//   absl::StatusOr<bool> row = stmt->Step();  // true: a row is ready to read
+//
+// Every statement is a compile-time constant prepared once per connection (the cache is keyed
+// by the constant's address); values only ever reach SQLite as bound parameters.
+//
+// Ownership: a Connection owns its sqlite3 handle and every statement prepared on it; statements
+// are finalized before the handle is closed. A ScopedStatement borrows a cached statement and
+// resets it (releasing its read snapshot) and clears its bindings when it goes out of scope.
+//
+// Thread-safety: none. A Connection (and its statements) is used by one thread at a time; the
+// callers (SqliteDatabase) arrange that with their own locks.
+
+#ifndef STORAGE_SQLITE_CONNECTION_H_
+#define STORAGE_SQLITE_CONNECTION_H_
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace bus {
+
+// The synchronous pragma (https://sqlite.org/pragma.html#pragma_synchronous) in WAL mode.
+enum class SqliteSynchronous {
+  // A commit is durable once it returns against a crash of the process (the WAL is written
+  // before COMMIT returns); an operating-system crash or power loss may roll back the last
+  // commits, never corrupt the file. SQLite's recommendation for WAL.
+  kNormal,
+  // Also durable against an operating-system crash or power loss: every commit waits for an
+  // fsync of the WAL.
+  kFull,
+};
+
+namespace sqlite_internal {
+
+// The one mapping from a SQLite result code to absl::Status, chosen by what the caller should do:
+//
+//   SQLITE_BUSY, SQLITE_LOCKED, SQLITE_PROTOCOL, SQLITE_IOERR, SQLITE_SCHEMA  Unavailable
+//   SQLITE_NOMEM, SQLITE_FULL                                                 ResourceExhausted
+//   SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH                                 PermissionDenied
+//   SQLITE_CANTOPEN, SQLITE_NOTADB, SQLITE_CONSTRAINT, SQLITE_MISMATCH        FailedPrecondition
+//   SQLITE_CORRUPT                                                            DataLoss
+//   SQLITE_TOOBIG, SQLITE_RANGE                                               InvalidArgument
+//   SQLITE_INTERRUPT, SQLITE_ABORT                                            Aborted
+//   anything else (SQLITE_ERROR, SQLITE_MISUSE, ...)                          Internal
+//
+// The message names `context` (what was being done, including the file), SQLite's own text
+// (from `db` when given, else the generic text for `rc`) and the extended result code. It never
+// contains bound values.
+absl::Status SqliteStatus(int rc, sqlite3* db, absl::string_view context);
+
+struct SqliteCloser {
+  void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+};
+struct StatementFinalizer {
+  void operator()(sqlite3_stmt* stmt) const { sqlite3_finalize(stmt); }
+};
+
+class Connection;
+
+// A cached prepared statement in use. Bind with 1-based parameter indexes (the SQL uses ?1,
+// ?2, ...); a failed bind is reported by the next Step().
+class ScopedStatement {
+ public:
+  ScopedStatement(sqlite3_stmt* stmt, const Connection* conn) : stmt_(stmt), conn_(conn) {}
+  ScopedStatement(ScopedStatement&& other) noexcept
+      : stmt_(other.stmt_), conn_(other.conn_), bind_rc_(other.bind_rc_) {
+    other.stmt_ = nullptr;
+  }
+  ScopedStatement& operator=(ScopedStatement&&) = delete;
+  ScopedStatement(const ScopedStatement&) = delete;
+  ~ScopedStatement();
+
+  void BindInt64(int index, int64_t value);
+  // Binds exactly the bytes of `value` (embedded NULs and non-UTF-8 bytes included).
+  void BindText(int index, absl::string_view value);
+  void BindBlob(int index, absl::string_view value);
+
+  // Runs the statement one step: true when a result row is ready, false when it has finished.
+  absl::StatusOr<bool> Step();
+  // Steps until the statement finishes, ignoring result rows.
+  absl::Status Run();
+
+  int64_t ColumnInt64(int index) const;
+  bool ColumnIsNull(int index) const;
+  // Valid until the next Step() or the end of this object.
+  absl::string_view ColumnText(int index) const;
+  absl::string_view ColumnBlob(int index) const;
+
+ private:
+  absl::Status Error(int rc) const;
+
+  sqlite3_stmt* stmt_;
+  const Connection* conn_;
+  int bind_rc_ = SQLITE_OK;
+};
+
+class Connection {
+ public:
+  // Opens (creating if missing) the database file at `path` for reading and writing, with a
+  // busy handler that retries for up to `busy_timeout` and the given synchronous mode. Does not
+  // switch the journal mode or touch the schema (SqliteDatabase does that). Errors as
+  // SqliteStatus() maps them; PermissionDenied when the file can only be opened read-only.
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& path,
+                                                          absl::Duration busy_timeout,
+                                                          SqliteSynchronous synchronous);
+
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Returns the statement for `sql`, a string literal or other constant with static storage
+  // duration, preparing it on first use.
+  absl::StatusOr<ScopedStatement> Prepare(const char* sql);
+
+  // Prepares (cached) and runs a statement without parameters, ignoring result rows.
+  absl::Status Exec(const char* sql);
+
+  // Rows changed by the latest INSERT, UPDATE or DELETE on this connection.
+  int64_t Changes() const { return sqlite3_changes64(db_.get()); }
+
+  // Whether a transaction is open (false after SQLite rolled one back on its own).
+  bool InTransaction() const { return sqlite3_get_autocommit(db_.get()) == 0; }
+
+  const std::string& path() const { return path_; }
+  sqlite3* raw() const { return db_.get(); }
+
+ private:
+  Connection(std::unique_ptr<sqlite3, SqliteCloser> db, std::string path,
+             absl::Duration busy_timeout);
+
+  static int BusyHandler(void* self, int attempts);
+
+  // Declared first so that it is destroyed last, after every statement is finalized.
+  std::unique_ptr<sqlite3, SqliteCloser> db_;
+  std::string path_;
+  absl::Duration busy_timeout_;
+  // When the current wait for a lock began (BusyHandler).
+  absl::Time busy_started_;
+  absl::flat_hash_map<const char*, std::unique_ptr<sqlite3_stmt, StatementFinalizer>> cache_;
+};
+
+}  // namespace sqlite_internal
+}  // namespace bus
+
+#endif  // STORAGE_SQLITE_CONNECTION_H_

@@ -1,0 +1,157 @@
+#include "storage/sqlite/dead_letter_store.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "storage/sqlite/sql.h"
+
+namespace bus {
+namespace {
+
+using sqlite_internal::Connection;
+using sqlite_internal::ScopedStatement;
+
+// Ids are the decimal row ids this store hands out.
+absl::StatusOr<int64_t> ParseId(absl::string_view id, absl::string_view what) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(id, &value) || value < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", id, "' is not a dead-letter id of the SQLite store"));
+  }
+  return value;
+}
+
+class SqliteDeadLetterStore final : public DeadLetterStore {
+ public:
+  explicit SqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
+
+  absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
+                                    absl::string_view reason) override {
+    int64_t id = 0;
+    const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kStoreLetterSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, queue);
+      stmt->BindBlob(2, data);
+      stmt->BindText(3, reason);
+      stmt->BindInt64(4, absl::ToUnixMicros(db_->clock()->Now()));
+      absl::StatusOr<bool> row = stmt->Step();
+      if (!row.ok()) return row.status();
+      if (!*row) return absl::InternalError("SQLite dead-letter insert returned no id");
+      id = stmt->ColumnInt64(0);
+      return stmt->Run();
+    });
+    if (!s.ok()) return s;
+    return absl::StrCat(id);
+  }
+
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
+                                                absl::string_view after_id) override {
+    if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    int64_t after = 0;
+    if (!after_id.empty()) {
+      absl::StatusOr<int64_t> parsed = ParseId(after_id, "Fetch: after_id");
+      if (!parsed.ok()) return parsed.status();
+      after = *parsed;
+    }
+    std::vector<DeadLetter> letters;
+    const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+      letters.clear();
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchLettersSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, queue);
+      stmt->BindInt64(2, after);
+      stmt->BindInt64(3, limit);
+      while (true) {
+        absl::StatusOr<bool> row = stmt->Step();
+        if (!row.ok()) return row.status();
+        if (!*row) return absl::OkStatus();
+        DeadLetter& letter = letters.emplace_back();
+        letter.id = absl::StrCat(stmt->ColumnInt64(0));
+        letter.queue = std::string(queue);
+        letter.data = std::string(stmt->ColumnBlob(1));
+        letter.reason = std::string(stmt->ColumnText(2));
+        letter.stored_at = absl::FromUnixMicros(stmt->ColumnInt64(3));
+      }
+    });
+    if (!s.ok()) return s;
+    return letters;
+  }
+
+  absl::Status Remove(absl::string_view queue, absl::string_view id) override {
+    absl::StatusOr<int64_t> parsed = ParseId(id, "Remove: id");
+    if (!parsed.ok()) return parsed.status();
+    return db_->Write([&](Connection& conn) -> absl::Status {
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kRemoveLetterSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, queue);
+      stmt->BindInt64(2, *parsed);
+      return stmt->Run();
+    });
+  }
+
+  absl::StatusOr<int64_t> Count(absl::string_view queue) override {
+    int64_t count = 0;
+    const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountLettersSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, queue);
+      absl::StatusOr<bool> row = stmt->Step();
+      if (!row.ok()) return row.status();
+      count = *row ? stmt->ColumnInt64(0) : 0;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return count;
+  }
+
+  absl::Status Purge(absl::string_view queue) override {
+    // Everything up to the newest letter now; deleted in bounded batches so that no single
+    // transaction holds the write lock for long.
+    int64_t max_id = 0;
+    absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kMaxLetterIdSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindText(1, queue);
+      absl::StatusOr<bool> row = stmt->Step();
+      if (!row.ok()) return row.status();
+      max_id = (*row && !stmt->ColumnIsNull(0)) ? stmt->ColumnInt64(0) : 0;
+      return absl::OkStatus();
+    });
+    if (!s.ok() || max_id == 0) return s;
+    const int batch = db_->options().cleanup_batch;
+    while (true) {
+      int64_t deleted = 0;
+      s = db_->Write([&](Connection& conn) -> absl::Status {
+        absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kPurgeLettersSql);
+        if (!stmt.ok()) return stmt.status();
+        stmt->BindText(1, queue);
+        stmt->BindInt64(2, max_id);
+        stmt->BindInt64(3, batch);
+        if (absl::Status run = stmt->Run(); !run.ok()) return run;
+        deleted = conn.Changes();
+        return absl::OkStatus();
+      });
+      if (!s.ok() || deleted < batch) return s;
+    }
+  }
+
+ private:
+  const std::shared_ptr<SqliteDatabase> db_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<DeadLetterStore>> NewSqliteDeadLetterStore(
+    const SqliteOptions& options) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
+  if (!db.ok()) return db.status();
+  return NewSqliteDeadLetterStore(*std::move(db));
+}
+
+std::shared_ptr<DeadLetterStore> NewSqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db) {
+  return std::make_shared<SqliteDeadLetterStore>(std::move(db));
+}
+
+}  // namespace bus

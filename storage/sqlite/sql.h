@@ -1,0 +1,115 @@
+// Internal to the SQLite stores: the schema, its migrations and every statement the stores run.
+// All SQL is here, as constants; values are only ever bound as parameters. The benchmark's raw
+// sqlite3 loop runs these same statements.
+//
+// Times are absolute wall-clock values (Unix milliseconds for idempotency expiry, microseconds
+// for a letter's stored_at), read from the store's Clock, so several processes on one file agree
+// on when a lease runs out.
+
+#ifndef STORAGE_SQLITE_SQL_H_
+#define STORAGE_SQLITE_SQL_H_
+
+namespace bus::sqlite_internal {
+
+// ---- Schema version ----
+//
+// The version lives in the table bus_meta (not in PRAGMA user_version, which an application
+// sharing the file may use for its own schema).
+
+inline constexpr char kMetaTableExistsSql[] =
+    "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'bus_meta'";
+inline constexpr char kCreateMetaTableSql[] =
+    "CREATE TABLE IF NOT EXISTS bus_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)";
+inline constexpr char kSchemaVersionSql[] =
+    "SELECT value FROM bus_meta WHERE name = 'schema_version'";
+inline constexpr char kSetSchemaVersionSql[] =
+    "INSERT INTO bus_meta (name, value) VALUES ('schema_version', ?1) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+
+// Migration to version 1: dead letters and idempotency keys.
+//
+// dead_letters.id is AUTOINCREMENT so that an id is never reused: without it, removing the
+// newest letter and storing another would hand out the same id again, and a second replayer's
+// late Remove() of the old letter would delete the new one.
+//
+// idempotency_keys holds one row per live key: a lease (done = 0) or a done marker (done = 1),
+// each live until expires_at_ms. The expiry index lets cleanup delete expired rows in bounded
+// batches without scanning live ones.
+inline constexpr const char* kMigrationV1[] = {
+    "CREATE TABLE dead_letters ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  queue TEXT NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  reason TEXT NOT NULL,"
+    "  stored_at_us INTEGER NOT NULL)",
+    "CREATE INDEX dead_letters_by_queue ON dead_letters (queue, id)",
+    "CREATE TABLE idempotency_keys ("
+    "  key TEXT PRIMARY KEY,"
+    "  owner TEXT NOT NULL,"
+    "  done INTEGER NOT NULL,"
+    "  expires_at_ms INTEGER NOT NULL"
+    ") WITHOUT ROWID",
+    "CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires_at_ms)",
+};
+
+// ---- Transactions ----
+//
+// Writes take the write lock up front (IMMEDIATE), so a transaction never has to upgrade a read
+// snapshot to a write lock, which SQLite cannot wait for and fails at once with SQLITE_BUSY.
+
+inline constexpr char kBeginSql[] = "BEGIN IMMEDIATE";
+inline constexpr char kCommitSql[] = "COMMIT";
+inline constexpr char kRollbackSql[] = "ROLLBACK";
+inline constexpr char kSavepointSql[] = "SAVEPOINT bus_op";
+inline constexpr char kReleaseSql[] = "RELEASE bus_op";
+inline constexpr char kRollbackToSql[] = "ROLLBACK TO bus_op";
+
+inline constexpr char kJournalModeWalSql[] = "PRAGMA journal_mode = WAL";
+
+// ---- Dead letters ----
+
+// ?1 queue, ?2 data, ?3 reason, ?4 stored_at_us. Returns the id.
+inline constexpr char kStoreLetterSql[] =
+    "INSERT INTO dead_letters (queue, data, reason, stored_at_us) VALUES (?1, ?2, ?3, ?4) "
+    "RETURNING id";
+// ?1 queue, ?2 after id, ?3 limit.
+inline constexpr char kFetchLettersSql[] =
+    "SELECT id, data, reason, stored_at_us FROM dead_letters "
+    "WHERE queue = ?1 AND id > ?2 ORDER BY id LIMIT ?3";
+// ?1 queue, ?2 id.
+inline constexpr char kRemoveLetterSql[] = "DELETE FROM dead_letters WHERE queue = ?1 AND id = ?2";
+// ?1 queue.
+inline constexpr char kCountLettersSql[] = "SELECT count(*) FROM dead_letters WHERE queue = ?1";
+// ?1 queue.
+inline constexpr char kMaxLetterIdSql[] = "SELECT max(id) FROM dead_letters WHERE queue = ?1";
+// ?1 queue, ?2 highest id to delete, ?3 batch size.
+inline constexpr char kPurgeLettersSql[] =
+    "DELETE FROM dead_letters WHERE id IN "
+    "(SELECT id FROM dead_letters WHERE queue = ?1 AND id <= ?2 ORDER BY id LIMIT ?3)";
+
+// ---- Idempotency keys ----
+//
+// A row is live while expires_at_ms > now. Acquire takes a key that has no row or whose row
+// expired (a lease that ran out, or a done marker past its retention).
+
+// ?1 key, ?2 owner, ?3 lease expiry, ?4 now. One row changed: acquired.
+inline constexpr char kAcquireSql[] =
+    "INSERT INTO idempotency_keys (key, owner, done, expires_at_ms) VALUES (?1, ?2, 0, ?3) "
+    "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = 0, "
+    "expires_at_ms = excluded.expires_at_ms WHERE idempotency_keys.expires_at_ms <= ?4";
+// ?1 key, ?2 owner, ?3 retention expiry, ?4 now. One row changed: done.
+inline constexpr char kMarkDoneSql[] =
+    "UPDATE idempotency_keys SET done = 1, expires_at_ms = ?3 "
+    "WHERE key = ?1 AND owner = ?2 AND done = 0 AND expires_at_ms > ?4";
+// ?1 key, ?2 owner, ?3 now. One row changed: released.
+inline constexpr char kReleaseKeySql[] =
+    "DELETE FROM idempotency_keys "
+    "WHERE key = ?1 AND owner = ?2 AND done = 0 AND expires_at_ms > ?3";
+// ?1 now, ?2 batch size.
+inline constexpr char kCleanupKeysSql[] =
+    "DELETE FROM idempotency_keys WHERE key IN "
+    "(SELECT key FROM idempotency_keys WHERE expires_at_ms <= ?1 ORDER BY expires_at_ms LIMIT ?2)";
+
+}  // namespace bus::sqlite_internal
+
+#endif  // STORAGE_SQLITE_SQL_H_

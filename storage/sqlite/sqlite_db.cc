@@ -1,0 +1,351 @@
+#include "storage/sqlite/sqlite_db.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
+#include "storage/sqlite/sql.h"
+
+namespace bus {
+
+using sqlite_internal::Connection;
+using sqlite_internal::ScopedStatement;
+
+namespace {
+
+// How often a new leader yields the CPU, at most, to let finished callers queue up again.
+constexpr int kMaxYields = 4;
+
+struct Migration {
+  int to_version;
+  absl::Span<const char* const> statements;
+};
+
+// Applied in order to bring an older file forward; a new schema version appends an entry.
+const Migration kMigrations[] = {
+    {1, sqlite_internal::kMigrationV1},
+};
+
+// The schema version recorded in the file; 0 when the file has no bus tables yet. On a file
+// that is not a SQLite database this is where SQLITE_NOTADB surfaces.
+absl::StatusOr<int64_t> ReadSchemaVersion(Connection& conn) {
+  {
+    absl::StatusOr<ScopedStatement> exists = conn.Prepare(sqlite_internal::kMetaTableExistsSql);
+    if (!exists.ok()) return exists.status();
+    absl::StatusOr<bool> row = exists->Step();
+    if (!row.ok()) return row.status();
+    if (!*row || exists->ColumnInt64(0) == 0) return 0;
+  }
+  absl::StatusOr<ScopedStatement> version = conn.Prepare(sqlite_internal::kSchemaVersionSql);
+  if (!version.ok()) return version.status();
+  absl::StatusOr<bool> row = version->Step();
+  if (!row.ok()) return row.status();
+  return *row ? version->ColumnInt64(0) : 0;
+}
+
+absl::Status NewerSchemaError(const std::string& path, int64_t version) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "SQLite database ", path, " has bus schema version ", version,
+      ", newer than the version this library supports (", SqliteDatabase::kSchemaVersion,
+      "); it was written by a newer release. The file was not changed."));
+}
+
+absl::Status SwitchToWal(Connection& conn) {
+  absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kJournalModeWalSql);
+  if (!stmt.ok()) return stmt.status();
+  absl::StatusOr<bool> row = stmt->Step();
+  if (!row.ok()) return row.status();
+  const std::string mode(*row ? stmt->ColumnText(0) : "");
+  if (mode != "wal") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SQLite database ", conn.path(), " cannot use WAL mode (journal mode is '", mode, "')"));
+  }
+  return absl::OkStatus();
+}
+
+// Brings the schema to kSchemaVersion in one write transaction. Several processes may open a
+// fresh file at once: the write lock serializes them and the version is re-read under it.
+absl::Status Migrate(Connection& conn) {
+  if (absl::Status s = conn.Exec(sqlite_internal::kBeginSql); !s.ok()) return s;
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<int64_t> version = ReadSchemaVersion(conn);
+    if (!version.ok()) return version.status();
+    if (*version > SqliteDatabase::kSchemaVersion) return NewerSchemaError(conn.path(), *version);
+    if (*version == SqliteDatabase::kSchemaVersion) return absl::OkStatus();
+    if (absl::Status s = conn.Exec(sqlite_internal::kCreateMetaTableSql); !s.ok()) return s;
+    for (const Migration& m : kMigrations) {
+      if (m.to_version <= *version) continue;
+      for (const char* sql : m.statements) {
+        if (absl::Status s = conn.Exec(sql); !s.ok()) return s;
+      }
+    }
+    absl::StatusOr<ScopedStatement> set = conn.Prepare(sqlite_internal::kSetSchemaVersionSql);
+    if (!set.ok()) return set.status();
+    set->BindInt64(1, SqliteDatabase::kSchemaVersion);
+    return set->Run();
+  }();
+  if (status.ok()) status = conn.Exec(sqlite_internal::kCommitSql);
+  if (!status.ok() && conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+  return status;
+}
+
+}  // namespace
+
+absl::Status ValidateSqliteOptions(const SqliteOptions& options) {
+  if (options.path.empty()) {
+    return absl::InvalidArgumentError("SqliteOptions.path must not be empty");
+  }
+  if (options.path == ":memory:") {
+    return absl::InvalidArgumentError(
+        "SqliteOptions.path must name a file: an in-memory database (\":memory:\") is private "
+        "to one connection");
+  }
+  if (options.busy_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("SqliteOptions.busy_timeout must be >= 0");
+  }
+  if (options.cleanup_batch < 1) {
+    return absl::InvalidArgumentError("SqliteOptions.cleanup_batch must be >= 1");
+  }
+  if (options.cleanup_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("SqliteOptions.cleanup_interval must be > 0");
+  }
+  if (options.max_batch < 1) {
+    return absl::InvalidArgumentError("SqliteOptions.max_batch must be >= 1");
+  }
+  if (options.max_idle_readers < 0) {
+    return absl::InvalidArgumentError("SqliteOptions.max_idle_readers must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+struct SqliteDatabase::Writer {
+  explicit Writer(absl::FunctionRef<absl::Status(Connection&)> op) : op(op) {}
+  absl::FunctionRef<absl::Status(Connection&)> op;
+  absl::Status status;
+  // Set before `wake` is notified: true when a leader ran this operation (status is its
+  // result), false when this writer is to lead the next batch.
+  bool done = false;
+  absl::Notification wake;
+};
+
+absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::Open(SqliteOptions options) {
+  if (absl::Status s = ValidateSqliteOptions(options); !s.ok()) return s;
+  if (options.clock == nullptr) options.clock = RealClock();
+  absl::StatusOr<std::unique_ptr<Connection>> conn =
+      Connection::Open(options.path, options.busy_timeout, options.synchronous);
+  if (!conn.ok()) return conn.status();
+  // Read before writing anything, so that a foreign or newer file is left exactly as it was.
+  absl::StatusOr<int64_t> version = ReadSchemaVersion(**conn);
+  if (!version.ok()) return version.status();
+  if (*version > kSchemaVersion) return NewerSchemaError(options.path, *version);
+  if (absl::Status s = SwitchToWal(**conn); !s.ok()) return s;
+  if (*version < kSchemaVersion) {
+    if (absl::Status s = Migrate(**conn); !s.ok()) return s;
+  }
+  return std::shared_ptr<SqliteDatabase>(new SqliteDatabase(std::move(options), *std::move(conn)));
+}
+
+SqliteDatabase::SqliteDatabase(SqliteOptions options, std::unique_ptr<Connection> writer)
+    : options_(std::move(options)), writer_conn_(std::move(writer)) {
+  batch_.reserve(options_.max_batch);
+}
+
+SqliteDatabase::~SqliteDatabase() = default;
+
+absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> op) {
+  Writer w(op);
+  bool lead;
+  {
+    absl::MutexLock lock(&mu_);
+    writers_.push_back(&w);
+    ++stats_.operations;
+    lead = writers_.size() == 1;
+  }
+  if (!lead) {
+    w.wake.WaitForNotification();
+    if (w.done) {
+      finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
+      return w.status;
+    }
+  }
+  // This caller leads: it runs its own operation and those queued behind it. Callers finished
+  // by the previous batch that have not even returned yet are likely to write again at once;
+  // when they wait for a CPU (more threads than cores), yielding lets them queue up and join
+  // this batch instead of this caller committing alone again and again. A lone caller never
+  // yields.
+  for (int i = 0; i < kMaxYields && finished_not_returned_.load(std::memory_order_relaxed) > 0;
+       ++i) {
+    std::this_thread::yield();
+  }
+  MaybeCleanup();
+  LeadBatch();
+  // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving at an
+  // empty queue leads at once), so the writers to wake are copied out under mu_.
+  absl::InlinedVector<Writer*, 16> finished;
+  Writer* next = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.transactions;
+    stats_.cleaned_up = cleaned_up_;
+    for (Writer* x : batch_) {
+      writers_.pop_front();
+      if (x != &w) finished.push_back(x);
+    }
+    if (!writers_.empty()) next = writers_.front();
+  }
+  // Outside mu_: a woken caller returns at once, without contending for it. A finished writer
+  // may be destroyed as soon as it sees its notification, so nothing touches it afterwards.
+  finished_not_returned_.fetch_add(static_cast<int>(finished.size()), std::memory_order_relaxed);
+  for (Writer* x : finished) {
+    x->done = true;
+    x->wake.Notify();
+  }
+  if (next != nullptr) next->wake.Notify();
+  return w.status;
+}
+
+void SqliteDatabase::LeadBatch() {
+  Connection& conn = *writer_conn_;
+  // Taking the lock first also gives callers that arrive meanwhile a chance to join the batch.
+  const absl::Status begin = conn.Exec(sqlite_internal::kBeginSql);
+  batch_.clear();
+  {
+    absl::MutexLock lock(&mu_);
+    for (Writer* x : writers_) {
+      if (static_cast<int>(batch_.size()) == options_.max_batch) break;
+      batch_.push_back(x);
+    }
+  }
+  if (!begin.ok()) {
+    // Typically the lock stayed busy for busy_timeout: the same answer for everyone in line.
+    if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+    for (Writer* w : batch_) w->status = begin;
+    return;
+  }
+  RunBatch();
+}
+
+absl::Status SqliteDatabase::RunAlone(absl::FunctionRef<absl::Status(Connection&)> op) {
+  Connection& conn = *writer_conn_;
+  absl::Status s = conn.Exec(sqlite_internal::kBeginSql);
+  if (s.ok()) s = op(conn);
+  if (s.ok()) s = conn.Exec(sqlite_internal::kCommitSql);
+  if (!s.ok() && conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+  return s;
+}
+
+void SqliteDatabase::RunBatch() {
+  Connection& conn = *writer_conn_;
+  if (batch_.size() == 1) {
+    // Alone in its transaction: no savepoint needed, an error rolls the transaction back.
+    Writer& w = *batch_[0];
+    w.status = w.op(conn);
+    if (w.status.ok()) w.status = conn.Exec(sqlite_internal::kCommitSql);
+    if (!w.status.ok() && conn.InTransaction()) {
+      conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+    }
+    return;
+  }
+  bool intact = true;
+  for (Writer* w : batch_) {
+    absl::Status s = conn.Exec(sqlite_internal::kSavepointSql);
+    if (s.ok()) {
+      w->status = w->op(conn);
+      if (w->status.ok()) {
+        s = conn.Exec(sqlite_internal::kReleaseSql);
+      } else if (conn.InTransaction()) {
+        // Undo only this operation's changes; the others in the batch stand.
+        s = conn.Exec(sqlite_internal::kRollbackToSql);
+        if (s.ok()) s = conn.Exec(sqlite_internal::kReleaseSql);
+      }
+    }
+    if (!s.ok() || !conn.InTransaction()) {
+      intact = false;
+      break;
+    }
+  }
+  if (intact && conn.Exec(sqlite_internal::kCommitSql).ok()) return;
+  // SQLite rolled the whole transaction back on its own (disk full, I/O error) or COMMIT failed:
+  // nothing of this batch is in the file. Run each operation in a transaction of its own, so
+  // that each caller gets the result of its own operation and no other.
+  if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+  for (Writer* w : batch_) w->status = RunAlone(w->op);
+}
+
+void SqliteDatabase::MaybeCleanup() {
+  const absl::Time now = options_.clock->Now();
+  if (now < next_cleanup_) return;
+  int64_t deleted = 0;
+  auto cleanup = [&](Connection& conn) -> absl::Status {
+    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCleanupKeysSql);
+    if (!stmt.ok()) return stmt.status();
+    stmt->BindInt64(1, absl::ToUnixMillis(now));
+    stmt->BindInt64(2, options_.cleanup_batch);
+    if (absl::Status s = stmt->Run(); !s.ok()) return s;
+    deleted = conn.Changes();
+    return absl::OkStatus();
+  };
+  const absl::Status s = RunAlone(cleanup);
+  if (s.ok()) cleaned_up_ += deleted;
+  // A full batch means more may be waiting: go on with the next write. A failure (the lock was
+  // busy) is retried at the next interval; cleanup is housekeeping and never fails a caller.
+  next_cleanup_ =
+      (s.ok() && deleted >= options_.cleanup_batch) ? now : now + options_.cleanup_interval;
+}
+
+absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> op) {
+  // When no write is queued, read on the writer connection, whose page cache is warm (a read
+  // connection must re-read every page the writer changed since its last read). Standing in
+  // the queue meanwhile keeps writers off the connection; the read runs outside any
+  // transaction and never joins a write batch, so it sees committed data only.
+  Writer marker(op);
+  bool idle_writer = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (writers_.empty()) {
+      writers_.push_back(&marker);
+      idle_writer = true;
+    }
+  }
+  if (idle_writer) {
+    const absl::Status s = op(*writer_conn_);
+    Writer* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      writers_.pop_front();
+      if (!writers_.empty()) next = writers_.front();
+    }
+    if (next != nullptr) next->wake.Notify();
+    return s;
+  }
+  std::unique_ptr<Connection> conn;
+  {
+    absl::MutexLock lock(&readers_mu_);
+    if (!idle_readers_.empty()) {
+      conn = std::move(idle_readers_.back());
+      idle_readers_.pop_back();
+    }
+  }
+  if (conn == nullptr) {
+    absl::StatusOr<std::unique_ptr<Connection>> opened =
+        Connection::Open(options_.path, options_.busy_timeout, options_.synchronous);
+    if (!opened.ok()) return opened.status();
+    conn = *std::move(opened);
+  }
+  const absl::Status s = op(*conn);
+  absl::MutexLock lock(&readers_mu_);
+  if (static_cast<int>(idle_readers_.size()) < options_.max_idle_readers) {
+    idle_readers_.push_back(std::move(conn));
+  }
+  return s;
+}
+
+SqliteDatabase::Stats SqliteDatabase::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace bus

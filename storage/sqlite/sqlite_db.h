@@ -1,0 +1,175 @@
+// SqliteDatabase: one SQLite database file shared by the SQLite dead-letter store
+// (storage/sqlite/dead_letter_store.h) and the SQLite idempotency store
+// (idempotency/sqlite/idempotency_store.h). It is the embedded default: no server, one file.
+//
+//   bus::SqliteOptions options;
+//   options.path = "/var/lib/orders/bus.db";
+//   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(options);
+//   if (!db.ok()) return db.status();
+//   std::shared_ptr<bus::DeadLetterStore> dead_letters = bus::NewSqliteDeadLetterStore(*db);
+//   std::shared_ptr<bus::IdempotencyStore> idempotency = bus::NewSqliteIdempotencyStore(*db);
+//
+// Opening switches the file to WAL mode, records the schema version in the table bus_meta and
+// migrates an older schema forward in one transaction. The file may hold an application's own
+// tables too; the stores only touch bus_meta, dead_letters and idempotency_keys.
+//
+// Writes use group commit: concurrent callers' operations are committed together in one
+// transaction (up to `max_batch`), each inside its own savepoint, so one failing operation never
+// fails or undoes another, and every caller gets its result only after the COMMIT that made its
+// change durable. A lone caller runs its operation in a transaction of its own, at once. Reads
+// run on the writer connection when it is idle, else on a small pool of separate connections,
+// which WAL lets run alongside the writer.
+//
+// Several processes may open the same file: SQLite's file locks serialize their writes, and a
+// caller waits up to `busy_timeout` for another process's transaction before getting
+// Unavailable. Stores in one process should share one SqliteDatabase (as above) rather than
+// open the file twice, so that their writes are batched together instead of contending for the
+// file lock.
+//
+// Thread-safety: safe for concurrent use from any number of threads. The object must outlive
+// every call on it; the stores created from it hold a shared_ptr to it.
+
+#ifndef STORAGE_SQLITE_SQLITE_DB_H_
+#define STORAGE_SQLITE_SQLITE_DB_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "bus/clock.h"
+#include "storage/sqlite/connection.h"
+
+namespace bus {
+
+struct SqliteOptions {
+  // The database file, created if missing (its directory must exist). Must not be empty or
+  // ":memory:" (each connection would get its own private database).
+  std::string path = "bus.db";
+
+  // How long an operation waits for a lock held by another connection or process before it
+  // fails with Unavailable; >= 0.
+  absl::Duration busy_timeout = absl::Seconds(5);
+
+  // Durability of a commit; see SqliteSynchronous. Group commit does not change it: every
+  // caller's result comes after a COMMIT with this setting.
+  SqliteSynchronous synchronous = SqliteSynchronous::kNormal;
+
+  // Time for leases, retention and stored_at. Default (nullptr): RealClock(). Expiry times are
+  // stored as wall-clock values, so processes sharing a file must agree on the time.
+  std::shared_ptr<Clock> clock;
+
+  // Expired idempotency entries deleted per cleanup step; >= 1. A cleanup step rides along with
+  // a write transaction at most every `cleanup_interval`, and again with the next write as long
+  // as a step finds a full batch, so cleanup keeps up without ever holding the lock for long.
+  int cleanup_batch = 1000;
+
+  // How often writes look for expired idempotency entries; > 0.
+  absl::Duration cleanup_interval = absl::Seconds(10);
+
+  // Group commit: most operations committed in one transaction; >= 1. 1 gives every operation a
+  // transaction of its own.
+  int max_batch = 64;
+
+  // Idle read connections kept open for reuse; >= 0.
+  int max_idle_readers = 4;
+};
+
+// Checks `options` and returns InvalidArgument naming the first bad field.
+absl::Status ValidateSqliteOptions(const SqliteOptions& options);
+
+class SqliteDatabase {
+ public:
+  // Opens or creates the database and brings its schema to kSchemaVersion. Errors (on an error
+  // nothing in the file has been changed):
+  //  - InvalidArgument: a bad option (the message names the field).
+  //  - FailedPrecondition: the path cannot be opened (no such directory, a directory), the file
+  //    is not a SQLite database, or it was written by a newer schema version than this library's.
+  //  - PermissionDenied: the file or its directory is read-only.
+  //  - Unavailable: another process held the database lock for longer than busy_timeout.
+  static absl::StatusOr<std::shared_ptr<SqliteDatabase>> Open(SqliteOptions options);
+
+  // The schema version this library writes and reads.
+  static constexpr int kSchemaVersion = 1;
+
+  ~SqliteDatabase();
+  SqliteDatabase(const SqliteDatabase&) = delete;
+  SqliteDatabase& operator=(const SqliteDatabase&) = delete;
+
+  const SqliteOptions& options() const { return options_; }
+  const std::shared_ptr<Clock>& clock() const { return options_.clock; }
+
+  // For the store implementations: runs `op` on the writer connection inside a write
+  // transaction (as one of the group-commit batch, in a savepoint of its own) and returns its
+  // status once the transaction has committed. An error from `op` rolls back only what `op`
+  // changed. `op` may be run more than once (when a batch has to be retried one operation per
+  // transaction); only the last run's effects and outputs count. `op` must not call back into
+  // this object.
+  absl::Status Write(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
+
+  // For the store implementations: runs `op` outside any transaction (each statement sees the
+  // latest commit) on the writer connection when no write is queued, else on a read
+  // connection. `op` must only read.
+  absl::Status Read(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
+
+  struct Stats {
+    // Write transactions committed (or attempted).
+    int64_t transactions = 0;
+    // Operations passed to Write().
+    int64_t operations = 0;
+    // Expired idempotency entries deleted by cleanup.
+    int64_t cleaned_up = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Writer;
+
+  SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer);
+
+  // The leader's work: opens a write transaction, takes the writers queued at that moment
+  // (itself first) into batch_, runs them and commits. mu_ is not held.
+  void LeadBatch();
+  // Runs the operations of batch_ inside the open transaction and commits; falls back to
+  // RunAlone() for each when SQLite drops the transaction.
+  void RunBatch();
+  // Runs one operation in a transaction of its own.
+  absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
+  // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
+  void MaybeCleanup();
+
+  const SqliteOptions options_;
+
+  // Group commit queue (as in LevelDB's write path): callers line up; the one at the front is
+  // the leader, which takes the writers behind it into its batch, runs them, and hands the front
+  // to the next in line. Each waiting caller sleeps on a notification of its own rather than on
+  // mu_, so a leader that keeps coming back does not starve the callers it has just finished.
+  mutable absl::Mutex mu_;
+  std::deque<Writer*> writers_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+
+  // Callers whose operation a leader finished but who have not returned from Write() yet.
+  std::atomic<int> finished_not_returned_{0};
+
+  // Used only by the current leader, which is exclusive by construction.
+  std::unique_ptr<sqlite_internal::Connection> writer_conn_;
+  std::vector<Writer*> batch_;
+  absl::Time next_cleanup_ = absl::InfinitePast();
+  int64_t cleaned_up_ = 0;
+
+  absl::Mutex readers_mu_;
+  std::vector<std::unique_ptr<sqlite_internal::Connection>> idle_readers_
+      ABSL_GUARDED_BY(readers_mu_);
+};
+
+}  // namespace bus
+
+#endif  // STORAGE_SQLITE_SQLITE_DB_H_

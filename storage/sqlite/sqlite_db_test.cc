@@ -1,0 +1,445 @@
+// SqliteDatabase: option checks, bad files that are refused without being changed, schema
+// migration, the SQLite-to-Status mapping, busy handling, and group commit's isolation of one
+// operation from the others in its batch.
+
+#include "storage/sqlite/sqlite_db.h"
+
+#include <linux/capability.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/sqlite/connection.h"
+#include "tests/testing/process.h"
+
+namespace bus {
+namespace {
+
+using sqlite_internal::Connection;
+using sqlite_internal::ScopedStatement;
+using sqlite_internal::SqliteStatus;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+void WriteFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+bool Exists(const std::string& path) { return std::filesystem::exists(path); }
+
+// Runs `sql` on a raw connection of its own (the way another tool would touch the file).
+void RawExec(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &error);
+  EXPECT_EQ(rc, SQLITE_OK) << (error != nullptr ? error : "") << " in " << sql;
+  sqlite3_free(error);
+  sqlite3_close(db);
+}
+
+// The first column of the first row of `sql`, as text ("" when there is no row).
+std::string RawQuery(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  std::string out;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      const unsigned char* text = sqlite3_column_text(stmt, 0);
+      if (text != nullptr) out = reinterpret_cast<const char*>(text);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+class SqliteDatabaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("sqlite_db_");
+    options_.path = dir_ + "/bus.db";
+  }
+  void TearDown() override { testing::RemoveTree(dir_); }
+
+  std::string dir_;
+  SqliteOptions options_;
+};
+
+TEST(SqliteOptionsTest, EachBadOptionIsNamed) {
+  struct Case {
+    void (*mutate)(SqliteOptions&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](SqliteOptions& o) { o.path = ""; }, "path"},
+      {[](SqliteOptions& o) { o.path = ":memory:"; }, "path"},
+      {[](SqliteOptions& o) { o.busy_timeout = absl::Milliseconds(-1); }, "busy_timeout"},
+      {[](SqliteOptions& o) { o.cleanup_batch = 0; }, "cleanup_batch"},
+      {[](SqliteOptions& o) { o.cleanup_interval = absl::ZeroDuration(); }, "cleanup_interval"},
+      {[](SqliteOptions& o) { o.max_batch = 0; }, "max_batch"},
+      {[](SqliteOptions& o) { o.max_idle_readers = -1; }, "max_idle_readers"},
+  };
+  EXPECT_TRUE(ValidateSqliteOptions(SqliteOptions{}).ok());
+  for (const Case& c : cases) {
+    SqliteOptions options;
+    c.mutate(options);
+    const absl::Status s = SqliteDatabase::Open(options).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("SqliteOptions.", c.field))) << s;
+  }
+}
+
+TEST(SqliteStatusTest, ResultCodesMapByWhatTheCallerShouldDo) {
+  EXPECT_TRUE(SqliteStatus(SQLITE_OK, nullptr, "x").ok());
+  EXPECT_TRUE(SqliteStatus(SQLITE_DONE, nullptr, "x").ok());
+  EXPECT_TRUE(absl::IsUnavailable(SqliteStatus(SQLITE_BUSY, nullptr, "x")));
+  EXPECT_TRUE(absl::IsUnavailable(SqliteStatus(SQLITE_BUSY_SNAPSHOT, nullptr, "x")));
+  EXPECT_TRUE(absl::IsUnavailable(SqliteStatus(SQLITE_LOCKED, nullptr, "x")));
+  EXPECT_TRUE(absl::IsUnavailable(SqliteStatus(SQLITE_IOERR_FSYNC, nullptr, "x")));
+  EXPECT_TRUE(absl::IsResourceExhausted(SqliteStatus(SQLITE_FULL, nullptr, "x")));
+  EXPECT_TRUE(absl::IsResourceExhausted(SqliteStatus(SQLITE_NOMEM, nullptr, "x")));
+  EXPECT_TRUE(absl::IsPermissionDenied(SqliteStatus(SQLITE_READONLY, nullptr, "x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(SqliteStatus(SQLITE_CANTOPEN, nullptr, "x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(SqliteStatus(SQLITE_NOTADB, nullptr, "x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(SqliteStatus(SQLITE_CONSTRAINT_UNIQUE, nullptr, "x")));
+  EXPECT_TRUE(absl::IsDataLoss(SqliteStatus(SQLITE_CORRUPT, nullptr, "x")));
+  EXPECT_TRUE(absl::IsInvalidArgument(SqliteStatus(SQLITE_TOOBIG, nullptr, "x")));
+  EXPECT_TRUE(absl::IsAborted(SqliteStatus(SQLITE_INTERRUPT, nullptr, "x")));
+  EXPECT_TRUE(absl::IsInternal(SqliteStatus(SQLITE_ERROR, nullptr, "x")));
+  EXPECT_TRUE(absl::IsInternal(SqliteStatus(SQLITE_MISUSE, nullptr, "x")));
+  const absl::Status busy = SqliteStatus(SQLITE_BUSY, nullptr, "storing a letter in f.db");
+  EXPECT_THAT(busy.message(), HasSubstr("storing a letter in f.db"));
+  EXPECT_THAT(busy.message(), HasSubstr("database is locked"));
+  EXPECT_THAT(busy.message(), HasSubstr("code 5"));
+}
+
+TEST_F(SqliteDatabaseTest, CreatesTheSchemaInWalModeAndRecordsItsVersion) {
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  EXPECT_EQ(RawQuery(options_.path, "PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
+            absl::StrCat(SqliteDatabase::kSchemaVersion));
+  EXPECT_EQ(RawQuery(options_.path,
+                     "SELECT count(*) FROM sqlite_schema WHERE name IN "
+                     "('dead_letters', 'idempotency_keys')"),
+            "2");
+  // Reopening finds the current version and changes nothing.
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  EXPECT_EQ(RawQuery(options_.path, "SELECT count(*) FROM bus_meta"), "1");
+}
+
+TEST_F(SqliteDatabaseTest, MigratesAFileThatHoldsAnApplicationsOwnTables) {
+  RawExec(options_.path,
+          "CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT);"
+          "INSERT INTO accounts (name) VALUES ('alice');"
+          "PRAGMA user_version = 7;");
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  EXPECT_EQ(RawQuery(options_.path, "SELECT name FROM accounts"), "alice");
+  EXPECT_EQ(RawQuery(options_.path, "PRAGMA user_version"), "7");  // the application's own
+  EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
+            "1");
+}
+
+TEST_F(SqliteDatabaseTest, ManyOpenersOfAFreshFileMigrateItOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+      if (!db.ok()) {
+        ADD_FAILURE() << db.status();
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
+            "1");
+}
+
+TEST_F(SqliteDatabaseTest, APathThatCannotBeOpenedIsRefused) {
+  options_.path = dir_ + "/no/such/dir/bus.db";
+  absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr(options_.path));
+  EXPECT_FALSE(Exists(dir_ + "/no"));
+
+  options_.path = dir_;  // a directory
+  s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+}
+
+TEST_F(SqliteDatabaseTest, AFileThatIsNotASqliteDatabaseIsRefusedAndLeftAlone) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&text, "line ", i, " of somebody's notes\n");
+  WriteFile(options_.path, text);
+  const absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("not a SQLite database"));
+  EXPECT_EQ(ReadFile(options_.path), text);
+  EXPECT_FALSE(Exists(options_.path + "-wal"));
+  EXPECT_FALSE(Exists(options_.path + "-shm"));
+}
+
+TEST_F(SqliteDatabaseTest, ADatabaseFromANewerSchemaVersionIsRefusedAndLeftAlone) {
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  RawExec(options_.path, "UPDATE bus_meta SET value = 99 WHERE name = 'schema_version'");
+  const std::string before = ReadFile(options_.path);
+  const absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("version 99"));
+  EXPECT_EQ(ReadFile(options_.path), before);
+  EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
+            "99");
+}
+
+// Drops the capabilities that let root write a file without write permission, so that a test
+// running as root sees file modes the way any other user does.
+bool DropFileOverrideCapabilities() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) != 0) return false;
+  const uint32_t drop = (1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH) | (1u << CAP_FOWNER);
+  data[0].effective &= ~drop;
+  data[0].permitted &= ~drop;
+  return syscall(SYS_capset, &header, data) == 0;
+}
+
+TEST_F(SqliteDatabaseTest, AReadOnlyFileIsRefusedAndLeftAlone) {
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  ASSERT_EQ(chmod(options_.path.c_str(), 0444), 0);
+  const std::string before = ReadFile(options_.path);
+  // In a child process, so that dropping root's capabilities does not affect other tests.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (geteuid() == 0 && !DropFileOverrideCapabilities()) _exit(100);
+    const absl::Status s = SqliteDatabase::Open(options_).status();
+    const bool named = absl::StrContains(s.message(), "read-only");
+    _exit(named ? static_cast<int>(s.code()) : 101);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(ReadFile(options_.path), before);
+}
+
+// ---- Writes: busy handling and group commit ----
+
+constexpr char kCreateTestTable[] = "CREATE TABLE t (v INTEGER UNIQUE)";
+constexpr char kInsert[] = "INSERT INTO t (v) VALUES (?1)";
+constexpr char kRollback[] = "ROLLBACK";
+
+absl::Status Insert(Connection& conn, int v) {
+  absl::StatusOr<ScopedStatement> stmt = conn.Prepare(kInsert);
+  if (!stmt.ok()) return stmt.status();
+  stmt->BindInt64(1, v);
+  return stmt->Run();
+}
+
+std::vector<int> Values(const std::string& path) {
+  sqlite3* db = nullptr;
+  std::vector<int> out;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, "SELECT v FROM t ORDER BY v", -1, &stmt, nullptr) == SQLITE_OK) {
+      while (sqlite3_step(stmt) == SQLITE_ROW) out.push_back(sqlite3_column_int(stmt, 0));
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return out;
+}
+
+TEST_F(SqliteDatabaseTest, ALockHeldTooLongIsUnavailableAndShorterWaitsAreRidden) {
+  options_.busy_timeout = absl::Milliseconds(100);
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(options_.path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  const absl::Status busy = (*db)->Write([](Connection& c) { return Insert(c, 1); });
+  EXPECT_TRUE(absl::IsUnavailable(busy)) << busy;
+  EXPECT_THAT(busy.message(), HasSubstr("locked"));
+
+  // Held for a while, but released within a longer busy_timeout: the write waits and succeeds.
+  options_.busy_timeout = absl::Seconds(30);
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> patient = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(patient.ok()) << patient.status();
+  // The release comes after a pause that the write most likely spends in the busy handler; the
+  // write must succeed whichever comes first.
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+  });
+  const absl::Status waited = (*patient)->Write([](Connection& c) { return Insert(c, 2); });
+  releaser.join();
+  sqlite3_close(other);
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(2));
+}
+
+// Holds the writer (the leader's operation blocks) until `count` more operations are queued,
+// so that they form one batch.
+class BatchGate {
+ public:
+  explicit BatchGate(SqliteDatabase& db) : db_(db) {}
+
+  // The leader's operation: inserts `v`, then waits for Open().
+  absl::Status Lead(Connection& conn, int v) {
+    entered_.Notify();
+    opened_.WaitForNotification();
+    return Insert(conn, v);
+  }
+  void WaitUntilLeading() { entered_.WaitForNotification(); }
+  // Waits until `ops` operations in total have been passed to Write(), then lets the leader go.
+  void OpenWhenQueued(int64_t ops) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (db_.stats().operations < ops && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    opened_.Notify();
+  }
+
+ private:
+  SqliteDatabase& db_;
+  absl::Notification entered_;
+  absl::Notification opened_;
+};
+
+TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  const int64_t ops_before = d.stats().operations;
+  const int64_t txns_before = d.stats().transactions;
+
+  BatchGate gate(d);
+  absl::Status leader;
+  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
+  gate.WaitUntilLeading();
+
+  absl::Status results[5];
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 1); }); });
+  threads.emplace_back([&] { results[1] = d.Write([](Connection& c) { return Insert(c, 2); }); });
+  threads.emplace_back([&] {
+    // Changes something, then reports an error: its change must be undone, alone.
+    results[2] = d.Write([](Connection& c) {
+      if (absl::Status s = Insert(c, 3); !s.ok()) return s;
+      return absl::InternalError("handler said no");
+    });
+  });
+  // Violates the UNIQUE constraint against the leader's row.
+  threads.emplace_back([&] { results[3] = d.Write([](Connection& c) { return Insert(c, 0); }); });
+  threads.emplace_back([&] { results[4] = d.Write([](Connection& c) { return Insert(c, 5); }); });
+  gate.OpenWhenQueued(ops_before + 6);
+  lead.join();
+  for (auto& t : threads) t.join();
+
+  EXPECT_TRUE(leader.ok()) << leader;
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+  EXPECT_TRUE(absl::IsInternal(results[2])) << results[2];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[3])) << results[3];
+  EXPECT_TRUE(results[4].ok()) << results[4];
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 2, 5));
+  // The leader's transaction, then one for the five queued behind it.
+  EXPECT_EQ(d.stats().operations - ops_before, 6);
+  EXPECT_EQ(d.stats().transactions - txns_before, 2);
+}
+
+TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetriedAlone) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  const int64_t ops_before = d.stats().operations;
+
+  BatchGate gate(d);
+  absl::Status leader;
+  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
+  gate.WaitUntilLeading();
+  absl::Status results[3];
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 10); }); });
+  threads.emplace_back([&] {
+    // Stands in for SQLite rolling back the whole transaction (disk full, I/O error).
+    results[1] = d.Write([](Connection& c) {
+      if (absl::Status s = Insert(c, 11); !s.ok()) return s;
+      if (absl::Status s = c.Exec(kRollback); !s.ok()) return s;
+      return absl::UnavailableError("transaction lost");
+    });
+  });
+  threads.emplace_back([&] { results[2] = d.Write([](Connection& c) { return Insert(c, 12); }); });
+  gate.OpenWhenQueued(ops_before + 4);
+  lead.join();
+  for (auto& t : threads) t.join();
+
+  EXPECT_TRUE(leader.ok()) << leader;
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(absl::IsUnavailable(results[1])) << results[1];
+  EXPECT_TRUE(results[2].ok()) << results[2];
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 10, 12));
+}
+
+TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResult) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  constexpr int kThreads = 16;
+  constexpr int kEach = 1000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        // A fresh value succeeds; the same value again fails. Mixed up results (a caller woken
+        // with another's status) would show as a failed insert or a successful duplicate.
+        const int v = t * kEach + i;
+        const absl::Status first = (*db)->Write([v](Connection& c) { return Insert(c, v); });
+        EXPECT_TRUE(first.ok()) << first;
+        const absl::Status again = (*db)->Write([v](Connection& c) { return Insert(c, v); });
+        EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::vector<int> values = Values(options_.path);
+  ASSERT_EQ(values.size(), static_cast<size_t>(kThreads * kEach));
+  for (int i = 0; i < kThreads * kEach; ++i) EXPECT_EQ(values[static_cast<size_t>(i)], i);
+  EXPECT_EQ((*db)->stats().operations, 1 + 2 * kThreads * kEach);
+}
+
+}  // namespace
+}  // namespace bus
