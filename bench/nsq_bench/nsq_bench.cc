@@ -24,6 +24,8 @@ ABSL_FLAG(int, size, 200, "message size in bytes");
 ABSL_FLAG(int, batch_size, 200, "messages per SendBatchToQueue");
 ABSL_FLAG(int, threads, 2, "publishing threads / consumers (bench_* use GOMAXPROCS)");
 ABSL_FLAG(int, rdy, 2500, "max in flight per consumer");
+ABSL_FLAG(bool, driver_per_consumer, false, "read: one driver (own I/O threads) per consumer");
+ABSL_FLAG(int, io_threads, 2, "NsqOptions.io_threads");
 ABSL_FLAG(absl::Duration, runfor, absl::Seconds(10), "how long to run");
 
 int main(int argc, char** argv) {
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   bus::NsqOptions options;
   options.nsqd_tcp_addresses = {absl::GetFlag(FLAGS_nsqd)};
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
+  options.io_threads = absl::GetFlag(FLAGS_io_threads);
   auto driver_or = bus::NewNsqDriver(options);
   if (!driver_or.ok()) {
     std::fprintf(stderr, "%s\n", driver_or.status().ToString().c_str());
@@ -67,9 +70,15 @@ int main(int argc, char** argv) {
     }
   } else {
     std::vector<std::unique_ptr<bus::Consumer>> consumers;
+    std::vector<std::shared_ptr<bus::Driver>> drivers;
     for (int t = 0; t < threads; ++t) {
-      auto c = driver->NewConsumer(
-          topic, bus::ConsumerOptions{absl::GetFlag(FLAGS_rdy), absl::Seconds(60)});
+      std::shared_ptr<bus::Driver> d = driver;
+      if (absl::GetFlag(FLAGS_driver_per_consumer)) {
+        d = *bus::NewNsqDriver(options);
+        drivers.push_back(d);
+      }
+      auto c =
+          d->NewConsumer(topic, bus::ConsumerOptions{absl::GetFlag(FLAGS_rdy), absl::Seconds(60)});
       if (!c.ok()) {
         std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
         return 1;
