@@ -89,7 +89,7 @@ struct Handler::Shared {
 
   absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
-  bool stopped ABSL_GUARDED_BY(mu) = false;
+  bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
   void Log(LogLevel level, absl::string_view line) const {
     options.logger->Log(level, absl::StrCat("bus handler [", options.queue, "] ", line));
@@ -289,30 +289,30 @@ const HandlerOptions& Handler::options() const { return shared_->options; }
 
 Handler::~Handler() { Stop(); }
 
-void Handler::Stop() {
-  shared_->stop.request_stop();
-  absl::MutexLock lock(&shared_->mu);
-  shared_->stopped = true;
-}
+void Handler::Stop() { shared_->stop.request_stop(); }
 
 absl::Status Handler::Run() {
   {
     absl::MutexLock lock(&shared_->mu);
     if (shared_->running) return absl::FailedPreconditionError("Handler::Run: already running");
-    if (shared_->stopped) return absl::FailedPreconditionError("Handler::Run: already stopped");
+    if (shared_->ran) return absl::FailedPreconditionError("Handler::Run: already ran");
+    // Stop() may win the race against a Run() just started on another thread: nothing has
+    // been received yet, so this is a clean stop.
+    if (shared_->stop.stop_requested()) return absl::OkStatus();
     shared_->running = true;
   }
   const HandlerOptions& o = shared_->options;
-  if (absl::Status st = o.driver->CreateQueue(o.queue, o.queue_delay); !st.ok()) {
-    shared_->Log(LogLevel::kError, absl::StrCat("create queue failed: ", st.ToString()));
-    return st;
+  // The queue (and the binding) must exist before consuming; if the broker refuses, Run() may
+  // be called again later.
+  absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
+  if (setup.ok() && o.subscribe.has_value()) {
+    setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
   }
-  if (o.subscribe.has_value()) {
-    if (absl::Status st = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
-        !st.ok()) {
-      shared_->Log(LogLevel::kError, absl::StrCat("subscribe failed: ", st.ToString()));
-      return st;
-    }
+  if (!setup.ok()) {
+    shared_->Log(LogLevel::kError, absl::StrCat("queue setup failed: ", setup.ToString()));
+    absl::MutexLock lock(&shared_->mu);
+    shared_->running = false;
+    return setup;
   }
 
   // Step 7: the replay loop, on its own thread, until stopped.
@@ -355,7 +355,7 @@ absl::Status Handler::Run() {
   {
     absl::MutexLock lock(&shared_->mu);
     shared_->running = false;
-    shared_->stopped = true;
+    shared_->ran = true;
   }
   return st;
 }

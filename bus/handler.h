@@ -142,9 +142,10 @@ class Handler {
   Handler& operator=(const Handler&) = delete;
 
   // Creates the queue (and the subscription), then consumes until Stop(). Returns OK after a
-  // clean stop; FailedPrecondition if already running or already stopped; the driver's error
-  // if the queue or subscription cannot be created; DeadlineExceeded if handlers were still
-  // running when the shutdown timeout ran out (their deliveries are left to redelivery).
+  // clean stop, and at once if Stop() came first; FailedPrecondition if already running or if
+  // a Run() already completed; the driver's error if the queue or subscription cannot be
+  // created (Run() may then be called again); DeadlineExceeded if handlers were still running
+  // when the shutdown timeout ran out (their deliveries are left to redelivery).
   absl::Status Run();
 
   // Asks Run() to stop and returns at once. Idempotent.

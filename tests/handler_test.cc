@@ -215,6 +215,32 @@ TEST_F(HandlerTest, RunTwiceOrAfterStopIsRefused) {
   EXPECT_TRUE(absl::IsFailedPrecondition(h->Run()));
 }
 
+TEST_F(HandlerTest, AStopThatWinsTheRaceAgainstRunIsACleanStop) {
+  auto h = Handler::Create(Options([](const Message&) { return absl::OkStatus(); }));
+  ASSERT_TRUE(h.ok());
+  (*h)->Stop();
+  EXPECT_TRUE((*h)->Run().ok());
+  EXPECT_EQ((*h)->Stats().received, 0u);
+}
+
+TEST_F(HandlerTest, AQueueThatCannotBeCreatedFailsRunWhichMayBeRetried) {
+  auto faulty = std::make_shared<FaultyDriver>(driver_);
+  faulty->setup.FailNext(1, absl::UnavailableError("broker down"));
+  HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
+  o.driver = faulty;
+  o.subscribe = Subscription{"events", "#"};
+  auto h = Handler::Create(o);
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(absl::IsUnavailable((*h)->Run()));
+  EXPECT_EQ(logger_->Count("queue setup failed"), 1);
+  // The second attempt gets through and runs until stopped.
+  handler_ = std::move(*h);
+  Handler* raw = handler_.get();
+  run_ = std::async(std::launch::async, [raw] { return raw->Run(); });
+  Publish("q", "x");
+  ASSERT_TRUE(WaitUntil([&] { return raw->Stats().succeeded >= 1; }));
+}
+
 // ---- Steps 1-5: success ----
 
 TEST_F(HandlerTest, SuccessHandlesOnceMarksTheKeyDoneAndSettles) {

@@ -79,7 +79,8 @@ class SqliteHandlerTest : public ::testing::Test {
     if (handler_ == nullptr) return;
     handler_->Stop();
     EXPECT_EQ(run_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-    EXPECT_TRUE(run_.get().ok());
+    const absl::Status st = run_.get();
+    EXPECT_TRUE(st.ok()) << st;
     handler_.reset();
   }
 

@@ -59,14 +59,17 @@ class FaultyDriver final : public Driver {
  public:
   explicit FaultyDriver(std::shared_ptr<Driver> base) : base_(std::move(base)) {}
 
-  FaultSwitch send;  // SendToQueue, SendBatchToQueue, SendToTopic
+  FaultSwitch send;   // SendToQueue, SendBatchToQueue, SendToTopic
+  FaultSwitch setup;  // CreateQueue, Subscribe
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
   absl::Status CreateQueue(absl::string_view q, absl::Duration d) override {
+    if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->CreateQueue(q, d);
   }
   absl::Status Subscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+    if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Subscribe(t, q, k);
   }
   absl::Status SendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
