@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "bus/names.h"
 #include "gmock/gmock.h"
+#include "tests/testing/wait.h"
 
 namespace bus::testing {
 namespace {
@@ -457,15 +458,6 @@ class ReceiveLoop {
   std::stop_source stop_;
   std::future<absl::Status> result_;
 };
-
-bool WaitUntil(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 TEST_P(DriverConformanceTest, ReceiveMessageHandsEachMessageToTheCallbackUntilStopped) {
   const std::string q = Unique("q");

@@ -24,6 +24,7 @@
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "tests/testing/fault_injection.h"
+#include "tests/testing/wait.h"
 
 namespace bus {
 namespace {
@@ -32,18 +33,10 @@ using ::bus::testing::CapturingLogger;
 using ::bus::testing::FaultyDeadLetterStore;
 using ::bus::testing::FaultyDriver;
 using ::bus::testing::FaultyIdempotencyStore;
+using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kPatience = absl::Seconds(30);
-
-bool WaitUntil(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
 
 // Records what the handle function saw.
 class Recorder {

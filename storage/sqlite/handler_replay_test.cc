@@ -21,20 +21,14 @@
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_db.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait.h"
 
 namespace bus {
 namespace {
 
-constexpr absl::Duration kPatience = absl::Seconds(30);
+using ::bus::testing::WaitUntil;
 
-bool WaitUntil(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
+constexpr absl::Duration kPatience = absl::Seconds(30);
 
 class SqliteHandlerTest : public ::testing::Test {
  protected:
