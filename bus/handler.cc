@@ -1,6 +1,8 @@
 #include "bus/handler.h"
 
+#include <atomic>
 #include <exception>
+#include <stop_token>
 #include <thread>
 #include <utility>
 

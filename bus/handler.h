@@ -40,11 +40,9 @@
 #ifndef BUS_HANDLER_H_
 #define BUS_HANDLER_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
-#include <stop_token>
 #include <string>
 
 #include "absl/status/status.h"
