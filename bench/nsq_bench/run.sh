@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Runs nsq's bench_writer/bench_reader and the driver's nsq_bench side by side against one
 # nsqd on a free loopback port, and prints each rate and our/their ratio.
-#   bash bench/nsq_bench/run.sh [runfor=10s]
-# Each side runs twice in the order theirs, ours, ours, theirs (runfor/2 per write run,
-# runfor/4 per read run, so neither reader drains its backlog), and a side's rate is the mean
-# of its two runs: the order effects (nsqd warming up, its garbage collection) then fall on
-# both sides alike.
+#   bash bench/nsq_bench/run.sh [runfor=10s] [rounds=4]
+#
+# Publish: each side runs twice in the order theirs, ours, ours, theirs (runfor/2 each) into
+# its own topic (no channel, so nothing reads while publishing); a side's rate is the mean of
+# its two runs, so the order effects (nsqd warming up, its garbage collection) fall on both
+# sides alike. The topics are deleted afterwards so their messages do not weigh on nsqd's
+# garbage collector during the consume rounds.
+#
+# Consume: `rounds` rounds. Each round fills one fresh topic that has two channels, `ch`
+# (theirs) and `bus` (ours), with our writer for runfor, so both readers face the same
+# backlog (the same messages, byte for byte, 204-byte bodies), waits until nsqd has copied
+# every message into both channels, and then reads runfor/4 per run in the order theirs,
+# ours, ours, theirs (odd rounds) or ours, theirs, theirs, ours (even rounds). A side's rate
+# is the mean of all its runs; every run is printed. A run that emptied its channel would
+# understate that side, so the script fails if a channel is empty after a round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
+rounds=${2:-4}
 secs=${runfor%s}
 half=$(python3 -c "print(str($secs/2)+'s')")
 quarter=$(python3 -c "print(str($secs/4)+'s')")
@@ -24,23 +35,61 @@ nsqd_pid=$!
 trap 'kill $nsqd_pid 2>/dev/null; wait $nsqd_pid 2>/dev/null; rm -rf "$data"' EXIT
 for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
 addr=127.0.0.1:$port
-rate() { grep -o 'ops/s: *[0-9.]*\|[0-9.]*ops/s' | grep -o '[0-9.]*' | head -1; }
-mean() { python3 -c "print(round(($1+$2)/2))"; }
+http=http://127.0.0.1:$hport
+rate() { grep -o 'ops/s: *[0-9.]*\|[0-9.]*ops/s' | grep -o '[0-9.]*' | head -1 | cut -d. -f1; }
+mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(round(sum(v)/len(v)))" "$@"; }
+ratio() { python3 -c "print(round($1/$2,3))"; }
+post() { curl -sf -X POST "$http/$1" >/dev/null; }
+# Depths of topic $1 as "topic_depth ch_depth bus_depth" (in-memory plus on-disk).
+depths() {
+  curl -sf "$http/stats?format=json&topic=$1" | python3 -c '
+import json, sys
+t = json.load(sys.stdin)["topics"][0]
+c = {x["channel_name"]: x["depth"] + x["backend_depth"] for x in t["channels"]}
+print(t["depth"] + t["backend_depth"], c.get("ch", 0), c.get("bus", 0))'
+}
 
-# Channels first, so the writers' messages flow into a channel as they arrive.
-curl -s -X POST "http://127.0.0.1:$hport/channel/create?topic=theirs&channel=ch" >/dev/null
-curl -s -X POST "http://127.0.0.1:$hport/channel/create?topic=ours&channel=bus" >/dev/null
-
+# ---- Publish ----
 their_write() { nsq_bench_writer --nsqd-tcp-address=$addr --topic=theirs --size=200 --batch-size=200 --runfor=$half 2>&1 | rate; }
 our_write() { $ours --mode=write --nsqd=$addr --topic=ours --size=200 --batch_size=200 --runfor=$half | rate; }
-their_read() { nsq_bench_reader --nsqd-tcp-address=$addr --topic=theirs --channel=ch --size=200 --runfor=$quarter 2>&1 | rate; }
-our_read() { $ours --mode=read --nsqd=$addr --topic=ours --runfor=$quarter | rate; }
-
 # Warm-up (discarded): nsqd's first seconds are unlike the rest.
 nsq_bench_writer --nsqd-tcp-address=$addr --topic=warmup --size=200 --batch-size=200 --runfor=2s >/dev/null 2>&1
 $ours --mode=write --nsqd=$addr --topic=warmup2 --size=200 --batch_size=200 --runfor=2s >/dev/null
 tw1=$(their_write); ow1=$(our_write); ow2=$(our_write); tw2=$(their_write)
-tr1=$(their_read); or1=$(our_read); or2=$(our_read); tr2=$(their_read)
-tw=$(mean $tw1 $tw2); ow=$(mean $ow1 $ow2); tr=$(mean $tr1 $tr2); or=$(mean $or1 $or2)
-echo "publish  msgs/s: bench_writer=$tw ($tw1, $tw2) ours=$ow ($ow1, $ow2) ratio=$(python3 -c "print(round($ow/$tw,3))")"
-echo "consume  msgs/s: bench_reader=$tr ($tr1, $tr2) ours=$or ($or1, $or2) ratio=$(python3 -c "print(round($or/$tr,3))")"
+for t in warmup warmup2 theirs ours; do post "topic/delete?topic=$t"; done
+tw=$(mean $tw1 $tw2); ow=$(mean $ow1 $ow2)
+echo "publish  msgs/s: bench_writer=$tw ($tw1, $tw2) ours=$ow ($ow1, $ow2) ratio=$(ratio $ow $tw)"
+
+# ---- Consume ----
+their_read() { nsq_bench_reader --nsqd-tcp-address=$addr --topic=c$1 --channel=ch --size=200 --runfor=$quarter 2>&1 | rate; }
+our_read() { $ours --mode=read --nsqd=$addr --topic=c$1 --runfor=$quarter | rate; }
+theirs_all=()
+ours_all=()
+for r in $(seq "$rounds"); do
+  post "topic/create?topic=c$r"
+  post "channel/create?topic=c$r&channel=ch"
+  post "channel/create?topic=c$r&channel=bus"
+  $ours --mode=write --nsqd=$addr --topic=c$r --size=200 --batch_size=200 --runfor=$runfor >/dev/null
+  for _ in $(seq 600); do
+    read -r td cd bd < <(depths c$r)
+    [[ $td == 0 && $cd == "$bd" ]] && break
+    sleep 0.1
+  done
+  fill=$bd
+  if ((r % 2)); then
+    t1=$(their_read $r); o1=$(our_read $r); o2=$(our_read $r); t2=$(their_read $r)
+  else
+    o1=$(our_read $r); t1=$(their_read $r); t2=$(their_read $r); o2=$(our_read $r)
+  fi
+  read -r td cd bd < <(depths c$r)
+  echo "consume round $r ($( ((r % 2)) && echo theirs-first || echo ours-first), backlog $fill each, left ch=$cd bus=$bd): bench_reader $t1 $t2 ours $o1 $o2 ratio=$(ratio "$(mean $o1 $o2)" "$(mean $t1 $t2)")"
+  if [[ $cd == 0 || $bd == 0 ]]; then
+    echo "a channel ran empty in round $r: use a longer runfor (bigger backlog)" >&2
+    exit 1
+  fi
+  theirs_all+=("$t1" "$t2")
+  ours_all+=("$o1" "$o2")
+  post "topic/delete?topic=c$r"
+done
+tr=$(mean "${theirs_all[@]}"); or=$(mean "${ours_all[@]}")
+echo "consume  msgs/s: bench_reader=$tr ours=$or ratio=$(ratio $or $tr) ($rounds rounds, $((2 * rounds)) runs each)"
