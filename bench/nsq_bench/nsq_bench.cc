@@ -26,6 +26,10 @@ ABSL_FLAG(int, threads, 2, "publishing threads / consumers (bench_* use GOMAXPRO
 ABSL_FLAG(int, rdy, 2500, "max in flight per consumer");
 ABSL_FLAG(bool, driver_per_consumer, false, "read: one driver (own I/O threads) per consumer");
 ABSL_FLAG(int, io_threads, 2, "NsqOptions.io_threads");
+ABSL_FLAG(int64_t, output_buffer_size, bus::NsqOptions().output_buffer_size,
+          "NsqOptions.output_buffer_size");
+ABSL_FLAG(absl::Duration, output_buffer_timeout, bus::NsqOptions().output_buffer_timeout,
+          "NsqOptions.output_buffer_timeout");
 ABSL_FLAG(absl::Duration, runfor, absl::Seconds(10), "how long to run");
 
 int main(int argc, char** argv) {
@@ -34,6 +38,8 @@ int main(int argc, char** argv) {
   options.nsqd_tcp_addresses = {absl::GetFlag(FLAGS_nsqd)};
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.io_threads = absl::GetFlag(FLAGS_io_threads);
+  options.output_buffer_size = absl::GetFlag(FLAGS_output_buffer_size);
+  options.output_buffer_timeout = absl::GetFlag(FLAGS_output_buffer_timeout);
   auto driver_or = bus::NewNsqDriver(options);
   if (!driver_or.ok()) {
     std::fprintf(stderr, "%s\n", driver_or.status().ToString().c_str());

@@ -12,9 +12,10 @@
 # Consume: `rounds` rounds. Each round fills one fresh topic that has two channels, `ch`
 # (theirs) and `bus` (ours), with our writer for runfor, so both readers face the same
 # backlog (the same messages, byte for byte, 204-byte bodies), waits until nsqd has copied
-# every message into both channels, and then reads runfor/4 per run in the order theirs,
-# ours, ours, theirs (odd rounds) or ours, theirs, theirs, ours (even rounds). A side's rate
-# is the mean of all its runs; every run is printed. A run that emptied its channel would
+# every message into both channels, lets each reader warm up for 1s (discarded), and then
+# reads runfor/4 per run in the order theirs, ours, ours, theirs (odd rounds) or ours,
+# theirs, theirs, ours (even rounds). A side's rate is the mean of all its runs; every run is
+# printed. A run that emptied its channel would
 # understate that side, so the script fails if a channel is empty after a round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,8 +62,10 @@ tw=$(mean $tw1 $tw2); ow=$(mean $ow1 $ow2)
 echo "publish  msgs/s: bench_writer=$tw ($tw1, $tw2) ours=$ow ($ow1, $ow2) ratio=$(ratio $ow $tw)"
 
 # ---- Consume ----
-their_read() { nsq_bench_reader --nsqd-tcp-address=$addr --topic=c$1 --channel=ch --size=200 --runfor=$quarter 2>&1 | rate; }
-our_read() { $ours --mode=read --nsqd=$addr --topic=c$1 --runfor=$quarter | rate; }
+their_read_for() { nsq_bench_reader --nsqd-tcp-address=$addr --topic=c$2 --channel=ch --size=200 --runfor=$1 2>&1 | rate; }
+our_read_for() { $ours --mode=read --nsqd=$addr --topic=c$2 --runfor=$1 | rate; }
+their_read() { their_read_for $quarter $1; }
+our_read() { our_read_for $quarter $1; }
 theirs_all=()
 ours_all=()
 for r in $(seq "$rounds"); do
@@ -76,6 +79,10 @@ for r in $(seq "$rounds"); do
     sleep 0.1
   done
   fill=$bd
+  # Discarded warm-up reads (1s each, in the round's order): the first read after a fill pays
+  # for nsqd's garbage collection of the fill.
+  if ((r % 2)); then their_read_for 1s $r >/dev/null; our_read_for 1s $r >/dev/null
+  else our_read_for 1s $r >/dev/null; their_read_for 1s $r >/dev/null; fi
   if ((r % 2)); then
     t1=$(their_read $r); o1=$(our_read $r); o2=$(our_read $r); t2=$(their_read $r)
   else

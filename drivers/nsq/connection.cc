@@ -1,5 +1,8 @@
 #include "drivers/nsq/connection.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <utility>
 
@@ -182,6 +185,7 @@ awaitable<absl::Status> Connection::Handshake() {
   {
     absl::MutexLock lock(&mu_);
     started_ = true;
+    fd_ = socket_.native_handle();
   }
   asio::co_spawn(io_, ReadLoop(self), asio::detached);
   asio::co_spawn(io_, WriteLoop(self), asio::detached);
@@ -326,6 +330,20 @@ awaitable<void> Connection::HeartbeatWatch([[maybe_unused]] std::shared_ptr<Conn
   }
 }
 
+size_t Connection::WriteNowLocked(absl::string_view data) {
+  // Only while the write loop is parked with nothing queued: then no write is in flight and
+  // these bytes cannot overtake queued ones. The socket stays open while `mu_` is held and
+  // `closed_` is false (CloseOnIo sets `closed_` under `mu_` before it closes the socket).
+  if (!writer_idle_ || fd_ < 0 || !out_.empty() || data.empty()) return 0;
+  ssize_t n;
+  do {
+    n = ::send(fd_, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  // EAGAIN or an error: the write loop takes the bytes, waits for the socket or reports the
+  // error and closes.
+  return n < 0 ? 0 : static_cast<size_t>(n);
+}
+
 void Connection::Request(std::string command, ResponseFn done) {
   bool wake = false;
   absl::Status closed_status;
@@ -336,15 +354,18 @@ void Connection::Request(std::string command, ResponseFn done) {
                                                "nsqd ", options_.address, ": connection closed"))
                                          : close_status_;
     } else {
-      if (out_.empty()) {
-        out_ = std::move(command);  // the common case: no copy of a large MPUB
-      } else {
-        out_.append(command);
-      }
       pending_.push_back(std::move(done));
-      if (writer_idle_) {
-        writer_idle_ = false;
-        wake = true;
+      const size_t written = WriteNowLocked(command);
+      if (written < command.size()) {
+        if (out_.empty() && written == 0) {
+          out_ = std::move(command);  // the common queued case: no copy of a large MPUB
+        } else {
+          out_.append(command, written);
+        }
+        if (writer_idle_) {
+          writer_idle_ = false;
+          wake = true;
+        }
       }
     }
   }
@@ -362,7 +383,9 @@ void Connection::Send(absl::string_view command) {
   {
     absl::MutexLock lock(&mu_);
     if (closed()) return;
-    out_.append(command.data(), command.size());
+    const size_t written = WriteNowLocked(command);
+    if (written == command.size()) return;
+    out_.append(command.data() + written, command.size() - written);
     if (writer_idle_) {
       writer_idle_ = false;
       wake = true;
@@ -383,6 +406,7 @@ void Connection::CloseOnIo(absl::Status why) {
     absl::MutexLock lock(&mu_);
     if (closed_.exchange(true)) return;
     close_status_ = why;
+    fd_ = -1;
     pending.swap(pending_);
     out_.clear();
   }

@@ -6,6 +6,10 @@
 //   conn->Request(sub_command, on_response);    // commands with a response, matched in order
 //   conn->Send(fin_command);                    // commands without one (RDY, FIN, REQ, TOUCH)
 //
+// Request and Send write from the calling thread when the write loop is idle (the common case
+// for acks and publishes: no hand-off to the I/O thread), and otherwise queue for the write
+// loop on the io_context; bytes reach the socket in call order either way.
+//
 // The connection answers heartbeats with NOP, closes itself when nsqd has been silent for two
 // heartbeat intervals, and closes on a malformed frame or a fatal error frame (every pending
 // request then fails). Non-fatal error frames (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) go to
@@ -106,6 +110,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
   boost::asio::awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
   boost::asio::awaitable<void> HeartbeatWatch(std::shared_ptr<Connection> self);
+  // Writes what the socket takes at once of `data` from the calling thread when the write
+  // loop is idle and nothing is queued (sparing the hand-off to the I/O thread); returns the
+  // bytes written, 0 when the write loop must take them.
+  size_t WriteNowLocked(absl::string_view data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleFrame(Frame frame);
   void FlushMessages();
   void CloseOnIo(absl::Status why);
@@ -127,6 +135,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string out_ ABSL_GUARDED_BY(mu_);
   bool writer_idle_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // The socket's descriptor once the loops run, -1 before and after (see WriteNowLocked).
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
   std::deque<ResponseFn> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
