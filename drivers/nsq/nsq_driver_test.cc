@@ -4,23 +4,27 @@
 
 #include "drivers/nsq/nsq_driver.h"
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "boost/asio/connect.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/write.hpp"
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/http.hpp"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/process.h"
 
@@ -64,6 +68,40 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
   return seen;
 }
 
+// nsqd's /stats for `topic`/`channel` over HTTP: {depth, in_flight_count}, or {-1, -1}.
+std::pair<int64_t, int64_t> ChannelCounts(const std::string& http_address, const std::string& topic,
+                                          const std::string& channel) {
+  namespace asio = boost::asio;
+  namespace http = boost::beast::http;
+  try {
+    asio::io_context io;
+    asio::ip::tcp::resolver resolver(io);
+    const size_t colon = http_address.rfind(':');
+    asio::ip::tcp::socket socket(io);
+    asio::connect(socket,
+                  resolver.resolve(http_address.substr(0, colon), http_address.substr(colon + 1)));
+    http::request<http::empty_body> req(
+        http::verb::get, absl::StrCat("/stats?format=json&topic=", topic, "&channel=", channel),
+        11);
+    req.set(http::field::host, http_address);
+    http::write(socket, req);
+    boost::beast::flat_buffer buf;
+    http::response<http::string_body> resp;
+    http::read(socket, buf, resp);
+    const nlohmann::json j = nlohmann::json::parse(resp.body());
+    for (const auto& t : j.at("topics")) {
+      for (const auto& c : t.at("channels")) {
+        if (c.at("channel_name") == channel) {
+          return {c.at("depth").get<int64_t>(), c.at("in_flight_count").get<int64_t>()};
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "stats from " << http_address << ": " << e.what();
+  }
+  return {-1, -1};
+}
+
 TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
   NsqOptions o;
   auto d = NewNsqDriver(o);
@@ -77,6 +115,74 @@ TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
   EXPECT_TRUE(absl::StrContains(d.status().message(), "heartbeat_interval"));
+}
+
+// Publishes and acks are written from the caller's thread when the connection's writer is idle
+// and queued for the I/O thread otherwise. Many threads on one connection mix both paths: every
+// publish must be answered (responses match requests in order) and every ack must reach nsqd.
+TEST(NsqDriverTest, ConcurrentPublishesAndAcksOnOneConnectionAllArrive) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver(
+      {.nsqd_tcp_addresses = {nsqd->tcp_address()}, .io_threads = 1, .publish_connections = 1});
+  ASSERT_NE(driver, nullptr);
+  ASSERT_TRUE(driver->CreateQueue("mixq", absl::ZeroDuration()).ok());
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 300;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; i += 3) {
+        // One PUB and a two-message MPUB, so small and larger commands interleave.
+        if (!driver->SendToQueue("mixq", absl::StrCat(t, "-", i), absl::ZeroDuration()).ok()) {
+          ++failures;
+        }
+        const std::vector<std::string> two = {absl::StrCat(t, "-", i + 1),
+                                              absl::StrCat(t, "-", i + 2)};
+        if (!driver->SendBatchToQueue("mixq", two, absl::ZeroDuration()).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+
+  auto c = driver->NewConsumer("mixq", ConsumerOptions{100, absl::Seconds(60)});
+  ASSERT_TRUE(c.ok());
+  // Two threads receive and ack on the consumer's one connection.
+  absl::Mutex mu;
+  std::set<std::string> seen;
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      const absl::Time deadline = absl::Now() + kPatience;
+      while (absl::Now() < deadline) {
+        {
+          absl::MutexLock l(&mu);
+          if (seen.size() >= kThreads * kPerThread) return;
+        }
+        std::vector<Delivery> got;
+        if (!(*c)->Receive(7, absl::Milliseconds(100), {}, &got).ok()) continue;
+        for (const Delivery& d : got) {
+          EXPECT_TRUE((*c)->Ack(d).ok());
+          absl::MutexLock l(&mu);
+          seen.insert(d.data);
+        }
+      }
+    });
+  }
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kThreads * kPerThread));
+  // Every FIN reached nsqd: nothing is left in flight or queued (a lost FIN would stay in
+  // flight for the 60s lease, far beyond this wait).
+  std::pair<int64_t, int64_t> counts;
+  const absl::Time deadline = absl::Now() + kPatience;
+  do {
+    counts = ChannelCounts(nsqd->http_address(), "mixq", "bus");
+    if (counts == std::pair<int64_t, int64_t>{0, 0}) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  EXPECT_EQ(counts, (std::pair<int64_t, int64_t>{0, 0})) << "depth, in flight";
 }
 
 TEST(NsqDriverTest, UnreachableNsqdIsUnavailable) {
