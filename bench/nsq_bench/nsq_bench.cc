@@ -31,6 +31,7 @@ ABSL_FLAG(int64_t, output_buffer_size, bus::NsqOptions().output_buffer_size,
 ABSL_FLAG(absl::Duration, output_buffer_timeout, bus::NsqOptions().output_buffer_timeout,
           "NsqOptions.output_buffer_timeout");
 ABSL_FLAG(absl::Duration, runfor, absl::Seconds(10), "how long to run");
+ABSL_FLAG(int64_t, count, 0, "write: stop after this many messages (0: run for --runfor only)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -59,10 +60,13 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_mode) == "write") {
     start = absl::Now();
     const absl::Time end = start + runfor;
+    const int64_t count = absl::GetFlag(FLAGS_count);
+    std::atomic<int64_t> claimed{0};
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([&] {
         int64_t n = 0;
         while (absl::Now() < end) {
+          if (count > 0 && claimed.fetch_add(static_cast<int64_t>(batch.size())) >= count) break;
           absl::Status st = driver->SendBatchToQueue(topic, batch, absl::ZeroDuration());
           if (!st.ok()) {
             std::fprintf(stderr, "publish: %s\n", st.ToString().c_str());

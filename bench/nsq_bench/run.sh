@@ -10,17 +10,20 @@
 # garbage collector during the consume rounds.
 #
 # Consume: `rounds` rounds. Each round fills one fresh topic that has two channels, `ch`
-# (theirs) and `bus` (ours), with our writer for runfor, so both readers face the same
-# backlog (the same messages, byte for byte, 204-byte bodies), waits until nsqd has copied
-# every message into both channels, lets each reader warm up for 1s (discarded), and then
-# reads runfor/4 per run in the order theirs, ours, ours, theirs (odd rounds) or ours,
-# theirs, theirs, ours (even rounds). A side's rate is the mean of all its runs; every run is
-# printed. A run that emptied its channel would
-# understate that side, so the script fails if a channel is empty after a round.
+# (theirs) and `bus` (ours), with (1 + runfor/2) million messages from our writer, so both
+# readers face the same backlog (the same messages, byte for byte: 204-byte bodies); waits
+# until nsqd has copied every message into both channels; lets each reader warm up for 1s
+# (discarded); then reads runfor/4 per run in the order theirs, ours, ours, theirs (odd
+# rounds) or ours, theirs, theirs, ours (even rounds). A side's rate is the mean of all its
+# runs; every run is printed. A run that emptied its channel would understate that side, so
+# the script fails if a channel is empty after a round.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
 rounds=${2:-4}
+# Messages per consume round: enough for 1s + runfor/2 of reading at well over 600k msgs/s,
+# and below --mem-queue-size so every message stays in nsqd's memory.
+fill_count=$(python3 -c "print(int((1 + $secs / 2) * 1000000))")
 secs=${runfor%s}
 half=$(python3 -c "print(str($secs/2)+'s')")
 quarter=$(python3 -c "print(str($secs/4)+'s')")
@@ -72,7 +75,7 @@ for r in $(seq "$rounds"); do
   post "topic/create?topic=c$r"
   post "channel/create?topic=c$r&channel=ch"
   post "channel/create?topic=c$r&channel=bus"
-  $ours --mode=write --nsqd=$addr --topic=c$r --size=200 --batch_size=200 --runfor=$runfor >/dev/null
+  $ours --mode=write --nsqd=$addr --topic=c$r --size=200 --batch_size=200 --count=$fill_count --runfor=120s >/dev/null
   for _ in $(seq 600); do
     read -r td cd bd < <(depths c$r)
     [[ $td == 0 && $cd == "$bd" ]] && break
