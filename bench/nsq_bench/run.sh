@@ -21,12 +21,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
 rounds=${2:-4}
-# Messages per consume round: enough for 1s + runfor/2 of reading at well over 600k msgs/s,
-# and below --mem-queue-size so every message stays in nsqd's memory.
-fill_count=$(python3 -c "print(int((1 + $secs / 2) * 1000000))")
 secs=${runfor%s}
 half=$(python3 -c "print(str($secs/2)+'s')")
 quarter=$(python3 -c "print(str($secs/4)+'s')")
+# Messages per consume round: enough for 1s + runfor/2 of reading at well over 600k msgs/s,
+# and below --mem-queue-size so every message stays in nsqd's memory.
+fill_count=$(python3 -c "print(int((1 + $secs / 2) * 1000000))")
 bazel build -c opt //bench/nsq_bench:nsq_bench >/dev/null 2>&1
 ours=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/nsq_bench/nsq_bench
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
