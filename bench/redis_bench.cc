@@ -43,9 +43,9 @@ ABSL_FLAG(int, e2e_messages, 100000, "Messages for the end-to-end benchmark");
 ABSL_FLAG(int, payload, 100, "Payload bytes per message");
 ABSL_FLAG(int, batch, 100, "Messages per SendBatchToQueue call");
 ABSL_FLAG(int, producers, 2, "Producer threads");
-ABSL_FLAG(int, concurrency, 16, "Handler concurrency");
-ABSL_FLAG(int, max_in_flight, 512, "Handler max in flight (prefetch)");
-ABSL_FLAG(int, handler_batch_size, 64,
+ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
+ABSL_FLAG(int, max_in_flight, 1024, "Handler max in flight (prefetch)");
+ABSL_FLAG(int, handler_batch_size, 128,
           "HandlerOptions::batch_size for the e2e runs (1: one message per store call)");
 ABSL_FLAG(bool, memory_baseline, false,
           "Also run the end-to-end benchmark on the memory driver and memory stores");
