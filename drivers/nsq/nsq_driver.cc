@@ -442,53 +442,19 @@ class ConsumerState : public Connection::Listener,
   }
 
   absl::Status Settle(const Delivery& d, int kind, absl::Duration delay) {
-    uint32_t conn_id;
-    uint64_t seq;
-    if (!ParseReceipt(d.receipt, &conn_id, &seq)) {
-      return absl::InvalidArgumentError("nsq: malformed receipt");
-    }
     absl::MutexLock lock(&mu_);
-    auto it = held_.find(seq);
-    if (it == held_.end() || static_cast<uint32_t>(it->second.conn_id) != conn_id) {
-      return absl::FailedPreconditionError("nsq: delivery is not held (already settled?)");
-    }
-    const nsq::MessageId id = it->second.id;
-    Slot* slot = SlotByConn(it->second.conn_id);
+    return SettleLocked(d, kind, delay, absl::Now());
+  }
+
+  // Acks a batch under one lock; the batch's FINs go out together at the end (a batch is a
+  // natural flush point: nothing more is coming soon).
+  void AckMany(absl::Span<const Delivery* const> deliveries, absl::Span<absl::Status> results) {
+    absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    if (slot == nullptr) {
-      held_.erase(it);
-      return absl::FailedPreconditionError(
-          "nsq: the connection that delivered this message is gone; nsqd will redeliver it");
+    for (size_t i = 0; i < deliveries.size(); ++i) {
+      results[i] = SettleLocked(*deliveries[i], 0, {}, now);
     }
-    // nsqd started the lease when it sent the message, a little before it arrived here, so
-    // the last sliver of the local lease counts as lost too.
-    if (now >= it->second.lease_deadline - lease_ / 50) {
-      held_.erase(it);
-      --slot->in_flight;
-      return absl::FailedPreconditionError("nsq: lease expired; nsqd will redeliver it");
-    }
-    std::string& cmd = slot->pending;
-    switch (kind) {
-      case 0:
-        nsq::AppendFin(id, &cmd);
-        held_.erase(it);
-        --slot->in_flight;
-        if (cmd.size() >= 4096) FlushPending(*slot);
-        return absl::OkStatus();
-      case 1: {
-        absl::Duration dl = std::clamp(delay, absl::ZeroDuration(), core_->options().max_defer);
-        nsq::AppendReq(id, ToMs(dl), &cmd);
-        held_.erase(it);
-        --slot->in_flight;
-        break;
-      }
-      default:
-        nsq::AppendTouch(id, &cmd);
-        it->second.lease_deadline = now + lease_;
-        break;
-    }
-    FlushPending(*slot);  // REQ and TOUCH go out at once (after any FINs before them)
-    return absl::OkStatus();
+    FlushAllPending();
   }
 
   // Gives back everything held or buffered, sends CLS, waits (bounded) for nsqd to confirm,
@@ -658,6 +624,56 @@ class ConsumerState : public Connection::Listener,
     b.payload = std::move(m.body);
     b.leased_at = now;
     buffer_.push_back(std::move(b));
+  }
+
+  // kind: 0 FIN (batched per connection), 1 REQ after `delay`, 2 TOUCH.
+  absl::Status SettleLocked(const Delivery& d, int kind, absl::Duration delay, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint32_t conn_id;
+    uint64_t seq;
+    if (!ParseReceipt(d.receipt, &conn_id, &seq)) {
+      return absl::InvalidArgumentError("nsq: malformed receipt");
+    }
+    auto it = held_.find(seq);
+    if (it == held_.end() || static_cast<uint32_t>(it->second.conn_id) != conn_id) {
+      return absl::FailedPreconditionError("nsq: delivery is not held (already settled?)");
+    }
+    const nsq::MessageId id = it->second.id;
+    Slot* slot = SlotByConn(it->second.conn_id);
+    if (slot == nullptr) {
+      held_.erase(it);
+      return absl::FailedPreconditionError(
+          "nsq: the connection that delivered this message is gone; nsqd will redeliver it");
+    }
+    // nsqd started the lease when it sent the message, a little before it arrived here, so
+    // the last sliver of the local lease counts as lost too.
+    if (now >= it->second.lease_deadline - lease_ / 50) {
+      held_.erase(it);
+      --slot->in_flight;
+      return absl::FailedPreconditionError("nsq: lease expired; nsqd will redeliver it");
+    }
+    std::string& cmd = slot->pending;
+    switch (kind) {
+      case 0:
+        nsq::AppendFin(id, &cmd);
+        held_.erase(it);
+        --slot->in_flight;
+        if (cmd.size() >= 4096) FlushPending(*slot);
+        return absl::OkStatus();
+      case 1: {
+        absl::Duration dl = std::clamp(delay, absl::ZeroDuration(), core_->options().max_defer);
+        nsq::AppendReq(id, ToMs(dl), &cmd);
+        held_.erase(it);
+        --slot->in_flight;
+        break;
+      }
+      default:
+        nsq::AppendTouch(id, &cmd);
+        it->second.lease_deadline = now + lease_;
+        break;
+    }
+    FlushPending(*slot);  // REQ and TOUCH go out at once (after any FINs before them)
+    return absl::OkStatus();
   }
 
   void FlushPending(Slot& slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -974,6 +990,10 @@ class NsqConsumer final : public Consumer {
     return state_->Receive(max, wait, std::move(stop), out);
   }
   absl::Status Ack(const Delivery& d) override { return state_->Settle(d, 0, {}); }
+  void AckMany(absl::Span<const Delivery* const> deliveries,
+               absl::Span<absl::Status> results) override {
+    state_->AckMany(deliveries, results);
+  }
   absl::Status Nack(const Delivery& d, absl::Duration delay) override {
     return state_->Settle(d, 1, delay);
   }

@@ -185,6 +185,45 @@ TEST(NsqDriverTest, ConcurrentPublishesAndAcksOnOneConnectionAllArrive) {
   EXPECT_EQ(counts, (std::pair<int64_t, int64_t>{0, 0})) << "depth, in flight";
 }
 
+// Single acks are batched until the next Receive, the next tick or 4 KiB; AckMany writes its
+// FINs at once. With a tick of an hour and no Receive after AckMany, only that flush can empty
+// nsqd's in-flight count.
+TEST(NsqDriverTest, AckManyWritesItsFinsAtOnce) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver(
+      {.nsqd_tcp_addresses = {nsqd->tcp_address()}, .rdy_redistribute_interval = absl::Hours(1)});
+  ASSERT_NE(driver, nullptr);
+  ASSERT_TRUE(driver->CreateQueue("manyq", absl::ZeroDuration()).ok());
+  constexpr int kCount = 10;
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_TRUE(driver->SendToQueue("manyq", absl::StrCat("m", i), absl::ZeroDuration()).ok());
+  }
+  auto c = driver->NewConsumer("manyq", ConsumerOptions{kCount, absl::Seconds(60)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (got.size() < kCount && absl::Now() < deadline) {
+    ASSERT_TRUE((*c)->Receive(kCount, absl::Milliseconds(200), {}, &got).ok());
+  }
+  ASSERT_EQ(got.size(), static_cast<size_t>(kCount));
+  std::vector<const Delivery*> ptrs;
+  for (const Delivery& d : got) ptrs.push_back(&d);
+  std::vector<absl::Status> results(kCount);
+  (*c)->AckMany(ptrs, absl::MakeSpan(results));
+  for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+  std::pair<int64_t, int64_t> counts;
+  do {
+    counts = ChannelCounts(nsqd->http_address(), "manyq", "bus");
+    if (counts == std::pair<int64_t, int64_t>{0, 0}) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < deadline);
+  EXPECT_EQ(counts, (std::pair<int64_t, int64_t>{0, 0})) << "depth, in flight";
+  // Each was acked once: a second AckMany refuses them all.
+  (*c)->AckMany(ptrs, absl::MakeSpan(results));
+  for (const absl::Status& st : results) EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+}
+
 TEST(NsqDriverTest, UnreachableNsqdIsUnavailable) {
   auto port = testing::PickFreePort();
   ASSERT_TRUE(port.ok());
