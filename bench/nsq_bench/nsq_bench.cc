@@ -1,7 +1,8 @@
 // Throughput of the NSQ driver, shaped like nsq's bench_writer / bench_reader so the two can
 // be compared on one nsqd: `write` publishes batches (SendBatchToQueue = MPUB) from --threads
-// threads for --runfor; `read` consumes with --threads consumers (max in flight --rdy each),
-// acking every message, for --runfor. Prints "ops/s: N".
+// threads for --runfor (or until --count messages); `read` consumes with --threads consumers
+// (max in flight --rdy each), acking every message with its own Ack, for --runfor. Prints
+// "ops/s: N".
 //
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150 --topic=ours --size=200 --batch_size=200
 //   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=ours
