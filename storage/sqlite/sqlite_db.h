@@ -141,6 +141,9 @@ class SqliteDatabase {
   // Runs the operations of batch_ inside the open transaction and commits; falls back to
   // RunAlone() for each when SQLite drops the transaction.
   void RunBatch();
+  // Runs the operations of batch_ again, each in a savepoint of its own, in the open transaction.
+  // False when SQLite dropped the transaction or a savepoint statement failed.
+  bool RunBatchWithSavepoints();
   // Runs one operation in a transaction of its own.
   absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
   // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
@@ -154,6 +157,9 @@ class SqliteDatabase {
   // mu_, so a leader that keeps coming back does not starve the callers it has just finished.
   mutable absl::Mutex mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(mu_);
+  // Whether a caller leads (runs batches or a read on the writer connection). A caller that
+  // finds no leader leads at once; the others wait until they are done or handed the lead.
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 
   // Callers whose operation a leader finished but who have not returned from Write() yet.
