@@ -143,8 +143,9 @@ class SqliteDatabase {
   // The leader's work: opens a write transaction, takes the writers queued at that moment
   // (itself first) into batch_, runs them and commits. mu_ is not held.
   void LeadBatch();
-  // Runs the operations of batch_ inside the open transaction and commits; falls back to
-  // RunAlone() for each when SQLite drops the transaction.
+  // Runs the operations of batch_ inside the open transaction, without savepoints (again with
+  // them when a failed operation left a change behind), and commits; falls back to RunAlone()
+  // for each when SQLite drops the transaction or COMMIT fails.
   void RunBatch();
   // Runs the operations of batch_ again, each in a savepoint of its own, in the open transaction.
   // False when SQLite dropped the transaction or a savepoint statement failed.
