@@ -43,8 +43,10 @@ ABSL_FLAG(int, e2e_messages, 100000, "Messages for the end-to-end benchmark");
 ABSL_FLAG(int, payload, 100, "Payload bytes per message");
 ABSL_FLAG(int, batch, 100, "Messages per SendBatchToQueue call");
 ABSL_FLAG(int, producers, 2, "Producer threads");
-ABSL_FLAG(int, concurrency, 16, "Handler concurrency");
-ABSL_FLAG(int, max_in_flight, 512, "Handler max in flight (prefetch)");
+ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
+ABSL_FLAG(int, max_in_flight, 1024, "Handler max in flight (prefetch)");
+ABSL_FLAG(int, handler_batch_size, 128,
+          "HandlerOptions::batch_size for the e2e runs (1: one message per store call)");
 ABSL_FLAG(bool, memory_baseline, false,
           "Also run the end-to-end benchmark on the memory driver and memory stores");
 ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");
@@ -123,6 +125,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   h.handle = [](const bus::Message&) { return absl::OkStatus(); };
   h.concurrency = absl::GetFlag(FLAGS_concurrency);
   h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  h.batch_size = absl::GetFlag(FLAGS_handler_batch_size);
   h.replay_interval = absl::ZeroDuration();
   h.logger = bus::NullLogger();
   auto handler = bus::Handler::Create(h);
@@ -240,9 +243,10 @@ int main(int argc, char** argv) {
   const double e2e =
       EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages));
   std::printf(
-      "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d): %.0f msg/s"
-      "  ratio %.2f\n",
-      absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight), e2e,
+      "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d): "
+      "%.0f msg/s  ratio %.2f\n",
+      absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
+      absl::GetFlag(FLAGS_handler_batch_size), e2e,
       limit > 0 ? e2e / limit : 0);
   if (absl::GetFlag(FLAGS_memory_baseline)) {
     const double mixed =

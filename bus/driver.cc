@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <exception>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -22,11 +21,24 @@ struct Held {
   absl::Time renewed_at;
 };
 
+// The batch a worker is running. The callback reads `deliveries` without the lock while the
+// keeper reads them (and updates `renewed_at`) under it; the vectors change only under the lock.
+struct Slot {
+  std::vector<Delivery> deliveries;
+  std::vector<absl::Time> renewed_at;
+};
+
+// A worker's reusable buffers for settling a batch.
+struct SettleScratch {
+  std::vector<const Delivery*> acks;
+  std::vector<absl::Status> results;
+};
+
 // State shared by the receive loop's threads. Owned through a shared_ptr so that a worker
 // abandoned after the shutdown timeout can finish safely after ReceiveMessage has returned.
 struct Loop {
-  Loop(std::unique_ptr<Consumer> c, std::shared_ptr<Clock> clk, ReceiveOptions opts, ReceiveFn f,
-       std::function<void(const absl::Status&)> err)
+  Loop(std::unique_ptr<Consumer> c, std::shared_ptr<Clock> clk, ReceiveOptions opts,
+       ReceiveBatchFn f, std::function<void(const absl::Status&)> err)
       : consumer(std::move(c)),
         clock(std::move(clk)),
         options(opts),
@@ -37,13 +49,13 @@ struct Loop {
   const std::unique_ptr<Consumer> consumer;
   const std::shared_ptr<Clock> clock;
   const ReceiveOptions options;
-  const ReceiveFn fn;
+  const ReceiveBatchFn fn;
   const std::function<void(const absl::Status&)> on_error;
 
   absl::Mutex mu;
   std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
-  // What each worker is running right now, if anything.
-  std::vector<std::optional<Held>> slots ABSL_GUARDED_BY(mu);
+  // What each worker is running right now (empty when idle).
+  std::vector<Slot> slots ABSL_GUARDED_BY(mu);
   int held ABSL_GUARDED_BY(mu) = 0;  // buffer + running
   int running_workers ABSL_GUARDED_BY(mu) = 0;
   bool fetching ABSL_GUARDED_BY(mu) = false;
@@ -58,48 +70,78 @@ struct Loop {
 
   void Worker(size_t index, std::stop_token stop);
   void Keeper();
-  void Settle(const Delivery& d, const Settlement& s);
+  void SettleOne(const Delivery& d, const Settlement& s);
+  void SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
+                   SettleScratch* scratch);
 };
 
-void Loop::Settle(const Delivery& d, const Settlement& s) {
+void Loop::SettleOne(const Delivery& d, const Settlement& s) {
   const absl::Status st = s.done ? consumer->Ack(d) : consumer->Nack(d, s.redeliver_after);
   if (!st.ok()) {
     Report(absl::Status(st.code(), absl::StrCat(s.done ? "ack" : "nack", ": ", st.message())));
   }
 }
 
+void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
+                       SettleScratch* scratch) {
+  if (ds.size() == 1) return SettleOne(ds[0], ss[0]);
+  scratch->acks.clear();
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (ss[i].done) {
+      scratch->acks.push_back(&ds[i]);
+    } else {
+      SettleOne(ds[i], ss[i]);
+    }
+  }
+  if (scratch->acks.empty()) return;
+  scratch->results.assign(scratch->acks.size(), absl::OkStatus());
+  consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
+  for (const absl::Status& st : scratch->results) {
+    if (!st.ok()) Report(absl::Status(st.code(), absl::StrCat("ack: ", st.message())));
+  }
+}
+
 void Loop::Worker(size_t index, std::stop_token stop) {
-  std::vector<Delivery> batch;
+  std::vector<Delivery> fetched;
+  std::vector<Delivery> settling;
+  std::vector<Settlement> settlements;
+  SettleScratch scratch;
   absl::MutexLock lock(&mu);
+  Slot& slot = slots[index];
   while (!stopping) {
     if (!buffer.empty()) {
-      slots[index] = std::move(buffer.front());
-      buffer.pop_front();
-      const Delivery& d = slots[index]->delivery;
+      const size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
+      for (size_t i = 0; i < n; ++i) {
+        slot.deliveries.push_back(std::move(buffer.front().delivery));
+        slot.renewed_at.push_back(buffer.front().renewed_at);
+        buffer.pop_front();
+      }
       mu.Unlock();
-      Settlement s;
+      settlements.assign(n, Settlement::Redeliver());
       try {
-        s = fn(d);
+        fn(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(settlements));
       } catch (const std::exception& e) {
         Report(absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
-        s = Settlement::Redeliver();
+        settlements.assign(n, Settlement::Redeliver());
       } catch (...) {
         Report(absl::InternalError("receive callback threw a non-std exception"));
-        s = Settlement::Redeliver();
+        settlements.assign(n, Settlement::Redeliver());
       }
       mu.Lock();
       if (!abandoned) {
         // Settling outside the lock would race the keeper extending a settled delivery, which
         // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
-        Held done = std::move(*slots[index]);
-        slots[index].reset();
+        settling.swap(slot.deliveries);
+        slot.renewed_at.clear();
         mu.Unlock();
-        Settle(done.delivery, s);
+        SettleBatch(settling, settlements, &scratch);
+        settling.clear();
         mu.Lock();
       } else {
-        slots[index].reset();
+        slot.deliveries.clear();
+        slot.renewed_at.clear();
       }
-      --held;
+      held -= static_cast<int>(n);
       continue;
     }
     const int room = options.max_in_flight - held;
@@ -119,8 +161,8 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     }
     fetching = true;
     mu.Unlock();
-    batch.clear();
-    const absl::Status st = consumer->Receive(room, options.poll_wait, stop, &batch);
+    fetched.clear();
+    const absl::Status st = consumer->Receive(room, options.poll_wait, stop, &fetched);
     const absl::Time received_at = clock->Now();
     mu.Lock();
     fetching = false;
@@ -136,8 +178,8 @@ void Loop::Worker(size_t index, std::stop_token stop) {
       continue;
     }
     fetch_failures = 0;
-    for (Delivery& d : batch) buffer.push_back(Held{std::move(d), received_at});
-    held += static_cast<int>(batch.size());
+    for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
+    held += static_cast<int>(fetched.size());
   }
   --running_workers;
 }
@@ -152,21 +194,23 @@ void Loop::Keeper() {
     };
     if (clock->AwaitWithDeadline(&mu, absl::Condition(&cond), clock->Now() + period)) break;
     const absl::Time now = clock->Now();
-    std::vector<Held*> due;
-    for (Held& h : buffer) {
-      if (now - h.renewed_at >= half) due.push_back(&h);
-    }
-    for (auto& slot : slots) {
-      if (slot.has_value() && now - slot->renewed_at >= half) due.push_back(&*slot);
-    }
-    if (due.empty()) continue;
     // Extend outside the lock: copy what is needed, since the entries may move meanwhile.
     std::vector<Delivery> copies;
-    copies.reserve(due.size());
-    for (Held* h : due) {
-      copies.push_back(h->delivery);
-      h->renewed_at = now;
+    for (Held& h : buffer) {
+      if (now - h.renewed_at >= half) {
+        copies.push_back(h.delivery);
+        h.renewed_at = now;
+      }
     }
+    for (Slot& slot : slots) {
+      for (size_t i = 0; i < slot.deliveries.size(); ++i) {
+        if (now - slot.renewed_at[i] >= half) {
+          copies.push_back(slot.deliveries[i]);
+          slot.renewed_at[i] = now;
+        }
+      }
+    }
+    if (copies.empty()) continue;
     mu.Unlock();
     for (const Delivery& d : copies) {
       if (absl::Status st = consumer->Extend(d); !st.ok() && !absl::IsFailedPrecondition(st)) {
@@ -206,7 +250,15 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
   if (options.poll_wait <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ReceiveOptions.poll_wait must be > 0");
   }
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError("ReceiveOptions.batch_size must be >= 1");
+  }
   return absl::OkStatus();
+}
+
+void Consumer::AckMany(absl::Span<const Delivery* const> deliveries,
+                       absl::Span<absl::Status> results) {
+  for (size_t i = 0; i < deliveries.size(); ++i) results[i] = Ack(*deliveries[i]);
 }
 
 absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
@@ -220,9 +272,33 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
 absl::Status Driver::ReceiveMessage(absl::string_view queue, const ReceiveOptions& options,
                                     ReceiveFn fn, std::stop_token stop,
                                     std::function<void(const absl::Status&)> on_error) {
+  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveMessage: no callback");
+  // Each delivery of a batch in turn; once stop is requested the ones not yet started keep
+  // their Redeliver() and go back to the broker.
+  ReceiveBatchFn each = [fn = std::move(fn), on_error, stop](absl::Span<const Delivery> ds,
+                                                             absl::Span<Settlement> ss) {
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (i > 0 && stop.stop_requested()) return;
+      try {
+        ss[i] = fn(ds[i]);
+      } catch (const std::exception& e) {
+        if (on_error) {
+          on_error(absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+        }
+      } catch (...) {
+        if (on_error) on_error(absl::InternalError("receive callback threw a non-std exception"));
+      }
+    }
+  };
+  return ReceiveBatches(queue, options, std::move(each), stop, std::move(on_error));
+}
+
+absl::Status Driver::ReceiveBatches(absl::string_view queue, const ReceiveOptions& options,
+                                    ReceiveBatchFn fn, std::stop_token stop,
+                                    std::function<void(const absl::Status&)> on_error) {
   if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
   if (absl::Status st = ValidateReceiveOptions(options); !st.ok()) return st;
-  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveMessage: no callback");
+  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveBatches: no callback");
   ReceiveOptions opts = options;
   if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency;
 
@@ -293,7 +369,7 @@ absl::Status Driver::ReceiveMessage(absl::string_view queue, const ReceiveOption
     loop->buffer.clear();
   }
   // Give back what was received and never started, so it is redelivered at once.
-  for (const Held& h : unstarted) loop->Settle(h.delivery, Settlement::Redeliver());
+  for (const Held& h : unstarted) loop->SettleOne(h.delivery, Settlement::Redeliver());
 
   int stuck = 0;
   {

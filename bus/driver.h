@@ -81,6 +81,13 @@ class Consumer {
   // was lost (the message may be delivered to someone else, or already was).
   virtual absl::Status Ack(const Delivery& delivery) = 0;
 
+  // Acks several deliveries in as few broker calls as the broker allows (one Redis script call
+  // per bounded batch); results[i] is what Ack(*deliveries[i]) would have returned, so one lost
+  // lease does not fail the others. `results` must have deliveries.size() entries. The default
+  // acks one at a time.
+  virtual void AckMany(absl::Span<const Delivery* const> deliveries,
+                       absl::Span<absl::Status> results);
+
   // Gives a delivery back: it is delivered again after `delay` (zero: as soon as possible).
   // FailedPrecondition if the lease was lost.
   virtual absl::Status Nack(const Delivery& delivery, absl::Duration delay) = 0;
@@ -121,11 +128,23 @@ struct ReceiveOptions {
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Longest single wait for messages; bounds how often an idle consumer wakes up.
   absl::Duration poll_wait = absl::Seconds(1);
+  // Deliveries a worker takes at once, >= 1. ReceiveBatches hands them to one callback call;
+  // ReceiveMessage calls its callback for each in turn. Either way the batch's acks go to the
+  // broker together (Consumer::AckMany), which saves a round trip per message on brokers with
+  // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the
+  // ones in the prefetch buffer.
+  int batch_size = 1;
 };
 
 // The callback. It runs on one of ReceiveMessage's worker threads and must not throw
 // (ReceiveMessage treats an escaping exception as Redeliver()).
 using ReceiveFn = std::function<Settlement(const Delivery& delivery)>;
+
+// The batch callback: decides settlements[i] for deliveries[i] (both spans have the same size,
+// between 1 and ReceiveOptions::batch_size; every settlement starts as Redeliver()). It runs on
+// one of the worker threads and must not throw (an escaping exception redelivers the batch).
+using ReceiveBatchFn =
+    std::function<void(absl::Span<const Delivery> deliveries, absl::Span<Settlement> settlements)>;
 
 class Driver {
  public:
@@ -171,6 +190,14 @@ class Driver {
   // returned.
   absl::Status ReceiveMessage(absl::string_view queue, const ReceiveOptions& options, ReceiveFn fn,
                               std::stop_token stop,
+                              std::function<void(const absl::Status&)> on_error = nullptr);
+
+  // Like ReceiveMessage, but each worker hands up to `options.batch_size` deliveries to one `fn`
+  // call (as many as are buffered; it never waits to fill a batch). `options.concurrency`
+  // bounds the calls running at once. On stop, a batch in progress finishes (within the
+  // shutdown timeout) and is settled as `fn` decided.
+  absl::Status ReceiveBatches(absl::string_view queue, const ReceiveOptions& options,
+                              ReceiveBatchFn fn, std::stop_token stop,
                               std::function<void(const absl::Status&)> on_error = nullptr);
 };
 

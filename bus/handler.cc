@@ -19,16 +19,31 @@ namespace {
 
 constexpr char kPermanentPayloadUrl[] = "type.bus/permanent";
 
-// Counts a message inside the pipeline for the in_flight gauge.
+// Counts messages inside the pipeline for the in_flight gauge.
 class InFlight {
  public:
-  explicit InFlight(std::atomic<int64_t>* gauge) : gauge_(gauge) {
-    gauge_->fetch_add(1, std::memory_order_relaxed);
+  explicit InFlight(std::atomic<int64_t>* gauge, int64_t n = 1) : gauge_(gauge), n_(n) {
+    gauge_->fetch_add(n_, std::memory_order_relaxed);
   }
-  ~InFlight() { gauge_->fetch_sub(1, std::memory_order_relaxed); }
+  ~InFlight() { gauge_->fetch_sub(n_, std::memory_order_relaxed); }
 
  private:
   std::atomic<int64_t>* gauge_;
+  const int64_t n_;
+};
+
+// One worker's reusable buffers for a batch (Handler::Shared::ProcessBatch).
+struct BatchScratch {
+  std::vector<Message> msgs;
+  std::vector<std::string> keys;
+  std::vector<std::string> owners;
+  std::vector<size_t> decoded;  // batch positions of the envelopes that decoded
+  std::vector<absl::string_view> key_views;
+  std::vector<absl::string_view> owner_views;
+  std::vector<absl::StatusOr<bool>> acquired;
+  std::vector<absl::string_view> done_keys;
+  std::vector<absl::string_view> done_owners;
+  std::vector<absl::Status> done_results;
 };
 
 // An idempotency owner token unique to one attempt, across threads and processes: 40 random
@@ -101,6 +116,45 @@ struct Handler::Shared {
   // when the delivery may be settled.
   Settlement Process(absl::string_view data);
 
+  // The same pipeline for a batch: one AcquireMany for the batch's keys, then steps 3 to 6 for
+  // each message in turn, then one MarkDoneMany for the handled ones. Once stop is requested,
+  // messages not yet handled give their keys back and are redelivered.
+  void ProcessBatch(absl::Span<const Delivery> deliveries, absl::Span<Settlement> out);
+
+  // Step 1. False when `data` does not decode; `*out` then says how to settle it.
+  bool Decode(absl::string_view data, Message* msg, Settlement* out);
+
+  // The idempotency key of a decoded message.
+  void KeyOf(const Message& msg, std::string* key) const {
+    key->assign(options.queue);
+    key->push_back('.');
+    key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+  }
+
+  // Steps 3 to 6, once step 2 has (or has not) acquired `key`. Sets `*mark_done` when the
+  // message was handled under the key: the caller then marks it done (step 5).
+  Settlement AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
+                          bool acquired, bool* mark_done);
+
+  void AcquireFailed(absl::string_view key, const absl::Status& st) const {
+    Log(LogLevel::kError,
+        absl::StrCat("idempotency acquire failed for ", key, ": ", st.ToString()));
+  }
+
+  void MarkDoneFailed(absl::string_view key, const absl::Status& st) const {
+    // The effect happened; the message is still settled. A lost lease means another worker
+    // may have taken the key meanwhile: idempotency_lease is shorter than this handler run.
+    Log(LogLevel::kError,
+        absl::StrCat("idempotency mark-done failed for ", key, ": ", st.ToString()));
+  }
+
+  void Release(absl::string_view key, absl::string_view owner) const {
+    if (absl::Status st = options.idempotency->Release(key, owner); !st.ok()) {
+      Log(LogLevel::kError,
+          absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
+    }
+  }
+
   Settlement InfraFailure() {
     const int n = infra_failures.fetch_add(1, std::memory_order_relaxed) + 1;
     redelivered.fetch_add(1, std::memory_order_relaxed);
@@ -117,33 +171,38 @@ struct Handler::Shared {
   }
 };
 
+bool Handler::Shared::Decode(absl::string_view data, Message* msg, Settlement* out) {
+  // A poison message becomes a dead letter and never blocks the queue.
+  absl::Status st = DecodeEnvelope(data, msg, options.max_message_bytes);
+  if (st.ok()) return true;
+  malformed.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kWarning, absl::StrCat("poison message (", data.size(), " bytes): ", st.message()));
+  absl::StatusOr<std::string> id =
+      options.dead_letters->Store(options.queue, data, absl::StrCat("malformed: ", st.message()));
+  if (!id.ok()) {
+    Log(LogLevel::kError,
+        absl::StrCat("dead-letter store failed for a poison message: ", id.status().ToString()));
+    *out = InfraFailure();
+    return false;
+  }
+  dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  *out = Taken();
+  return false;
+}
+
 Settlement Handler::Shared::Process(absl::string_view data) {
   received.fetch_add(1, std::memory_order_relaxed);
   InFlight gauge(&in_flight);
 
-  // 1. Decode; a poison message becomes a dead letter and never blocks the queue. The message
-  // and key buffers are reused per thread: the handle function only borrows the message.
+  // 1. Decode. The message and key buffers are reused per thread: the handle function only
+  // borrows the message.
   thread_local Message msg;
   thread_local std::string key;
-  if (absl::Status st = DecodeEnvelope(data, &msg, options.max_message_bytes); !st.ok()) {
-    malformed.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kWarning,
-        absl::StrCat("poison message (", data.size(), " bytes): ", st.message()));
-    absl::StatusOr<std::string> id =
-        options.dead_letters->Store(options.queue, data, absl::StrCat("malformed: ", st.message()));
-    if (!id.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("dead-letter store failed for a poison message: ", id.status().ToString()));
-      return InfraFailure();
-    }
-    dead_lettered.fetch_add(1, std::memory_order_relaxed);
-    return Taken();
-  }
+  Settlement out;
+  if (!Decode(data, &msg, &out)) return out;
 
   // 2. Acquire the idempotency key with an owner token unique to this attempt.
-  key.assign(options.queue);
-  key.push_back('.');
-  key.append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+  KeyOf(msg, &key);
   const std::string owner = NewOwnerToken();
   bool acquired = false;
   if (absl::StatusOr<bool> got =
@@ -151,10 +210,102 @@ Settlement Handler::Shared::Process(absl::string_view data) {
       got.ok()) {
     acquired = *got;
   } else {
-    Log(LogLevel::kError,
-        absl::StrCat("idempotency acquire failed for ", key, ": ", got.status().ToString()));
+    AcquireFailed(key, got.status());
   }
 
+  bool mark_done = false;
+  out = AfterAcquire(msg, key, owner, acquired, &mark_done);
+  // 5. Success: mark the key done.
+  if (mark_done) {
+    if (absl::Status st = options.idempotency->MarkDone(key, owner, options.idempotency_retention);
+        !st.ok()) {
+      MarkDoneFailed(key, st);
+    }
+  }
+  return out;
+}
+
+void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
+                                   absl::Span<Settlement> out) {
+  const size_t n = deliveries.size();
+  if (n == 1) {
+    out[0] = Process(deliveries[0].data);
+    return;
+  }
+  received.fetch_add(n, std::memory_order_relaxed);
+  InFlight gauge(&in_flight, static_cast<int64_t>(n));
+  thread_local BatchScratch b;
+  if (b.msgs.size() < n) {
+    b.msgs.resize(n);
+    b.keys.resize(n);
+    b.owners.resize(n);
+  }
+
+  // 1. Decode every envelope; 2. acquire the keys of those that decoded, in one call.
+  b.decoded.clear();
+  b.key_views.clear();
+  b.owner_views.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (!Decode(deliveries[i].data, &b.msgs[i], &out[i])) continue;
+    KeyOf(b.msgs[i], &b.keys[i]);
+    b.owners[i] = NewOwnerToken();
+    b.decoded.push_back(i);
+    b.key_views.push_back(b.keys[i]);
+    b.owner_views.push_back(b.owners[i]);
+  }
+  if (b.decoded.empty()) return;
+  b.acquired.assign(b.decoded.size(), false);
+  options.idempotency->AcquireMany(b.key_views, b.owner_views, options.idempotency_lease,
+                                   absl::MakeSpan(b.acquired));
+
+  // 3 to 6, message by message.
+  b.done_keys.clear();
+  b.done_owners.clear();
+  const std::stop_token token = stop.get_token();
+  for (size_t j = 0; j < b.decoded.size(); ++j) {
+    const size_t i = b.decoded[j];
+    bool acquired = false;
+    if (b.acquired[j].ok()) {
+      acquired = *b.acquired[j];
+    } else {
+      AcquireFailed(b.keys[i], b.acquired[j].status());
+    }
+    if (token.stop_requested()) {
+      // Not started: give the key back and let the broker deliver the message again.
+      if (acquired) Release(b.keys[i], b.owners[i]);
+      out[i] = Settlement::Redeliver();
+      continue;
+    }
+    bool mark_done = false;
+    try {
+      out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], acquired, &mark_done);
+    } catch (...) {
+      // Only a user callback other than `handle` (ensure, retry_delay) can throw here. The
+      // rest of the batch goes on; this message is redelivered with its key given back, as a
+      // lone message would be when the exception reaches the receive loop.
+      Log(LogLevel::kError, absl::StrCat("pipeline threw for message ", b.msgs[i].id));
+      if (acquired) Release(b.keys[i], b.owners[i]);
+      out[i] = Settlement::Redeliver();
+      continue;
+    }
+    if (mark_done) {
+      b.done_keys.push_back(b.keys[i]);
+      b.done_owners.push_back(b.owners[i]);
+    }
+  }
+
+  // 5. Mark the handled keys done, in one call.
+  if (b.done_keys.empty()) return;
+  b.done_results.assign(b.done_keys.size(), absl::OkStatus());
+  options.idempotency->MarkDoneMany(b.done_keys, b.done_owners, options.idempotency_retention,
+                                    absl::MakeSpan(b.done_results));
+  for (size_t k = 0; k < b.done_keys.size(); ++k) {
+    if (!b.done_results[k].ok()) MarkDoneFailed(b.done_keys[k], b.done_results[k]);
+  }
+}
+
+Settlement Handler::Shared::AfterAcquire(Message& msg, const std::string& key,
+                                         absl::string_view owner, bool acquired, bool* mark_done) {
   // 3. Not acquired: the business re-check decides.
   if (!acquired && options.ensure(msg) == Ensure::kAlreadyHandled) {
     duplicates.fetch_add(1, std::memory_order_relaxed);
@@ -173,30 +324,16 @@ Settlement Handler::Shared::Process(absl::string_view data) {
   }
   latency.Record(options.clock->Now() - start);
 
-  // 5. Success.
+  // 5. Success (the caller marks the key done).
   if (result.ok()) {
     succeeded.fetch_add(1, std::memory_order_relaxed);
-    if (acquired) {
-      if (absl::Status st =
-              options.idempotency->MarkDone(key, owner, options.idempotency_retention);
-          !st.ok()) {
-        // The effect happened; the message is still settled. A lost lease means another worker
-        // may have taken the key meanwhile: idempotency_lease is shorter than this handler run.
-        Log(LogLevel::kError,
-            absl::StrCat("idempotency mark-done failed for ", key, ": ", st.ToString()));
-      }
-    }
+    *mark_done = acquired;
     return Taken();
   }
 
   // 6. Failure: give the key back, count the attempt, retry later or dead-letter.
   failed.fetch_add(1, std::memory_order_relaxed);
-  if (acquired) {
-    if (absl::Status st = options.idempotency->Release(key, owner); !st.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
-    }
-  }
+  if (acquired) Release(key, owner);
   msg.retried += 1;
   msg.last_error = std::string(result.message());
   const bool permanent = IsPermanent(result);
@@ -246,6 +383,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   if (o.max_in_flight < o.concurrency) {
     return Invalid("max_in_flight", "must be 0 or >= concurrency");
   }
+  if (o.batch_size < 1) return Invalid("batch_size", "must be >= 1");
   if (o.replay_interval < absl::ZeroDuration() ||
       (o.replay_interval > absl::ZeroDuration() && o.replay_interval < absl::Milliseconds(1))) {
     return Invalid("replay_interval", "must be zero (disabled) or >= 1ms");
@@ -345,9 +483,13 @@ absl::Status Handler::Run() {
   ro.max_in_flight = o.max_in_flight;
   ro.lease = o.delivery_lease;
   ro.shutdown_timeout = o.shutdown_timeout;
+  ro.batch_size = o.batch_size;
   std::shared_ptr<Shared> shared = shared_;
-  absl::Status st = o.driver->ReceiveMessage(
-      o.queue, ro, [shared](const Delivery& d) { return shared->Process(d.data); },
+  absl::Status st = o.driver->ReceiveBatches(
+      o.queue, ro,
+      [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
+        shared->ProcessBatch(ds, out);
+      },
       shared_->stop.get_token(),
       [shared](const absl::Status& err) {
         shared->Log(LogLevel::kError, absl::StrCat("driver: ", err.ToString()));

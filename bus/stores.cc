@@ -1,6 +1,19 @@
 #include "bus/stores.h"
 
 namespace bus {
+
+void IdempotencyStore::AcquireMany(absl::Span<const absl::string_view> keys,
+                                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                                   absl::Span<absl::StatusOr<bool>> results) {
+  for (size_t i = 0; i < keys.size(); ++i) results[i] = Acquire(keys[i], owners[i], lease);
+}
+
+void IdempotencyStore::MarkDoneMany(absl::Span<const absl::string_view> keys,
+                                    absl::Span<const absl::string_view> owners,
+                                    absl::Duration retention, absl::Span<absl::Status> results) {
+  for (size_t i = 0; i < keys.size(); ++i) results[i] = MarkDone(keys[i], owners[i], retention);
+}
+
 namespace {
 
 class NullDeadLetterStoreImpl final : public DeadLetterStore {

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace bus {
 
@@ -94,6 +95,18 @@ class IdempotencyStore {
 
   // OK, or FailedPrecondition when `owner` does not hold a live lease on `key`.
   virtual absl::Status Release(absl::string_view key, absl::string_view owner) = 0;
+
+  // Batched forms for the Handler's batches (HandlerOptions::batch_size), in as few store calls
+  // as the store allows (Redis: one pipelined round trip). Entry i is exactly what the single
+  // call would return for keys[i] and owners[i], applied in order (so a key repeated later in
+  // the same batch finds it taken); one entry's error does not fail the others. `owners` and
+  // `results` have keys.size() entries. The defaults call the single forms in turn.
+  virtual void AcquireMany(absl::Span<const absl::string_view> keys,
+                           absl::Span<const absl::string_view> owners, absl::Duration lease,
+                           absl::Span<absl::StatusOr<bool>> results);
+  virtual void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                            absl::Span<const absl::string_view> owners, absl::Duration retention,
+                            absl::Span<absl::Status> results);
 };
 
 // The defaults the Handler uses when none is configured (as the seed does): a dead-letter store

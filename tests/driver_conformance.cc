@@ -323,6 +323,32 @@ TEST_P(DriverConformanceTest, ExpiredLeaseIsRedeliveredAndTheStaleAckIsRefused) 
   EXPECT_THAT(Poll(b.get()), IsEmpty());
 }
 
+TEST_P(DriverConformanceTest, AckManyAcksEachAndRefusesOnlyALostLease) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->SendToQueue(q, "stale", absl::ZeroDuration()).ok());
+  auto a = NewConsumer(q, 8);
+  auto b = NewConsumer(q, 8);
+  auto lost = Collect(a.get(), 1);
+  ASSERT_EQ(lost.size(), 1u);
+  harness_->Advance(harness_->ShortLease() * 2);
+  auto retaken = Collect(b.get(), 1);  // the stale delivery's lease is now b's
+  ASSERT_EQ(retaken.size(), 1u);
+  EXPECT_TRUE(b->Ack(retaken[0]).ok());
+  b.reset();  // a alone receives what follows (a push broker would share it with b)
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, {"m1", "m2"}, absl::ZeroDuration()).ok());
+  auto fresh = Collect(a.get(), 2);
+  ASSERT_EQ(fresh.size(), 2u);
+  const std::vector<const Delivery*> batch = {&fresh[0], &lost[0], &fresh[1]};
+  std::vector<absl::Status> results(batch.size());
+  a->AckMany(batch, absl::MakeSpan(results));
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[1])) << results[1];
+  EXPECT_TRUE(results[2].ok()) << results[2];
+  // The acked ones are gone.
+  harness_->Advance(harness_->ShortLease() * 2);
+  EXPECT_THAT(Poll(a.get()), IsEmpty());
+}
+
 TEST_P(DriverConformanceTest, ExtendKeepsTheLease) {
   const std::string q = Unique("q");
   ASSERT_TRUE(driver_->SendToQueue(q, "long", absl::ZeroDuration()).ok());
@@ -494,6 +520,58 @@ TEST_P(DriverConformanceTest, ReceiveMessageHandsEachMessageToTheCallbackUntilSt
   EXPECT_THAT(Poll(c.get()), IsEmpty());
 }
 
+TEST_P(DriverConformanceTest, ReceiveBatchesHandsOutBoundedBatchesAndSettlesEachEntry) {
+  const std::string q = Unique("q");
+  std::vector<std::string> sent;
+  for (int i = 0; i < 60; ++i) sent.push_back(absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, sent, absl::ZeroDuration()).ok());
+  ReceiveOptions options;
+  options.concurrency = 2;
+  options.max_in_flight = 16;
+  options.batch_size = 5;
+  options.lease = harness_->ShortLease() * 10;
+  options.poll_wait = harness_->ShortLease();
+  absl::Mutex mu;
+  std::vector<std::string> done;
+  size_t largest = 0;
+  int redelivered = 0;  // "7" is given back once, then comes again
+  std::stop_source stop;
+  auto result = std::async(std::launch::async, [&] {
+    return driver_->ReceiveBatches(
+        q, options,
+        [&](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
+          absl::MutexLock lock(&mu);
+          largest = std::max(largest, ds.size());
+          EXPECT_EQ(ds.size(), out.size());
+          for (size_t i = 0; i < ds.size(); ++i) {
+            EXPECT_FALSE(out[i].done);  // every entry starts as Redeliver()
+            if (ds[i].data == "7" && redelivered++ == 0) continue;
+            done.push_back(ds[i].data);
+            out[i] = Settlement::Done();
+          }
+        },
+        stop.get_token());
+  });
+  EXPECT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&mu);
+    return done.size() >= sent.size();
+  }));
+  stop.request_stop();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(result.get().ok());
+  absl::MutexLock lock(&mu);
+  EXPECT_GE(largest, 1u);
+  EXPECT_LE(largest, 5u);
+  EXPECT_EQ(redelivered, 2);
+  std::sort(done.begin(), done.end());
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(done, sent);
+  // Every entry was acked: nothing comes back.
+  harness_->Advance(options.lease + harness_->ShortLease());
+  auto c = NewConsumer(q);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
 TEST_P(DriverConformanceTest, ReceiveMessageRedeliversWhatTheCallbackDidNotFinish) {
   const std::string q = Unique("q");
   ASSERT_TRUE(driver_->SendToQueue(q, "flaky", absl::ZeroDuration()).ok());
@@ -528,7 +606,11 @@ TEST_P(DriverConformanceTest, ReceiveMessageSurvivesACallbackThatThrows) {
   EXPECT_TRUE(result.get().ok());
 }
 
-TEST_P(DriverConformanceTest, StopFinishesInFlightWorkSettlesItAndGivesTheRestBack) {
+}  // namespace
+
+// Stop while one callback runs: it finishes and is acked; the three other deliveries (in the
+// prefetch buffer, or with batch_size > 1 in the running worker's batch) come back.
+void DriverConformanceTest::CheckStopFinishesInFlightWork(int batch_size) {
   const std::string q = Unique("q");
   std::vector<std::string> batch = {"first", "second", "third", "fourth"};
   ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
@@ -538,6 +620,7 @@ TEST_P(DriverConformanceTest, StopFinishesInFlightWorkSettlesItAndGivesTheRestBa
   ReceiveOptions options;
   options.concurrency = 1;
   options.max_in_flight = 4;
+  options.batch_size = batch_size;
   options.poll_wait = harness_->ShortLease();
   options.lease = harness_->ShortLease() * 20;
   options.shutdown_timeout = absl::Hours(1);
@@ -580,6 +663,16 @@ TEST_P(DriverConformanceTest, StopFinishesInFlightWorkSettlesItAndGivesTheRestBa
   AckAll(c.get(), rest);
   harness_->Advance(harness_->ShortLease() / 2);
   EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
+namespace {
+
+TEST_P(DriverConformanceTest, StopFinishesInFlightWorkSettlesItAndGivesTheRestBack) {
+  CheckStopFinishesInFlightWork(1);
+}
+
+TEST_P(DriverConformanceTest, StopGivesBackTheUnstartedRestOfABatch) {
+  CheckStopFinishesInFlightWork(4);
 }
 
 TEST_P(DriverConformanceTest, StopAbandonsACallbackThatOutlivesTheShutdownTimeout) {
@@ -657,6 +750,13 @@ TEST_P(DriverConformanceTest, ReceiveMessageRejectsBadArguments) {
   options.max_in_flight = 2;
   EXPECT_TRUE(
       absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  options.max_in_flight = 0;
+  options.batch_size = 0;
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  options.batch_size = 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver_->ReceiveBatches(Unique("q"), options, nullptr, stop.get_token())));
 }
 
 }  // namespace

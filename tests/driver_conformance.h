@@ -70,6 +70,7 @@ class DriverConformanceTest : public ::testing::TestWithParam<DriverConformanceP
   // One non-blocking look at what is deliverable right now.
   std::vector<Delivery> Poll(Consumer* c, int max = 100);
   void AckAll(Consumer* c, const std::vector<Delivery>& deliveries);
+  void CheckStopFinishesInFlightWork(int batch_size);
 
   std::unique_ptr<DriverHarness> harness_;
   std::shared_ptr<Driver> driver_;

@@ -230,6 +230,48 @@ TEST_P(IdempotencyStoreConformanceTest, BadArgumentsAreInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(store_->Release("k", "")));
 }
 
+TEST_P(IdempotencyStoreConformanceTest, BatchedCallsMatchTheSingleCallsInOrder) {
+  const std::string a = Unique("k"), b = Unique("k"), held = Unique("k");
+  const absl::Duration lease = harness_->ShortLease() * 10;
+  ASSERT_TRUE(*store_->Acquire(held, "other", lease));
+
+  // A repeated key finds it taken by the earlier entry; a bad entry fails alone.
+  const std::vector<absl::string_view> keys = {a, b, a, held, ""};
+  const std::vector<absl::string_view> owners = {"o1", "o2", "o3", "o4", "o5"};
+  std::vector<absl::StatusOr<bool>> got(keys.size(), false);
+  store_->AcquireMany(keys, owners, lease, absl::MakeSpan(got));
+  ASSERT_TRUE(got[0].ok() && got[1].ok() && got[2].ok() && got[3].ok());
+  EXPECT_TRUE(*got[0]);
+  EXPECT_TRUE(*got[1]);
+  EXPECT_FALSE(*got[2]);
+  EXPECT_FALSE(*got[3]);
+  EXPECT_TRUE(absl::IsInvalidArgument(got[4].status())) << got[4].status();
+
+  // Only the owners of live leases mark done; the others are refused and change nothing.
+  const std::vector<absl::string_view> done_keys = {a, held, b, a, ""};
+  const std::vector<absl::string_view> done_owners = {"o1", "o4", "o2", "o3", "o1"};
+  std::vector<absl::Status> done(done_keys.size());
+  store_->MarkDoneMany(done_keys, done_owners, lease, absl::MakeSpan(done));
+  EXPECT_TRUE(done[0].ok()) << done[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(done[1])) << done[1];
+  EXPECT_TRUE(done[2].ok()) << done[2];
+  EXPECT_TRUE(absl::IsFailedPrecondition(done[3])) << done[3];
+  EXPECT_TRUE(absl::IsInvalidArgument(done[4])) << done[4];
+  EXPECT_FALSE(*store_->Acquire(a, "later", lease));  // done
+  EXPECT_FALSE(*store_->Acquire(b, "later", lease));  // done
+  EXPECT_TRUE(store_->Release(held, "other").ok());   // still the other's live lease
+
+  // A bad lease or retention is refused per entry.
+  const std::vector<absl::string_view> fresh = {Unique("k")};
+  const std::vector<absl::string_view> one_owner = {"o"};
+  std::vector<absl::StatusOr<bool>> bad(1, false);
+  store_->AcquireMany(fresh, one_owner, absl::ZeroDuration(), absl::MakeSpan(bad));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad[0].status()));
+  std::vector<absl::Status> bad_done(1);
+  store_->MarkDoneMany(fresh, one_owner, absl::ZeroDuration(), absl::MakeSpan(bad_done));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad_done[0]));
+}
+
 TEST_P(IdempotencyStoreConformanceTest, KeysAreBinarySafeStrings) {
   const std::string key = Unique("orders.") + std::string("\0\xff", 2);
   const std::string other = Unique("orders.") + std::string("\0\xfe", 2);

@@ -135,6 +135,27 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 )lua";
 
+// KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's script_batch).
+// Acks each delivery whose lease is held; returns one 1 (acked) or 0 (lease lost) per pair.
+inline constexpr char kAckMany[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+local now = now_ms()
+local out, ids = {}, {}
+for i = 1, #ARGV, 2 do
+  if holds(KEYS[1], KEYS[3], ARGV[i], ARGV[i + 1], now) then
+    ids[#ids + 1] = ARGV[i]
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+if #ids > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ids))
+  redis.call('HDEL', KEYS[2], unpack(ids))
+  redis.call('HDEL', KEYS[3], unpack(ids))
+end
+return out
+)lua";
+
 // KEYS: inflight, ready, delayed, attempts, notify. ARGV: id, token, delay_ms.
 // Returns 1, or 0 when the lease was lost.
 inline constexpr char kNack[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(

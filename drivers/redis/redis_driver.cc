@@ -38,6 +38,10 @@ const Script& AckScript() {
   static const Script* s = new Script(redis_scripts::kAck);
   return *s;
 }
+const Script& AckManyScript() {
+  static const Script* s = new Script(redis_scripts::kAckMany);
+  return *s;
+}
 const Script& NackScript() {
   static const Script* s = new Script(redis_scripts::kNack);
   return *s;
@@ -275,6 +279,60 @@ class RedisConsumer final : public Consumer {
       return std::vector<std::string>{"3",  keys_.inflight, keys_.msgs, keys_.attempts,
                                       p.id, p.token};
     });
+  }
+
+  void AckMany(absl::Span<const Delivery* const> deliveries,
+               absl::Span<absl::Status> results) override {
+    // One script call per script_batch deliveries, all calls pipelined in one round trip.
+    const size_t chunk = static_cast<size_t>(core_->options().script_batch);
+    std::vector<std::vector<std::string>> calls;
+    std::vector<size_t> sent;  // positions in `deliveries`, in call order
+    for (size_t i = 0; i < deliveries.size(); ++i) {
+      absl::StatusOr<ParsedReceipt> p = ParseReceipt(deliveries[i]->receipt);
+      if (!p.ok()) {
+        results[i] = p.status();
+        continue;
+      }
+      if (calls.empty() || calls.back().size() >= 4 + 2 * chunk) {
+        calls.push_back({"3", keys_.inflight, keys_.msgs, keys_.attempts});
+      }
+      calls.back().push_back(std::move(p->id));
+      calls.back().push_back(std::move(p->token));
+      sent.push_back(i);
+    }
+    absl::StatusOr<std::vector<Reply>> replies;
+    if (!calls.empty()) {
+      replies =
+          core_->conn().Eval(AckManyScript(), std::move(calls), core_->options().request_timeout);
+    }
+    {
+      // Whatever the outcome, this consumer stops counting the deliveries.
+      absl::MutexLock lock(&mu_);
+      for (const Delivery* d : deliveries) held_.erase(d->receipt);
+    }
+    if (sent.empty()) return;
+    if (!replies.ok()) {
+      for (size_t i : sent) results[i] = replies.status();
+      return;
+    }
+    size_t k = 0;
+    for (const Reply& r : *replies) {
+      const size_t count = r.type == Reply::Type::kArray ? r.elements.size() : 0;
+      const absl::Status bad =
+          r.is_error() ? redis::ReplyStatus(r) : absl::InternalError("redis: malformed ack reply");
+      const size_t expected = std::min(chunk, sent.size() - k);
+      for (size_t j = 0; j < expected; ++j, ++k) {
+        const size_t i = sent[k];
+        if (count != expected) {
+          results[i] = bad;
+        } else if (r.elements[j].integer == 1) {
+          results[i] = absl::OkStatus();
+        } else {
+          results[i] = LeaseLost(*deliveries[i]);
+        }
+      }
+    }
+    for (; k < sent.size(); ++k) results[sent[k]] = absl::InternalError("redis: missing ack reply");
   }
 
   absl::Status Nack(const Delivery& delivery, absl::Duration delay) override {

@@ -78,6 +78,78 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     return absl::OkStatus();
   }
 
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    // The SETs are pipelined in one round trip; Redis runs them in order.
+    std::vector<std::vector<std::string>> commands;
+    std::vector<size_t> sent;
+    const std::string ms = absl::StrCat(Millis(lease));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
+        results[i] = st;
+      } else if (lease <= absl::ZeroDuration()) {
+        results[i] = absl::InvalidArgumentError("Acquire: lease <= 0");
+      } else {
+        commands.push_back(
+            {"SET", KeyOf(keys[i]), absl::StrCat("held:", owners[i]), "NX", "PX", ms});
+        sent.push_back(i);
+      }
+    }
+    if (sent.empty()) return;
+    absl::StatusOr<std::vector<Reply>> replies =
+        client_.conn().Execute(std::move(commands), options_.request_timeout);
+    for (size_t k = 0; k < sent.size(); ++k) {
+      absl::StatusOr<bool>& out = results[sent[k]];
+      if (!replies.ok()) {
+        out = replies.status();
+      } else if (k >= replies->size()) {
+        out = absl::InternalError("redis: missing SET reply");
+      } else if ((*replies)[k].is_error()) {
+        out = redis::ReplyStatus((*replies)[k]);
+      } else {
+        out = !(*replies)[k].is_nil();
+      }
+    }
+  }
+
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    // One script call per key (the keys may live in different cluster slots), pipelined in
+    // one round trip.
+    std::vector<std::vector<std::string>> calls;
+    std::vector<size_t> sent;
+    const std::string ms = absl::StrCat(Millis(retention));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
+        results[i] = st;
+      } else if (retention <= absl::ZeroDuration()) {
+        results[i] = absl::InvalidArgumentError("MarkDone: retention <= 0");
+      } else {
+        calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
+        sent.push_back(i);
+      }
+    }
+    if (sent.empty()) return;
+    absl::StatusOr<std::vector<Reply>> replies =
+        client_.conn().Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
+    for (size_t k = 0; k < sent.size(); ++k) {
+      absl::Status& out = results[sent[k]];
+      if (!replies.ok()) {
+        out = replies.status();
+      } else if (k >= replies->size()) {
+        out = absl::InternalError("redis: missing mark-done reply");
+      } else if ((*replies)[k].is_error()) {
+        out = redis::ReplyStatus((*replies)[k]);
+      } else if ((*replies)[k].integer == 0) {
+        out = NotOwner("MarkDone", keys[sent[k]]);
+      } else {
+        out = absl::OkStatus();
+      }
+    }
+  }
+
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
     if (absl::Status st = Check(key, owner); !st.ok()) return st;
     absl::StatusOr<int64_t> r = Run(ReleaseScript(), key, owner, -1);

@@ -141,8 +141,30 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   absl::Status Release(absl::string_view k, absl::string_view o) override {
     return base_->Release(k, o);
   }
+  // The batched forms run the single ones (so faults apply) and record the largest batch.
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    Record(&largest_acquire_many, keys.size());
+    IdempotencyStore::AcquireMany(keys, owners, lease, results);
+  }
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    Record(&largest_mark_done_many, keys.size());
+    IdempotencyStore::MarkDoneMany(keys, owners, retention, results);
+  }
+
+  std::atomic<size_t> largest_acquire_many{0};
+  std::atomic<size_t> largest_mark_done_many{0};
 
  private:
+  static void Record(std::atomic<size_t>* largest, size_t n) {
+    size_t seen = largest->load();
+    while (n > seen && !largest->compare_exchange_weak(seen, n)) {
+    }
+  }
+
   std::shared_ptr<IdempotencyStore> base_;
 };
 
