@@ -135,9 +135,10 @@ struct SqliteDatabase::Writer {
     return s;
   }
   // Hands `s` (kDone or kLead) to the waiting caller. The caller may return, and this Writer
-  // (on its stack) end, as soon as the store is visible: notify_one only passes the address to
-  // the kernel as a wake-up key (a futex) and never reads the object, so a late notify is at
-  // worst a spurious wake-up for whoever waits there next, which every wait loop tolerates.
+  // (on its stack) end, as soon as the store is visible: for a 4-byte atomic, libstdc++'s
+  // notify_one only passes the address to the kernel as a wake-up key (a futex) and never reads
+  // the object, so a late notify is at worst a spurious wake-up for whoever waits there next,
+  // which every wait loop tolerates.
   void Publish(uint32_t s) {
     state.store(s, std::memory_order_release);
     state.notify_one();
