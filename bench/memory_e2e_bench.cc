@@ -1,8 +1,12 @@
-// End to end through the Handler on the memory driver with memory stores and a no-op handler:
-// messages per second from a pre-filled queue until every one was handled (idempotency
-// acquire + mark done, envelope decode, ack — the whole pipeline).
+// End to end through the Handler on the memory driver with a no-op handler: messages per second
+// from a pre-filled queue until every one was handled (idempotency acquire + mark done,
+// envelope decode, ack — the whole pipeline). The stores are the memory ones, or with
+// --stores=sqlite the SQLite ones on a fresh file under --sqlite_dir (the embedded default).
 //
 //   bazel run -c opt //bench:memory_e2e_bench -- --messages=1000000 --concurrency=1,2
+//   bazel run -c opt //bench:memory_e2e_bench -- --stores=sqlite --messages=100000 --batch_size=64
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -12,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bus/envelope.h"
@@ -19,12 +24,17 @@
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "storage/sqlite/dead_letter_store.h"
 
 ABSL_FLAG(int, messages, 1000000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,2", "comma-separated concurrency levels");
 ABSL_FLAG(int, max_in_flight_per_worker, 64, "prefetch per worker");
 ABSL_FLAG(int, runs, 3, "runs per level; the best is reported");
+ABSL_FLAG(std::string, stores, "memory", "memory or sqlite");
+ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its database file");
+ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
 
 namespace {
 
@@ -46,8 +56,21 @@ double RunOnce(int messages, int concurrency) {
   bus::HandlerOptions o;
   o.queue = "bench";
   o.driver = driver;
-  o.dead_letters = bus::NewMemoryDeadLetterStore();
-  o.idempotency = bus::NewMemoryIdempotencyStore();
+  static int run = 0;
+  const std::string db_path =
+      absl::StrCat(absl::GetFlag(FLAGS_sqlite_dir), "/bus-e2e-bench-", getpid(), "-", run++, ".db");
+  if (absl::GetFlag(FLAGS_stores) == "sqlite") {
+    bus::SqliteOptions so;
+    so.path = db_path;
+    auto db = bus::SqliteDatabase::Open(so);
+    if (!db.ok()) std::abort();
+    o.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+    o.idempotency = bus::NewSqliteIdempotencyStore(*db);
+  } else {
+    o.dead_letters = bus::NewMemoryDeadLetterStore();
+    o.idempotency = bus::NewMemoryIdempotencyStore();
+  }
+  o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.handle = [](const bus::Message&) { return absl::OkStatus(); };
   o.concurrency = concurrency;
   o.max_in_flight = concurrency * absl::GetFlag(FLAGS_max_in_flight_per_worker);
@@ -62,6 +85,11 @@ double RunOnce(int messages, int concurrency) {
   const absl::Duration took = absl::Now() - start;
   (*handler)->Stop();
   runner.join();
+  o = {};  // closes the stores' database before its files are removed
+  handler->reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove(absl::StrCat(db_path, suffix).c_str());
+  }
   return messages / absl::ToDoubleSeconds(took);
 }
 
@@ -71,9 +99,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int messages = absl::GetFlag(FLAGS_messages);
   std::printf(
-      "memory driver + memory stores, no-op handler, %d messages (100-byte payload, "
+      "memory driver + %s stores, no-op handler, batch_size %d, %d messages (100-byte payload, "
       "2 headers)\n",
-      messages);
+      absl::GetFlag(FLAGS_stores).c_str(), absl::GetFlag(FLAGS_batch_size), messages);
   for (absl::string_view level : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     int c = 0;
     if (!absl::SimpleAtoi(level, &c) || c < 1) return 2;

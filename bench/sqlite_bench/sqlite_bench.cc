@@ -10,6 +10,9 @@
 //   - pairs per second with --threads threads through one store with group commit, with keys
 //     from one shared sequence (as the raw loop's) and with a key range per thread; and with
 //     group commit off (max_batch = 1). All against the single-thread raw loop.
+//
+// --group_only runs just the raw pairs and the group-commit sides; --group_alone just the
+// group-commit side (for perf record; no ratio).
 
 #include <sqlite3.h>
 
@@ -38,6 +41,7 @@ ABSL_FLAG(int, chunk, 1000, "operations a side runs before the next side takes i
 ABSL_FLAG(int, threads, 8, "threads for the concurrent measurement");
 ABSL_FLAG(std::string, dir, "", "directory for the database files (default: $TMPDIR or /tmp)");
 ABSL_FLAG(bool, group_only, false, "only the raw pairs and group-commit sides (for profiling)");
+ABSL_FLAG(bool, group_alone, false, "only the group-commit side (for profiling, no ratio)");
 ABSL_FLAG(bool, full_sync, false, "synchronous = FULL instead of NORMAL, for both sides");
 
 namespace bus {
@@ -370,6 +374,7 @@ int main(int argc, char** argv) {
                                    store_letters.get(), group.get(),       own_keys.get(),
                                    no_group.get()};
   if (absl::GetFlag(FLAGS_group_only)) sides = {raw_pairs.get(), group.get()};
+  if (absl::GetFlag(FLAGS_group_alone)) sides = {group.get()};
 
   const int chunks = std::max(1, n / chunk);
   for (int c = 0; c < chunks; ++c) {

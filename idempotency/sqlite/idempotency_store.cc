@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "storage/sqlite/sql.h"
@@ -30,6 +31,32 @@ int64_t ExpiryMillis(absl::Time now, absl::Duration d) {
   return absl::ToUnixMillis(now + std::max(d, absl::Milliseconds(1)));
 }
 
+// The statements of Acquire and MarkDone, on a connection inside a write transaction. An error
+// is a database error; whether the key was taken or marked is the bool.
+absl::StatusOr<bool> RunAcquire(Connection& conn, absl::Time now, absl::string_view key,
+                                absl::string_view owner, absl::Duration lease) {
+  absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kAcquireSql);
+  if (!stmt.ok()) return stmt.status();
+  stmt->BindText(1, key);
+  stmt->BindText(2, owner);
+  stmt->BindInt64(3, ExpiryMillis(now, lease));
+  stmt->BindInt64(4, absl::ToUnixMillis(now));
+  if (absl::Status run = stmt->Run(); !run.ok()) return run;
+  return conn.Changes() == 1;
+}
+
+absl::StatusOr<bool> RunMarkDone(Connection& conn, absl::Time now, absl::string_view key,
+                                 absl::string_view owner, absl::Duration retention) {
+  absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kMarkDoneSql);
+  if (!stmt.ok()) return stmt.status();
+  stmt->BindText(1, key);
+  stmt->BindText(2, owner);
+  stmt->BindInt64(3, ExpiryMillis(now, retention));
+  stmt->BindInt64(4, absl::ToUnixMillis(now));
+  if (absl::Status run = stmt->Run(); !run.ok()) return run;
+  return conn.Changes() == 1;
+}
+
 class SqliteIdempotencyStore final : public IdempotencyStore {
  public:
   explicit SqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
@@ -42,15 +69,9 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
     }
     bool acquired = false;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
-      const absl::Time now = db_->clock()->Now();
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kAcquireSql);
-      if (!stmt.ok()) return stmt.status();
-      stmt->BindText(1, key);
-      stmt->BindText(2, owner);
-      stmt->BindInt64(3, ExpiryMillis(now, lease));
-      stmt->BindInt64(4, absl::ToUnixMillis(now));
-      if (absl::Status run = stmt->Run(); !run.ok()) return run;
-      acquired = conn.Changes() == 1;
+      absl::StatusOr<bool> got = RunAcquire(conn, db_->clock()->Now(), key, owner, lease);
+      if (!got.ok()) return got.status();
+      acquired = *got;
       return absl::OkStatus();
     });
     if (!s.ok()) return s;
@@ -64,16 +85,70 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
       return absl::InvalidArgumentError("MarkDone: retention must be > 0");
     }
     return db_->Write([&](Connection& conn) -> absl::Status {
-      const absl::Time now = db_->clock()->Now();
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kMarkDoneSql);
-      if (!stmt.ok()) return stmt.status();
-      stmt->BindText(1, key);
-      stmt->BindText(2, owner);
-      stmt->BindInt64(3, ExpiryMillis(now, retention));
-      stmt->BindInt64(4, absl::ToUnixMillis(now));
-      if (absl::Status run = stmt->Run(); !run.ok()) return run;
-      return conn.Changes() == 1 ? absl::OkStatus() : NotOwner("MarkDone", key);
+      absl::StatusOr<bool> marked = RunMarkDone(conn, db_->clock()->Now(), key, owner, retention);
+      if (!marked.ok()) return marked.status();
+      return *marked ? absl::OkStatus() : NotOwner("MarkDone", key);
     });
+  }
+
+  // The batched forms run every valid entry in one write transaction (one operation of the
+  // group commit). A database error fails the entries of that transaction alike (it is the
+  // database's state, not the entry's); a refused entry (not acquired, not the owner) is its
+  // own result only.
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    std::vector<size_t> valid;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (absl::Status s = CheckKeyAndOwner("Acquire", keys[i], owners[i]); !s.ok()) {
+        results[i] = s;
+      } else if (lease <= absl::ZeroDuration()) {
+        results[i] = absl::InvalidArgumentError("Acquire: lease must be > 0");
+      } else {
+        valid.push_back(i);
+      }
+    }
+    if (valid.empty()) return;
+    const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      for (size_t i : valid) {
+        absl::StatusOr<bool> got = RunAcquire(conn, now, keys[i], owners[i], lease);
+        if (!got.ok()) return got.status();
+        results[i] = *got;
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      for (size_t i : valid) results[i] = s;
+    }
+  }
+
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    std::vector<size_t> valid;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (absl::Status s = CheckKeyAndOwner("MarkDone", keys[i], owners[i]); !s.ok()) {
+        results[i] = s;
+      } else if (retention <= absl::ZeroDuration()) {
+        results[i] = absl::InvalidArgumentError("MarkDone: retention must be > 0");
+      } else {
+        valid.push_back(i);
+      }
+    }
+    if (valid.empty()) return;
+    const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      for (size_t i : valid) {
+        absl::StatusOr<bool> marked = RunMarkDone(conn, now, keys[i], owners[i], retention);
+        if (!marked.ok()) return marked.status();
+        results[i] = *marked ? absl::OkStatus() : NotOwner("MarkDone", keys[i]);
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) {
+      for (size_t i : valid) results[i] = s;
+    }
   }
 
   absl::Status Release(absl::string_view key, absl::string_view owner) override {

@@ -72,6 +72,36 @@ class SqliteIdempotencyStoreTest : public ::testing::Test {
   SqliteOptions options_;
 };
 
+TEST_F(SqliteIdempotencyStoreTest, BatchedCallsAreOneTransactionEach) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  std::shared_ptr<IdempotencyStore> store = NewSqliteIdempotencyStore(*db);
+  std::vector<std::string> key_storage, owner_storage;
+  for (int i = 0; i < 50; ++i) {
+    key_storage.push_back(absl::StrCat("k", i % 40));  // the last ten repeat earlier keys
+    owner_storage.push_back(absl::StrCat("o", i));
+  }
+  const std::vector<absl::string_view> keys(key_storage.begin(), key_storage.end());
+  const std::vector<absl::string_view> owners(owner_storage.begin(), owner_storage.end());
+
+  const int64_t before = (*db)->stats().transactions;
+  std::vector<absl::StatusOr<bool>> got(keys.size(), false);
+  store->AcquireMany(keys, owners, absl::Minutes(1), absl::MakeSpan(got));
+  EXPECT_EQ((*db)->stats().transactions, before + 1);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    EXPECT_EQ(*got[i], i < 40) << i;
+  }
+
+  std::vector<absl::Status> done(keys.size());
+  store->MarkDoneMany(keys, owners, absl::Hours(1), absl::MakeSpan(done));
+  EXPECT_EQ((*db)->stats().transactions, before + 2);
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(done[i].ok(), i < 40) << i << ": " << done[i];
+  }
+  EXPECT_FALSE(*store->Acquire("k7", "later", absl::Minutes(1)));
+}
+
 TEST_F(SqliteIdempotencyStoreTest, ExpiredEntriesAreCleanedUpInBoundedBatches) {
   auto clock = std::make_shared<FakeClock>();
   options_.clock = clock;

@@ -132,6 +132,10 @@ class Connection {
   // Rows changed by the latest INSERT, UPDATE or DELETE on this connection.
   int64_t Changes() const { return sqlite3_changes64(db_.get()); }
 
+  // Rows changed by every completed INSERT, UPDATE and DELETE on this connection since it was
+  // opened (a statement that failed and was undone counts none).
+  int64_t TotalChanges() const { return sqlite3_total_changes64(db_.get()); }
+
   // Whether a transaction is open (false after SQLite rolled one back on its own).
   bool InTransaction() const { return sqlite3_get_autocommit(db_.get()) == 0; }
 

@@ -1,11 +1,12 @@
 #include "storage/sqlite/sqlite_db.h"
 
+#include <atomic>
+#include <cstdint>
 #include <thread>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "storage/sqlite/sql.h"
 
@@ -123,12 +124,35 @@ absl::Status ValidateSqliteOptions(const SqliteOptions& options) {
 
 struct SqliteDatabase::Writer {
   explicit Writer(absl::FunctionRef<absl::Status(Connection&)> op) : op(op) {}
+
+  // Blocks until a leader has set `state` to kDone or kLead, and returns it.
+  uint32_t Wait() {
+    uint32_t s = state.load(std::memory_order_acquire);
+    while (s == kWaiting) {
+      state.wait(kWaiting, std::memory_order_acquire);
+      s = state.load(std::memory_order_acquire);
+    }
+    return s;
+  }
+  // Hands `s` (kDone or kLead) to the waiting caller. The caller may return, and this Writer
+  // (on its stack) end, as soon as the store is visible: for a 4-byte atomic, libstdc++'s
+  // notify_one only passes the address to the kernel as a wake-up key (a futex) and never reads
+  // the object, so a late notify is at worst a spurious wake-up for whoever waits there next,
+  // which every wait loop tolerates.
+  void Publish(uint32_t s) {
+    state.store(s, std::memory_order_release);
+    state.notify_one();
+  }
+
+  static constexpr uint32_t kWaiting = 0;
+  // A leader ran this operation: `status` is its result.
+  static constexpr uint32_t kDone = 1;
+  // This caller is to lead the next batch.
+  static constexpr uint32_t kLead = 2;
+
   absl::FunctionRef<absl::Status(Connection&)> op;
   absl::Status status;
-  // Set before `wake` is notified: true when a leader ran this operation (status is its
-  // result), false when this writer is to lead the next batch.
-  bool done = false;
-  absl::Notification wake;
+  std::atomic<uint32_t> state{kWaiting};
 };
 
 absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::Open(SqliteOptions options) {
@@ -162,14 +186,12 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
     absl::MutexLock lock(&mu_);
     writers_.push_back(&w);
     ++stats_.operations;
-    lead = writers_.size() == 1;
+    lead = !leading_;
+    leading_ = true;
   }
-  if (!lead) {
-    w.wake.WaitForNotification();
-    if (w.done) {
-      finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
-      return w.status;
-    }
+  if (!lead && w.Wait() == Writer::kDone) {
+    finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
+    return w.status;
   }
   // This caller leads: it runs its own operation and those queued behind it. Callers finished
   // by the previous batch that have not even returned yet are likely to write again at once;
@@ -182,8 +204,8 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
   }
   MaybeCleanup();
   LeadBatch();
-  // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving at an
-  // empty queue leads at once), so the writers to wake are copied out under mu_.
+  // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving while
+  // no one leads leads at once), so the writers to wake are copied out under mu_.
   absl::InlinedVector<Writer*, 16> finished;
   Writer* next = nullptr;
   {
@@ -194,16 +216,18 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
       writers_.pop_front();
       if (x != &w) finished.push_back(x);
     }
-    if (!writers_.empty()) next = writers_.front();
+    if (writers_.empty()) {
+      leading_ = false;
+    } else {
+      next = writers_.front();
+    }
   }
   // Outside mu_: a woken caller returns at once, without contending for it. A finished writer
-  // may be destroyed as soon as it sees its notification, so nothing touches it afterwards.
+  // may be destroyed as soon as it sees its state, so nothing touches it afterwards. The next
+  // leader goes first: it is on the critical path.
+  if (next != nullptr) next->Publish(Writer::kLead);
   finished_not_returned_.fetch_add(static_cast<int>(finished.size()), std::memory_order_relaxed);
-  for (Writer* x : finished) {
-    x->done = true;
-    x->wake.Notify();
-  }
-  if (next != nullptr) next->wake.Notify();
+  for (Writer* x : finished) x->Publish(Writer::kDone);
   return w.status;
 }
 
@@ -240,7 +264,7 @@ absl::Status SqliteDatabase::RunAlone(absl::FunctionRef<absl::Status(Connection&
 void SqliteDatabase::RunBatch() {
   Connection& conn = *writer_conn_;
   if (batch_.size() == 1) {
-    // Alone in its transaction: no savepoint needed, an error rolls the transaction back.
+    // Alone in its transaction: an error rolls the transaction back.
     Writer& w = *batch_[0];
     w.status = w.op(conn);
     if (w.status.ok()) w.status = conn.Exec(sqlite_internal::kCommitSql);
@@ -249,7 +273,40 @@ void SqliteDatabase::RunBatch() {
     }
     return;
   }
+  // The operations run one after another in the open transaction, without savepoints: a
+  // statement that fails is undone by SQLite itself (statement rollback), so an operation that
+  // fails without a completed change leaves nothing behind, and the others stand. SQLite counts
+  // the rows changed by every completed INSERT, UPDATE and DELETE (and only those), so an
+  // operation that failed after a change of its own shows as a change in the count: then the
+  // batch is run again with a savepoint per operation, which can undo exactly that operation.
   bool intact = true;
+  bool undo_needed = false;
+  for (Writer* w : batch_) {
+    const int64_t changes_before = conn.TotalChanges();
+    w->status = w->op(conn);
+    if (!conn.InTransaction()) {
+      intact = false;
+      break;
+    }
+    if (!w->status.ok() && conn.TotalChanges() != changes_before) {
+      undo_needed = true;
+      break;
+    }
+  }
+  if (undo_needed) {
+    intact = conn.Exec(sqlite_internal::kRollbackSql).ok() &&
+             conn.Exec(sqlite_internal::kBeginSql).ok() && RunBatchWithSavepoints();
+  }
+  if (intact && conn.Exec(sqlite_internal::kCommitSql).ok()) return;
+  // SQLite rolled the whole transaction back on its own (disk full, I/O error) or COMMIT failed:
+  // nothing of this batch is in the file. Run each operation in a transaction of its own, so
+  // that each caller gets the result of its own operation and no other.
+  if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
+  for (Writer* w : batch_) w->status = RunAlone(w->op);
+}
+
+bool SqliteDatabase::RunBatchWithSavepoints() {
+  Connection& conn = *writer_conn_;
   for (Writer* w : batch_) {
     absl::Status s = conn.Exec(sqlite_internal::kSavepointSql);
     if (s.ok()) {
@@ -262,17 +319,9 @@ void SqliteDatabase::RunBatch() {
         if (s.ok()) s = conn.Exec(sqlite_internal::kReleaseSql);
       }
     }
-    if (!s.ok() || !conn.InTransaction()) {
-      intact = false;
-      break;
-    }
+    if (!s.ok() || !conn.InTransaction()) return false;
   }
-  if (intact && conn.Exec(sqlite_internal::kCommitSql).ok()) return;
-  // SQLite rolled the whole transaction back on its own (disk full, I/O error) or COMMIT failed:
-  // nothing of this batch is in the file. Run each operation in a transaction of its own, so
-  // that each caller gets the result of its own operation and no other.
-  if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
-  for (Writer* w : batch_) w->status = RunAlone(w->op);
+  return true;
 }
 
 void SqliteDatabase::MaybeCleanup() {
@@ -298,15 +347,14 @@ void SqliteDatabase::MaybeCleanup() {
 
 absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> op) {
   // When no write is queued, read on the writer connection, whose page cache is warm (a read
-  // connection must re-read every page the writer changed since its last read). Standing in
-  // the queue meanwhile keeps writers off the connection; the read runs outside any
-  // transaction and never joins a write batch, so it sees committed data only.
-  Writer marker(op);
+  // connection must re-read every page the writer changed since its last read). Holding the
+  // lead meanwhile keeps writers off the connection; the read runs outside any transaction and
+  // never joins a write batch, so it sees committed data only.
   bool idle_writer = false;
   {
     absl::MutexLock lock(&mu_);
-    if (writers_.empty()) {
-      writers_.push_back(&marker);
+    if (!leading_) {
+      leading_ = true;
       idle_writer = true;
     }
   }
@@ -315,10 +363,13 @@ absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> o
     Writer* next = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      writers_.pop_front();
-      if (!writers_.empty()) next = writers_.front();
+      if (writers_.empty()) {
+        leading_ = false;
+      } else {
+        next = writers_.front();
+      }
     }
-    if (next != nullptr) next->wake.Notify();
+    if (next != nullptr) next->Publish(Writer::kLead);
     return s;
   }
   std::unique_ptr<Connection> conn;

@@ -14,11 +14,14 @@
 // tables too; the stores only touch bus_meta, dead_letters and idempotency_keys.
 //
 // Writes use group commit: concurrent callers' operations are committed together in one
-// transaction (up to `max_batch`), each inside its own savepoint, so one failing operation never
-// fails or undoes another, and every caller gets its result only after the COMMIT that made its
-// change durable. A lone caller runs its operation in a transaction of its own, at once. Reads
-// run on the writer connection when it is idle, else on a small pool of separate connections,
-// which WAL lets run alongside the writer.
+// transaction (up to `max_batch`); one failing operation never fails or undoes another, and
+// every caller gets its result only after the COMMIT that made its change durable. The
+// operations of a batch run one after another without savepoints: a failed statement is undone
+// by SQLite itself, and only when an operation fails after a change of its own (which SQLite's
+// change count shows) is the batch run again with a savepoint per operation. A lone caller runs
+// its operation in a transaction of its own, at once. Reads run on the writer connection when
+// it is idle, else on a small pool of separate connections, which WAL lets run alongside the
+// writer.
 //
 // Several processes may open the same file: SQLite's file locks serialize their writes, and a
 // caller waits up to `busy_timeout` for another process's transaction before getting
@@ -108,11 +111,13 @@ class SqliteDatabase {
   const std::shared_ptr<Clock>& clock() const { return options_.clock; }
 
   // For the store implementations: runs `op` on the writer connection inside a write
-  // transaction (as one of the group-commit batch, in a savepoint of its own) and returns its
-  // status once the transaction has committed. An error from `op` rolls back only what `op`
-  // changed. `op` may be run more than once (when a batch has to be retried one operation per
-  // transaction); only the last run's effects and outputs count. `op` must not call back into
-  // this object.
+  // transaction (as one of the group-commit batch) and returns its status once the transaction
+  // has committed. An error from `op` rolls back only what `op` changed. `op` must make its
+  // changes with INSERT, UPDATE and DELETE statements (the ones SQLite counts in
+  // sqlite3_total_changes, which is how a failed operation's leftover change is detected). `op`
+  // may be run more than once (when a batch is retried with a savepoint per operation, or one
+  // operation per transaction); only the last run's effects and outputs count. `op` must not
+  // call back into this object.
   absl::Status Write(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
   // For the store implementations: runs `op` outside any transaction (each statement sees the
@@ -138,9 +143,13 @@ class SqliteDatabase {
   // The leader's work: opens a write transaction, takes the writers queued at that moment
   // (itself first) into batch_, runs them and commits. mu_ is not held.
   void LeadBatch();
-  // Runs the operations of batch_ inside the open transaction and commits; falls back to
-  // RunAlone() for each when SQLite drops the transaction.
+  // Runs the operations of batch_ inside the open transaction, without savepoints (again with
+  // them when a failed operation left a change behind), and commits; falls back to RunAlone()
+  // for each when SQLite drops the transaction or COMMIT fails.
   void RunBatch();
+  // Runs the operations of batch_ again, each in a savepoint of its own, in the open transaction.
+  // False when SQLite dropped the transaction or a savepoint statement failed.
+  bool RunBatchWithSavepoints();
   // Runs one operation in a transaction of its own.
   absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
   // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
@@ -148,12 +157,16 @@ class SqliteDatabase {
 
   const SqliteOptions options_;
 
-  // Group commit queue (as in LevelDB's write path): callers line up; the one at the front is
-  // the leader, which takes the writers behind it into its batch, runs them, and hands the front
-  // to the next in line. Each waiting caller sleeps on a notification of its own rather than on
-  // mu_, so a leader that keeps coming back does not starve the callers it has just finished.
+  // Group commit queue (as in LevelDB's write path): callers line up; the one that finds no
+  // leader leads, takes the writers queued at that moment (itself first) into its batch, runs
+  // them, and hands the lead to the first in line. Each waiting caller sleeps on a futex word of
+  // its own (Writer::state) rather than on mu_, so waking it costs one system call and a leader
+  // that keeps coming back does not starve the callers it has just finished.
   mutable absl::Mutex mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(mu_);
+  // Whether a caller leads (runs batches or a read on the writer connection). A caller that
+  // finds no leader leads at once; the others wait until they are done or handed the lead.
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
 
   // Callers whose operation a leader finished but who have not returned from Write() yet.

@@ -380,6 +380,145 @@ TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch
   EXPECT_EQ(d.stats().transactions - txns_before, 2);
 }
 
+// Operations in a batch run without savepoints: one whose failure leaves no change behind (a
+// statement SQLite undid itself, or an error before any statement) must not cost the others
+// anything, not even a second run.
+TEST_F(SqliteDatabaseTest, FailuresThatChangeNothingLeaveTheBatchAloneAndRunEachOperationOnce) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  const int64_t ops_before = d.stats().operations;
+  const int64_t txns_before = d.stats().transactions;
+
+  BatchGate gate(d);
+  absl::Status leader;
+  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
+  gate.WaitUntilLeading();
+
+  absl::Status results[4];
+  std::atomic<int> runs[4] = {0, 0, 0, 0};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    results[0] = d.Write([&](Connection& c) {
+      ++runs[0];
+      return Insert(c, 1);
+    });
+  });
+  threads.emplace_back([&] {
+    // Violates the UNIQUE constraint against the leader's row: SQLite undoes the statement.
+    results[1] = d.Write([&](Connection& c) {
+      ++runs[1];
+      return Insert(c, 0);
+    });
+  });
+  threads.emplace_back([&] {
+    results[2] = d.Write([&](Connection&) {
+      ++runs[2];
+      return absl::InvalidArgumentError("refused before touching anything");
+    });
+  });
+  threads.emplace_back([&] {
+    results[3] = d.Write([&](Connection& c) {
+      ++runs[3];
+      return Insert(c, 4);
+    });
+  });
+  gate.OpenWhenQueued(ops_before + 5);
+  lead.join();
+  for (auto& t : threads) t.join();
+
+  EXPECT_TRUE(leader.ok()) << leader;
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[1])) << results[1];
+  EXPECT_TRUE(absl::IsInvalidArgument(results[2])) << results[2];
+  EXPECT_TRUE(results[3].ok()) << results[3];
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(runs[i].load(), 1) << "operation " << i;
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 4));
+  EXPECT_EQ(d.stats().transactions - txns_before, 2);
+}
+
+// A statement that fails halfway without being undone (INSERT OR FAIL keeps the rows it
+// inserted before the conflict) leaves a change of a failed operation in the transaction; it
+// must not be committed, and the others' results must stand.
+TEST_F(SqliteDatabaseTest, AStatementThatFailsHalfwayIsUndoneAloneInItsBatch) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  const int64_t ops_before = d.stats().operations;
+
+  BatchGate gate(d);
+  absl::Status leader;
+  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
+  gate.WaitUntilLeading();
+
+  static constexpr char kInsertOrFail[] = "INSERT OR FAIL INTO t (v) VALUES (100), (0)";
+  absl::Status results[3];
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 1); }); });
+  threads.emplace_back(
+      [&] { results[1] = d.Write([](Connection& c) { return c.Exec(kInsertOrFail); }); });
+  threads.emplace_back([&] { results[2] = d.Write([](Connection& c) { return Insert(c, 3); }); });
+  gate.OpenWhenQueued(ops_before + 4);
+  lead.join();
+  for (auto& t : threads) t.join();
+
+  EXPECT_TRUE(leader.ok()) << leader;
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[1])) << results[1];
+  EXPECT_TRUE(results[2].ok()) << results[2];
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 3));
+}
+
+// A caller that has finished returns while others keep writing; its result is its own even
+// when it is woken while the next batch already runs, and reads interleaved with the writes
+// see only committed data (the writer connection serves a read only when no one leads).
+TEST_F(SqliteDatabaseTest, ReadsInterleavedWithBatchesSeeOnlyCommittedRows) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  constexpr int kWriters = 4;
+  constexpr int kEach = 300;
+  static constexpr char kCount[] = "SELECT count(*), coalesce(max(v), -1) FROM t";
+  std::atomic<int> committed{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWriters; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const int v = t * kEach + i;
+        const absl::Status s = d.Write([v](Connection& c) { return Insert(c, v); });
+        EXPECT_TRUE(s.ok()) << s;
+        ++committed;
+      }
+    });
+  }
+  std::thread reader([&] {
+    while (!stop.load()) {
+      // Rows committed before the read started must be visible; rows never exceed the writes.
+      const int before = committed.load();
+      int64_t count = -1;
+      const absl::Status s = d.Read([&](Connection& c) -> absl::Status {
+        absl::StatusOr<ScopedStatement> stmt = c.Prepare(kCount);
+        if (!stmt.ok()) return stmt.status();
+        absl::StatusOr<bool> row = stmt->Step();
+        if (!row.ok()) return row.status();
+        count = stmt->ColumnInt64(0);
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_GE(count, before);
+      EXPECT_LE(count, kWriters * kEach);
+    }
+  });
+  for (auto& t : threads) t.join();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(Values(options_.path).size(), static_cast<size_t>(kWriters * kEach));
+}
+
 TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetriedAlone) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
