@@ -246,8 +246,7 @@ int main(int argc, char** argv) {
       "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d): "
       "%.0f msg/s  ratio %.2f\n",
       absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
-      absl::GetFlag(FLAGS_handler_batch_size), e2e,
-      limit > 0 ? e2e / limit : 0);
+      absl::GetFlag(FLAGS_handler_batch_size), e2e, limit > 0 ? e2e / limit : 0);
   if (absl::GetFlag(FLAGS_memory_baseline)) {
     const double mixed =
         EndToEnd(*driver, bus::NewMemoryDeadLetterStore(), bus::NewMemoryIdempotencyStore(),
