@@ -42,6 +42,7 @@ ABSL_FLAG(int, threads, 8, "threads for the concurrent measurement");
 ABSL_FLAG(std::string, dir, "", "directory for the database files (default: $TMPDIR or /tmp)");
 ABSL_FLAG(bool, group_only, false, "only the raw pairs and group-commit sides (for profiling)");
 ABSL_FLAG(bool, group_alone, false, "only the group-commit side (for profiling, no ratio)");
+ABSL_FLAG(int, group_max_batch, 64, "max_batch of the group-commit side");
 ABSL_FLAG(bool, full_sync, false, "synchronous = FULL instead of NORMAL, for both sides");
 
 namespace bus {
@@ -364,7 +365,8 @@ int main(int argc, char** argv) {
   auto raw_letters = std::make_unique<bus::RawLettersSide>();
   auto store_letters = std::make_unique<bus::StoreLettersSide>();
   auto group = std::make_unique<bus::StorePairsSide>(
-      absl::StrCat("store: pairs, ", threads, " threads, group commit"), threads, 64, true);
+      absl::StrCat("store: pairs, ", threads, " threads, group commit"), threads,
+      absl::GetFlag(FLAGS_group_max_batch), true);
   auto own_keys = std::make_unique<bus::StorePairsSide>(
       absl::StrCat("store: pairs, ", threads, " threads, group commit, own key ranges"), threads,
       64, false);
