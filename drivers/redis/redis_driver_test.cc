@@ -22,10 +22,8 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "drivers/redis/connection.h"
@@ -84,18 +82,11 @@ int64_t Int(absl::string_view s) {
   return v;
 }
 
-// Calls of one command since the last CONFIG RESETSTAT, from INFO commandstats.
+// Calls of one command since the last CONFIG RESETSTAT.
 int64_t Calls(const RedisServer& server, absl::string_view command) {
-  absl::StatusOr<std::string> info = server.Cli({"INFO", "commandstats"});
-  EXPECT_TRUE(info.ok()) << info.status();
-  const std::string prefix = absl::StrCat("cmdstat_", command, ":calls=");
-  for (absl::string_view line : absl::StrSplit(info.value_or(""), '\n')) {
-    if (absl::StartsWith(line, prefix)) {
-      line.remove_prefix(prefix.size());
-      return Int(line.substr(0, line.find(',')));
-    }
-  }
-  return 0;
+  absl::StatusOr<int64_t> n = server.CommandCalls(command);
+  EXPECT_TRUE(n.ok()) << n.status();
+  return n.value_or(-1);
 }
 
 TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {

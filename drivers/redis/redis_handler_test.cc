@@ -7,10 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
@@ -23,21 +20,6 @@
 
 namespace bus::testing {
 namespace {
-
-// Calls of one command since the server started, from INFO commandstats.
-int64_t Calls(const RedisServer& server, absl::string_view command) {
-  absl::StatusOr<std::string> info = server.Cli({"INFO", "commandstats"});
-  EXPECT_TRUE(info.ok()) << info.status();
-  const std::string prefix = absl::StrCat("cmdstat_", command, ":calls=");
-  for (absl::string_view line : absl::StrSplit(info.value_or(""), '\n')) {
-    if (absl::ConsumePrefix(&line, prefix)) {
-      int64_t n = 0;
-      EXPECT_TRUE(absl::SimpleAtoi(line.substr(0, line.find(',')), &n)) << line;
-      return n;
-    }
-  }
-  return 0;
-}
 
 TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
@@ -57,7 +39,7 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
     const int uid = i < kUnique ? i : i - kUnique;
     ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", uid), "x", {}}).ok());
   }
-  const int64_t evalsha_before = Calls(**server, "evalsha");
+  const int64_t evalsha_before = (*server)->CommandCalls("evalsha").value_or(-1);
 
   absl::Mutex mu;
   std::multiset<std::string> handled;
@@ -99,8 +81,8 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
   // One acquire (SET NX) per message and one SET inside each handled key's mark-done script
   // (commandstats counts commands run by scripts too); acks in batches: far fewer script calls
   // than the 760 (mark done + ack) that one call per message takes.
-  EXPECT_EQ(Calls(**server, "set"), kUnique + kRepeats + kUnique);
-  const int64_t scripts = Calls(**server, "evalsha") - evalsha_before;
+  EXPECT_EQ((*server)->CommandCalls("set").value_or(-1), kUnique + kRepeats + kUnique);
+  const int64_t scripts = (*server)->CommandCalls("evalsha").value_or(-1) - evalsha_before;
   EXPECT_GE(scripts, kUnique);
   EXPECT_LT(scripts, kUnique + (kUnique + kRepeats) / 2);
   // Everything was acked: a fresh consumer finds the queue empty.

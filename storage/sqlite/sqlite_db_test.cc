@@ -14,6 +14,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -337,6 +339,27 @@ class BatchGate {
   absl::Notification opened_;
 };
 
+// Runs `ops` as one group-commit batch: a leader (inserting 0) holds the writer until every
+// one of them is queued behind it. Returns their results, in order; the leader must succeed.
+std::vector<absl::Status> RunAsOneBatch(
+    SqliteDatabase& d, const std::vector<std::function<absl::Status(Connection&)>>& ops) {
+  const int64_t ops_before = d.stats().operations;
+  BatchGate gate(d);
+  absl::Status leader;
+  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
+  gate.WaitUntilLeading();
+  std::vector<absl::Status> results(ops.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = d.Write(ops[i]); });
+  }
+  gate.OpenWhenQueued(ops_before + 1 + static_cast<int64_t>(ops.size()));
+  lead.join();
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(leader.ok()) << leader;
+  return results;
+}
+
 TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
@@ -345,30 +368,16 @@ TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch
   const int64_t ops_before = d.stats().operations;
   const int64_t txns_before = d.stats().transactions;
 
-  BatchGate gate(d);
-  absl::Status leader;
-  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
-  gate.WaitUntilLeading();
+  const std::vector<absl::Status> results = RunAsOneBatch(
+      d, {[](Connection& c) { return Insert(c, 1); }, [](Connection& c) { return Insert(c, 2); },
+          [](Connection& c) {
+            // Changes something, then reports an error: its change must be undone, alone.
+            if (absl::Status s = Insert(c, 3); !s.ok()) return s;
+            return absl::InternalError("handler said no");
+          },
+          // Violates the UNIQUE constraint against the leader's row.
+          [](Connection& c) { return Insert(c, 0); }, [](Connection& c) { return Insert(c, 5); }});
 
-  absl::Status results[5];
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 1); }); });
-  threads.emplace_back([&] { results[1] = d.Write([](Connection& c) { return Insert(c, 2); }); });
-  threads.emplace_back([&] {
-    // Changes something, then reports an error: its change must be undone, alone.
-    results[2] = d.Write([](Connection& c) {
-      if (absl::Status s = Insert(c, 3); !s.ok()) return s;
-      return absl::InternalError("handler said no");
-    });
-  });
-  // Violates the UNIQUE constraint against the leader's row.
-  threads.emplace_back([&] { results[3] = d.Write([](Connection& c) { return Insert(c, 0); }); });
-  threads.emplace_back([&] { results[4] = d.Write([](Connection& c) { return Insert(c, 5); }); });
-  gate.OpenWhenQueued(ops_before + 6);
-  lead.join();
-  for (auto& t : threads) t.join();
-
-  EXPECT_TRUE(leader.ok()) << leader;
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(results[1].ok()) << results[1];
   EXPECT_TRUE(absl::IsInternal(results[2])) << results[2];
@@ -380,55 +389,34 @@ TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch
   EXPECT_EQ(d.stats().transactions - txns_before, 2);
 }
 
-// Operations in a batch run without savepoints: one whose failure leaves no change behind (a
-// statement SQLite undid itself, or an error before any statement) must not cost the others
-// anything, not even a second run.
 TEST_F(SqliteDatabaseTest, FailuresThatChangeNothingLeaveTheBatchAloneAndRunEachOperationOnce) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   SqliteDatabase& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
-  const int64_t ops_before = d.stats().operations;
   const int64_t txns_before = d.stats().transactions;
 
-  BatchGate gate(d);
-  absl::Status leader;
-  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
-  gate.WaitUntilLeading();
-
-  absl::Status results[4];
   std::atomic<int> runs[4] = {0, 0, 0, 0};
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] {
-    results[0] = d.Write([&](Connection& c) {
-      ++runs[0];
-      return Insert(c, 1);
-    });
-  });
-  threads.emplace_back([&] {
-    // Violates the UNIQUE constraint against the leader's row: SQLite undoes the statement.
-    results[1] = d.Write([&](Connection& c) {
-      ++runs[1];
-      return Insert(c, 0);
-    });
-  });
-  threads.emplace_back([&] {
-    results[2] = d.Write([&](Connection&) {
-      ++runs[2];
-      return absl::InvalidArgumentError("refused before touching anything");
-    });
-  });
-  threads.emplace_back([&] {
-    results[3] = d.Write([&](Connection& c) {
-      ++runs[3];
-      return Insert(c, 4);
-    });
-  });
-  gate.OpenWhenQueued(ops_before + 5);
-  lead.join();
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> results =
+      RunAsOneBatch(d, {[&](Connection& c) {
+                          ++runs[0];
+                          return Insert(c, 1);
+                        },
+                        [&](Connection& c) {
+                          // Violates the UNIQUE constraint against the leader's row: SQLite
+                          // undoes the statement.
+                          ++runs[1];
+                          return Insert(c, 0);
+                        },
+                        [&](Connection&) {
+                          ++runs[2];
+                          return absl::InvalidArgumentError("refused before touching anything");
+                        },
+                        [&](Connection& c) {
+                          ++runs[3];
+                          return Insert(c, 4);
+                        }});
 
-  EXPECT_TRUE(leader.ok()) << leader;
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(absl::IsFailedPrecondition(results[1])) << results[1];
   EXPECT_TRUE(absl::IsInvalidArgument(results[2])) << results[2];
@@ -438,42 +426,24 @@ TEST_F(SqliteDatabaseTest, FailuresThatChangeNothingLeaveTheBatchAloneAndRunEach
   EXPECT_EQ(d.stats().transactions - txns_before, 2);
 }
 
-// A statement that fails halfway without being undone (INSERT OR FAIL keeps the rows it
-// inserted before the conflict) leaves a change of a failed operation in the transaction; it
-// must not be committed, and the others' results must stand.
 TEST_F(SqliteDatabaseTest, AStatementThatFailsHalfwayIsUndoneAloneInItsBatch) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   SqliteDatabase& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
-  const int64_t ops_before = d.stats().operations;
-
-  BatchGate gate(d);
-  absl::Status leader;
-  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
-  gate.WaitUntilLeading();
 
   static constexpr char kInsertOrFail[] = "INSERT OR FAIL INTO t (v) VALUES (100), (0)";
-  absl::Status results[3];
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 1); }); });
-  threads.emplace_back(
-      [&] { results[1] = d.Write([](Connection& c) { return c.Exec(kInsertOrFail); }); });
-  threads.emplace_back([&] { results[2] = d.Write([](Connection& c) { return Insert(c, 3); }); });
-  gate.OpenWhenQueued(ops_before + 4);
-  lead.join();
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> results =
+      RunAsOneBatch(d, {[](Connection& c) { return Insert(c, 1); },
+                        [](Connection& c) { return c.Exec(kInsertOrFail); },
+                        [](Connection& c) { return Insert(c, 3); }});
 
-  EXPECT_TRUE(leader.ok()) << leader;
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(absl::IsFailedPrecondition(results[1])) << results[1];
   EXPECT_TRUE(results[2].ok()) << results[2];
   EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 3));
 }
 
-// A caller that has finished returns while others keep writing; its result is its own even
-// when it is woken while the next batch already runs, and reads interleaved with the writes
-// see only committed data (the writer connection serves a read only when no one leads).
 TEST_F(SqliteDatabaseTest, ReadsInterleavedWithBatchesSeeOnlyCommittedRows) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
@@ -524,29 +494,18 @@ TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetr
   ASSERT_TRUE(db.ok()) << db.status();
   SqliteDatabase& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
-  const int64_t ops_before = d.stats().operations;
 
-  BatchGate gate(d);
-  absl::Status leader;
-  std::thread lead([&] { leader = d.Write([&](Connection& c) { return gate.Lead(c, 0); }); });
-  gate.WaitUntilLeading();
-  absl::Status results[3];
-  std::vector<std::thread> threads;
-  threads.emplace_back([&] { results[0] = d.Write([](Connection& c) { return Insert(c, 10); }); });
-  threads.emplace_back([&] {
-    // Stands in for SQLite rolling back the whole transaction (disk full, I/O error).
-    results[1] = d.Write([](Connection& c) {
-      if (absl::Status s = Insert(c, 11); !s.ok()) return s;
-      if (absl::Status s = c.Exec(kRollback); !s.ok()) return s;
-      return absl::UnavailableError("transaction lost");
-    });
-  });
-  threads.emplace_back([&] { results[2] = d.Write([](Connection& c) { return Insert(c, 12); }); });
-  gate.OpenWhenQueued(ops_before + 4);
-  lead.join();
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> results =
+      RunAsOneBatch(d, {[](Connection& c) { return Insert(c, 10); },
+                        [](Connection& c) {
+                          // Stands in for SQLite rolling back the whole transaction (disk full,
+                          // I/O error).
+                          if (absl::Status s = Insert(c, 11); !s.ok()) return s;
+                          if (absl::Status s = c.Exec(kRollback); !s.ok()) return s;
+                          return absl::UnavailableError("transaction lost");
+                        },
+                        [](Connection& c) { return Insert(c, 12); }});
 
-  EXPECT_TRUE(leader.ok()) << leader;
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(absl::IsUnavailable(results[1])) << results[1];
   EXPECT_TRUE(results[2].ok()) << results[2];

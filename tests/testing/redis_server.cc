@@ -5,8 +5,12 @@
 #include <array>
 #include <cstdio>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace bus::testing {
 
@@ -92,6 +96,21 @@ absl::StatusOr<std::string> RedisServer::Cli(const std::vector<std::string>& arg
     return absl::InternalError(absl::StrCat("redis-cli failed: ", out));
   }
   return out;
+}
+
+absl::StatusOr<int64_t> RedisServer::CommandCalls(absl::string_view command) const {
+  absl::StatusOr<std::string> info = Cli({"INFO", "commandstats"});
+  if (!info.ok()) return info.status();
+  const std::string prefix = absl::StrCat("cmdstat_", command, ":calls=");
+  for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(line.substr(0, line.find(',')), &n)) {
+      return absl::InternalError(absl::StrCat("redis-server: bad commandstats line: ", line));
+    }
+    return n;
+  }
+  return 0;
 }
 
 }  // namespace bus::testing

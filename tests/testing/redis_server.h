@@ -10,11 +10,13 @@
 #ifndef TESTS_TESTING_REDIS_SERVER_H_
 #define TESTS_TESTING_REDIS_SERVER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "tests/testing/process.h"
 
 namespace bus::testing {
@@ -47,6 +49,10 @@ class RedisServer {
 
   // Runs redis-cli against the server (with the password) and returns its stdout.
   absl::StatusOr<std::string> Cli(const std::vector<std::string>& args) const;
+
+  // Calls of `command` (lower case, e.g. "evalsha") since the server started or the last
+  // CONFIG RESETSTAT, from INFO commandstats; commands run by scripts count too. 0 when none.
+  absl::StatusOr<int64_t> CommandCalls(absl::string_view command) const;
 
  private:
   RedisServer(RedisServerOptions options, int port, std::string dir)
