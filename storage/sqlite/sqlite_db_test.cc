@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
