@@ -49,6 +49,26 @@ absl::Status Check(absl::string_view key, absl::string_view owner) {
   return absl::OkStatus();
 }
 
+// Checks the entries of a batched call as the single call `call` would (key, owner, and the
+// duration `what` > 0). Returns the positions of the valid ones; the others get their error.
+template <typename Result>
+std::vector<size_t> ValidEntries(absl::string_view call, absl::string_view what,
+                                 absl::Span<const absl::string_view> keys,
+                                 absl::Span<const absl::string_view> owners,
+                                 absl::Duration duration, absl::Span<Result> results) {
+  std::vector<size_t> valid;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
+      results[i] = st;
+    } else if (duration <= absl::ZeroDuration()) {
+      results[i] = absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " <= 0"));
+    } else {
+      valid.push_back(i);
+    }
+  }
+  return valid;
+}
+
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   explicit RedisIdempotencyStore(RedisOptions options)
@@ -82,19 +102,11 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                    absl::Span<const absl::string_view> owners, absl::Duration lease,
                    absl::Span<absl::StatusOr<bool>> results) override {
     // The SETs are pipelined in one round trip; Redis runs them in order.
+    const std::vector<size_t> sent = ValidEntries("Acquire", "lease", keys, owners, lease, results);
     std::vector<std::vector<std::string>> commands;
-    std::vector<size_t> sent;
     const std::string ms = absl::StrCat(Millis(lease));
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
-        results[i] = st;
-      } else if (lease <= absl::ZeroDuration()) {
-        results[i] = absl::InvalidArgumentError("Acquire: lease <= 0");
-      } else {
-        commands.push_back(
-            {"SET", KeyOf(keys[i]), absl::StrCat("held:", owners[i]), "NX", "PX", ms});
-        sent.push_back(i);
-      }
+    for (size_t i : sent) {
+      commands.push_back({"SET", KeyOf(keys[i]), absl::StrCat("held:", owners[i]), "NX", "PX", ms});
     }
     if (sent.empty()) return;
     absl::StatusOr<std::vector<Reply>> replies =
@@ -118,19 +130,11 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                     absl::Span<absl::Status> results) override {
     // One script call per key (the keys may live in different cluster slots), pipelined in
     // one round trip.
+    const std::vector<size_t> sent =
+        ValidEntries("MarkDone", "retention", keys, owners, retention, results);
     std::vector<std::vector<std::string>> calls;
-    std::vector<size_t> sent;
     const std::string ms = absl::StrCat(Millis(retention));
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
-        results[i] = st;
-      } else if (retention <= absl::ZeroDuration()) {
-        results[i] = absl::InvalidArgumentError("MarkDone: retention <= 0");
-      } else {
-        calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
-        sent.push_back(i);
-      }
-    }
+    for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
     if (sent.empty()) return;
     absl::StatusOr<std::vector<Reply>> replies =
         client_.conn().Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);

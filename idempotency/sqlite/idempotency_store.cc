@@ -57,6 +57,26 @@ absl::StatusOr<bool> RunMarkDone(Connection& conn, absl::Time now, absl::string_
   return conn.Changes() == 1;
 }
 
+// Checks the entries of a batched call as the single call `call` would (key, owner, and the
+// duration `what` > 0). Returns the positions of the valid ones; the others get their error.
+template <typename Result>
+std::vector<size_t> ValidEntries(absl::string_view call, absl::string_view what,
+                                 absl::Span<const absl::string_view> keys,
+                                 absl::Span<const absl::string_view> owners,
+                                 absl::Duration duration, absl::Span<Result> results) {
+  std::vector<size_t> valid;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = CheckKeyAndOwner(call, keys[i], owners[i]); !s.ok()) {
+      results[i] = s;
+    } else if (duration <= absl::ZeroDuration()) {
+      results[i] = absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " must be > 0"));
+    } else {
+      valid.push_back(i);
+    }
+  }
+  return valid;
+}
+
 class SqliteIdempotencyStore final : public IdempotencyStore {
  public:
   explicit SqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
@@ -98,16 +118,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
   void AcquireMany(absl::Span<const absl::string_view> keys,
                    absl::Span<const absl::string_view> owners, absl::Duration lease,
                    absl::Span<absl::StatusOr<bool>> results) override {
-    std::vector<size_t> valid;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (absl::Status s = CheckKeyAndOwner("Acquire", keys[i], owners[i]); !s.ok()) {
-        results[i] = s;
-      } else if (lease <= absl::ZeroDuration()) {
-        results[i] = absl::InvalidArgumentError("Acquire: lease must be > 0");
-      } else {
-        valid.push_back(i);
-      }
-    }
+    const std::vector<size_t> valid =
+        ValidEntries("Acquire", "lease", keys, owners, lease, results);
     if (valid.empty()) return;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();
@@ -126,16 +138,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
   void MarkDoneMany(absl::Span<const absl::string_view> keys,
                     absl::Span<const absl::string_view> owners, absl::Duration retention,
                     absl::Span<absl::Status> results) override {
-    std::vector<size_t> valid;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (absl::Status s = CheckKeyAndOwner("MarkDone", keys[i], owners[i]); !s.ok()) {
-        results[i] = s;
-      } else if (retention <= absl::ZeroDuration()) {
-        results[i] = absl::InvalidArgumentError("MarkDone: retention must be > 0");
-      } else {
-        valid.push_back(i);
-      }
-    }
+    const std::vector<size_t> valid =
+        ValidEntries("MarkDone", "retention", keys, owners, retention, results);
     if (valid.empty()) return;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();
