@@ -9,10 +9,12 @@
 //   - store + fetch + remove letter cycles per second on one thread (raw loop, store);
 //   - pairs per second with --threads threads through one store with group commit, with keys
 //     from one shared sequence (as the raw loop's) and with a key range per thread; and with
-//     group commit off (max_batch = 1). All against the single-thread raw loop.
+//     group commit off (max_batch = 1). All against the single-thread raw loop;
+//   - the ceiling of group commit: the raw loop with --threads operations to a transaction, on
+//     one thread (no hand-offs between threads at all).
 //
-// --group_only runs just the raw pairs and the group-commit sides; --group_alone just the
-// group-commit side (for perf record; no ratio).
+// --group_only runs just the raw pairs, the ceiling and the group-commit side; --group_alone
+// just the group-commit side (for perf record; no ratio).
 
 #include <sqlite3.h>
 
@@ -112,23 +114,20 @@ class Raw {
   }
 
   void Pair(const std::string& key, const std::string& owner) {
-    const absl::Time now = absl::Now();
     Step(begin_);
-    sqlite3_bind_text(acquire_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-    sqlite3_bind_text(acquire_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
-    sqlite3_bind_int64(acquire_, 3, absl::ToUnixMillis(now + absl::Minutes(5)));
-    sqlite3_bind_int64(acquire_, 4, absl::ToUnixMillis(now));
-    Step(acquire_);
-    if (sqlite3_changes(db_) != 1) Die("raw acquire did not acquire");
+    Acquire(key, owner);
     Step(commit_);
-    const absl::Time later = absl::Now();
     Step(begin_);
-    sqlite3_bind_text(done_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-    sqlite3_bind_text(done_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
-    sqlite3_bind_int64(done_, 3, absl::ToUnixMillis(later + absl::Hours(24)));
-    sqlite3_bind_int64(done_, 4, absl::ToUnixMillis(later));
-    Step(done_);
-    if (sqlite3_changes(db_) != 1) Die("raw mark done did not mark");
+    MarkDone(key, owner);
+    Step(commit_);
+  }
+
+  // `done` keys marked done and `acquire` keys acquired, all in one transaction.
+  void Transaction(const std::vector<std::string>& done, const std::vector<std::string>& acquire,
+                   const std::string& owner) {
+    Step(begin_);
+    for (const std::string& key : done) MarkDone(key, owner);
+    for (const std::string& key : acquire) Acquire(key, owner);
     Step(commit_);
   }
 
@@ -165,6 +164,24 @@ class Raw {
       Die(absl::StrCat("prepare: ", sqlite3_errmsg(db_)));
     }
     return stmt;
+  }
+  void Acquire(const std::string& key, const std::string& owner) {
+    const absl::Time now = absl::Now();
+    sqlite3_bind_text(acquire_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_text(acquire_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
+    sqlite3_bind_int64(acquire_, 3, absl::ToUnixMillis(now + absl::Minutes(5)));
+    sqlite3_bind_int64(acquire_, 4, absl::ToUnixMillis(now));
+    Step(acquire_);
+    if (sqlite3_changes(db_) != 1) Die("raw acquire did not acquire");
+  }
+  void MarkDone(const std::string& key, const std::string& owner) {
+    const absl::Time now = absl::Now();
+    sqlite3_bind_text(done_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_text(done_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
+    sqlite3_bind_int64(done_, 3, absl::ToUnixMillis(now + absl::Hours(24)));
+    sqlite3_bind_int64(done_, 4, absl::ToUnixMillis(now));
+    Step(done_);
+    if (sqlite3_changes(db_) != 1) Die("raw mark done did not mark");
   }
   void Exec(const char* text) {
     if (sqlite3_exec(db_, text, nullptr, nullptr, nullptr) != SQLITE_OK) {
@@ -234,6 +251,43 @@ class RawPairsSide final : public Side {
  private:
   SqliteOptions options_;
   std::unique_ptr<Raw> raw_;
+  int64_t next_ = 0;
+};
+
+// The most group commit can do with `callers` callers, without any of its hand-offs: one thread
+// runs the pairs `callers` operations to a transaction, as `callers` callers in a closed loop
+// give it (half of them marking done the keys acquired in the transaction before, half
+// acquiring new ones). A group-commit side cannot beat this on the same statements.
+class RawBatchedPairsSide final : public Side {
+ public:
+  explicit RawBatchedPairsSide(int callers)
+      : Side(absl::StrCat("raw loop: pairs, ", callers, " operations per transaction, 1 thread")),
+        options_(FreshDatabase()),
+        per_side_(std::max(1, callers / 2)) {
+    raw_ = std::make_unique<Raw>(options_);
+  }
+  ~RawBatchedPairsSide() override {
+    raw_.reset();
+    RemoveDatabase(options_);
+  }
+  void RunChunk(int n) override {
+    std::vector<std::string> acquired;
+    std::vector<std::string> acquire;
+    for (int started = 0; started < n || !acquired.empty();) {
+      acquire.clear();
+      for (int i = 0; i < per_side_ && started < n; ++i, ++started) {
+        acquire.push_back(absl::StrCat("bench.", next_++));
+      }
+      raw_->Transaction(acquired, acquire, "worker-0");
+      acquired.swap(acquire);
+    }
+  }
+  double OpsPerTransaction() const override { return 2.0 * per_side_; }
+
+ private:
+  SqliteOptions options_;
+  std::unique_ptr<Raw> raw_;
+  const int per_side_;
   int64_t next_ = 0;
 };
 
@@ -360,6 +414,7 @@ int main(int argc, char** argv) {
   const int threads = absl::GetFlag(FLAGS_threads);
 
   auto raw_pairs = std::make_unique<bus::RawPairsSide>();
+  auto raw_batched = std::make_unique<bus::RawBatchedPairsSide>(threads);
   auto store_pairs =
       std::make_unique<bus::StorePairsSide>("store: acquire+done pairs, 1 thread", 1, 64, true);
   auto raw_letters = std::make_unique<bus::RawLettersSide>();
@@ -373,9 +428,9 @@ int main(int argc, char** argv) {
   auto no_group = std::make_unique<bus::StorePairsSide>(
       absl::StrCat("store: pairs, ", threads, " threads, max_batch=1"), threads, 1, true);
   std::vector<bus::Side*> sides = {raw_pairs.get(),     store_pairs.get(), raw_letters.get(),
-                                   store_letters.get(), group.get(),       own_keys.get(),
-                                   no_group.get()};
-  if (absl::GetFlag(FLAGS_group_only)) sides = {raw_pairs.get(), group.get()};
+                                   store_letters.get(), raw_batched.get(), group.get(),
+                                   own_keys.get(),      no_group.get()};
+  if (absl::GetFlag(FLAGS_group_only)) sides = {raw_pairs.get(), raw_batched.get(), group.get()};
   if (absl::GetFlag(FLAGS_group_alone)) sides = {group.get()};
 
   const int chunks = std::max(1, n / chunk);

@@ -7,6 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "storage/sqlite/sql.h"
 
@@ -119,15 +120,26 @@ absl::Status ValidateSqliteOptions(const SqliteOptions& options) {
   if (options.max_idle_readers < 0) {
     return absl::InvalidArgumentError("SqliteOptions.max_idle_readers must be >= 0");
   }
+  if (options.spin_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("SqliteOptions.spin_wait must be >= 0");
+  }
   return absl::OkStatus();
 }
 
 struct SqliteDatabase::Writer {
   explicit Writer(absl::FunctionRef<absl::Status(Connection&)> op) : op(op) {}
 
-  // Blocks until a leader has set `state` to kDone or kLead, and returns it.
-  uint32_t Wait() {
+  // Blocks until a leader has set `state` to kDone or kLead, and returns it: first checking
+  // and yielding the CPU for up to `spin`, then asleep.
+  uint32_t Wait(absl::Duration spin) {
     uint32_t s = state.load(std::memory_order_acquire);
+    if (s == kWaiting && spin > absl::ZeroDuration()) {
+      const absl::Time deadline = absl::Now() + spin;
+      do {
+        std::this_thread::yield();
+        s = state.load(std::memory_order_acquire);
+      } while (s == kWaiting && absl::Now() < deadline);
+    }
     while (s == kWaiting) {
       state.wait(kWaiting, std::memory_order_acquire);
       s = state.load(std::memory_order_acquire);
@@ -189,7 +201,7 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
     lead = !leading_;
     leading_ = true;
   }
-  if (!lead && w.Wait() == Writer::kDone) {
+  if (!lead && w.Wait(options_.spin_wait) == Writer::kDone) {
     finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
     return w.status;
   }

@@ -106,6 +106,7 @@ TEST(SqliteOptionsTest, EachBadOptionIsNamed) {
       {[](SqliteOptions& o) { o.cleanup_interval = absl::ZeroDuration(); }, "cleanup_interval"},
       {[](SqliteOptions& o) { o.max_batch = 0; }, "max_batch"},
       {[](SqliteOptions& o) { o.max_idle_readers = -1; }, "max_idle_readers"},
+      {[](SqliteOptions& o) { o.spin_wait = absl::Microseconds(-1); }, "spin_wait"},
   };
   EXPECT_TRUE(ValidateSqliteOptions(SqliteOptions{}).ok());
   for (const Case& c : cases) {
@@ -511,8 +512,10 @@ TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetr
   EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 10, 12));
 }
 
-TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResult) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+// 16 threads write at once, each 1000 fresh values and each value a second time; `spin_wait` is
+// how long a queued caller spins before it sleeps.
+void ManyThreadsWriteAtOnce(SqliteOptions options) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   constexpr int kThreads = 16;
@@ -532,10 +535,25 @@ TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResult) {
     });
   }
   for (auto& t : threads) t.join();
-  const std::vector<int> values = Values(options_.path);
+  const std::vector<int> values = Values(options.path);
   ASSERT_EQ(values.size(), static_cast<size_t>(kThreads * kEach));
   for (int i = 0; i < kThreads * kEach; ++i) EXPECT_EQ(values[static_cast<size_t>(i)], i);
   EXPECT_EQ((*db)->stats().operations, 1 + 2 * kThreads * kEach);
+}
+
+TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResult) {
+  ManyThreadsWriteAtOnce(options_);
+}
+
+TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResultWhenWaitersSleepAtOnce) {
+  options_.spin_wait = absl::ZeroDuration();
+  ManyThreadsWriteAtOnce(options_);
+}
+
+TEST_F(SqliteDatabaseTest, ManyThreadsWritingAtOnceEachGetTheirOwnResultWhenWaitersOnlySpin) {
+  // Longer than any wait here: no caller ever sleeps.
+  options_.spin_wait = absl::Minutes(10);
+  ManyThreadsWriteAtOnce(options_);
 }
 
 }  // namespace
