@@ -27,6 +27,7 @@
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_db.h"
 
 ABSL_FLAG(int, messages, 1000000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,2", "comma-separated concurrency levels");
@@ -35,6 +36,8 @@ ABSL_FLAG(int, runs, 3, "runs per level; the best is reported");
 ABSL_FLAG(std::string, stores, "memory", "memory or sqlite");
 ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its database file");
 ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
+ABSL_FLAG(absl::Duration, sqlite_spin_wait, bus::SqliteOptions{}.spin_wait,
+          "SqliteOptions::spin_wait with --stores=sqlite");
 
 namespace {
 
@@ -62,6 +65,7 @@ double RunOnce(int messages, int concurrency) {
   if (absl::GetFlag(FLAGS_stores) == "sqlite") {
     bus::SqliteOptions so;
     so.path = db_path;
+    so.spin_wait = absl::GetFlag(FLAGS_sqlite_spin_wait);
     auto db = bus::SqliteDatabase::Open(so);
     if (!db.ok()) std::abort();
     o.dead_letters = bus::NewSqliteDeadLetterStore(*db);
