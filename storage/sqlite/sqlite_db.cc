@@ -18,7 +18,7 @@ using sqlite_internal::ScopedStatement;
 
 namespace {
 
-// How often a new leader yields the CPU, at most, to let finished callers queue up again.
+// How often a leader yields the CPU in a batch, at most, to let finished callers queue up again.
 constexpr int kMaxYields = 4;
 
 struct Migration {
@@ -205,15 +205,8 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
     finished_not_returned_.fetch_sub(1, std::memory_order_relaxed);
     return w.status;
   }
-  // This caller leads: it runs its own operation and those queued behind it. Callers finished
-  // by the previous batch that have not even returned yet are likely to write again at once;
-  // when they wait for a CPU (more threads than cores), yielding lets them queue up and join
-  // this batch instead of this caller committing alone again and again. A lone caller never
-  // yields.
-  for (int i = 0; i < kMaxYields && finished_not_returned_.load(std::memory_order_relaxed) > 0;
-       ++i) {
-    std::this_thread::yield();
-  }
+  // This caller leads: it runs its own operation and those queued behind it, and those that
+  // queue while it runs them (see RunBatch).
   MaybeCleanup();
   LeadBatch();
   // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving while
@@ -248,13 +241,7 @@ void SqliteDatabase::LeadBatch() {
   // Taking the lock first also gives callers that arrive meanwhile a chance to join the batch.
   const absl::Status begin = conn.Exec(sqlite_internal::kBeginSql);
   batch_.clear();
-  {
-    absl::MutexLock lock(&mu_);
-    for (Writer* x : writers_) {
-      if (static_cast<int>(batch_.size()) == options_.max_batch) break;
-      batch_.push_back(x);
-    }
-  }
+  TakeQueued();
   if (!begin.ok()) {
     // Typically the lock stayed busy for busy_timeout: the same answer for everyone in line.
     if (conn.InTransaction()) conn.Exec(sqlite_internal::kRollbackSql).IgnoreError();
@@ -262,6 +249,17 @@ void SqliteDatabase::LeadBatch() {
     return;
   }
   RunBatch();
+}
+
+size_t SqliteDatabase::TakeQueued() {
+  const size_t before = batch_.size();
+  absl::MutexLock lock(&mu_);
+  // writers_ starts with batch_, in order: only the leader removes writers, after its batch.
+  for (size_t i = before; i < writers_.size(); ++i) {
+    if (static_cast<int>(batch_.size()) == options_.max_batch) break;
+    batch_.push_back(writers_[i]);
+  }
+  return batch_.size() - before;
 }
 
 absl::Status SqliteDatabase::RunAlone(absl::FunctionRef<absl::Status(Connection&)> op) {
@@ -275,8 +273,8 @@ absl::Status SqliteDatabase::RunAlone(absl::FunctionRef<absl::Status(Connection&
 
 void SqliteDatabase::RunBatch() {
   Connection& conn = *writer_conn_;
-  if (batch_.size() == 1) {
-    // Alone in its transaction: an error rolls the transaction back.
+  if (batch_.size() == 1 && finished_not_returned_.load(std::memory_order_relaxed) == 0) {
+    // A lone caller, alone in its transaction: an error rolls the transaction back.
     Writer& w = *batch_[0];
     w.status = w.op(conn);
     if (w.status.ok()) w.status = conn.Exec(sqlite_internal::kCommitSql);
@@ -291,9 +289,27 @@ void SqliteDatabase::RunBatch() {
   // the rows changed by every completed INSERT, UPDATE and DELETE (and only those), so an
   // operation that failed after a change of its own shows as a change in the count: then the
   // batch is run again with a savepoint per operation, which can undo exactly that operation.
+  //
+  // Callers that queue while the batch runs join it, up to max_batch. Those that the previous
+  // batch has just finished are likely to write again at once; when they wait for a CPU (more
+  // threads than cores), yielding (at most kMaxYields times) lets them queue up and join this
+  // transaction instead of the next, which they would otherwise have to themselves. The leader
+  // runs the operations it has meanwhile, so their return overlaps with its work.
   bool intact = true;
   bool undo_needed = false;
-  for (Writer* w : batch_) {
+  size_t ran = 0;
+  int yields = 0;
+  while (true) {
+    if (ran == batch_.size() && TakeQueued() == 0) {
+      if (yields == kMaxYields || static_cast<int>(batch_.size()) == options_.max_batch ||
+          finished_not_returned_.load(std::memory_order_relaxed) == 0) {
+        break;
+      }
+      ++yields;
+      std::this_thread::yield();
+      continue;
+    }
+    Writer* w = batch_[ran++];
     const int64_t changes_before = conn.TotalChanges();
     w->status = w->op(conn);
     if (!conn.InTransaction()) {

@@ -150,9 +150,12 @@ class SqliteDatabase {
   // The leader's work: opens a write transaction, takes the writers queued at that moment
   // (itself first) into batch_, runs them and commits. mu_ is not held.
   void LeadBatch();
+  // Appends to batch_ the writers queued behind it, up to max_batch; returns how many.
+  size_t TakeQueued();
   // Runs the operations of batch_ inside the open transaction, without savepoints (again with
-  // them when a failed operation left a change behind), and commits; falls back to RunAlone()
-  // for each when SQLite drops the transaction or COMMIT fails.
+  // them when a failed operation left a change behind), taking in writers that queue
+  // meanwhile, and commits; falls back to RunAlone() for each when SQLite drops the transaction
+  // or COMMIT fails.
   void RunBatch();
   // Runs the operations of batch_ again, each in a savepoint of its own, in the open transaction.
   // False when SQLite dropped the transaction or a savepoint statement failed.

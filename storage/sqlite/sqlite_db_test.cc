@@ -444,6 +444,46 @@ TEST_F(SqliteDatabaseTest, AStatementThatFailsHalfwayIsUndoneAloneInItsBatch) {
   EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 3));
 }
 
+TEST_F(SqliteDatabaseTest, ACallerThatQueuesWhileABatchRunsJoinsIt) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteDatabase& d = **db;
+  ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
+  const int64_t txns_before = d.stats().transactions;
+
+  // The second operation of the batch holds the batch until a third caller has queued.
+  absl::Notification second_running;
+  absl::Notification late_queued;
+  std::thread late;
+  absl::Status late_result;
+  std::thread waiter([&] {
+    second_running.WaitForNotification();
+    const int64_t ops = d.stats().operations;
+    late = std::thread([&] { late_result = d.Write([](Connection& c) { return Insert(c, 3); }); });
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (d.stats().operations == ops && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    late_queued.Notify();
+  });
+  const std::vector<absl::Status> results =
+      RunAsOneBatch(d, {[](Connection& c) { return Insert(c, 1); },
+                        [&](Connection& c) {
+                          second_running.Notify();
+                          late_queued.WaitForNotification();
+                          return Insert(c, 2);
+                        }});
+  waiter.join();
+  late.join();
+
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+  EXPECT_TRUE(late_result.ok()) << late_result;
+  EXPECT_THAT(Values(options_.path), UnorderedElementsAre(0, 1, 2, 3));
+  // The leader's transaction, then one for the two queued behind it and the late caller.
+  EXPECT_EQ(d.stats().transactions - txns_before, 2);
+}
+
 TEST_F(SqliteDatabaseTest, ReadsInterleavedWithBatchesSeeOnlyCommittedRows) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
