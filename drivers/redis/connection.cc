@@ -179,6 +179,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   bool closed_by_us = false;
   bool ever_connected = false;
   std::string out_buf;
+  // Why the latest connection attempt failed; OK once one succeeds.
+  absl::Status last_connect_error;
   std::deque<RequestPtr> waiting;   // not written yet (no connection)
   std::deque<RequestPtr> inflight;  // in out_buf or written, awaiting replies
   absl::BitGen gen;
@@ -234,12 +236,22 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
 
   void OnDeadline(const RequestPtr& req) {
     if (req->done) return;
+    if (!req->written) {
+      // Never sent: the server is unreachable (the request waited through reconnect attempts
+      // and their backoff), not slow. Unavailable, like a failed connection attempt.
+      Complete(req,
+               absl::UnavailableError(absl::StrCat(
+                   "redis request to ", options.host, ":", options.port,
+                   " could not be sent within ", absl::FormatDuration(req->timeout), ": ",
+                   last_connect_error.ok() ? "still connecting" : last_connect_error.message())));
+      return;
+    }
     Complete(req, absl::DeadlineExceededError(absl::StrCat("redis request to ", options.host, ":",
                                                            options.port, " got no reply within ",
                                                            absl::FormatDuration(req->timeout))));
     // A written request without a reply means a slow or hung server: drop the connection so
     // the next request starts on a fresh one.
-    if (req->written) CloseSocket();
+    CloseSocket();
   }
 
   // Fails requests whose deadline passed. One timer per connection, ticking every
@@ -457,6 +469,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       }
       absl::Status st = co_await self->Connect();
       if (self->shutdown) break;
+      self->last_connect_error = st;
       if (!st.ok()) {
         self->FailWaiting(st);
         ++attempt;

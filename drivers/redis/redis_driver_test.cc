@@ -391,7 +391,28 @@ TEST(RedisDriverTest, AnUnreachableServerIsUnavailableWithinTheDeadline) {
   auto c = driver->NewConsumer("q", {1, absl::Seconds(1)});
   ASSERT_TRUE(c.ok());
   std::vector<Delivery> got;
-  EXPECT_TRUE(absl::IsUnavailable((*c)->Receive(1, absl::Seconds(1), {}, &got)));
+  st = (*c)->Receive(1, absl::Seconds(1), {}, &got);
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+}
+
+TEST(RedisDriverTest, ARequestThatCannotBeSentBeforeItsDeadlineIsUnavailable) {
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RedisOptions options;
+  options.port = *port;
+  options.request_timeout = absl::Milliseconds(100);
+  // After the first failed connection attempt the next one waits up to 10 s (full jitter), so
+  // the second send almost always reaches its deadline unsent: the server is unreachable, not
+  // slow, and that is Unavailable, never DeadlineExceeded.
+  options.backoff_base = absl::Seconds(10);
+  options.backoff_max = absl::Seconds(10);
+  options.logger = NullLogger();
+  auto driver = MustDriver(options);
+  for (int i = 0; i < 2; ++i) {
+    absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+    EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+    EXPECT_THAT(st.message(), ::testing::HasSubstr(absl::StrCat("127.0.0.1:", *port)));
+  }
 }
 
 // A TCP listener on a free loopback port that runs `serve` for each connection, one at a time.
