@@ -166,22 +166,21 @@ class Raw {
     return stmt;
   }
   void Acquire(const std::string& key, const std::string& owner) {
-    const absl::Time now = absl::Now();
-    sqlite3_bind_text(acquire_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-    sqlite3_bind_text(acquire_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
-    sqlite3_bind_int64(acquire_, 3, absl::ToUnixMillis(now + absl::Minutes(5)));
-    sqlite3_bind_int64(acquire_, 4, absl::ToUnixMillis(now));
-    Step(acquire_);
-    if (sqlite3_changes(db_) != 1) Die("raw acquire did not acquire");
+    RunKeyStatement(acquire_, key, owner, absl::Minutes(5), "raw acquire did not acquire");
   }
   void MarkDone(const std::string& key, const std::string& owner) {
+    RunKeyStatement(done_, key, owner, absl::Hours(24), "raw mark done did not mark");
+  }
+  // Runs kAcquireSql or kMarkDoneSql (?1 key, ?2 owner, ?3 expiry, ?4 now); one row must change.
+  void RunKeyStatement(sqlite3_stmt* stmt, const std::string& key, const std::string& owner,
+                       absl::Duration ttl, const char* failure) {
     const absl::Time now = absl::Now();
-    sqlite3_bind_text(done_, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-    sqlite3_bind_text(done_, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
-    sqlite3_bind_int64(done_, 3, absl::ToUnixMillis(now + absl::Hours(24)));
-    sqlite3_bind_int64(done_, 4, absl::ToUnixMillis(now));
-    Step(done_);
-    if (sqlite3_changes(db_) != 1) Die("raw mark done did not mark");
+    sqlite3_bind_text(stmt, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_text(stmt, 2, owner.data(), static_cast<int>(owner.size()), SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 3, absl::ToUnixMillis(now + ttl));
+    sqlite3_bind_int64(stmt, 4, absl::ToUnixMillis(now));
+    Step(stmt);
+    if (sqlite3_changes(db_) != 1) Die(failure);
   }
   void Exec(const char* text) {
     if (sqlite3_exec(db_, text, nullptr, nullptr, nullptr) != SQLITE_OK) {
