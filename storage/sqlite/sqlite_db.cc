@@ -1,13 +1,13 @@
 #include "storage/sqlite/sqlite_db.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "storage/sqlite/sql.h"
 
@@ -134,11 +134,12 @@ struct SqliteDatabase::Writer {
   uint32_t Wait(absl::Duration spin) {
     uint32_t s = state.load(std::memory_order_acquire);
     if (s == kWaiting && spin > absl::ZeroDuration()) {
-      const absl::Time deadline = absl::Now() + spin;
+      // A monotonic clock: a wall-clock step back must not stretch the spin.
+      const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
       do {
         std::this_thread::yield();
         s = state.load(std::memory_order_acquire);
-      } while (s == kWaiting && absl::Now() < deadline);
+      } while (s == kWaiting && std::chrono::steady_clock::now() < deadline);
     }
     while (s == kWaiting) {
       state.wait(kWaiting, std::memory_order_acquire);
