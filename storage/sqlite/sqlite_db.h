@@ -148,7 +148,8 @@ class SqliteDatabase {
   SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer);
 
   // The leader's work: opens a write transaction, takes the writers queued at that moment
-  // (itself first) into batch_, runs them and commits. mu_ is not held.
+  // (itself first) into batch_, runs them (and those that join meanwhile) and commits. mu_ is
+  // not held.
   void LeadBatch();
   // Appends to batch_ the writers queued behind it, up to max_batch; returns how many.
   size_t TakeQueued();
@@ -169,11 +170,11 @@ class SqliteDatabase {
 
   // Group commit queue (as in LevelDB's write path): callers line up; the one that finds no
   // leader leads, takes the writers queued at that moment (itself first) into its batch, runs
-  // them, and hands the lead to the first in line. Each waiting caller waits on a futex word of
-  // its own (Writer::state) rather than on mu_: it checks the word and yields the CPU for up to
-  // spin_wait, then sleeps on it. So handing a result to a caller still spinning is one store,
-  // waking a sleeping one costs one system call, and a leader that keeps coming back does not
-  // starve the callers it has just finished.
+  // them and those that queue meanwhile, and hands the lead to the first in line. Each waiting
+  // caller waits on a futex word of its own (Writer::state) rather than on mu_: it checks the word
+  // and yields the CPU for up to spin_wait, then sleeps on it. So handing a result to a caller
+  // still spinning is one store, waking a sleeping one costs one system call, and a leader that
+  // keeps coming back does not starve the callers it has just finished.
   mutable absl::Mutex mu_;
   std::deque<Writer*> writers_ ABSL_GUARDED_BY(mu_);
   // Whether a caller leads (runs batches or a read on the writer connection). A caller that
