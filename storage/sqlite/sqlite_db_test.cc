@@ -311,6 +311,14 @@ TEST_F(SqliteDatabaseTest, ALockHeldTooLongIsUnavailableAndShorterWaitsAreRidden
   EXPECT_THAT(Values(options_.path), UnorderedElementsAre(2));
 }
 
+// Waits (up to 60 s) until `ops` operations in total have been passed to `db`.Write().
+void WaitUntilQueued(SqliteDatabase& db, int64_t ops) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (db.stats().operations < ops && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 // Holds the writer (the leader's operation blocks) until `count` more operations are queued,
 // so that they form one batch.
 class BatchGate {
@@ -326,10 +334,7 @@ class BatchGate {
   void WaitUntilLeading() { entered_.WaitForNotification(); }
   // Waits until `ops` operations in total have been passed to Write(), then lets the leader go.
   void OpenWhenQueued(int64_t ops) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (db_.stats().operations < ops && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    WaitUntilQueued(db_, ops);
     opened_.Notify();
   }
 
@@ -460,10 +465,7 @@ TEST_F(SqliteDatabaseTest, ACallerThatQueuesWhileABatchRunsJoinsIt) {
     second_running.WaitForNotification();
     const int64_t ops = d.stats().operations;
     late = std::thread([&] { late_result = d.Write([](Connection& c) { return Insert(c, 3); }); });
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (d.stats().operations == ops && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    WaitUntilQueued(d, ops + 1);
     late_queued.Notify();
   });
   const std::vector<absl::Status> results =
