@@ -3,8 +3,8 @@
 //
 //   bazel run --config=opt //bench/sqlite_bench -- --pairs=40000 --chunk=1000
 //
-// Each side has a fresh database file of its own; the sides run interleaved in chunks (see
-// Side below). Measured:
+// Each side has a fresh database file of its own; the sides run interleaved in chunks, each
+// after an untimed sync() (see Side below). Measured:
 //   - acquire + mark-done pairs per second on one thread (raw loop, store);
 //   - store + fetch + remove letter cycles per second on one thread (raw loop, store);
 //   - pairs per second with --threads threads through one store with group commit, with keys
@@ -17,6 +17,7 @@
 // just the group-commit side (for perf record; no ratio).
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -219,7 +220,11 @@ class Side {
   // Operations per write transaction, for store sides.
   virtual double OpsPerTransaction() const { return 0; }
 
+  // Runs a chunk of n operations and adds its time to this side's. The untimed sync() first
+  // writes back every dirty page of the sides before, so that no chunk's fsyncs also flush
+  // another side's data.
   void Timed(int n) {
+    ::sync();
     const absl::Time start = absl::Now();
     RunChunk(n);
     elapsed_ += absl::Now() - start;
