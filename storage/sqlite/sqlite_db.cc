@@ -8,6 +8,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "storage/sqlite/sql.h"
 
@@ -20,6 +21,15 @@ namespace {
 
 // How often a leader yields the CPU in a batch, at most, to let finished callers queue up again.
 constexpr int kMaxYields = 4;
+
+// Background checkpoints: the WAL size (in pages) that asks for one, SQLite's autocheckpoint
+// default; how many rounds the helper runs while writes go on, and the pages a round may leave
+// for the leader's final checkpoint before the helper stops; and the WAL size at which writes
+// wait for the helper instead.
+constexpr int kCheckpointFrames = 1000;
+constexpr int kCheckpointRounds = 3;
+constexpr int kCheckpointLeftover = 64;
+constexpr int kWalLimitFrames = 8 * kCheckpointFrames;
 
 struct Migration {
   int to_version;
@@ -46,6 +56,26 @@ absl::StatusOr<int64_t> ReadSchemaVersion(Connection& conn) {
   absl::StatusOr<bool> row = version->Step();
   if (!row.ok()) return row.status();
   return *row ? version->ColumnInt64(0) : 0;
+}
+
+// A PASSIVE checkpoint of the main database on `conn`: copies what it can without waiting for
+// any lock. `log_frames` and `done_frames` get the pages in the WAL and those copied so far.
+absl::Status PassiveCheckpoint(Connection& conn, int* log_frames, int* done_frames) {
+  const int rc = sqlite3_wal_checkpoint_v2(conn.raw(), "main", SQLITE_CHECKPOINT_PASSIVE,
+                                           log_frames, done_frames);
+  return sqlite_internal::SqliteStatus(rc, conn.raw(), absl::StrCat(conn.path(), ": checkpoint"));
+}
+
+// Writes the database file's dirty pages to disk through `conn`'s own file handle. A
+// checkpoint that copies the whole WAL syncs the file at its end; syncing after each partial
+// round instead leaves that final sync little to write. Only a matter of speed: the final
+// checkpoint syncs whatever this did not.
+void SyncDatabaseFile(Connection& conn) {
+  sqlite3_file* file = nullptr;
+  if (sqlite3_file_control(conn.raw(), "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK &&
+      file != nullptr && file->pMethods != nullptr) {
+    file->pMethods->xSync(file, SQLITE_SYNC_NORMAL);
+  }
 }
 
 absl::Status NewerSchemaError(const std::string& path, int64_t version) {
@@ -182,15 +212,129 @@ absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::Open(SqliteOptio
   if (*version < kSchemaVersion) {
     if (absl::Status s = Migrate(**conn); !s.ok()) return s;
   }
-  return std::shared_ptr<SqliteDatabase>(new SqliteDatabase(std::move(options), *std::move(conn)));
+  std::unique_ptr<Connection> checkpointer;
+  if (options.background_checkpoints) {
+    absl::StatusOr<std::unique_ptr<Connection>> opened =
+        Connection::Open(options.path, options.busy_timeout, options.synchronous);
+    if (!opened.ok()) return opened.status();
+    checkpointer = *std::move(opened);
+  }
+  return std::shared_ptr<SqliteDatabase>(
+      new SqliteDatabase(std::move(options), *std::move(conn), std::move(checkpointer)));
 }
 
-SqliteDatabase::SqliteDatabase(SqliteOptions options, std::unique_ptr<Connection> writer)
-    : options_(std::move(options)), writer_conn_(std::move(writer)) {
+SqliteDatabase::SqliteDatabase(SqliteOptions options, std::unique_ptr<Connection> writer,
+                               std::unique_ptr<Connection> checkpointer)
+    : options_(std::move(options)),
+      writer_conn_(std::move(writer)),
+      ckpt_conn_(std::move(checkpointer)) {
   batch_.reserve(options_.max_batch);
+  if (ckpt_conn_ != nullptr) {
+    // Replaces SQLite's autocheckpoint on the writer connection (the only one that commits).
+    sqlite3_wal_hook(writer_conn_->raw(), &SqliteDatabase::WalHook, this);
+    ckpt_thread_ = std::thread([this] { CheckpointLoop(); });
+  }
 }
 
-SqliteDatabase::~SqliteDatabase() = default;
+SqliteDatabase::~SqliteDatabase() {
+  if (ckpt_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&ckpt_mu_);
+      ckpt_stop_ = true;
+    }
+    ckpt_thread_.join();
+  }
+}
+
+int SqliteDatabase::WalHook(void* self, sqlite3*, const char*, int frames) {
+  // Runs on the leader's thread, inside the COMMIT that wrote `frames` pages to the WAL in all.
+  if (frames < kCheckpointFrames) return SQLITE_OK;
+  auto* db = static_cast<SqliteDatabase*>(self);
+  if (frames >= kWalLimitFrames) db->wal_over_limit_ = true;
+  // Once the helper is done the WAL still holds its pages until the leader's final checkpoint:
+  // no new request meanwhile.
+  if (db->finish_checkpoint_.load(std::memory_order_acquire)) return SQLITE_OK;
+  absl::MutexLock lock(&db->ckpt_mu_);
+  if (!db->ckpt_running_) db->ckpt_requested_ = true;
+  return SQLITE_OK;
+}
+
+void SqliteDatabase::CheckpointLoop() {
+  Connection& conn = *ckpt_conn_;
+  while (true) {
+    {
+      absl::MutexLock lock(&ckpt_mu_);
+      ckpt_mu_.Await(absl::Condition(this, &SqliteDatabase::CheckpointWanted));
+      if (ckpt_stop_) return;
+      ckpt_requested_ = false;
+      ckpt_running_ = true;
+    }
+    // Each round copies what the WAL held when it began and syncs; writes go on meanwhile. A
+    // round fails at once when another connection (another process) is checkpointing.
+    int rounds = 0;
+    int left = -1;
+    while (rounds < kCheckpointRounds) {
+      int log_frames = 0;
+      int done_frames = 0;
+      if (!PassiveCheckpoint(conn, &log_frames, &done_frames).ok()) break;
+      ++rounds;
+      SyncDatabaseFile(conn);
+      const int now_left = log_frames - done_frames;
+      // Stop when little is left, or when writes outpace the rounds.
+      if (now_left <= kCheckpointLeftover || (left >= 0 && now_left >= left)) break;
+      left = now_left;
+    }
+    finish_checkpoint_.store(true, std::memory_order_release);
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_running_ = false;
+    ckpt_rounds_ += rounds;
+  }
+}
+
+void SqliteDatabase::MaybeFinishCheckpoint() {
+  if (ckpt_conn_ == nullptr) return;
+  if (wal_over_limit_) {
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_mu_.Await(absl::Condition(this, &SqliteDatabase::CheckpointIdle));
+  }
+  if (!wal_over_limit_ && !finish_checkpoint_.load(std::memory_order_acquire)) return;
+  wal_over_limit_ = false;
+  finish_checkpoint_.store(false, std::memory_order_relaxed);
+  // Nothing of this process writes meanwhile (this caller leads), so unless a reader of another
+  // process still needs old pages, this copies the whole WAL and the next write starts it over.
+  // Busy (another process checkpoints): the WAL starts over after a later checkpoint.
+  int log_frames = 0;
+  int done_frames = 0;
+  PassiveCheckpoint(*writer_conn_, &log_frames, &done_frames).IgnoreError();
+}
+
+absl::Status SqliteDatabase::Checkpoint() {
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_mu_.Await(absl::Condition(this, &SqliteDatabase::CheckpointIdle));
+    // Keeps the helper (and another Checkpoint call) off until this one is done.
+    ckpt_running_ = true;
+  }
+  // A leader's short final checkpoint, or another process's checkpoint, may hold SQLite's
+  // checkpoint lock for a moment (PASSIVE never waits for it): retry for up to busy_timeout.
+  const absl::Time deadline = absl::Now() + options_.busy_timeout;
+  absl::Status s;
+  while (true) {
+    bool busy = false;
+    s = RunOnReader([&busy](Connection& conn) {
+      int log_frames = 0;
+      int done_frames = 0;
+      absl::Status checkpoint = PassiveCheckpoint(conn, &log_frames, &done_frames);
+      busy = sqlite3_errcode(conn.raw()) == SQLITE_BUSY;
+      return checkpoint;
+    });
+    if (!busy || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::MutexLock lock(&ckpt_mu_);
+  ckpt_running_ = false;
+  return s;
+}
 
 absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> op) {
   Writer w(op);
@@ -209,6 +353,7 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
   // This caller leads: it runs its own operation and those queued behind it, and those that
   // queue while it runs them (see RunBatch).
   MaybeCleanup();
+  MaybeFinishCheckpoint();
   LeadBatch();
   // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving while
   // no one leads leads at once), so the writers to wake are copied out under mu_.
@@ -401,6 +546,10 @@ absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> o
     if (next != nullptr) next->Publish(Writer::kLead);
     return s;
   }
+  return RunOnReader(op);
+}
+
+absl::Status SqliteDatabase::RunOnReader(absl::FunctionRef<absl::Status(Connection&)> op) {
   std::unique_ptr<Connection> conn;
   {
     absl::MutexLock lock(&readers_mu_);
@@ -424,8 +573,14 @@ absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> o
 }
 
 SqliteDatabase::Stats SqliteDatabase::stats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = stats_;
+  }
+  absl::MutexLock lock(&ckpt_mu_);
+  stats.background_checkpoints = ckpt_rounds_;
+  return stats;
 }
 
 }  // namespace bus

@@ -40,6 +40,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -91,6 +92,16 @@ struct SqliteOptions {
   // virtual machine, where waking a thread on an idle vCPU goes through the hypervisor. Only
   // callers queued behind a running batch spin, and never longer than this; 0 sleeps at once.
   absl::Duration spin_wait = absl::Milliseconds(1);
+
+  // Who checkpoints the WAL (copies committed pages back into the database file, so that the WAL
+  // can start over). SQLite's default does it inside the COMMIT that takes the WAL past 1000
+  // pages: that caller, and every caller of its batch, waits for two fsyncs of megabytes. With
+  // true, a helper thread of this SqliteDatabase does the copying and syncing on a connection of
+  // its own while writes go on, and the leader of a later batch finishes with a short checkpoint
+  // of what was written meanwhile, so that the WAL can start over and stays bounded. false
+  // keeps SQLite's inline checkpoints (and no helper thread). Durability is the same either way:
+  // a commit never depends on a checkpoint.
+  bool background_checkpoints = true;
 };
 
 // Checks `options` and returns InvalidArgument naming the first bad field.
@@ -127,6 +138,13 @@ class SqliteDatabase {
   // call back into this object.
   absl::Status Write(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
+  // Checkpoints the WAL now, after any background checkpoint in progress: copies into the
+  // database file every page committed before the call that no reader of another connection
+  // still needs, so that the file holds that data without its WAL (before a backup of the file
+  // alone, say). Writes go on meanwhile. Unavailable when another connection (another process)
+  // holds SQLite's checkpoint lock for longer than busy_timeout.
+  absl::Status Checkpoint();
+
   // For the store implementations: runs `op` outside any transaction (each statement sees the
   // latest commit) on the writer connection when no write is queued, else on a read
   // connection. `op` must only read.
@@ -139,13 +157,17 @@ class SqliteDatabase {
     int64_t operations = 0;
     // Expired idempotency entries deleted by cleanup.
     int64_t cleaned_up = 0;
+    // Checkpoint rounds run by the background helper (background_checkpoints).
+    int64_t background_checkpoints = 0;
   };
   Stats stats() const;
 
  private:
   struct Writer;
 
-  SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer);
+  // `checkpointer`: the helper's connection, or null without background checkpoints.
+  SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer,
+                 std::unique_ptr<sqlite_internal::Connection> checkpointer);
 
   // The leader's work: opens a write transaction, takes the writers queued at that moment
   // (itself first) into batch_, runs them (and those that join meanwhile) and commits. mu_ is
@@ -165,6 +187,25 @@ class SqliteDatabase {
   absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
   // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
   void MaybeCleanup();
+
+  // Background checkpoints. The WAL hook (on the writer connection, in place of SQLite's
+  // autocheckpoint) asks the helper for a checkpoint when the WAL holds kCheckpointFrames pages.
+  static int WalHook(void* self, sqlite3* db, const char* schema, int frames);
+  // The helper thread: waits for a request, checkpoints on ckpt_conn_ while writes go on (up to
+  // a few rounds, syncing the database file after each), then leaves the rest to the leader.
+  void CheckpointLoop();
+  // Called by a leader before its batch: when the helper has finished, checkpoints what was
+  // written meanwhile on the writer connection, with no write of this process in between, so
+  // that the WAL can start over. When the WAL has grown past kWalLimitFrames while the helper
+  // ran (a disk slower than the writers), first waits for the helper, so that writes wait for
+  // the checkpoint rather than grow the WAL further.
+  void MaybeFinishCheckpoint();
+  bool CheckpointWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) {
+    return ckpt_stop_ || (ckpt_requested_ && !ckpt_running_);
+  }
+  bool CheckpointIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_) { return !ckpt_running_; }
+  // Runs `op` on a connection of the read pool (opening one when none is idle).
+  absl::Status RunOnReader(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
   const SqliteOptions options_;
 
@@ -190,6 +231,20 @@ class SqliteDatabase {
   std::vector<Writer*> batch_;
   absl::Time next_cleanup_ = absl::InfinitePast();
   int64_t cleaned_up_ = 0;
+
+  // Background checkpoints (background_checkpoints). The helper thread owns ckpt_conn_.
+  std::unique_ptr<sqlite_internal::Connection> ckpt_conn_;
+  mutable absl::Mutex ckpt_mu_;
+  bool ckpt_requested_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  bool ckpt_running_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  int64_t ckpt_rounds_ ABSL_GUARDED_BY(ckpt_mu_) = 0;
+  // Set by the helper when it is done; the next leader finishes the checkpoint.
+  std::atomic<bool> finish_checkpoint_{false};
+  // Set by the WAL hook (on a leader's thread) when the WAL outgrew kWalLimitFrames; used by
+  // leaders only.
+  bool wal_over_limit_ = false;
+  std::thread ckpt_thread_;
 
   absl::Mutex readers_mu_;
   std::vector<std::unique_ptr<sqlite_internal::Connection>> idle_readers_
