@@ -38,6 +38,8 @@ ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its datab
 ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
 ABSL_FLAG(absl::Duration, sqlite_spin_wait, bus::SqliteOptions{}.spin_wait,
           "SqliteOptions::spin_wait with --stores=sqlite");
+ABSL_FLAG(bool, sqlite_background_checkpoints, bus::SqliteOptions{}.background_checkpoints,
+          "SqliteOptions::background_checkpoints with --stores=sqlite");
 
 namespace {
 
@@ -66,6 +68,7 @@ double RunOnce(int messages, int concurrency) {
     bus::SqliteOptions so;
     so.path = db_path;
     so.spin_wait = absl::GetFlag(FLAGS_sqlite_spin_wait);
+    so.background_checkpoints = absl::GetFlag(FLAGS_sqlite_background_checkpoints);
     auto db = bus::SqliteDatabase::Open(so);
     if (!db.ok()) std::abort();
     o.dead_letters = bus::NewSqliteDeadLetterStore(*db);
