@@ -59,11 +59,11 @@ absl::StatusOr<int64_t> ReadSchemaVersion(Connection& conn) {
 }
 
 // A PASSIVE checkpoint of the main database on `conn`: copies what it can without waiting for
-// any lock. `log_frames` and `done_frames` get the pages in the WAL and those copied so far.
-absl::Status PassiveCheckpoint(Connection& conn, int* log_frames, int* done_frames) {
-  const int rc = sqlite3_wal_checkpoint_v2(conn.raw(), "main", SQLITE_CHECKPOINT_PASSIVE,
-                                           log_frames, done_frames);
-  return sqlite_internal::SqliteStatus(rc, conn.raw(), absl::StrCat(conn.path(), ": checkpoint"));
+// any lock (SQLITE_BUSY when another connection is checkpointing). `log_frames` and
+// `done_frames` (may be null) get the pages in the WAL and those copied so far.
+int PassiveCheckpoint(Connection& conn, int* log_frames, int* done_frames) {
+  return sqlite3_wal_checkpoint_v2(conn.raw(), "main", SQLITE_CHECKPOINT_PASSIVE, log_frames,
+                                   done_frames);
 }
 
 // Writes the database file's dirty pages to disk through `conn`'s own file handle. A
@@ -276,7 +276,7 @@ void SqliteDatabase::CheckpointLoop() {
     while (rounds < kCheckpointRounds) {
       int log_frames = 0;
       int done_frames = 0;
-      if (!PassiveCheckpoint(conn, &log_frames, &done_frames).ok()) break;
+      if (PassiveCheckpoint(conn, &log_frames, &done_frames) != SQLITE_OK) break;
       ++rounds;
       SyncDatabaseFile(conn);
       const int now_left = log_frames - done_frames;
@@ -303,9 +303,7 @@ void SqliteDatabase::MaybeFinishCheckpoint() {
   // Nothing of this process writes meanwhile (this caller leads), so unless a reader of another
   // process still needs old pages, this copies the whole WAL and the next write starts it over.
   // Busy (another process checkpoints): the WAL starts over after a later checkpoint.
-  int log_frames = 0;
-  int done_frames = 0;
-  PassiveCheckpoint(*writer_conn_, &log_frames, &done_frames).IgnoreError();
+  PassiveCheckpoint(*writer_conn_, nullptr, nullptr);
 }
 
 absl::Status SqliteDatabase::Checkpoint() {
@@ -322,11 +320,10 @@ absl::Status SqliteDatabase::Checkpoint() {
   while (true) {
     bool busy = false;
     s = RunOnReader([&busy](Connection& conn) {
-      int log_frames = 0;
-      int done_frames = 0;
-      absl::Status checkpoint = PassiveCheckpoint(conn, &log_frames, &done_frames);
-      busy = sqlite3_errcode(conn.raw()) == SQLITE_BUSY;
-      return checkpoint;
+      const int rc = PassiveCheckpoint(conn, nullptr, nullptr);
+      busy = rc == SQLITE_BUSY;
+      return sqlite_internal::SqliteStatus(rc, conn.raw(),
+                                           absl::StrCat(conn.path(), ": checkpoint"));
     });
     if (!busy || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(1));
