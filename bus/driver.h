@@ -53,6 +53,11 @@ struct Delivery {
   // How many times the broker has delivered this message, 1 on the first delivery; 0 when the
   // broker does not track it.
   int attempts = 0;
+  // Empty, unless the broker's own record of this message is corrupt (for example a delivery
+  // counter written by a foreign producer that is not a number): then it says what is wrong,
+  // and the pipeline dead-letters `data` as malformed with this reason and settles the
+  // delivery, instead of handling it or leaving it to loop.
+  std::string corrupt;
 };
 
 struct ConsumerOptions {
