@@ -348,6 +348,7 @@ absl::Status Driver::ReceiveBatches(absl::string_view queue, const ReceiveOption
     workers.emplace_back([loop, i, stop] { loop->Worker(static_cast<size_t>(i), stop); });
   }
   std::thread keeper([loop] { loop->Keeper(); });
+  if (opts.on_consuming != nullptr) opts.on_consuming();
 
   {
     absl::MutexLock lock(&loop->mu);

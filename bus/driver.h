@@ -139,6 +139,9 @@ struct ReceiveOptions {
   // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the
   // ones in the prefetch buffer.
   int batch_size = 1;
+  // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
+  // exists and the workers start (after any wait for an unreachable broker). Optional.
+  std::function<void()> on_consuming;
 };
 
 // The callback. It runs on one of ReceiveMessage's worker threads and must not throw

@@ -6,13 +6,15 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
-#include "bus/publisher.h"
 
 namespace bus {
 namespace {
@@ -32,8 +34,18 @@ class InFlight {
   const int64_t n_;
 };
 
+// One message of a batch on its way through the pipeline.
+struct Input {
+  absl::string_view data;
+  // Delivery::corrupt: non-empty when the broker's record of the message is corrupt.
+  absl::string_view corrupt;
+  // For a dead letter being replayed: its `replays`; -1 for a delivery from the broker.
+  int replays = -1;
+};
+
 // One worker's reusable buffers for a batch (Handler::Shared::ProcessBatch).
 struct BatchScratch {
+  std::vector<Input> inputs;
   std::vector<Message> msgs;
   std::vector<std::string> keys;
   std::vector<std::string> owners;
@@ -45,6 +57,26 @@ struct BatchScratch {
   std::vector<absl::string_view> done_owners;
   std::vector<absl::Status> done_results;
 };
+
+// Headers the pipeline keeps on a message that failed (docs/pipeline.md, "Reserved headers").
+constexpr char kFirstFailedHeader[] = "bus-first-failed-at-us";
+constexpr char kReplaysHeader[] = "bus-replays";
+
+void SetHeader(Message& msg, const char* key, std::string value) {
+  for (auto& [k, v] : msg.headers) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  msg.headers.emplace_back(key, std::move(value));
+}
+
+int64_t HeaderInt(const Message& msg, const char* key, int64_t fallback) {
+  const std::string* v = msg.FindHeader(key);
+  int64_t n = 0;
+  return v != nullptr && absl::SimpleAtoi(*v, &n) ? n : fallback;
+}
 
 // An idempotency owner token unique to one attempt, across threads and processes: 40 random
 // bits fixed per process and a 50-bit counter, as 15 base64url characters, so it fits the
@@ -85,9 +117,12 @@ bool IsPermanent(const absl::Status& status) {
 // Everything the pipeline touches, shared with the receive loop's workers (which may outlive
 // Run() when abandoned after the shutdown timeout).
 struct Handler::Shared {
-  explicit Shared(HandlerOptions o) : options(std::move(o)) {}
+  explicit Shared(HandlerOptions o, bool user_ensure)
+      : options(std::move(o)), has_user_ensure(user_ensure) {}
 
   const HandlerOptions options;
+  // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
+  const bool has_user_ensure;
   std::stop_source stop;
 
   std::atomic<uint64_t> received{0};
@@ -99,30 +134,64 @@ struct Handler::Shared {
   std::atomic<uint64_t> malformed{0};
   std::atomic<uint64_t> replayed{0};
   std::atomic<uint64_t> redelivered{0};
+  std::atomic<uint64_t> store_errors{0};
+  std::atomic<uint64_t> callback_errors{0};
   std::atomic<int64_t> in_flight{0};
   LatencyHistogram latency;
-  // Consecutive failures of the dead-letter store or of re-sends; sets the redelivery delay.
+  // Consecutive infrastructure failures (a store or re-send that failed); sets the redelivery
+  // delay.
   std::atomic<int> infra_failures{0};
+  // Whether the idempotency store is failing (an acquire error not yet followed by a success),
+  // so that a streak of errors is logged once.
+  std::atomic<bool> acquire_failing{false};
+
+  // Owners of acquires that failed with an error: the store may have taken the key before the
+  // error (a reply lost with the connection), leaving it leased to an owner nobody uses. When a
+  // later delivery of the same key finds it taken, the key is released under that owner first
+  // (which only succeeds if the lost acquire did take it). Bounded; entries are dropped once
+  // used or when the key is acquired.
+  absl::Mutex ghosts_mu;
+  absl::flat_hash_map<std::string, std::string> ghost_owners ABSL_GUARDED_BY(ghosts_mu);
+  static constexpr size_t kMaxGhostOwners = 4096;
+
+  void RememberGhost(absl::string_view key, absl::string_view owner) {
+    absl::MutexLock lock(&ghosts_mu);
+    if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+  }
+  // The owner of a failed acquire of `key`, if one is remembered (and forgets it).
+  std::optional<std::string> TakeGhost(absl::string_view key) {
+    absl::MutexLock lock(&ghosts_mu);
+    if (ghost_owners.empty()) return std::nullopt;
+    auto it = ghost_owners.find(key);
+    if (it == ghost_owners.end()) return std::nullopt;
+    std::string owner = std::move(it->second);
+    ghost_owners.erase(it);
+    return owner;
+  }
 
   absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
+  bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
+  // Never throws: a logger's exception is swallowed, as every user callback's is.
   void Log(LogLevel level, absl::string_view line) const {
-    options.logger->Log(level, absl::StrCat("bus handler [", options.queue, "] ", line));
+    try {
+      options.logger->Log(level, absl::StrCat("bus handler [", options.queue, "] ", line));
+    } catch (...) {
+    }
   }
 
-  // The pipeline for one message (steps 1 to 6). `data` is the delivery's bytes. Returns Done
-  // when the delivery may be settled.
-  Settlement Process(absl::string_view data);
+  // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
+  // message, acquire the keys of those that decoded (one store call), then steps 3 to 6 for
+  // each message in turn, then mark the handled keys done (one store call). out[i] is Done when
+  // in[i] may be settled (for a replayed letter: removed). Broker deliveries not yet handled
+  // when stop is requested give their keys back and are redelivered.
+  void ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out);
 
-  // The same pipeline for a batch: one AcquireMany for the batch's keys, then steps 3 to 6 for
-  // each message in turn, then one MarkDoneMany for the handled ones. Once stop is requested,
-  // messages not yet handled give their keys back and are redelivered.
-  void ProcessBatch(absl::Span<const Delivery> deliveries, absl::Span<Settlement> out);
-
-  // Step 1. False when `data` does not decode; `*out` then says how to settle it.
-  bool Decode(absl::string_view data, Message* msg, Settlement* out);
+  // Step 1. False when in.data does not decode (or the broker's record was corrupt); `*out`
+  // then says how to settle it.
+  bool Decode(const Input& in, Message* msg, Settlement* out);
 
   // The idempotency key of a decoded message.
   void KeyOf(const Message& msg, std::string* key) const {
@@ -131,36 +200,69 @@ struct Handler::Shared {
     key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
   }
 
-  // Steps 3 to 6, once step 2 has (or has not) acquired `key`. Sets `*mark_done` when the
-  // message was handled under the key: the caller then marks it done (step 5).
+  // Steps 3 to 6 for one message, once step 2 has acquired `key` (or not, or failed with
+  // `acquire_error`). Sets `*mark_done` when the message was handled under the key: the caller
+  // then marks it done (step 5).
   Settlement AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
-                          bool acquired, bool* mark_done);
+                          const absl::StatusOr<bool>& acquired, bool* mark_done);
 
-  void AcquireFailed(absl::string_view key, const absl::Status& st) const {
-    Log(LogLevel::kError,
-        absl::StrCat("idempotency acquire failed for ", key, ": ", st.ToString()));
-  }
+  // Steps 4 to 6 (handle, then succeed or fail), with the key held when `acquired`.
+  Settlement HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
+                             bool acquired, bool* mark_done);
 
-  void MarkDoneFailed(absl::string_view key, const absl::Status& st) const {
-    // The effect happened; the message is still settled. A lost lease means another worker
-    // may have taken the key meanwhile: idempotency_lease is shorter than this handler run.
+  // Stores a dead letter; Done once stored, else the delivery goes back with the backoff.
+  Settlement StoreDeadLetter(bus::DeadLetter letter);
+
+  void MarkDoneFailed(absl::string_view key, const absl::Status& st) {
+    // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
+    store_errors.fetch_add(1, std::memory_order_relaxed);
     Log(LogLevel::kError,
         absl::StrCat("idempotency mark-done failed for ", key, ": ", st.ToString()));
   }
 
-  void Release(absl::string_view key, absl::string_view owner) const {
-    if (absl::Status st = options.idempotency->Release(key, owner); !st.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
+  // False when the store could not release the key: the key stays leased until its lease runs
+  // out.
+  bool Release(absl::string_view key, absl::string_view owner) {
+    absl::Status st = options.idempotency->Release(key, owner);
+    if (st.ok()) return true;
+    if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError,
+        absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
+    return false;
+  }
+
+  void AcquireSucceeded() {
+    if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
+      Log(LogLevel::kInfo, "idempotency store answers again");
     }
+  }
+
+  // Step 2 failed and no user ensure can decide: give the delivery back.
+  Settlement AcquireFailed(absl::string_view key, absl::string_view owner, const absl::Status& st) {
+    RememberGhost(key, owner);
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!acquire_failing.exchange(true)) {
+      Log(LogLevel::kError,
+          absl::StrCat("idempotency acquire failed for ", key, ": ", st.ToString(),
+                       "; deliveries are given back to the broker until the store answers"));
+    }
+    return InfraFailure();
+  }
+
+  // A user callback other than `handle` threw: give the delivery back, as for a store error.
+  Settlement CallbackThrew(absl::string_view callback, const Message& msg, absl::string_view what) {
+    callback_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError, absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
+                                       "; the delivery is given back"));
+    return InfraFailure();
   }
 
   Settlement InfraFailure() {
     const int n = infra_failures.fetch_add(1, std::memory_order_relaxed) + 1;
     redelivered.fetch_add(1, std::memory_order_relaxed);
-    absl::Duration d = options.infra_backoff_base;
-    for (int i = 1; i < n && d < options.infra_backoff_max; ++i) d *= 2;
-    return Settlement::Redeliver(std::min(d, options.infra_backoff_max));
+    if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
+    return Settlement::Redeliver(
+        ExponentialDelay(options.infra_backoff_base, options.infra_backoff_max, n));
   }
 
   Settlement Taken() {
@@ -171,67 +273,44 @@ struct Handler::Shared {
   }
 };
 
-bool Handler::Shared::Decode(absl::string_view data, Message* msg, Settlement* out) {
-  // A poison message becomes a dead letter and never blocks the queue.
-  absl::Status st = DecodeEnvelope(data, msg, options.max_message_bytes);
+bool Handler::Shared::Decode(const Input& in, Message* msg, Settlement* out) {
+  absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
+                                       : absl::DataLossError(in.corrupt);
   if (st.ok()) return true;
-  malformed.fetch_add(1, std::memory_order_relaxed);
-  Log(LogLevel::kWarning, absl::StrCat("poison message (", data.size(), " bytes): ", st.message()));
-  absl::StatusOr<std::string> id =
-      options.dead_letters->Store(options.queue, data, absl::StrCat("malformed: ", st.message()));
-  if (!id.ok()) {
-    Log(LogLevel::kError,
-        absl::StrCat("dead-letter store failed for a poison message: ", id.status().ToString()));
-    *out = InfraFailure();
+  if (in.replays >= 0) {
+    // A letter that still does not decode would only be stored again: it stays where it is.
+    *out = Settlement::Redeliver();
     return false;
   }
-  dead_lettered.fetch_add(1, std::memory_order_relaxed);
-  *out = Taken();
+  // A poison message becomes a dead letter and never blocks the queue.
+  malformed.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kWarning,
+      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()));
+  bus::DeadLetter letter;
+  letter.queue = options.queue;
+  letter.data = std::string(in.data);
+  letter.reason = absl::StrCat("malformed: ", st.message());
+  letter.kind = DeadLetterKind::kMalformed;
+  letter.first_failed_at = letter.last_failed_at = options.clock->Now();
+  *out = StoreDeadLetter(std::move(letter));
   return false;
 }
 
-Settlement Handler::Shared::Process(absl::string_view data) {
-  received.fetch_add(1, std::memory_order_relaxed);
-  InFlight gauge(&in_flight);
-
-  // 1. Decode. The message and key buffers are reused per thread: the handle function only
-  // borrows the message.
-  thread_local Message msg;
-  thread_local std::string key;
-  Settlement out;
-  if (!Decode(data, &msg, &out)) return out;
-
-  // 2. Acquire the idempotency key with an owner token unique to this attempt.
-  KeyOf(msg, &key);
-  const std::string owner = NewOwnerToken();
-  bool acquired = false;
-  if (absl::StatusOr<bool> got =
-          options.idempotency->Acquire(key, owner, options.idempotency_lease);
-      got.ok()) {
-    acquired = *got;
-  } else {
-    AcquireFailed(key, got.status());
+Settlement Handler::Shared::StoreDeadLetter(bus::DeadLetter letter) {
+  absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
+  if (!id.ok()) {
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError,
+        absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind),
+                     "): ", id.status().ToString()));
+    return InfraFailure();
   }
-
-  bool mark_done = false;
-  out = AfterAcquire(msg, key, owner, acquired, &mark_done);
-  // 5. Success: mark the key done.
-  if (mark_done) {
-    if (absl::Status st = options.idempotency->MarkDone(key, owner, options.idempotency_retention);
-        !st.ok()) {
-      MarkDoneFailed(key, st);
-    }
-  }
-  return out;
+  dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  return Taken();
 }
 
-void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
-                                   absl::Span<Settlement> out) {
-  const size_t n = deliveries.size();
-  if (n == 1) {
-    out[0] = Process(deliveries[0].data);
-    return;
-  }
+void Handler::Shared::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out) {
+  const size_t n = in.size();
   received.fetch_add(n, std::memory_order_relaxed);
   InFlight gauge(&in_flight, static_cast<int64_t>(n));
   thread_local BatchScratch b;
@@ -246,7 +325,8 @@ void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
   b.key_views.clear();
   b.owner_views.clear();
   for (size_t i = 0; i < n; ++i) {
-    if (!Decode(deliveries[i].data, &b.msgs[i], &out[i])) continue;
+    if (!Decode(in[i], &b.msgs[i], &out[i])) continue;
+    if (in[i].replays >= 0) SetHeader(b.msgs[i], kReplaysHeader, absl::StrCat(in[i].replays + 1));
     KeyOf(b.msgs[i], &b.keys[i]);
     b.owners[i] = NewOwnerToken();
     b.decoded.push_back(i);
@@ -254,9 +334,15 @@ void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
     b.owner_views.push_back(b.owners[i]);
   }
   if (b.decoded.empty()) return;
-  b.acquired.assign(b.decoded.size(), false);
-  options.idempotency->AcquireMany(b.key_views, b.owner_views, options.idempotency_lease,
-                                   absl::MakeSpan(b.acquired));
+  if (b.decoded.size() == 1) {
+    b.acquired.resize(1);
+    b.acquired[0] =
+        options.idempotency->Acquire(b.key_views[0], b.owner_views[0], options.idempotency_lease);
+  } else {
+    b.acquired.assign(b.decoded.size(), false);
+    options.idempotency->AcquireMany(b.key_views, b.owner_views, options.idempotency_lease,
+                                     absl::MakeSpan(b.acquired));
+  }
 
   // 3 to 6, message by message.
   b.done_keys.clear();
@@ -264,30 +350,17 @@ void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
   const std::stop_token token = stop.get_token();
   for (size_t j = 0; j < b.decoded.size(); ++j) {
     const size_t i = b.decoded[j];
-    bool acquired = false;
-    if (b.acquired[j].ok()) {
-      acquired = *b.acquired[j];
-    } else {
-      AcquireFailed(b.keys[i], b.acquired[j].status());
-    }
-    if (token.stop_requested()) {
+    if (token.stop_requested() && in[i].replays < 0) {
       // Not started: give the key back and let the broker deliver the message again.
-      if (acquired) Release(b.keys[i], b.owners[i]);
       out[i] = Settlement::Redeliver();
+      if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
+      if (b.acquired[j].ok() && *b.acquired[j] && !Release(b.keys[i], b.owners[i])) {
+        out[i].redeliver_after = options.idempotency_lease;
+      }
       continue;
     }
     bool mark_done = false;
-    try {
-      out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], acquired, &mark_done);
-    } catch (...) {
-      // Only a user callback other than `handle` (ensure, retry_delay) can throw here. The
-      // rest of the batch goes on; this message is redelivered with its key given back, as a
-      // lone message would be when the exception reaches the receive loop.
-      Log(LogLevel::kError, absl::StrCat("pipeline threw for message ", b.msgs[i].id));
-      if (acquired) Release(b.keys[i], b.owners[i]);
-      out[i] = Settlement::Redeliver();
-      continue;
-    }
+    out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], b.acquired[j], &mark_done);
     if (mark_done) {
       b.done_keys.push_back(b.keys[i]);
       b.done_owners.push_back(b.owners[i]);
@@ -296,6 +369,14 @@ void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
 
   // 5. Mark the handled keys done, in one call.
   if (b.done_keys.empty()) return;
+  if (b.done_keys.size() == 1) {
+    if (absl::Status st = options.idempotency->MarkDone(b.done_keys[0], b.done_owners[0],
+                                                        options.idempotency_retention);
+        !st.ok()) {
+      MarkDoneFailed(b.done_keys[0], st);
+    }
+    return;
+  }
   b.done_results.assign(b.done_keys.size(), absl::OkStatus());
   options.idempotency->MarkDoneMany(b.done_keys, b.done_owners, options.idempotency_retention,
                                     absl::MakeSpan(b.done_results));
@@ -305,13 +386,52 @@ void Handler::Shared::ProcessBatch(absl::Span<const Delivery> deliveries,
 }
 
 Settlement Handler::Shared::AfterAcquire(Message& msg, const std::string& key,
-                                         absl::string_view owner, bool acquired, bool* mark_done) {
-  // 3. Not acquired: the business re-check decides.
-  if (!acquired && options.ensure(msg) == Ensure::kAlreadyHandled) {
+                                         absl::string_view owner,
+                                         const absl::StatusOr<bool>& acquired, bool* mark_done) {
+  if (acquired.ok()) {
+    AcquireSucceeded();
+    if (*acquired) return HandleAndSettle(msg, key, owner, true, mark_done);
+    // Taken: perhaps by an acquire of ours whose reply was lost.
+    if (std::optional<std::string> ghost = TakeGhost(key);
+        ghost.has_value() && options.idempotency->Release(key, *ghost).ok()) {
+      absl::StatusOr<bool> again =
+          options.idempotency->Acquire(key, owner, options.idempotency_lease);
+      if (!again.ok()) {
+        if (!has_user_ensure) return AcquireFailed(key, owner, again.status());
+      } else if (*again) {
+        return HandleAndSettle(msg, key, owner, true, mark_done);
+      }
+    }
+  } else if (!has_user_ensure) {
+    // 2. A store error is not "not acquired": without a business re-check to decide, the
+    // delivery goes back to the broker.
+    return AcquireFailed(key, owner, acquired.status());
+  } else {
+    RememberGhost(key, owner);
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError, absl::StrCat("idempotency acquire failed for ", key, ": ",
+                                       acquired.status().ToString(), "; ensure decides"));
+  }
+
+  // 3. Not acquired (or the store failed and the user's ensure knows the business state).
+  Ensure verdict = Ensure::kAlreadyHandled;
+  try {
+    verdict = options.ensure(msg);
+  } catch (const std::exception& e) {
+    return CallbackThrew("ensure", msg, e.what());
+  } catch (...) {
+    return CallbackThrew("ensure", msg, "a non-std exception");
+  }
+  if (verdict == Ensure::kAlreadyHandled) {
     duplicates.fetch_add(1, std::memory_order_relaxed);
     return Taken();
   }
+  return HandleAndSettle(msg, key, owner, false, mark_done);
+}
 
+Settlement Handler::Shared::HandleAndSettle(Message& msg, const std::string& key,
+                                            absl::string_view owner, bool acquired,
+                                            bool* mark_done) {
   // 4. Handle. An exception is a retryable failure and never reaches the driver.
   const absl::Time start = options.clock->Now();
   absl::Status result;
@@ -322,7 +442,8 @@ Settlement Handler::Shared::AfterAcquire(Message& msg, const std::string& key,
   } catch (...) {
     result = absl::UnknownError("handler threw a non-std exception");
   }
-  latency.Record(options.clock->Now() - start);
+  const absl::Time end = options.clock->Now();
+  latency.Record(end - start);
 
   // 5. Success (the caller marks the key done).
   if (result.ok()) {
@@ -333,30 +454,55 @@ Settlement Handler::Shared::AfterAcquire(Message& msg, const std::string& key,
 
   // 6. Failure: give the key back, count the attempt, retry later or dead-letter.
   failed.fetch_add(1, std::memory_order_relaxed);
-  if (acquired) Release(key, owner);
+  const bool released = !acquired || Release(key, owner);
+  // A key the store could not release stays leased until its lease runs out: the message must
+  // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
+  auto after_lease = [&](Settlement s) {
+    if (!released && !s.done)
+      s.redeliver_after = std::max(s.redeliver_after, options.idempotency_lease);
+    return s;
+  };
   msg.retried += 1;
   msg.last_error = std::string(result.message());
-  const bool permanent = IsPermanent(result);
-  const absl::Duration delay = permanent ? NoRetry() : options.retry_delay(msg.retried);
-  const std::string wire = EncodeEnvelope(msg);
-  if (delay < absl::ZeroDuration()) {
-    absl::StatusOr<std::string> id =
-        options.dead_letters->Store(options.queue, wire, msg.last_error);
-    if (!id.ok()) {
-      Log(LogLevel::kError,
-          absl::StrCat("dead-letter store failed for ", msg.id, ": ", id.status().ToString()));
-      return InfraFailure();
-    }
-    dead_lettered.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kWarning,
-        absl::StrCat(
-            "message ", msg.id, " dead-lettered after ", msg.retried,
-            permanent ? " attempt(s), permanent failure: " : " attempt(s): ", msg.last_error));
-    return Taken();
+  if (msg.FindHeader(kFirstFailedHeader) == nullptr) {
+    SetHeader(msg, kFirstFailedHeader, absl::StrCat(absl::ToUnixMicros(end)));
   }
+  const bool permanent = IsPermanent(result);
+  absl::Duration delay = NoRetry();
+  if (!permanent) {
+    try {
+      delay = options.retry_delay(msg.retried);
+    } catch (const std::exception& e) {
+      return after_lease(CallbackThrew("retry_delay", msg, e.what()));
+    } catch (...) {
+      return after_lease(CallbackThrew("retry_delay", msg, "a non-std exception"));
+    }
+  }
+  std::string wire = EncodeEnvelope(msg);
+  if (delay < absl::ZeroDuration()) {
+    bus::DeadLetter letter;
+    letter.queue = options.queue;
+    letter.data = std::move(wire);
+    letter.reason = msg.last_error;
+    letter.kind = permanent ? DeadLetterKind::kPermanent : DeadLetterKind::kExhausted;
+    letter.attempts = msg.retried;
+    letter.first_failed_at =
+        absl::FromUnixMicros(HeaderInt(msg, kFirstFailedHeader, absl::ToUnixMicros(end)));
+    letter.last_failed_at = end;
+    letter.replays = static_cast<int>(HeaderInt(msg, kReplaysHeader, 0));
+    Settlement s = after_lease(StoreDeadLetter(std::move(letter)));
+    if (s.done) {
+      Log(LogLevel::kWarning,
+          absl::StrCat(
+              "message ", msg.id, " dead-lettered after ", msg.retried,
+              permanent ? " attempt(s), permanent failure: " : " attempt(s): ", msg.last_error));
+    }
+    return s;
+  }
+  if (!released) delay = std::max(delay, options.idempotency_lease);
   if (absl::Status st = options.driver->SendToQueue(options.queue, wire, delay); !st.ok()) {
     Log(LogLevel::kError, absl::StrCat("re-send of ", msg.id, " failed: ", st.ToString()));
-    return InfraFailure();
+    return after_lease(InfraFailure());
   }
   retried.fetch_add(1, std::memory_order_relaxed);
   return Taken();
@@ -408,6 +554,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
     return Invalid("infra_backoff_base", "must be >= 0 and <= infra_backoff_max");
   }
 
+  const bool user_ensure = o.ensure != nullptr;
   if (o.logger == nullptr) o.logger = StderrLogger();
   if (o.dead_letters == nullptr) {
     o.logger->Log(LogLevel::kWarning,
@@ -420,16 +567,41 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };
   if (o.clock == nullptr) o.clock = o.driver->clock();
-  return std::unique_ptr<Handler>(new Handler(std::move(o)));
+  return std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
 }
 
-Handler::Handler(HandlerOptions options) : shared_(std::make_shared<Shared>(std::move(options))) {}
+Handler::Handler(HandlerOptions options, bool user_ensure)
+    : shared_(std::make_shared<Shared>(std::move(options), user_ensure)) {}
 
 const HandlerOptions& Handler::options() const { return shared_->options; }
 
 Handler::~Handler() { Stop(); }
 
 void Handler::Stop() { shared_->stop.request_stop(); }
+
+namespace {
+
+// Errors that retrying the queue set-up cannot fix: Run() returns them.
+bool Fatal(const absl::Status& st) {
+  return absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st) ||
+         absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st);
+}
+
+// Waits on `clock` until `deadline` or until `stop` is requested; true when stopped.
+bool SleepUnlessStopped(const Clock& clock, absl::Time deadline, std::stop_token stop) {
+  absl::Mutex mu;
+  bool stopped = false;
+  // Registered before taking the lock: it runs at once if stop was already requested.
+  std::stop_callback wake(stop, [&] {
+    absl::MutexLock l(&mu);
+    stopped = true;
+  });
+  absl::MutexLock lock(&mu);
+  clock.AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
+  return stopped;
+}
+
+}  // namespace
 
 absl::Status Handler::Run() {
   {
@@ -441,39 +613,48 @@ absl::Status Handler::Run() {
     if (shared_->stop.stop_requested()) return absl::OkStatus();
     shared_->running = true;
   }
-  const HandlerOptions& o = shared_->options;
-  // The queue (and the binding) must exist before consuming; if the broker refuses, Run() may
-  // be called again later.
-  absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
-  if (setup.ok() && o.subscribe.has_value()) {
-    setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
-  }
-  if (!setup.ok()) {
-    shared_->Log(LogLevel::kError, absl::StrCat("queue setup failed: ", setup.ToString()));
+  auto finish = [this](absl::Status st) {
     absl::MutexLock lock(&shared_->mu);
     shared_->running = false;
-    return setup;
+    shared_->consuming = false;
+    shared_->ran = true;
+    return st;
+  };
+  const HandlerOptions& o = shared_->options;
+  const std::stop_token stop = shared_->stop.get_token();
+
+  // The queue (and the binding) must exist before consuming. While the broker cannot be
+  // reached, keep trying with backoff; only an error that a retry cannot fix ends Run().
+  for (int failures = 1;; ++failures) {
+    absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
+    if (setup.ok() && o.subscribe.has_value()) {
+      setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
+    }
+    if (setup.ok()) break;
+    if (Fatal(setup)) {
+      shared_->Log(LogLevel::kError, absl::StrCat("queue setup failed: ", setup.ToString()));
+      return finish(setup);
+    }
+    const absl::Duration wait =
+        ExponentialDelay(absl::Milliseconds(100), absl::Seconds(5), failures);
+    shared_->Log(LogLevel::kError,
+                 absl::StrCat("queue setup failed (attempt ", failures, "): ", setup.ToString(),
+                              "; retrying in ", absl::FormatDuration(wait)));
+    if (SleepUnlessStopped(*o.clock, o.clock->Now() + wait, stop)) return finish(absl::OkStatus());
   }
 
-  // Step 7: the replay loop, on its own thread, until stopped.
+  // Step 7: the replay loop, on its own thread, until stopped. It replays exhausted letters
+  // only; permanent and malformed ones wait for a person.
   std::thread replay;
   if (o.replay_interval > absl::ZeroDuration()) {
-    replay = std::thread([this] {
-      absl::Mutex mu;
-      bool stopped = false;
-      std::stop_callback wake(shared_->stop.get_token(), [&] {
-        absl::MutexLock l(&mu);
-        stopped = true;
-      });
-      absl::MutexLock lock(&mu);
-      while (!stopped) {
-        const absl::Time next = shared_->options.clock->Now() + shared_->options.replay_interval;
-        if (shared_->options.clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), next)) break;
-        mu.Unlock();
-        if (absl::StatusOr<int> n = ReplayDeadLetters(); !n.ok()) {
+    replay = std::thread([this, stop] {
+      const HandlerOptions& o = shared_->options;
+      while (!SleepUnlessStopped(*o.clock, o.clock->Now() + o.replay_interval, stop)) {
+        ReplayFilter filter;
+        filter.kinds = {DeadLetterKind::kExhausted};
+        if (absl::StatusOr<int> n = ReplayDeadLetters(filter); !n.ok()) {
           shared_->Log(LogLevel::kError, absl::StrCat("replay failed: ", n.status().ToString()));
         }
-        mu.Lock();
       }
     });
   }
@@ -485,55 +666,100 @@ absl::Status Handler::Run() {
   ro.shutdown_timeout = o.shutdown_timeout;
   ro.batch_size = o.batch_size;
   std::shared_ptr<Shared> shared = shared_;
+  ro.on_consuming = [shared] {
+    absl::MutexLock lock(&shared->mu);
+    shared->consuming = true;
+  };
   absl::Status st = o.driver->ReceiveBatches(
       o.queue, ro,
       [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
-        shared->ProcessBatch(ds, out);
+        thread_local std::vector<Input> inputs;
+        inputs.resize(ds.size());
+        for (size_t i = 0; i < ds.size(); ++i) inputs[i] = Input{ds[i].data, ds[i].corrupt, -1};
+        shared->ProcessBatch(inputs, out);
       },
-      shared_->stop.get_token(),
+      stop,
       [shared](const absl::Status& err) {
         shared->Log(LogLevel::kError, absl::StrCat("driver: ", err.ToString()));
       });
   shared_->stop.request_stop();
   if (replay.joinable()) replay.join();
-  {
-    absl::MutexLock lock(&shared_->mu);
-    shared_->running = false;
-    shared_->ran = true;
+  return finish(st);
+}
+
+absl::Status Handler::WaitUntilRunning(absl::Duration timeout) {
+  absl::MutexLock lock(&shared_->mu);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) {
+    return shared_->consuming || shared_->ran;
+  };
+  if (!shared_->mu.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("handler for queue ", shared_->options.queue,
+                                                    " not consuming after ",
+                                                    absl::FormatDuration(timeout)));
   }
-  return st;
+  if (!shared_->consuming) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("handler for queue ", shared_->options.queue, " is no longer running"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> Handler::ReplayDeadLetters() {
+  ReplayFilter filter;
+  filter.kinds = {DeadLetterKind::kExhausted};
+  return ReplayDeadLetters(filter);
+}
+
+absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
   const HandlerOptions& o = shared_->options;
+  if (filter.kinds.empty()) return absl::InvalidArgumentError("ReplayFilter.kinds: empty");
+  if (filter.limit < 0) return absl::InvalidArgumentError("ReplayFilter.limit: negative");
+  const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
   // Bound the pass by the letters present when it starts: a letter that fails again is stored
   // anew (after the cursor) and waits for the next pass instead of looping in this one.
-  absl::StatusOr<int64_t> count = o.dead_letters->Count(o.queue);
+  absl::StatusOr<int64_t> count = o.dead_letters->Count(o.queue, filter.kinds);
   if (!count.ok()) return count.status();
   int64_t budget = *count;
   int removed = 0;
   std::string after;
   const std::stop_token stop = shared_->stop.get_token();
-  while (budget > 0 && !stop.stop_requested()) {
+  std::vector<DeadLetter> chosen;
+  std::vector<Input> inputs;
+  std::vector<Settlement> settlements;
+  while (budget > 0 && !stop.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
     absl::StatusOr<std::vector<DeadLetter>> batch = o.dead_letters->Fetch(
-        o.queue, static_cast<int>(std::min<int64_t>(budget, o.replay_batch)), after);
+        o.queue, static_cast<int>(std::min<int64_t>(budget, o.replay_batch)), after, filter.kinds);
     if (!batch.ok()) return batch.status();
     if (batch->empty()) break;
-    for (const DeadLetter& letter : *batch) {
-      --budget;
-      after = letter.id;
-      if (stop.stop_requested()) break;
-      // A letter that still does not decode would only be stored again: leave it for a person.
-      Message probe;
-      if (!DecodeEnvelope(letter.data, &probe, o.max_message_bytes).ok()) continue;
-      if (!shared_->Process(letter.data).done) continue;
-      if (absl::Status st = o.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
-        shared_->Log(LogLevel::kError, absl::StrCat("replay: removing dead letter ", letter.id,
-                                                    " failed: ", st.ToString()));
-        continue;
+    budget -= static_cast<int64_t>(batch->size());
+    after = batch->back().id;
+    chosen.clear();
+    for (DeadLetter& letter : *batch) {
+      if (!ids.empty() && !ids.contains(letter.id)) continue;
+      chosen.push_back(std::move(letter));
+    }
+    // Through the pipeline in batches of batch_size, as deliveries would go.
+    for (size_t start = 0; start < chosen.size() && !stop.stop_requested(); start += o.batch_size) {
+      size_t n = std::min(chosen.size() - start, static_cast<size_t>(o.batch_size));
+      if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
+      if (n == 0) break;
+      inputs.clear();
+      for (size_t i = 0; i < n; ++i) {
+        inputs.push_back(Input{chosen[start + i].data, "", chosen[start + i].replays});
       }
-      shared_->replayed.fetch_add(1, std::memory_order_relaxed);
-      ++removed;
+      settlements.assign(n, Settlement::Redeliver());
+      shared_->ProcessBatch(inputs, absl::MakeSpan(settlements));
+      for (size_t i = 0; i < n; ++i) {
+        if (!settlements[i].done) continue;
+        const DeadLetter& letter = chosen[start + i];
+        if (absl::Status st = o.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
+          shared_->Log(LogLevel::kError, absl::StrCat("replay: removing dead letter ", letter.id,
+                                                      " failed: ", st.ToString()));
+          continue;
+        }
+        shared_->replayed.fetch_add(1, std::memory_order_relaxed);
+        ++removed;
+      }
     }
   }
   return removed;
@@ -551,8 +777,14 @@ HandlerStats Handler::Stats() const {
   out.malformed = s.malformed.load(std::memory_order_relaxed);
   out.replayed = s.replayed.load(std::memory_order_relaxed);
   out.redelivered = s.redelivered.load(std::memory_order_relaxed);
+  out.store_errors = s.store_errors.load(std::memory_order_relaxed);
+  out.callback_errors = s.callback_errors.load(std::memory_order_relaxed);
   out.in_flight = s.in_flight.load(std::memory_order_relaxed);
   out.reconnects = shared_->options.driver->Stats().reconnects;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    out.consuming = shared_->consuming;
+  }
   out.latency_p50 = s.latency.Quantile(0.5);
   out.latency_p99 = s.latency.Quantile(0.99);
   out.latency_max = s.latency.Max();

@@ -22,20 +22,31 @@
 //  1. Decode the envelope. Malformed or oversized: store the raw bytes as a dead letter with the
 //     reason, settle, count `malformed`.
 //  2. Acquire the idempotency key `queue + "." + biz_uid` (biz_uid empty: the id) with a lease
-//     and an owner token unique to this attempt. A store error counts as not acquired.
+//     and an owner token unique to this attempt. A store error is not "not acquired": without a
+//     user `ensure` the delivery goes back to the broker with the infrastructure backoff
+//     (counted in store_errors and redelivered, never settled); a user `ensure` decides instead.
 //  3. Not acquired: ask `ensure`; kAlreadyHandled settles and counts a duplicate.
 //  4. Call `handle`. OK is success; an error status is a retryable failure, unless wrapped by
 //     Permanent(); a thrown exception is a retryable failure with the exception's text.
 //  5. Success: mark the key done (kept for `idempotency_retention`), settle.
 //  6. Failure: release the key, increment `retried`, set `last_error`, ask `retry_delay`. A
-//     negative delay or a permanent failure: store a dead letter. Otherwise re-send the message
-//     to the queue with that delay. Only when that succeeded is the original settled; otherwise
-//     it is left to the broker's redelivery.
-//  7. Every `replay_interval`, the queue's dead letters go through the same pipeline; each is
-//     removed once the pipeline has taken it.
+//     negative delay or a permanent failure: store a dead letter of kind exhausted or
+//     permanent. Otherwise re-send the message to the queue with that delay. Only when that
+//     succeeded is the original settled; otherwise it is left to the broker's redelivery.
+//  7. Every `replay_interval`, the queue's exhausted dead letters go through the same pipeline;
+//     each is removed once the pipeline has taken it. Permanent and malformed letters wait for
+//     ReplayDeadLetters(filter) or a purge.
+// There is one implementation of these steps (a single message is a batch of one, and a replay
+// goes through it too). No exception of a user callback leaves the library: one from `handle`
+// is a retryable failure; one from `ensure` or `retry_delay` gives the delivery back with the
+// infrastructure backoff (counted in callback_errors); one from the logger is dropped.
+// docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
-// Thread-safety: Stop(), Stats() and ReplayDeadLetters() may be called from any thread while
-// Run() blocks in another.
+// Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
+// once) and on the replay thread; `msg` lives until the callback returns (copy what you keep).
+//
+// Thread-safety: Stop(), Stats(), WaitUntilRunning() and ReplayDeadLetters() may be called from
+// any thread while Run() blocks in another.
 
 #ifndef BUS_HANDLER_H_
 #define BUS_HANDLER_H_
@@ -44,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,7 +108,9 @@ struct HandlerOptions {
   std::shared_ptr<IdempotencyStore> idempotency;
   // Required.
   HandleFn handle;
-  // Default: always kAlreadyHandled (a key that could not be acquired means "skip").
+  // Default: always kAlreadyHandled (a key held by another owner or done means "skip"). A user
+  // ensure is also asked when the idempotency store fails (it knows the business state); the
+  // default then gives the delivery back instead.
   EnsureFn ensure;
   // Default: always NoRetry() (a failure goes straight to dead letters).
   RetryDelayFn retry_delay;
@@ -130,12 +144,23 @@ struct HandlerOptions {
   absl::Duration idempotency_retention = absl::Hours(24);
   // Envelopes larger than this are poison; >= 64.
   size_t max_message_bytes = 1 << 20;
-  // When a dead-letter store or re-send fails, the delivery is given back with this delay
-  // (doubling per consecutive failure up to infra_backoff_max) so a broken store does not spin.
+  // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
+  // back with this delay (doubling per consecutive failure up to infra_backoff_max) so a broken
+  // store does not spin.
   absl::Duration infra_backoff_base = absl::Milliseconds(100);
   absl::Duration infra_backoff_max = absl::Seconds(30);
   // Default: the driver's clock.
   std::shared_ptr<Clock> clock;
+};
+
+// Which dead letters Handler::ReplayDeadLetters(filter) takes.
+struct ReplayFilter {
+  // Kinds to replay; must not be empty.
+  DeadLetterKinds kinds = AllDeadLetterKinds();
+  // Only these letter ids (empty: any).
+  std::vector<std::string> ids;
+  // At most this many letters taken (0: no limit); >= 0.
+  int limit = 0;
 };
 
 class Handler {
@@ -147,20 +172,32 @@ class Handler {
   Handler(const Handler&) = delete;
   Handler& operator=(const Handler&) = delete;
 
-  // Creates the queue (and the subscription), then consumes until Stop(). Returns OK after a
-  // clean stop, and at once if Stop() came first; FailedPrecondition if already running or if
-  // a Run() already completed; the driver's error if the queue or subscription cannot be
-  // created (Run() may then be called again); DeadlineExceeded if handlers were still running
-  // when the shutdown timeout ran out (their deliveries are left to redelivery).
+  // Creates the queue (and the subscription), then consumes until Stop(). While the broker
+  // cannot be reached, set-up is retried with backoff (100ms doubling to 5s, each failure
+  // logged) until it succeeds or Stop() is called. Returns OK after a clean stop, and at once
+  // if Stop() came first; FailedPrecondition if already running or if a Run() already
+  // completed; the driver's error when set-up fails with one that a retry cannot fix
+  // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); DeadlineExceeded
+  // if handlers were still running when the shutdown timeout ran out (their deliveries are left
+  // to redelivery).
   absl::Status Run();
 
   // Asks Run() to stop and returns at once. Idempotent.
   void Stop();
 
-  // One pass of step 7 now: walks the queue's dead letters in batches and sends each through
-  // the pipeline, removing it once taken. Letters whose bytes still cannot be decoded stay.
-  // Returns how many letters were removed.
+  // Waits until Run() consumes (queue set up, consumer running): OK; FailedPrecondition when
+  // Run() has ended; DeadlineExceeded after `timeout` (real time). For readiness probes; the
+  // same state is Stats().consuming.
+  absl::Status WaitUntilRunning(absl::Duration timeout);
+
+  // One pass of step 7 now: walks the queue's exhausted dead letters in batches and sends each
+  // through the pipeline, removing it once taken. Returns how many letters were removed.
   absl::StatusOr<int> ReplayDeadLetters();
+
+  // The same for the letters `filter` selects (any kind: a person's replay of permanent or
+  // malformed letters). Letters whose bytes still cannot be decoded stay. InvalidArgument for
+  // a bad filter.
+  absl::StatusOr<int> ReplayDeadLetters(const ReplayFilter& filter);
 
   HandlerStats Stats() const;
 
@@ -169,7 +206,7 @@ class Handler {
 
  private:
   struct Shared;
-  explicit Handler(HandlerOptions options);
+  Handler(HandlerOptions options, bool user_ensure);
 
   std::shared_ptr<Shared> shared_;
 };

@@ -16,17 +16,20 @@
 namespace bus {
 
 struct HandlerStats {
-  uint64_t received = 0;       // deliveries taken from the driver (replays included)
-  uint64_t succeeded = 0;      // handle() returned OK
-  uint64_t failed = 0;         // handle() failed (retryable or permanent, exceptions too)
-  uint64_t retried = 0;        // failures re-sent with a delay
-  uint64_t dead_lettered = 0;  // stored in the dead-letter store (malformed included)
-  uint64_t duplicates = 0;     // skipped because ensure said already handled
-  uint64_t malformed = 0;      // poison envelopes
-  uint64_t replayed = 0;       // dead letters removed after the replay loop took them
-  uint64_t redelivered = 0;    // deliveries given back to the broker unsettled
-  int64_t in_flight = 0;       // messages inside the pipeline right now
-  uint64_t reconnects = 0;     // the driver's reconnects
+  uint64_t received = 0;         // deliveries taken from the driver (replays included)
+  uint64_t succeeded = 0;        // handle() returned OK
+  uint64_t failed = 0;           // handle() failed (retryable or permanent, exceptions too)
+  uint64_t retried = 0;          // failures re-sent with a delay
+  uint64_t dead_lettered = 0;    // stored in the dead-letter store (malformed included)
+  uint64_t duplicates = 0;       // skipped because ensure said already handled
+  uint64_t malformed = 0;        // poison envelopes
+  uint64_t replayed = 0;         // dead letters removed after the replay loop took them
+  uint64_t redelivered = 0;      // deliveries given back to the broker unsettled
+  uint64_t store_errors = 0;     // failed calls of the idempotency or dead-letter store
+  uint64_t callback_errors = 0;  // exceptions thrown by ensure or retry_delay
+  int64_t in_flight = 0;         // messages inside the pipeline right now
+  uint64_t reconnects = 0;       // the driver's reconnects
+  bool consuming = false;        // Run() has set up the queue and its consumer is running
   // Latency of handle() calls.
   absl::Duration latency_p50 = absl::ZeroDuration();
   absl::Duration latency_p99 = absl::ZeroDuration();

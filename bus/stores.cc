@@ -1,6 +1,38 @@
 #include "bus/stores.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace bus {
+
+absl::string_view DeadLetterKindName(DeadLetterKind kind) {
+  switch (kind) {
+    case DeadLetterKind::kMalformed:
+      return "malformed";
+    case DeadLetterKind::kPermanent:
+      return "permanent";
+    case DeadLetterKind::kExhausted:
+      return "exhausted";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DeadLetterKind> ParseDeadLetterKind(absl::string_view name) {
+  for (DeadLetterKind k :
+       {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted}) {
+    if (name == DeadLetterKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown dead-letter kind \"", name,
+                                                 "\" (want malformed, permanent or exhausted)"));
+}
+
+absl::Status ValidateDeadLetter(const DeadLetter& letter) {
+  if (letter.queue.empty()) return absl::InvalidArgumentError("DeadLetter.queue: missing");
+  const int k = static_cast<int>(letter.kind);
+  if (k < 0 || k > 2) return absl::InvalidArgumentError("DeadLetter.kind: out of range");
+  if (letter.attempts < 0) return absl::InvalidArgumentError("DeadLetter.attempts: negative");
+  if (letter.replays < 0) return absl::InvalidArgumentError("DeadLetter.replays: negative");
+  return absl::OkStatus();
+}
 
 void IdempotencyStore::AcquireMany(absl::Span<const absl::string_view> keys,
                                    absl::Span<const absl::string_view> owners, absl::Duration lease,
@@ -18,18 +50,19 @@ namespace {
 
 class NullDeadLetterStoreImpl final : public DeadLetterStore {
  public:
-  absl::StatusOr<std::string> Store(absl::string_view, absl::string_view,
-                                    absl::string_view) override {
+  absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
+    if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
     return std::string("null");
   }
-  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view, int limit,
-                                                absl::string_view) override {
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view, int limit, absl::string_view,
+                                                DeadLetterKinds kinds) override {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
     return std::vector<DeadLetter>{};
   }
   absl::Status Remove(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
-  absl::StatusOr<int64_t> Count(absl::string_view) override { return 0; }
-  absl::Status Purge(absl::string_view) override { return absl::OkStatus(); }
+  absl::StatusOr<int64_t> Count(absl::string_view, DeadLetterKinds) override { return 0; }
+  absl::Status Purge(absl::string_view, DeadLetterKinds) override { return absl::OkStatus(); }
 };
 
 class NullIdempotencyStoreImpl final : public IdempotencyStore {

@@ -20,6 +20,7 @@
 #define BUS_STORES_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,41 +33,106 @@
 
 namespace bus {
 
+// Why a letter was dead-lettered. The periodic replay (HandlerOptions::replay_interval) takes
+// kExhausted letters only: a retry may succeed later. kPermanent and kMalformed letters wait
+// for a person (Handler::ReplayDeadLetters with a filter, or a purge).
+enum class DeadLetterKind : int {
+  // The bytes are not a valid envelope (or the broker's record of them was corrupt).
+  kMalformed = 0,
+  // The handler failed with Permanent(...): retrying will not help.
+  kPermanent = 1,
+  // The retry policy gave up (retry_delay returned a negative delay).
+  kExhausted = 2,
+};
+
+// "malformed", "permanent", "exhausted".
+absl::string_view DeadLetterKindName(DeadLetterKind kind);
+// The inverse of DeadLetterKindName; InvalidArgument for any other text.
+absl::StatusOr<DeadLetterKind> ParseDeadLetterKind(absl::string_view name);
+
+// A set of kinds, as a bit mask: DeadLetterKinds{} is empty, AllDeadLetterKinds() has all three.
+class DeadLetterKinds {
+ public:
+  constexpr DeadLetterKinds() = default;
+  constexpr DeadLetterKinds(std::initializer_list<DeadLetterKind> kinds) {
+    for (DeadLetterKind k : kinds) bits_ |= Bit(k);
+  }
+  constexpr bool Contains(DeadLetterKind kind) const { return (bits_ & Bit(kind)) != 0; }
+  constexpr bool empty() const { return bits_ == 0; }
+  constexpr bool all() const { return bits_ == 7; }
+  // Bit i set: kind i is in the set.
+  constexpr uint32_t bits() const { return bits_; }
+  friend constexpr bool operator==(DeadLetterKinds, DeadLetterKinds) = default;
+
+ private:
+  static constexpr uint32_t Bit(DeadLetterKind k) { return uint32_t{1} << static_cast<int>(k); }
+  uint32_t bits_ = 0;
+};
+constexpr DeadLetterKinds AllDeadLetterKinds() {
+  return {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted};
+}
+
 struct DeadLetter {
   // Store-assigned id, unique within the store. Opaque to callers, except that within one queue
-  // ids of later letters sort after earlier ones as Fetch() returns them.
+  // ids of later letters sort after earlier ones as Fetch() returns them. Ignored by Store().
   std::string id;
   std::string queue;
   // The message exactly as it was delivered (an envelope, or raw bytes when it was malformed).
   std::string data;
   // Why it was dead-lettered (the last error, or why the envelope could not be decoded).
   std::string reason;
-  absl::Time stored_at;
+  DeadLetterKind kind = DeadLetterKind::kExhausted;
+  // Failed attempts of the message (its `retried` when it was stored); 0 when malformed.
+  int attempts = 0;
+  // When the message first failed and when it failed last (for a malformed letter: when it was
+  // found malformed, both).
+  absl::Time first_failed_at = absl::UnixEpoch();
+  absl::Time last_failed_at = absl::UnixEpoch();
+  // How many times the message had been replayed from the dead letters before it came back.
+  int replays = 0;
+  // When the store took it; set by Store() (ignored in its argument).
+  absl::Time stored_at = absl::UnixEpoch();
 };
 
 class DeadLetterStore {
  public:
   virtual ~DeadLetterStore() = default;
 
-  // Stores a letter and returns its id. OK only once the letter is durable (for durable stores).
-  virtual absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
-                                            absl::string_view reason) = 0;
+  // Stores `letter` (every field but `id` and `stored_at`, which the store assigns) and returns
+  // its id. OK only once the letter is durable (for durable stores). InvalidArgument for an
+  // empty queue or a negative attempts or replays count.
+  virtual absl::StatusOr<std::string> Store(const DeadLetter& letter) = 0;
 
-  // Returns up to `limit` of `queue`'s oldest letters, oldest first, starting after the letter
-  // with id `after_id` (empty: from the oldest). Pass the last id of one batch as `after_id` of
-  // the next to walk the queue in bounded batches. InvalidArgument if `limit` < 1.
+  // Returns up to `limit` of `queue`'s oldest letters whose kind is in `kinds`, oldest first,
+  // starting after the letter with id `after_id` (empty: from the oldest). Pass the last id of
+  // one batch as `after_id` of the next to walk the queue in bounded batches. InvalidArgument
+  // if `limit` < 1 or `kinds` is empty.
   virtual absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
-                                                        absl::string_view after_id = "") = 0;
+                                                        absl::string_view after_id,
+                                                        DeadLetterKinds kinds) = 0;
+  // Every kind.
+  absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
+                                                absl::string_view after_id = "") {
+    return Fetch(queue, limit, after_id, AllDeadLetterKinds());
+  }
 
   // Removes one letter. OK also when it is already gone (removal is idempotent).
   virtual absl::Status Remove(absl::string_view queue, absl::string_view id) = 0;
 
-  // Number of letters stored for `queue`.
-  virtual absl::StatusOr<int64_t> Count(absl::string_view queue) = 0;
+  // Number of letters stored for `queue` whose kind is in `kinds`.
+  virtual absl::StatusOr<int64_t> Count(absl::string_view queue, DeadLetterKinds kinds) = 0;
+  absl::StatusOr<int64_t> Count(absl::string_view queue) {
+    return Count(queue, AllDeadLetterKinds());
+  }
 
-  // Removes every letter of `queue`.
-  virtual absl::Status Purge(absl::string_view queue) = 0;
+  // Removes every letter of `queue` whose kind is in `kinds` (in bounded steps; letters stored
+  // meanwhile may stay).
+  virtual absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) = 0;
+  absl::Status Purge(absl::string_view queue) { return Purge(queue, AllDeadLetterKinds()); }
 };
+
+// Checks the fields of a letter given to Store(); for the implementations.
+absl::Status ValidateDeadLetter(const DeadLetter& letter);
 
 // An idempotency key is a lease, not a flag:
 //

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "tests/testing/letters.h"
 
 namespace bus::testing {
 namespace {
@@ -51,9 +52,9 @@ namespace {
 TEST_P(DeadLetterStoreConformanceTest, StoreFetchRemoveCount) {
   const std::string q = Unique("q");
   const std::string binary("\0\x01\xff payload \0", 13);
-  auto id1 = store_->Store(q, "first", "reason one");
-  auto id2 = store_->Store(q, binary, "reason two");
-  auto id3 = store_->Store(q, "third", "");
+  auto id1 = store_->Store(Letter(q, "first", "reason one"));
+  auto id2 = store_->Store(Letter(q, binary, "reason two"));
+  auto id3 = store_->Store(Letter(q, "third", ""));
   ASSERT_TRUE(id1.ok() && id2.ok() && id3.ok());
   EXPECT_NE(*id1, *id2);
   EXPECT_NE(*id2, *id3);
@@ -77,7 +78,8 @@ TEST_P(DeadLetterStoreConformanceTest, StoreFetchRemoveCount) {
 
 TEST_P(DeadLetterStoreConformanceTest, FetchWalksAQueueInBoundedBatches) {
   const std::string q = Unique("q");
-  for (int i = 0; i < 25; ++i) ASSERT_TRUE(store_->Store(q, absl::StrCat("m", i), "r").ok());
+  for (int i = 0; i < 25; ++i)
+    ASSERT_TRUE(store_->Store(Letter(q, absl::StrCat("m", i), "r")).ok());
   std::vector<std::string> all;
   std::string after;
   std::vector<size_t> sizes;
@@ -97,9 +99,9 @@ TEST_P(DeadLetterStoreConformanceTest, FetchWalksAQueueInBoundedBatches) {
 TEST_P(DeadLetterStoreConformanceTest, QueuesAreSeparateAndPurgeEmptiesOne) {
   const std::string a = Unique("a");
   const std::string b = Unique("b");
-  ASSERT_TRUE(store_->Store(a, "a1", "r").ok());
-  ASSERT_TRUE(store_->Store(b, "b1", "r").ok());
-  ASSERT_TRUE(store_->Store(a, "a2", "r").ok());
+  ASSERT_TRUE(store_->Store(Letter(a, "a1", "r")).ok());
+  ASSERT_TRUE(store_->Store(Letter(b, "b1", "r")).ok());
+  ASSERT_TRUE(store_->Store(Letter(a, "a2", "r")).ok());
   EXPECT_THAT(Datas(*store_->Fetch(a, 10)), ElementsAre("a1", "a2"));
   EXPECT_THAT(Datas(*store_->Fetch(b, 10)), ElementsAre("b1"));
   ASSERT_TRUE(store_->Purge(a).ok());
@@ -121,7 +123,7 @@ TEST_P(DeadLetterStoreConformanceTest, LargeBinaryLettersRoundTrip) {
   const std::string q = Unique("q");
   std::string big(256 * 1024, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 13 % 256);
-  ASSERT_TRUE(store_->Store(q, big, std::string("why\0not", 7)).ok());
+  ASSERT_TRUE(store_->Store(Letter(q, big, std::string("why\0not", 7))).ok());
   auto letters = store_->Fetch(q, 1);
   ASSERT_TRUE(letters.ok());
   ASSERT_EQ(letters->size(), 1u);
@@ -131,7 +133,7 @@ TEST_P(DeadLetterStoreConformanceTest, LargeBinaryLettersRoundTrip) {
 TEST_P(DeadLetterStoreConformanceTest, TwoStoreObjectsShareTheBackingState) {
   const std::string q = Unique("q");
   auto other = harness_->NewDeadLetterStore();
-  auto id = store_->Store(q, "shared", "r");
+  auto id = store_->Store(Letter(q, "shared", "r"));
   ASSERT_TRUE(id.ok());
   EXPECT_THAT(Datas(*other->Fetch(q, 10)), ElementsAre("shared"));
   ASSERT_TRUE(other->Remove(q, *id).ok());
@@ -144,12 +146,109 @@ TEST_P(DeadLetterStoreConformanceTest, ConcurrentStoresAreAllKept) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 25; ++i) {
-        EXPECT_TRUE(store_->Store(q, absl::StrCat(t, "-", i), "r").ok());
+        EXPECT_TRUE(store_->Store(Letter(q, absl::StrCat(t, "-", i), "r")).ok());
       }
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(*store_->Count(q), 100);
+}
+
+TEST_P(DeadLetterStoreConformanceTest, LettersKeepTheirKindAttemptsTimesAndReplays) {
+  const std::string q = Unique("q");
+  DeadLetter letter = Letter(q, "envelope", "declined", DeadLetterKind::kPermanent);
+  letter.attempts = 3;
+  letter.first_failed_at = absl::FromUnixMicros(1700000000123456);
+  letter.last_failed_at = absl::FromUnixMicros(1700000009654321);
+  letter.replays = 2;
+  letter.id = "ignored";
+  ASSERT_TRUE(store_->Store(letter).ok());
+  auto letters = store_->Fetch(q, 10);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  ASSERT_EQ(letters->size(), 1u);
+  const DeadLetter& got = (*letters)[0];
+  EXPECT_NE(got.id, "ignored");
+  EXPECT_EQ(got.kind, DeadLetterKind::kPermanent);
+  EXPECT_EQ(got.attempts, 3);
+  EXPECT_EQ(got.first_failed_at, letter.first_failed_at);
+  EXPECT_EQ(got.last_failed_at, letter.last_failed_at);
+  EXPECT_EQ(got.replays, 2);
+  EXPECT_EQ(got.reason, "declined");
+}
+
+TEST_P(DeadLetterStoreConformanceTest, FetchCountAndPurgeFilterByKind) {
+  const std::string q = Unique("q");
+  const DeadLetterKind kinds[] = {DeadLetterKind::kExhausted, DeadLetterKind::kPermanent,
+                                  DeadLetterKind::kMalformed};
+  // e0 p1 m2 e3 p4 m5 ... e9: 4 exhausted, 3 permanent, 3 malformed, interleaved.
+  for (int i = 0; i < 10; ++i) {
+    const DeadLetterKind kind = i == 9 ? DeadLetterKind::kExhausted : kinds[i % 3];
+    ASSERT_TRUE(
+        store_->Store(Letter(q, absl::StrCat(DeadLetterKindName(kind).substr(0, 1), i), "r", kind))
+            .ok());
+  }
+  EXPECT_EQ(*store_->Count(q), 10);
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kExhausted}), 4);
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kPermanent, DeadLetterKind::kMalformed}), 6);
+
+  EXPECT_THAT(Datas(*store_->Fetch(q, 10, "", {DeadLetterKind::kExhausted})),
+              ElementsAre("e0", "e3", "e6", "e9"));
+  EXPECT_THAT(
+      Datas(*store_->Fetch(q, 10, "", {DeadLetterKind::kPermanent, DeadLetterKind::kMalformed})),
+      ElementsAre("p1", "m2", "p4", "m5", "p7", "m8"));
+  // Walking one kind in batches.
+  std::vector<std::string> walked;
+  std::string after;
+  while (true) {
+    auto batch = store_->Fetch(q, 1, after, {DeadLetterKind::kPermanent});
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    if (batch->empty()) break;
+    for (const DeadLetter& l : *batch) {
+      EXPECT_EQ(l.kind, DeadLetterKind::kPermanent);
+      walked.push_back(l.data);
+    }
+    after = batch->back().id;
+  }
+  EXPECT_THAT(walked, ElementsAre("p1", "p4", "p7"));
+  // Two kinds, in batches smaller than what each kind holds: still oldest first, none skipped.
+  walked.clear();
+  after.clear();
+  while (true) {
+    auto batch =
+        store_->Fetch(q, 2, after, {DeadLetterKind::kExhausted, DeadLetterKind::kMalformed});
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    if (batch->empty()) break;
+    for (const DeadLetter& l : *batch) walked.push_back(l.data);
+    after = batch->back().id;
+  }
+  EXPECT_THAT(walked, ElementsAre("e0", "m2", "e3", "m5", "e6", "m8", "e9"));
+
+  ASSERT_TRUE(store_->Purge(q, {DeadLetterKind::kMalformed}).ok());
+  EXPECT_EQ(*store_->Count(q), 7);
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kMalformed}), 0);
+  EXPECT_THAT(Datas(*store_->Fetch(q, 10)), ElementsAre("e0", "p1", "e3", "p4", "e6", "p7", "e9"));
+  // Removing one letter takes it out of its kind too.
+  auto exhausted = store_->Fetch(q, 1, "", {DeadLetterKind::kExhausted});
+  ASSERT_TRUE(store_->Remove(q, (*exhausted)[0].id).ok());
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kExhausted}), 3);
+  EXPECT_THAT(Datas(*store_->Fetch(q, 10, "", {DeadLetterKind::kExhausted})),
+              ElementsAre("e3", "e6", "e9"));
+  ASSERT_TRUE(store_->Purge(q).ok());
+  EXPECT_EQ(*store_->Count(q), 0);
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kPermanent}), 0);
+}
+
+TEST_P(DeadLetterStoreConformanceTest, BadLettersAndFiltersAreRefused) {
+  const std::string q = Unique("q");
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Store(Letter("", "d", "r")).status()));
+  DeadLetter negative = Letter(q, "d", "r");
+  negative.attempts = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Store(negative).status()));
+  negative.attempts = 0;
+  negative.replays = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Store(negative).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Fetch(q, 1, "", DeadLetterKinds{}).status()));
+  EXPECT_EQ(*store_->Count(q), 0);
 }
 
 // ---- IdempotencyStore ----

@@ -150,7 +150,13 @@ class Raw {
     sqlite3_bind_text(store_, 1, queue.data(), static_cast<int>(queue.size()), SQLITE_STATIC);
     sqlite3_bind_blob(store_, 2, data.data(), static_cast<int>(data.size()), SQLITE_STATIC);
     sqlite3_bind_text(store_, 3, "bench", 5, SQLITE_STATIC);
-    sqlite3_bind_int64(store_, 4, absl::ToUnixMicros(absl::Now()));
+    const int64_t now_us = absl::ToUnixMicros(absl::Now());
+    sqlite3_bind_int64(store_, 4, now_us);
+    sqlite3_bind_int64(store_, 5, static_cast<int>(DeadLetterKind::kExhausted));
+    sqlite3_bind_int64(store_, 6, 1);
+    sqlite3_bind_int64(store_, 7, now_us);
+    sqlite3_bind_int64(store_, 8, now_us);
+    sqlite3_bind_int64(store_, 9, 0);
     if (sqlite3_step(store_) != SQLITE_ROW) Die("raw store returned no id");
     const int64_t id = sqlite3_column_int64(store_, 0);
     Step(store_);
@@ -158,6 +164,7 @@ class Raw {
     sqlite3_bind_text(fetch_, 1, queue.data(), static_cast<int>(queue.size()), SQLITE_STATIC);
     sqlite3_bind_int64(fetch_, 2, 0);
     sqlite3_bind_int64(fetch_, 3, 1);
+    sqlite3_bind_int64(fetch_, 4, AllDeadLetterKinds().bits());
     if (sqlite3_step(fetch_) != SQLITE_ROW || sqlite3_column_int64(fetch_, 0) != id) {
       Die("raw fetch did not return the letter");
     }
@@ -405,6 +412,10 @@ class StoreLettersSide final : public Side {
     Check(db.status(), "open");
     db_ = *db;
     store_ = NewSqliteDeadLetterStore(db_);
+    letter_.queue = "orders";
+    letter_.data = data_;
+    letter_.reason = "bench";
+    letter_.attempts = 1;
   }
   ~StoreLettersSide() override {
     store_.reset();
@@ -413,7 +424,7 @@ class StoreLettersSide final : public Side {
   }
   void RunChunk(int n) override {
     for (int i = 0; i < n; ++i) {
-      absl::StatusOr<std::string> id = store_->Store("orders", data_, "bench");
+      absl::StatusOr<std::string> id = store_->Store(letter_);
       Check(id.status(), "Store");
       absl::StatusOr<std::vector<DeadLetter>> letters = store_->Fetch("orders", 1);
       Check(letters.status(), "Fetch");
@@ -427,6 +438,7 @@ class StoreLettersSide final : public Side {
   SqliteOptions options_;
   std::shared_ptr<SqliteDatabase> db_;
   std::shared_ptr<DeadLetterStore> store_;
+  DeadLetter letter_;
   const std::string data_ = std::string(200, 'x');
 };
 

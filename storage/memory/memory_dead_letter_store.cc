@@ -17,24 +17,23 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
  public:
   explicit MemoryDeadLetterStore(std::shared_ptr<Clock> clock) : clock_(std::move(clock)) {}
 
-  absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
-                                    absl::string_view reason) override {
+  absl::StatusOr<std::string> Store(const DeadLetter& in) override {
+    if (absl::Status st = ValidateDeadLetter(in); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     const uint64_t seq = ++seq_;
-    DeadLetter letter;
+    DeadLetter letter = in;
     letter.id = absl::StrCat(seq);
-    letter.queue = std::string(queue);
-    letter.data = std::string(data);
-    letter.reason = std::string(reason);
     letter.stored_at = clock_->Now();
     std::string id = letter.id;
-    queues_[queue].emplace(seq, std::move(letter));
+    queues_[letter.queue].emplace(seq, std::move(letter));
     return id;
   }
 
   absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
-                                                absl::string_view after_id) override {
+                                                absl::string_view after_id,
+                                                DeadLetterKinds kinds) override {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
     uint64_t after = 0;
     if (!after_id.empty() && !absl::SimpleAtoi(after_id, &after)) {
       return absl::InvalidArgumentError(absl::StrCat("Fetch: bad after_id \"", after_id, "\""));
@@ -45,7 +44,7 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
     if (q == queues_.end()) return out;
     for (auto it = q->second.upper_bound(after);
          it != q->second.end() && static_cast<int>(out.size()) < limit; ++it) {
-      out.push_back(it->second);
+      if (kinds.Contains(it->second.kind)) out.push_back(it->second);
     }
     return out;
   }
@@ -61,15 +60,21 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<int64_t> Count(absl::string_view queue) override {
+  absl::StatusOr<int64_t> Count(absl::string_view queue, DeadLetterKinds kinds) override {
     absl::MutexLock lock(&mu_);
     auto q = queues_.find(queue);
-    return q == queues_.end() ? 0 : static_cast<int64_t>(q->second.size());
+    if (q == queues_.end()) return 0;
+    int64_t n = 0;
+    for (const auto& [seq, letter] : q->second) n += kinds.Contains(letter.kind) ? 1 : 0;
+    return n;
   }
 
-  absl::Status Purge(absl::string_view queue) override {
+  absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) override {
     absl::MutexLock lock(&mu_);
-    queues_.erase(queue);
+    auto q = queues_.find(queue);
+    if (q == queues_.end()) return absl::OkStatus();
+    std::erase_if(q->second, [&](const auto& entry) { return kinds.Contains(entry.second.kind); });
+    if (q->second.empty()) queues_.erase(q);
     return absl::OkStatus();
   }
 

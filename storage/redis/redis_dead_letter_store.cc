@@ -4,8 +4,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace bus {
 namespace {
@@ -13,55 +15,89 @@ namespace {
 using redis::Reply;
 using redis::Script;
 
-// KEYS: seq, ids, data, reason, time. ARGV: data, reason. Returns the new id.
+// Keys of queue Q's letters under prefix P (one hash tag per queue, so they share a slot):
+//   P dlq:{Q}:seq            string  the last id handed out
+//   P dlq:{Q}:ids            zset    id -> id, every letter
+//   P dlq:{Q}:ids:<kind>     zset    id -> id, the letters of one kind (malformed, ...)
+//   P dlq:{Q}:data           hash    id -> the message bytes
+//   P dlq:{Q}:reason         hash    id -> why it was dead-lettered
+//   P dlq:{Q}:time           hash    id -> when it was stored (server ms)
+//   P dlq:{Q}:meta           hash    id -> "kind attempts first_failed_us last_failed_us replays"
+// A letter written before kinds existed has no meta entry and is in no kind index: it is
+// read with the kind its reason implies and is reached by fetches of every kind.
+
+// KEYS: seq, ids, data, reason, time, meta, kind index. ARGV: data, reason, meta.
+// Returns the new id.
 constexpr char kStore[] = R"lua(
 local n = redis.call('INCR', KEYS[1])
 local id = tostring(n)
 local t = redis.call('TIME')
 local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[2], n, id)
+redis.call('ZADD', KEYS[7], n, id)
 redis.call('HSET', KEYS[3], id, ARGV[1])
 redis.call('HSET', KEYS[4], id, ARGV[2])
 redis.call('HSET', KEYS[5], id, ms)
+redis.call('HSET', KEYS[6], id, ARGV[3])
 return id
 )lua";
 
-// KEYS: ids, data, reason, time. ARGV: min score (exclusive form "(n" or "-inf"), limit.
-// Returns {id, data, reason, time_ms, ...}.
+// KEYS: data, reason, time, meta, then the index zsets to read (ids, or some kind indexes).
+// ARGV: min score (exclusive form "(n" or "-inf"), limit. Returns the oldest `limit` letters
+// over the indexes as {id, data, reason, time_ms, meta, ...} (meta '' when absent).
 constexpr char kFetch[] = R"lua(
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
+local limit = tonumber(ARGV[2])
+local ids = {}
+for k = 5, #KEYS do
+  local got = redis.call('ZRANGEBYSCORE', KEYS[k], ARGV[1], '+inf', 'LIMIT', 0, limit)
+  for _, id in ipairs(got) do ids[#ids + 1] = tonumber(id) end
+end
+table.sort(ids)
 local out = {}
-for _, id in ipairs(ids) do
+for i = 1, math.min(limit, #ids) do
+  local id = tostring(ids[i])
   out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', KEYS[1], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
-  out[#out + 1] = redis.call('HGET', KEYS[3], id) or ''
-  out[#out + 1] = redis.call('HGET', KEYS[4], id) or '0'
+  out[#out + 1] = redis.call('HGET', KEYS[3], id) or '0'
+  out[#out + 1] = redis.call('HGET', KEYS[4], id) or ''
 end
 return out
 )lua";
 
-// KEYS: ids, data, reason, time. ARGV: id.
-constexpr char kRemove[] = R"lua(
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
+// KEYS: ids, data, reason, time, meta, the three kind indexes. ARGV: ids to remove.
+#define BUS_REDIS_DLQ_DROP                                           \
+  "local function drop(ids)\n"                                       \
+  "  redis.call('ZREM', KEYS[1], unpack(ids))\n"                     \
+  "  for k = 2, 5 do redis.call('HDEL', KEYS[k], unpack(ids)) end\n" \
+  "  for k = 6, 8 do redis.call('ZREM', KEYS[k], unpack(ids)) end\n" \
+  "end\n"
+constexpr char kRemove[] = BUS_REDIS_DLQ_DROP R"lua(
+drop({ARGV[1]})
 return 1
 )lua";
 
-// KEYS: ids, data, reason, time. ARGV: batch. Removes up to `batch` letters; returns how many
-// remain.
-constexpr char kPurge[] = R"lua(
-local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-if #ids > 0 then
-  redis.call('ZREM', KEYS[1], unpack(ids))
-  redis.call('HDEL', KEYS[2], unpack(ids))
-  redis.call('HDEL', KEYS[3], unpack(ids))
-  redis.call('HDEL', KEYS[4], unpack(ids))
-end
-return redis.call('ZCARD', KEYS[1])
+// KEYS: ids, data, reason, time, meta, the three kind indexes, then the index to purge from
+// (ids, or one kind index). ARGV: batch. Removes up to `batch` letters of that index; returns
+// how many remain in it.
+constexpr char kPurge[] = BUS_REDIS_DLQ_DROP R"lua(
+local ids = redis.call('ZRANGE', KEYS[9], 0, tonumber(ARGV[1]) - 1)
+if #ids > 0 then drop(ids) end
+return redis.call('ZCARD', KEYS[9])
+)lua";
+#undef BUS_REDIS_DLQ_DROP
+
+// KEYS: index zsets. Returns the sum of their sizes.
+constexpr char kCount[] = R"lua(
+local n = 0
+for k = 1, #KEYS do n = n + redis.call('ZCARD', KEYS[k]) end
+return n
 )lua";
 
+const Script& CountScript() {
+  static const Script* s = new Script(kCount);
+  return *s;
+}
 const Script& StoreScript() {
   static const Script* s = new Script(kStore);
   return *s;
@@ -86,25 +122,55 @@ absl::StatusOr<Reply> One(absl::StatusOr<std::vector<Reply>> replies) {
   return std::move(r);
 }
 
+constexpr DeadLetterKind kKinds[] = {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent,
+                                     DeadLetterKind::kExhausted};
+
+// Parses the meta field; a letter from before kinds (no meta) gets the kind its reason implies.
+void ParseMeta(absl::string_view meta, DeadLetter* d) {
+  std::vector<absl::string_view> parts = absl::StrSplit(meta, ' ');
+  int kind = 0;
+  int64_t first = 0, last = 0;
+  if (parts.size() == 5 && absl::SimpleAtoi(parts[0], &kind) && kind >= 0 && kind <= 2 &&
+      absl::SimpleAtoi(parts[1], &d->attempts) && absl::SimpleAtoi(parts[2], &first) &&
+      absl::SimpleAtoi(parts[3], &last) && absl::SimpleAtoi(parts[4], &d->replays)) {
+    d->kind = static_cast<DeadLetterKind>(kind);
+    d->first_failed_at = absl::FromUnixMicros(first);
+    d->last_failed_at = absl::FromUnixMicros(last);
+    return;
+  }
+  d->kind = absl::StartsWith(d->reason, "malformed:") ? DeadLetterKind::kMalformed
+                                                      : DeadLetterKind::kExhausted;
+  d->attempts = 0;
+  d->replays = 0;
+  d->first_failed_at = d->last_failed_at = d->stored_at;
+}
+
 class RedisDeadLetterStore final : public DeadLetterStore {
  public:
   explicit RedisDeadLetterStore(RedisOptions options)
       : options_(std::move(options)), client_(options_) {}
 
-  absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
-                                    absl::string_view reason) override {
-    const Keys k = KeysOf(queue);
+  absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
+    if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
+    const Keys k = KeysOf(letter.queue);
+    const std::string meta =
+        absl::StrCat(static_cast<int>(letter.kind), " ", letter.attempts, " ",
+                     absl::ToUnixMicros(letter.first_failed_at), " ",
+                     absl::ToUnixMicros(letter.last_failed_at), " ", letter.replays);
     absl::StatusOr<Reply> r = One(client_.conn().Eval(
         StoreScript(),
-        {{"5", k.seq, k.ids, k.data, k.reason, k.time, std::string(data), std::string(reason)}},
+        {{"7", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
+          k.kind[static_cast<int>(letter.kind)], letter.data, letter.reason, meta}},
         options_.request_timeout));
     if (!r.ok()) return r.status();
     return r->str;
   }
 
   absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
-                                                absl::string_view after_id) override {
+                                                absl::string_view after_id,
+                                                DeadLetterKinds kinds) override {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
     std::string min = "-inf";
     if (!after_id.empty()) {
       uint64_t after = 0;
@@ -114,12 +180,16 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       min = absl::StrCat("(", after);
     }
     const Keys k = KeysOf(queue);
-    absl::StatusOr<Reply> r = One(client_.conn().Eval(
-        FetchScript(), {{"4", k.ids, k.data, k.reason, k.time, min, absl::StrCat(limit)}},
-        options_.request_timeout));
+    std::vector<std::string> call = {"", k.data, k.reason, k.time, k.meta};
+    for (const std::string& index : Indexes(k, kinds)) call.push_back(index);
+    call[0] = absl::StrCat(call.size() - 1);
+    call.push_back(min);
+    call.push_back(absl::StrCat(limit));
+    absl::StatusOr<Reply> r =
+        One(client_.conn().Eval(FetchScript(), {std::move(call)}, options_.request_timeout));
     if (!r.ok()) return r.status();
     std::vector<DeadLetter> out;
-    for (size_t i = 0; i + 3 < r->elements.size(); i += 4) {
+    for (size_t i = 0; i + 4 < r->elements.size(); i += 5) {
       DeadLetter d;
       d.id = r->elements[i].str;
       d.queue = std::string(queue);
@@ -128,7 +198,9 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       int64_t ms = 0;
       (void)absl::SimpleAtoi(r->elements[i + 3].str, &ms);
       d.stored_at = absl::FromUnixMillis(ms);
-      out.push_back(std::move(d));
+      ParseMeta(r->elements[i + 4].str, &d);
+      // A letter from before kinds is in the full index only: keep it to the kinds asked for.
+      if (kinds.Contains(d.kind)) out.push_back(std::move(d));
     }
     return out;
   }
@@ -140,38 +212,67 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     }
     const Keys k = KeysOf(queue);
     return One(client_.conn().Eval(RemoveScript(),
-                                   {{"4", k.ids, k.data, k.reason, k.time, std::string(id)}},
+                                   {{"8", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0],
+                                     k.kind[1], k.kind[2], std::string(id)}},
                                    options_.request_timeout))
         .status();
   }
 
-  absl::StatusOr<int64_t> Count(absl::string_view queue) override {
+  absl::StatusOr<int64_t> Count(absl::string_view queue, DeadLetterKinds kinds) override {
+    const Keys k = KeysOf(queue);
+    std::vector<std::string> call = {""};
+    for (const std::string& index : Indexes(k, kinds)) call.push_back(index);
+    call[0] = absl::StrCat(call.size() - 1);
     absl::StatusOr<Reply> r =
-        client_.conn().Command({"ZCARD", KeysOf(queue).ids}, options_.request_timeout);
+        One(client_.conn().Eval(CountScript(), {std::move(call)}, options_.request_timeout));
     if (!r.ok()) return r.status();
-    if (r->is_error()) return redis::ReplyStatus(*r);
     return r->integer;
   }
 
-  absl::Status Purge(absl::string_view queue) override {
+  absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) override {
     const Keys k = KeysOf(queue);
-    while (true) {
-      absl::StatusOr<Reply> r = One(client_.conn().Eval(
-          PurgeScript(),
-          {{"4", k.ids, k.data, k.reason, k.time, absl::StrCat(options_.script_batch)}},
-          options_.request_timeout));
-      if (!r.ok()) return r.status();
-      if (r->integer == 0) return absl::OkStatus();
+    for (const std::string& index : Indexes(k, kinds)) {
+      while (true) {
+        absl::StatusOr<Reply> r = One(client_.conn().Eval(
+            PurgeScript(),
+            {{"9", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], index,
+              absl::StrCat(options_.script_batch)}},
+            options_.request_timeout));
+        if (!r.ok()) return r.status();
+        if (r->integer == 0) break;
+      }
     }
+    return absl::OkStatus();
   }
 
  private:
   struct Keys {
-    std::string seq, ids, data, reason, time;
+    std::string seq, ids, data, reason, time, meta;
+    std::string kind[3];  // by DeadLetterKind
   };
   Keys KeysOf(absl::string_view queue) const {
     const std::string base = absl::StrCat(options_.key_prefix, "dlq:{", queue, "}:");
-    return {base + "seq", base + "ids", base + "data", base + "reason", base + "time"};
+    Keys k{base + "seq",
+           base + "ids",
+           base + "data",
+           base + "reason",
+           base + "time",
+           base + "meta",
+           {}};
+    for (DeadLetterKind kind : kKinds) {
+      k.kind[static_cast<int>(kind)] = absl::StrCat(base, "ids:", DeadLetterKindName(kind));
+    }
+    return k;
+  }
+  // The indexes that hold the letters of `kinds`: the full one for every kind (it also holds
+  // letters from before kinds), else one per kind.
+  static std::vector<std::string> Indexes(const Keys& k, DeadLetterKinds kinds) {
+    if (kinds.all()) return {k.ids};
+    std::vector<std::string> out;
+    for (DeadLetterKind kind : kKinds) {
+      if (kinds.Contains(kind)) out.push_back(k.kind[static_cast<int>(kind)]);
+    }
+    return out;
   }
 
   const RedisOptions options_;

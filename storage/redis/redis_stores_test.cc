@@ -9,6 +9,7 @@
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "tests/store_conformance.h"
+#include "tests/testing/letters.h"
 #include "tests/testing/redis_server.h"
 
 namespace bus::testing {
@@ -76,7 +77,8 @@ TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatche
   {
     auto store = NewRedisDeadLetterStore(options);
     ASSERT_TRUE(store.ok());
-    for (int i = 0; i < 50; ++i) ASSERT_TRUE((*store)->Store("q", absl::StrCat(i), "r").ok());
+    for (int i = 0; i < 50; ++i)
+      ASSERT_TRUE((*store)->Store(Letter("q", absl::StrCat(i), "r")).ok());
   }
   auto store = NewRedisDeadLetterStore(options);
   ASSERT_TRUE(store.ok());
@@ -94,7 +96,7 @@ TEST(RedisStoresTest, AnUnreachableServerIsUnavailable) {
   auto dlq = NewRedisDeadLetterStore(options);
   auto idem = NewRedisIdempotencyStore(options);
   ASSERT_TRUE(dlq.ok() && idem.ok());
-  EXPECT_TRUE(absl::IsUnavailable((*dlq)->Store("q", "d", "r").status()));
+  EXPECT_TRUE(absl::IsUnavailable((*dlq)->Store(Letter("q", "d", "r")).status()));
   EXPECT_TRUE(absl::IsUnavailable((*idem)->Acquire("k", "o", absl::Seconds(1)).status()));
 }
 

@@ -26,16 +26,22 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
  public:
   explicit SqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
 
-  absl::StatusOr<std::string> Store(absl::string_view queue, absl::string_view data,
-                                    absl::string_view reason) override {
+  absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
+    if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
     int64_t id = 0;
+    const int64_t now_us = absl::ToUnixMicros(db_->clock()->Now());
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
       absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kStoreLetterSql);
       if (!stmt.ok()) return stmt.status();
-      stmt->BindText(1, queue);
-      stmt->BindBlob(2, data);
-      stmt->BindText(3, reason);
-      stmt->BindInt64(4, absl::ToUnixMicros(db_->clock()->Now()));
+      stmt->BindText(1, letter.queue);
+      stmt->BindBlob(2, letter.data);
+      stmt->BindText(3, letter.reason);
+      stmt->BindInt64(4, now_us);
+      stmt->BindInt64(5, static_cast<int>(letter.kind));
+      stmt->BindInt64(6, letter.attempts);
+      stmt->BindInt64(7, absl::ToUnixMicros(letter.first_failed_at));
+      stmt->BindInt64(8, absl::ToUnixMicros(letter.last_failed_at));
+      stmt->BindInt64(9, letter.replays);
       absl::StatusOr<bool> row = stmt->Step();
       if (!row.ok()) return row.status();
       if (!*row) return absl::InternalError("SQLite dead-letter insert returned no id");
@@ -47,8 +53,15 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
   }
 
   absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view queue, int limit,
-                                                absl::string_view after_id) override {
+                                                absl::string_view after_id,
+                                                DeadLetterKinds kinds) override {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
+    if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
+    // One kind (the replay loop's fetch) reads that kind's index only.
+    int single = -1;
+    for (int k = 0; k < 3; ++k) {
+      if (kinds.bits() == (uint32_t{1} << k)) single = k;
+    }
     int64_t after = 0;
     if (!after_id.empty()) {
       absl::StatusOr<int64_t> parsed = ParseId(after_id, "Fetch: after_id");
@@ -58,11 +71,14 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     std::vector<DeadLetter> letters;
     const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
       letters.clear();
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchLettersSql);
+      absl::StatusOr<ScopedStatement> stmt =
+          conn.Prepare(single >= 0 ? sqlite_internal::kFetchLettersOfKindSql
+                                   : sqlite_internal::kFetchLettersSql);
       if (!stmt.ok()) return stmt.status();
       stmt->BindText(1, queue);
       stmt->BindInt64(2, after);
       stmt->BindInt64(3, limit);
+      stmt->BindInt64(4, single >= 0 ? single : kinds.bits());
       while (true) {
         absl::StatusOr<bool> row = stmt->Step();
         if (!row.ok()) return row.status();
@@ -73,6 +89,13 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
         letter.data = std::string(stmt->ColumnBlob(1));
         letter.reason = std::string(stmt->ColumnText(2));
         letter.stored_at = absl::FromUnixMicros(stmt->ColumnInt64(3));
+        const int64_t kind = stmt->ColumnInt64(4);
+        letter.kind =
+            kind >= 0 && kind <= 2 ? static_cast<DeadLetterKind>(kind) : DeadLetterKind::kMalformed;
+        letter.attempts = static_cast<int>(stmt->ColumnInt64(5));
+        letter.first_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(6));
+        letter.last_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(7));
+        letter.replays = static_cast<int>(stmt->ColumnInt64(8));
       }
     });
     if (!s.ok()) return s;
@@ -91,12 +114,13 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     });
   }
 
-  absl::StatusOr<int64_t> Count(absl::string_view queue) override {
+  absl::StatusOr<int64_t> Count(absl::string_view queue, DeadLetterKinds kinds) override {
     int64_t count = 0;
     const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
       absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountLettersSql);
       if (!stmt.ok()) return stmt.status();
       stmt->BindText(1, queue);
+      stmt->BindInt64(2, kinds.bits());
       absl::StatusOr<bool> row = stmt->Step();
       if (!row.ok()) return row.status();
       count = *row ? stmt->ColumnInt64(0) : 0;
@@ -106,7 +130,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     return count;
   }
 
-  absl::Status Purge(absl::string_view queue) override {
+  absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) override {
     // Everything up to the newest letter now; deleted in bounded batches so that no single
     // transaction holds the write lock for long.
     int64_t max_id = 0;
@@ -129,6 +153,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
         stmt->BindText(1, queue);
         stmt->BindInt64(2, max_id);
         stmt->BindInt64(3, batch);
+        stmt->BindInt64(4, kinds.bits());
         if (absl::Status run = stmt->Run(); !run.ok()) return run;
         deleted = conn.Changes();
         return absl::OkStatus();

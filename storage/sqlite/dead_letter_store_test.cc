@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "storage/sqlite/sqlite_store_harness.h"
 #include "tests/store_conformance.h"
+#include "tests/testing/letters.h"
 #include "tests/testing/process.h"
 
 namespace bus::testing {
@@ -62,10 +63,11 @@ TEST_F(SqliteDeadLetterStoreTest, LettersSurviveClosingAndReopening) {
   {
     auto store = Open();
     ASSERT_NE(store, nullptr);
-    absl::StatusOr<std::string> stored = store->Store("orders", std::string("a\0b", 3), "boom");
+    absl::StatusOr<std::string> stored =
+        store->Store(Letter("orders", std::string("a\0b", 3), "boom"));
     ASSERT_TRUE(stored.ok()) << stored.status();
     id = *stored;
-    ASSERT_TRUE(store->Store("orders", "", "empty payload").ok());
+    ASSERT_TRUE(store->Store(Letter("orders", "", "empty payload")).ok());
   }
   auto store = Open();
   ASSERT_NE(store, nullptr);
@@ -84,11 +86,11 @@ TEST_F(SqliteDeadLetterStoreTest, LettersSurviveClosingAndReopening) {
 TEST_F(SqliteDeadLetterStoreTest, IdsAreNeverReused) {
   auto store = Open();
   ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::string> first = store->Store("q", "1", "r");
-  absl::StatusOr<std::string> second = store->Store("q", "2", "r");
+  absl::StatusOr<std::string> first = store->Store(Letter("q", "1", "r"));
+  absl::StatusOr<std::string> second = store->Store(Letter("q", "2", "r"));
   ASSERT_TRUE(first.ok() && second.ok());
   ASSERT_TRUE(store->Remove("q", *second).ok());
-  absl::StatusOr<std::string> third = store->Store("q", "3", "r");
+  absl::StatusOr<std::string> third = store->Store(Letter("q", "3", "r"));
   ASSERT_TRUE(third.ok());
   EXPECT_NE(*third, *second);
   // A late Remove() of the removed letter's id must not touch the new letter.
@@ -103,8 +105,8 @@ TEST_F(SqliteDeadLetterStoreTest, PurgeDeletesInBatchesAndLeavesOtherQueues) {
   options_.cleanup_batch = 3;
   auto store = Open();
   ASSERT_NE(store, nullptr);
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(store->Store("a", absl::StrCat(i), "r").ok());
-  ASSERT_TRUE(store->Store("b", "keep", "r").ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(store->Store(Letter("a", absl::StrCat(i), "r")).ok());
+  ASSERT_TRUE(store->Store(Letter("b", "keep", "r")).ok());
   ASSERT_TRUE(store->Purge("a").ok());
   EXPECT_EQ(*store->Count("a"), 0);
   EXPECT_THAT(Datas(*store->Fetch("b", 10)), ElementsAre("keep"));
@@ -137,7 +139,8 @@ int RunChild(const std::string& path, const std::string& ids_path, int count) {
   }
   std::ofstream ids(ids_path, std::ios::app);
   for (int i = 0; i < count; ++i) {
-    absl::StatusOr<std::string> id = (*store)->Store("orders", absl::StrCat("letter ", i), "r");
+    absl::StatusOr<std::string> id =
+        (*store)->Store(Letter("orders", absl::StrCat("letter ", i), "r"));
     if (!id.ok()) {
       std::cerr << id.status() << "\n";
       return 3;

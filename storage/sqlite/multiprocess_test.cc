@@ -23,6 +23,7 @@
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_db.h"
+#include "tests/testing/letters.h"
 #include "tests/testing/process.h"
 
 namespace bus::testing {
@@ -96,7 +97,7 @@ int RunChild(const std::string& path, const std::string& name, const std::string
             unexpected("MarkDone", s);
           }
           const std::string data = absl::StrCat(owner, " handled ", key);
-          absl::StatusOr<std::string> id = letters->Store(kQueue, data, "hammer");
+          absl::StatusOr<std::string> id = letters->Store(Letter(kQueue, data, "hammer"));
           if (!id.ok()) {
             unexpected("Store", id.status());
             continue;

@@ -52,6 +52,23 @@ inline constexpr const char* kMigrationV1[] = {
     "CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires_at_ms)",
 };
 
+// Migration to version 2: dead letters record their kind (0 malformed, 1 permanent,
+// 2 exhausted: DeadLetterKind), the message's failed attempts, its first and last failure times
+// and how many times it had been replayed. Letters stored by version 1 are classified by their
+// reason (the pipeline wrote "malformed: ..." for poison messages; everything else counts as
+// exhausted, which version 1 replayed), with both failure times set to when they were stored.
+// The index serves the replay loop's fetch of one kind without reading the others.
+inline constexpr const char* kMigrationV2[] = {
+    "ALTER TABLE dead_letters ADD COLUMN kind INTEGER NOT NULL DEFAULT 2",
+    "ALTER TABLE dead_letters ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dead_letters ADD COLUMN first_failed_us INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dead_letters ADD COLUMN last_failed_us INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dead_letters ADD COLUMN replays INTEGER NOT NULL DEFAULT 0",
+    "UPDATE dead_letters SET kind = 0 WHERE reason LIKE 'malformed:%'",
+    "UPDATE dead_letters SET first_failed_us = stored_at_us, last_failed_us = stored_at_us",
+    "CREATE INDEX dead_letters_by_kind ON dead_letters (queue, kind, id)",
+};
+
 // ---- Transactions ----
 //
 // Writes take the write lock up front (IMMEDIATE), so a transaction never has to upgrade a read
@@ -68,24 +85,36 @@ inline constexpr char kJournalModeWalSql[] = "PRAGMA journal_mode = WAL";
 
 // ---- Dead letters ----
 
-// ?1 queue, ?2 data, ?3 reason, ?4 stored_at_us. Returns the id.
+// ?1 queue, ?2 data, ?3 reason, ?4 stored_at_us, ?5 kind, ?6 attempts, ?7 first_failed_us,
+// ?8 last_failed_us, ?9 replays. Returns the id.
 inline constexpr char kStoreLetterSql[] =
-    "INSERT INTO dead_letters (queue, data, reason, stored_at_us) VALUES (?1, ?2, ?3, ?4) "
+    "INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind, attempts, "
+    "first_failed_us, last_failed_us, replays) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
     "RETURNING id";
-// ?1 queue, ?2 after id, ?3 limit.
+#define BUS_SQLITE_LETTER_COLUMNS \
+  "id, data, reason, stored_at_us, kind, attempts, first_failed_us, last_failed_us, replays"
+// ?1 queue, ?2 after id, ?3 limit, ?4 kind mask (bit k: kind k).
 inline constexpr char kFetchLettersSql[] =
-    "SELECT id, data, reason, stored_at_us FROM dead_letters "
-    "WHERE queue = ?1 AND id > ?2 ORDER BY id LIMIT ?3";
+    "SELECT " BUS_SQLITE_LETTER_COLUMNS
+    " FROM dead_letters WHERE queue = ?1 AND id > ?2 AND ((1 << kind) & ?4) != 0 "
+    "ORDER BY id LIMIT ?3";
+// ?1 queue, ?2 after id, ?3 limit, ?4 kind. One kind, through dead_letters_by_kind.
+inline constexpr char kFetchLettersOfKindSql[] =
+    "SELECT " BUS_SQLITE_LETTER_COLUMNS
+    " FROM dead_letters WHERE queue = ?1 AND kind = ?4 AND id > ?2 ORDER BY id LIMIT ?3";
+#undef BUS_SQLITE_LETTER_COLUMNS
 // ?1 queue, ?2 id.
 inline constexpr char kRemoveLetterSql[] = "DELETE FROM dead_letters WHERE queue = ?1 AND id = ?2";
-// ?1 queue.
-inline constexpr char kCountLettersSql[] = "SELECT count(*) FROM dead_letters WHERE queue = ?1";
+// ?1 queue, ?2 kind mask.
+inline constexpr char kCountLettersSql[] =
+    "SELECT count(*) FROM dead_letters WHERE queue = ?1 AND ((1 << kind) & ?2) != 0";
 // ?1 queue.
 inline constexpr char kMaxLetterIdSql[] = "SELECT max(id) FROM dead_letters WHERE queue = ?1";
-// ?1 queue, ?2 highest id to delete, ?3 batch size.
+// ?1 queue, ?2 highest id to delete, ?3 batch size, ?4 kind mask.
 inline constexpr char kPurgeLettersSql[] =
     "DELETE FROM dead_letters WHERE id IN "
-    "(SELECT id FROM dead_letters WHERE queue = ?1 AND id <= ?2 ORDER BY id LIMIT ?3)";
+    "(SELECT id FROM dead_letters WHERE queue = ?1 AND id <= ?2 AND ((1 << kind) & ?4) != 0 "
+    "ORDER BY id LIMIT ?3)";
 
 // ---- Idempotency keys ----
 //

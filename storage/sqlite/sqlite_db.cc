@@ -39,6 +39,7 @@ struct Migration {
 // Applied in order to bring an older file forward; a new schema version appends an entry.
 const Migration kMigrations[] = {
     {1, sqlite_internal::kMigrationV1},
+    {2, sqlite_internal::kMigrationV2},
 };
 
 // The schema version recorded in the file; 0 when the file has no bus tables yet. On a file

@@ -119,7 +119,7 @@ class SqliteDatabase {
   static absl::StatusOr<std::shared_ptr<SqliteDatabase>> Open(SqliteOptions options);
 
   // The schema version this library writes and reads.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   ~SqliteDatabase();
   SqliteDatabase(const SqliteDatabase&) = delete;

@@ -28,6 +28,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/sqlite/connection.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sql.h"
 #include "tests/testing/process.h"
 
 namespace bus {
@@ -165,7 +167,46 @@ TEST_F(SqliteDatabaseTest, MigratesAFileThatHoldsAnApplicationsOwnTables) {
   EXPECT_EQ(RawQuery(options_.path, "SELECT name FROM accounts"), "alice");
   EXPECT_EQ(RawQuery(options_.path, "PRAGMA user_version"), "7");  // the application's own
   EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
-            "1");
+            absl::StrCat(SqliteDatabase::kSchemaVersion));
+}
+
+TEST_F(SqliteDatabaseTest, AVersion1FileIsUpgradedInPlaceAndItsLettersGetKinds) {
+  // A file as version 1 of the library left it, with two letters of each shape it wrote.
+  std::string v1 = "BEGIN;";
+  for (const char* sql : sqlite_internal::kMigrationV1) absl::StrAppend(&v1, sql, ";");
+  absl::StrAppend(&v1, "CREATE TABLE bus_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+                  "INSERT INTO bus_meta VALUES ('schema_version', 1);",
+                  "INSERT INTO dead_letters (queue, data, reason, stored_at_us) VALUES "
+                  "('orders', x'00ff', 'malformed: truncated', 1700000000000000), "
+                  "('orders', 'env', 'payment declined', 1700000001000000);",
+                  "INSERT INTO idempotency_keys VALUES ('orders.a', 'o', 1, 99999999999999);",
+                  "COMMIT;");
+  RawExec(options_.path, v1.c_str());
+
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
+            "2");
+  std::shared_ptr<DeadLetterStore> store = NewSqliteDeadLetterStore(*db);
+  absl::StatusOr<std::vector<DeadLetter>> letters = store->Fetch("orders", 10);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  ASSERT_EQ(letters->size(), 2u);
+  EXPECT_EQ((*letters)[0].kind, DeadLetterKind::kMalformed);
+  EXPECT_EQ((*letters)[0].data, std::string("\x00\xff", 2));
+  EXPECT_EQ((*letters)[0].first_failed_at, absl::FromUnixMicros(1700000000000000));
+  EXPECT_EQ((*letters)[0].last_failed_at, absl::FromUnixMicros(1700000000000000));
+  EXPECT_EQ((*letters)[1].kind, DeadLetterKind::kExhausted);
+  EXPECT_EQ((*letters)[1].reason, "payment declined");
+  EXPECT_EQ((*letters)[1].attempts, 0);
+  EXPECT_EQ((*letters)[1].replays, 0);
+  EXPECT_EQ(*store->Count("orders", {DeadLetterKind::kExhausted}), 1);
+  // The keys came along untouched.
+  EXPECT_EQ(RawQuery(options_.path, "SELECT owner FROM idempotency_keys WHERE key = 'orders.a'"),
+            "o");
+  // Opening again changes nothing.
+  db->reset();
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());
+  EXPECT_EQ(RawQuery(options_.path, "SELECT count(*) FROM dead_letters WHERE kind = 0"), "1");
 }
 
 TEST_F(SqliteDatabaseTest, ManyOpenersOfAFreshFileMigrateItOnce) {
@@ -183,7 +224,7 @@ TEST_F(SqliteDatabaseTest, ManyOpenersOfAFreshFileMigrateItOnce) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
-            "1");
+            absl::StrCat(SqliteDatabase::kSchemaVersion));
 }
 
 TEST_F(SqliteDatabaseTest, APathThatCannotBeOpenedIsRefused) {

@@ -101,23 +101,33 @@ class FaultyDeadLetterStore final : public DeadLetterStore {
   explicit FaultyDeadLetterStore(std::shared_ptr<DeadLetterStore> base) : base_(std::move(base)) {}
 
   FaultSwitch store;
+  FaultSwitch fetch;
   FaultSwitch remove;
 
-  absl::StatusOr<std::string> Store(absl::string_view q, absl::string_view data,
-                                    absl::string_view reason) override {
+  using DeadLetterStore::Count;
+  using DeadLetterStore::Fetch;
+  using DeadLetterStore::Purge;
+
+  absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = store.Check(); !st.ok()) return st;
-    return base_->Store(q, data, reason);
+    return base_->Store(letter);
   }
   absl::StatusOr<std::vector<DeadLetter>> Fetch(absl::string_view q, int limit,
-                                                absl::string_view after) override {
-    return base_->Fetch(q, limit, after);
+                                                absl::string_view after,
+                                                DeadLetterKinds kinds) override {
+    if (absl::Status st = fetch.Check(); !st.ok()) return st;
+    return base_->Fetch(q, limit, after, kinds);
   }
   absl::Status Remove(absl::string_view q, absl::string_view id) override {
     if (absl::Status st = remove.Check(); !st.ok()) return st;
     return base_->Remove(q, id);
   }
-  absl::StatusOr<int64_t> Count(absl::string_view q) override { return base_->Count(q); }
-  absl::Status Purge(absl::string_view q) override { return base_->Purge(q); }
+  absl::StatusOr<int64_t> Count(absl::string_view q, DeadLetterKinds kinds) override {
+    return base_->Count(q, kinds);
+  }
+  absl::Status Purge(absl::string_view q, DeadLetterKinds kinds) override {
+    return base_->Purge(q, kinds);
+  }
 
  private:
   std::shared_ptr<DeadLetterStore> base_;
@@ -129,16 +139,26 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
       : base_(std::move(base)) {}
 
   FaultSwitch acquire;
+  FaultSwitch mark_done;
+  FaultSwitch release;
+  // When set, an injected acquire failure is applied to the store first (the key is taken and
+  // the reply "lost").
+  std::atomic<bool> acquire_then_fail{false};
 
   absl::StatusOr<bool> Acquire(absl::string_view k, absl::string_view o,
                                absl::Duration lease) override {
-    if (absl::Status st = acquire.Check(); !st.ok()) return st;
+    if (absl::Status st = acquire.Check(); !st.ok()) {
+      if (acquire_then_fail.load()) base_->Acquire(k, o, lease).IgnoreError();
+      return st;
+    }
     return base_->Acquire(k, o, lease);
   }
   absl::Status MarkDone(absl::string_view k, absl::string_view o, absl::Duration r) override {
+    if (absl::Status st = mark_done.Check(); !st.ok()) return st;
     return base_->MarkDone(k, o, r);
   }
   absl::Status Release(absl::string_view k, absl::string_view o) override {
+    if (absl::Status st = release.Check(); !st.ok()) return st;
     return base_->Release(k, o);
   }
   // The batched forms run the single ones (so faults apply) and record the largest batch.
