@@ -257,8 +257,15 @@ struct Handler::Shared {
     return InfraFailure();
   }
 
+  // The streak grows by one per batch that had an infrastructure failure (not per message, so
+  // that a batch of 64 failing at once does not jump to infra_backoff_max).
+  static bool& InfraFailedInBatch() {
+    thread_local bool failed = false;
+    return failed;
+  }
   Settlement InfraFailure() {
-    const int n = infra_failures.fetch_add(1, std::memory_order_relaxed) + 1;
+    InfraFailedInBatch() = true;
+    const int n = infra_failures.load(std::memory_order_relaxed) + 1;
     redelivered.fetch_add(1, std::memory_order_relaxed);
     if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
     return Settlement::Redeliver(
@@ -313,6 +320,13 @@ void Handler::Shared::ProcessBatch(absl::Span<const Input> in, absl::Span<Settle
   const size_t n = in.size();
   received.fetch_add(n, std::memory_order_relaxed);
   InFlight gauge(&in_flight, static_cast<int64_t>(n));
+  InfraFailedInBatch() = false;
+  struct CountStreak {
+    std::atomic<int>* streak;
+    ~CountStreak() {
+      if (InfraFailedInBatch()) streak->fetch_add(1, std::memory_order_relaxed);
+    }
+  } count_streak{&infra_failures};
   thread_local BatchScratch b;
   if (b.msgs.size() < n) {
     b.msgs.resize(n);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,12 +56,44 @@ class FaultSwitch {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// A consumer that marks deliveries whose bytes equal `corrupt_data` as corrupt
+// (Delivery::corrupt), as a driver does when the broker's record of a message is broken.
+class CorruptingConsumer final : public Consumer {
+ public:
+  CorruptingConsumer(std::unique_ptr<Consumer> base, std::string corrupt_data)
+      : base_(std::move(base)), corrupt_data_(std::move(corrupt_data)) {}
+  absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
+                       std::vector<Delivery>* out) override {
+    const size_t before = out->size();
+    absl::Status st = base_->Receive(max, wait, stop, out);
+    for (size_t i = before; i < out->size(); ++i) {
+      if ((*out)[i].data == corrupt_data_) (*out)[i].corrupt = "injected: broker record corrupt";
+    }
+    return st;
+  }
+  absl::Status Ack(const Delivery& d) override { return base_->Ack(d); }
+  void AckMany(absl::Span<const Delivery* const> ds, absl::Span<absl::Status> rs) override {
+    base_->AckMany(ds, rs);
+  }
+  absl::Status Nack(const Delivery& d, absl::Duration delay) override {
+    return base_->Nack(d, delay);
+  }
+  absl::Status Extend(const Delivery& d) override { return base_->Extend(d); }
+
+ private:
+  std::unique_ptr<Consumer> base_;
+  const std::string corrupt_data_;
+};
+
 class FaultyDriver final : public Driver {
  public:
   explicit FaultyDriver(std::shared_ptr<Driver> base) : base_(std::move(base)) {}
 
   FaultSwitch send;   // SendToQueue, SendBatchToQueue, SendToTopic
   FaultSwitch setup;  // CreateQueue, Subscribe
+  // Non-empty: consumers mark deliveries with exactly these bytes as corrupt. Set before
+  // NewConsumer.
+  std::string corrupt_data;
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
@@ -88,7 +121,9 @@ class FaultyDriver final : public Driver {
   }
   absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view q,
                                                         const ConsumerOptions& o) override {
-    return base_->NewConsumer(q, o);
+    absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
+    if (!c.ok() || corrupt_data.empty()) return c;
+    return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
 
