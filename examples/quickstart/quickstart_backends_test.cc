@@ -118,6 +118,8 @@ TEST(QuickstartBackendsTest, BadFlagsAreClearErrors) {
   ExpectOneLineError({"--concurrency=0"}, "concurrency");
   ExpectOneLineError({"--driver=redis", "--redis=localhost"}, "--redis: want host:port");
   ExpectOneLineError({"--driver=nsq", "--nsqd=nohost"}, "nohost");
+  ExpectOneLineError({"--db=/nonexistent-quickstart-dir/bus.db"},
+                     "directory /nonexistent-quickstart-dir does not exist");
 }
 
 TEST(QuickstartBackendsTest, AnUnreachableRedisIsAClearError) {

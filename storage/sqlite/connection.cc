@@ -89,7 +89,8 @@ absl::Status CheckDatabaseDirectory(const std::string& path) {
   const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     const int err = errno;
-    if (err == EEXIST) return absl::OkStatus();  // a probe of ours left by a crash: creatable
+    // Another thread's probe, or one left by a crash: files can be created there.
+    if (err == EEXIST) return absl::OkStatus();
     return absl::PermissionDeniedError(absl::StrCat(
         "directory ", dir, " is not writable (creating a file there fails: ", std::strerror(err),
         "); SQLite database ", path, " needs to create ", path, ", ", path, "-wal and ", path,
