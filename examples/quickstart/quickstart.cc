@@ -5,7 +5,8 @@
 //   every published copy ends exactly once: handled + duplicates skipped + dead-lettered
 //   every delivery is a published copy or a retry: received = published + retried
 //
-// Exits 0 when they do, 1 otherwise.
+// Exits 0 when they do, 1 otherwise. A bad flag, an unreachable server or a refused password
+// also exits 1, with one line on stderr saying which, before anything is published.
 //
 //   bazel run //examples/quickstart -- --orders=300 --db=/tmp/bus-quickstart.db
 //
