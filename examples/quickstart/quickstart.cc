@@ -5,7 +5,8 @@
 //   every published copy ends exactly once: handled + duplicates skipped + dead-lettered
 //   every delivery is a published copy or a retry: received = published + retried
 //
-// Exits 0 when they do, 1 otherwise.
+// Exits 0 when they do, 1 otherwise. A bad flag, an unreachable server or a refused password
+// also exits 1, with one line on stderr saying which, before anything is published.
 //
 //   bazel run //examples/quickstart -- --orders=300 --db=/tmp/bus-quickstart.db
 //
@@ -28,6 +29,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +39,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bus/handler.h"
@@ -97,6 +100,7 @@ absl::StatusOr<bus::RedisOptions> RedisFromFlags() {
   if (const char* password = std::getenv("REDIS_PASSWORD"); password != nullptr) {
     redis.password = password;
   }
+  redis.logger = bus::StderrLogger(bus::LogLevel::kError);
   return redis;
 }
 
@@ -120,6 +124,7 @@ absl::StatusOr<Backend> MakeBackend() {
     if (const char* secret = std::getenv("NSQ_AUTH_SECRET"); secret != nullptr) {
       nsq.auth_secret = secret;
     }
+    nsq.logger = bus::StderrLogger(bus::LogLevel::kError);
     absl::StatusOr<std::shared_ptr<bus::Driver>> d = bus::NewNsqDriver(nsq);
     if (!d.ok()) return d.status();
     b.driver = *d;
@@ -156,20 +161,90 @@ absl::StatusOr<Backend> MakeBackend() {
   return b;
 }
 
+// Flags the backend does not check itself.
+absl::Status CheckFlags() {
+  if (absl::GetFlag(FLAGS_orders) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--orders: must be >= 0, got ", absl::GetFlag(FLAGS_orders)));
+  }
+  if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout: must be > 0, got ", absl::FormatDuration(absl::GetFlag(FLAGS_timeout))));
+  }
+  return absl::OkStatus();
+}
+
+// One call to the broker and to each store, each bounded by its client's own timeouts, so an
+// unreachable server or a wrong password ends the run here with the error instead of leaving a
+// Handler that waits for the broker (Run() retries set-up while the broker is unavailable).
+absl::Status CheckReachable(const Backend& b, const std::string& queue) {
+  if (absl::Status st = b.driver->CreateQueue(queue, absl::ZeroDuration()); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(b.driver->name(), " broker: ", st.message()));
+  }
+  if (absl::StatusOr<int64_t> n = b.dead_letters->Count(queue); !n.ok()) {
+    return absl::Status(n.status().code(),
+                        absl::StrCat("dead-letter store: ", n.status().message()));
+  }
+  // Nobody holds this key, so a reachable store answers FailedPrecondition and changes nothing.
+  const absl::Status st = b.idempotency->Release(absl::StrCat(queue, ".quickstart-probe"), "probe");
+  if (!st.ok() && !absl::IsFailedPrecondition(st)) {
+    return absl::Status(st.code(), absl::StrCat("idempotency store: ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Runs handler->Run() on a thread of its own. Every way out of main() stops and joins it (the
+// destructor), so no return leaves a joinable thread behind.
+class BackgroundRun {
+ public:
+  explicit BackgroundRun(bus::Handler* handler)
+      : handler_(handler), thread_([this] {
+          absl::Status st = handler_->Run();
+          absl::MutexLock lock(&mu_);
+          result_ = std::move(st);
+        }) {}
+  ~BackgroundRun() { Join().IgnoreError(); }
+  BackgroundRun(const BackgroundRun&) = delete;
+  BackgroundRun& operator=(const BackgroundRun&) = delete;
+
+  // Run()'s result once it has returned; nullopt while it runs.
+  std::optional<absl::Status> result() const {
+    absl::MutexLock lock(&mu_);
+    return result_;
+  }
+
+  // Stops the handler and waits for Run() to return; returns its result.
+  absl::Status Join() {
+    handler_->Stop();
+    if (thread_.joinable()) thread_.join();
+    return *result();
+  }
+
+ private:
+  bus::Handler* const handler_;
+  mutable absl::Mutex mu_;
+  std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+int Fail(absl::string_view what, const absl::Status& st) {
+  std::fprintf(stderr, "quickstart: %s%s\n", std::string(what).c_str(), st.ToString().c_str());
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  absl::ParseCommandLine(argc, argv);  // an unknown flag or a bad value exits 1 here
+  if (absl::Status st = CheckFlags(); !st.ok()) return Fail("", st);
   const int orders = absl::GetFlag(FLAGS_orders);
 
   absl::StatusOr<Backend> backend = MakeBackend();
-  if (!backend.ok()) {
-    std::fprintf(stderr, "quickstart: %s\n", backend.status().ToString().c_str());
-    return 1;
-  }
+  if (!backend.ok()) return Fail("", backend.status());
   const std::shared_ptr<bus::Driver> driver = backend->driver;
   const std::shared_ptr<bus::DeadLetterStore> dead_letters = backend->dead_letters;
   const std::string queue = absl::StrCat("orders-", absl::Hex(absl::ToUnixNanos(absl::Now())));
+  if (absl::Status st = CheckReachable(*backend, queue); !st.ok()) return Fail("", st);
 
   absl::Mutex mu;
   absl::flat_hash_map<std::string, int> failures;  // per order, for the transient ones
@@ -204,15 +279,8 @@ int main(int argc, char** argv) {
     }
   };
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
-  if (!handler.ok()) {
-    std::fprintf(stderr, "quickstart: %s\n", handler.status().ToString().c_str());
-    return 1;
-  }
-  std::thread runner([&] {
-    if (absl::Status st = (*handler)->Run(); !st.ok()) {
-      std::fprintf(stderr, "quickstart: run: %s\n", st.ToString().c_str());
-    }
-  });
+  if (!handler.ok()) return Fail("", handler.status());
+  BackgroundRun runner(handler->get());
 
   bus::Publisher publisher(driver);
   int published = 0;
@@ -223,10 +291,7 @@ int main(int argc, char** argv) {
     for (int c = 0; c < copies; ++c) {
       absl::StatusOr<std::string> id = publisher.SendToQueue(
           queue, bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
-      if (!id.ok()) {
-        std::fprintf(stderr, "quickstart: publish: %s\n", id.status().ToString().c_str());
-        return 1;
-      }
+      if (!id.ok()) return Fail("publish: ", id.status());
       ++published;
     }
     expect_duplicates += copies - 1;
@@ -242,16 +307,13 @@ int main(int argc, char** argv) {
     const uint64_t ended = s.succeeded + s.duplicates + s.dead_lettered;
     if (ended >= static_cast<uint64_t>(published) && s.in_flight == 0) break;
     if (absl::Now() > deadline) break;
+    if (runner.result().has_value()) break;  // Run() gave up (e.g. the password was refused)
     absl::SleepFor(absl::Milliseconds(10));
   }
-  (*handler)->Stop();
-  runner.join();
+  if (absl::Status st = runner.Join(); !st.ok()) return Fail("run: ", st);
   s = (*handler)->Stats();
   const absl::StatusOr<int64_t> counted = dead_letters->Count(queue);
-  if (!counted.ok()) {
-    std::fprintf(stderr, "quickstart: %s\n", counted.status().ToString().c_str());
-    return 1;
-  }
+  if (!counted.ok()) return Fail("", counted.status());
   const int64_t letters = *counted;
 
   std::printf("backend         %s, queue %s\n", backend->description.c_str(), queue.c_str());

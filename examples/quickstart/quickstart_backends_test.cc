@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -23,11 +24,19 @@ std::string QuickstartBinary() {
                       "/examples/quickstart/quickstart");
 }
 
-// Runs the quickstart with `args`; returns its exit code and leaves its output in `*output`.
-int RunQuickstart(const std::vector<std::string>& args, std::string* output) {
+// Runs the quickstart with `args` (and `env`, "NAME=value" entries, in its environment);
+// returns its exit code, or -1 when it did not exit normally (a signal, e.g. SIGABRT), and
+// leaves its output (stdout and stderr) in `*output`.
+int RunQuickstart(const std::vector<std::string>& args, std::string* output,
+                  const std::vector<std::string>& env = {}) {
   const std::string dir = MakeTempDir("quickstart");
   const std::string log = dir + "/out.txt";
-  std::vector<std::string> argv = {QuickstartBinary(), "--orders=200", "--timeout=120s"};
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(QuickstartBinary());
+  argv.push_back("--orders=200");
+  argv.push_back("--timeout=120s");
+  argv.push_back(absl::StrCat("--db=", dir, "/bus.db"));
   argv.insert(argv.end(), args.begin(), args.end());
   auto child = ChildProcess::Start(argv, log);
   EXPECT_TRUE(child.ok()) << child.status();
@@ -85,10 +94,59 @@ TEST(QuickstartBackendsTest, AddsUpOnTheNsqDriverDiscoveredThroughLookupd) {
   RemoveTree(dir);
 }
 
-TEST(QuickstartBackendsTest, AnUnknownDriverIsAClearError) {
+// A bad flag or a server that cannot be used ends the run with exit code 1 and one line saying
+// why (never an abort: exit 134, or a hang until the timeout).
+void ExpectOneLineError(const std::vector<std::string>& args, const std::string& expected,
+                        const std::vector<std::string>& env = {}) {
   std::string out;
-  EXPECT_EQ(RunQuickstart({"--driver=kafka"}, &out), 1);
-  EXPECT_NE(out.find("--driver: unknown \"kafka\""), std::string::npos) << out;
+  EXPECT_EQ(RunQuickstart(args, &out, env), 1) << out;
+  EXPECT_NE(out.find(expected), std::string::npos) << out;
+  EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+}
+
+TEST(QuickstartBackendsTest, AnUnknownDriverIsAClearError) {
+  ExpectOneLineError({"--driver=kafka"}, "--driver: unknown \"kafka\"");
+}
+
+TEST(QuickstartBackendsTest, BadFlagsAreClearErrors) {
+  ExpectOneLineError({"--stores=mongo"}, "--stores: unknown \"mongo\"");
+  ExpectOneLineError({"--orders=many"}, "'orders'");
+  ExpectOneLineError({"--no_such_flag"}, "no_such_flag");
+  ExpectOneLineError({"--orders=-1"}, "--orders: must be >= 0");
+  ExpectOneLineError({"--timeout=0s"}, "--timeout: must be > 0");
+  ExpectOneLineError({"--concurrency=0"}, "concurrency");
+  ExpectOneLineError({"--driver=redis", "--redis=localhost"}, "--redis: want host:port");
+  ExpectOneLineError({"--driver=nsq", "--nsqd=nohost"}, "nohost");
+  ExpectOneLineError({"--db=/nonexistent-quickstart-dir/bus.db"},
+                     "directory /nonexistent-quickstart-dir does not exist");
+}
+
+TEST(QuickstartBackendsTest, AnUnreachableRedisIsAClearError) {
+  absl::StatusOr<int> port = PickFreePort();  // nothing listens there
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string redis = absl::StrCat("--redis=127.0.0.1:", *port);
+  ExpectOneLineError({"--driver=redis", redis}, "UNAVAILABLE: redis broker");
+  ExpectOneLineError({"--driver=redis", "--stores=redis", redis}, "UNAVAILABLE: redis broker");
+  ExpectOneLineError({"--stores=redis", redis}, "UNAVAILABLE: dead-letter store");
+}
+
+TEST(QuickstartBackendsTest, AWrongRedisPasswordIsAClearError) {
+  auto server = RedisServer::Start({.password = "right-password"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string redis = absl::StrCat("--redis=127.0.0.1:", (*server)->port());
+  ExpectOneLineError({"--driver=redis", "--stores=redis", redis}, "UNAUTHENTICATED: redis broker",
+                     {"REDIS_PASSWORD=wrong-password"});
+  ExpectOneLineError({"--driver=redis", redis}, "UNAUTHENTICATED: redis broker");  // none given
+  ExpectOneLineError({"--stores=redis", redis}, "UNAUTHENTICATED: dead-letter store",
+                     {"REDIS_PASSWORD=wrong-password"});
+}
+
+TEST(QuickstartBackendsTest, AnUnreachableNsqdIsAClearError) {
+  absl::StatusOr<int> port = PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  ExpectOneLineError({"--driver=nsq", absl::StrCat("--nsqd=127.0.0.1:", *port)},
+                     "UNAVAILABLE: nsq broker");
 }
 
 }  // namespace

@@ -1,6 +1,12 @@
 #include "storage/sqlite/connection.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -43,7 +49,70 @@ absl::StatusCode CodeFor(int rc) {
   }
 }
 
+// The directory holding `path` ("." for a bare file name).
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
 }  // namespace
+
+absl::Status CheckDatabaseDirectory(const std::string& path) {
+  const std::string dir = DirectoryOf(path);
+  const std::string db = absl::StrCat(" (SQLite database ", path, ")");
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("SQLite database path ", path, " is a directory, not a file"));
+  }
+  if (stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      return absl::FailedPreconditionError(absl::StrCat("directory ", dir, " does not exist", db));
+    }
+    if (err == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("directory ", dir, " does not exist: part of its path is a file", db));
+    }
+    if (err == EACCES) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("directory ", dir, " cannot be searched: ", std::strerror(err), db));
+    }
+    return absl::OkStatus();  // something else; the caller's error says more than we can
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory", db));
+  }
+  const std::string probe = absl::StrCat(path, "-probe-", getpid());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    // Another thread's probe, or one left by a crash: files can be created there.
+    if (err == EEXIST) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "directory ", dir, " is not writable (creating a file there fails: ", std::strerror(err),
+        "); SQLite database ", path, " needs to create ", path, ", ", path, "-wal and ", path,
+        "-shm there"));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status ExplainOpenError(const std::string& path, absl::Status error) {
+  switch (error.code()) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kUnavailable:  // busy: another connection holds the lock
+      return error;
+    default:
+      break;
+  }
+  absl::Status directory = CheckDatabaseDirectory(path);
+  return directory.ok() ? error : directory;
+}
 
 absl::Status SqliteStatus(int rc, sqlite3* db, absl::string_view context) {
   if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE) return absl::OkStatus();
@@ -134,14 +203,16 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
   const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
   std::unique_ptr<sqlite3, SqliteCloser> db(raw);
   if (rc != SQLITE_OK) {
-    return SqliteStatus(rc, db.get(), absl::StrCat("cannot open SQLite database ", path));
+    return ExplainOpenError(
+        path, SqliteStatus(rc, db.get(), absl::StrCat("cannot open SQLite database ", path)));
   }
   sqlite3_extended_result_codes(db.get(), 1);
   // SQLite quietly falls back to read-only when the file cannot be opened for writing; every
   // store needs to write, so say so now instead of failing on the first write.
   if (sqlite3_db_readonly(db.get(), "main") == 1) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("SQLite database ", path, " is read-only (no write permission on the file)"));
+    return ExplainOpenError(
+        path, absl::PermissionDeniedError(absl::StrCat(
+                  "SQLite database ", path, " is read-only (no write permission on the file)")));
   }
   std::unique_ptr<Connection> conn(new Connection(std::move(db), path, busy_timeout));
   sqlite3_busy_handler(conn->raw(), &Connection::BusyHandler, conn.get());

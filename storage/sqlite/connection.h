@@ -63,6 +63,26 @@ namespace sqlite_internal {
 // contains bound values.
 absl::Status SqliteStatus(int rc, sqlite3* db, absl::string_view context);
 
+// Why the database file at `path` cannot be opened or written when the cause is its
+// directory, or OK when the directory is fine (then the caller's own error stands):
+//
+//   FailedPrecondition  the directory does not exist, or is not a directory; or `path` itself
+//                       is a directory
+//   PermissionDenied    the directory cannot be searched, or no file can be created in it
+//                       (SQLite creates `path`, `path`-wal and `path`-shm there), whatever the
+//                       reason: mode bits, a read-only file system, an immutable directory
+//
+// The messages name the directory and the database. Whether a file can be created is checked
+// by creating and removing one (`path` followed by "-probe-<pid>"), because access(2) says yes
+// to root where the file system or the kernel still refuses; so call this only once opening
+// has failed.
+absl::Status CheckDatabaseDirectory(const std::string& path);
+
+// `error` from opening the database at `path` (or from its first statements), replaced by
+// CheckDatabaseDirectory(path) when that finds the directory to blame. Errors that no
+// directory causes (InvalidArgument, Unavailable, OK) are returned unchanged, without a check.
+absl::Status ExplainOpenError(const std::string& path, absl::Status error);
+
 struct SqliteCloser {
   void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
 };
@@ -114,7 +134,8 @@ class Connection {
   // Opens (creating if missing) the database file at `path` for reading and writing, with a
   // busy handler that retries for up to `busy_timeout` and the given synchronous mode. Does not
   // switch the journal mode or touch the schema (SqliteDatabase does that). Errors as
-  // SqliteStatus() maps them; PermissionDenied when the file can only be opened read-only.
+  // SqliteStatus() maps them, explained by ExplainOpenError() when the directory is to blame;
+  // PermissionDenied when the file can only be opened read-only.
   static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& path,
                                                           absl::Duration busy_timeout,
                                                           SqliteSynchronous synchronous);

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -200,6 +201,16 @@ struct SqliteDatabase::Writer {
 };
 
 absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::Open(SqliteOptions options) {
+  const std::string path = options.path;
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = OpenFile(std::move(options));
+  // A directory SQLite cannot create files in shows up only at the first statement that needs
+  // one (reading a WAL file, switching to WAL), as "unable to open database file" or "attempt
+  // to write a readonly database" about the file: name the directory instead.
+  if (!db.ok()) return sqlite_internal::ExplainOpenError(path, db.status());
+  return db;
+}
+
+absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::OpenFile(SqliteOptions options) {
   if (absl::Status s = ValidateSqliteOptions(options); !s.ok()) return s;
   if (options.clock == nullptr) options.clock = RealClock();
   absl::StatusOr<std::unique_ptr<Connection>> conn =

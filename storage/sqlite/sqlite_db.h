@@ -112,9 +112,11 @@ class SqliteDatabase {
   // Opens or creates the database and brings its schema to kSchemaVersion. Errors (on an error
   // nothing in the file has been changed):
   //  - InvalidArgument: a bad option (the message names the field).
-  //  - FailedPrecondition: the path cannot be opened (no such directory, a directory), the file
-  //    is not a SQLite database, or it was written by a newer schema version than this library's.
-  //  - PermissionDenied: the file or its directory is read-only.
+  //  - FailedPrecondition: the path cannot be opened (its directory does not exist, or it is a
+  //    directory; the message names it), the file is not a SQLite database, or it was written by
+  //    a newer schema version than this library's.
+  //  - PermissionDenied: the file is read-only, or no file can be created in its directory
+  //    (SQLite creates the -wal and -shm files beside it; the message names the directory).
   //  - Unavailable: another process held the database lock for longer than busy_timeout.
   static absl::StatusOr<std::shared_ptr<SqliteDatabase>> Open(SqliteOptions options);
 
@@ -164,6 +166,9 @@ class SqliteDatabase {
 
  private:
   struct Writer;
+
+  // Open() without the explanation of an error whose cause is the file's directory.
+  static absl::StatusOr<std::shared_ptr<SqliteDatabase>> OpenFile(SqliteOptions options);
 
   // `checkpointer`: the helper's connection, or null without background checkpoints.
   SqliteDatabase(SqliteOptions options, std::unique_ptr<sqlite_internal::Connection> writer,

@@ -4,6 +4,7 @@
 
 #include "storage/sqlite/sqlite_db.h"
 
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -39,6 +40,7 @@ using sqlite_internal::Connection;
 using sqlite_internal::ScopedStatement;
 using sqlite_internal::SqliteStatus;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 std::string ReadFile(const std::string& path) {
@@ -293,6 +295,105 @@ TEST_F(SqliteDatabaseTest, AReadOnlyFileIsRefusedAndLeftAlone) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), static_cast<int>(absl::StatusCode::kPermissionDenied));
   EXPECT_EQ(ReadFile(options_.path), before);
+}
+
+// ---- The directory: missing, not a directory, not writable ----
+
+TEST_F(SqliteDatabaseTest, AMissingDirectoryIsNamed) {
+  options_.path = dir_ + "/no/such/dir/bus.db";
+  const absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("directory ", dir_,
+                                                  "/no/such/dir does not exist "
+                                                  "(SQLite database ",
+                                                  options_.path, ")")));
+  EXPECT_FALSE(Exists(dir_ + "/no"));
+}
+
+TEST_F(SqliteDatabaseTest, ADirectoryThatIsAFileOrADatabasePathThatIsADirectoryIsNamed) {
+  WriteFile(dir_ + "/notes", "not a directory");
+  options_.path = dir_ + "/notes/bus.db";
+  absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(dir_, "/notes is not a directory")));
+  EXPECT_EQ(ReadFile(dir_ + "/notes"), "not a directory");
+
+  options_.path = dir_;
+  s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(dir_, " is a directory, not a file")));
+}
+
+// Opens `options` in a child process that runs without root's file-permission override (so a
+// test running as root sees mode bits as any other user does) and returns the status's code and
+// message as "<code>: <message>" ("OK: " when it opened).
+std::string OpenWithoutFileOverride(const SqliteOptions& options) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    close(fds[0]);
+    std::string out;
+    if (geteuid() == 0 && !DropFileOverrideCapabilities()) {
+      out = "cannot drop capabilities";
+    } else {
+      const absl::Status s = SqliteDatabase::Open(options).status();
+      out = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+    }
+    const ssize_t written = write(fds[1], out.data(), out.size());
+    _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return out;
+}
+
+TEST_F(SqliteDatabaseTest, ADirectoryThatIsNotWritableIsNamedForANewFile) {
+  const std::string ro = dir_ + "/ro";
+  ASSERT_EQ(mkdir(ro.c_str(), 0555), 0);
+  options_.path = ro + "/bus.db";
+  const std::string result = OpenWithoutFileOverride(options_);
+  EXPECT_THAT(result, HasSubstr("PERMISSION_DENIED: directory " + ro + " is not writable"));
+  EXPECT_THAT(result, HasSubstr(options_.path + "-wal"));
+  chmod(ro.c_str(), 0755);
+}
+
+TEST_F(SqliteDatabaseTest, ADirectoryThatIsNotWritableIsNamedForAnExistingDatabase) {
+  const std::string ro = dir_ + "/ro";
+  ASSERT_EQ(mkdir(ro.c_str(), 0755), 0);
+  options_.path = ro + "/bus.db";
+  ASSERT_TRUE(SqliteDatabase::Open(options_).ok());  // closed again: no -wal or -shm left
+  ASSERT_FALSE(Exists(options_.path + "-wal"));
+  const std::string before = ReadFile(options_.path);
+  ASSERT_EQ(chmod(ro.c_str(), 0555), 0);
+  const std::string result = OpenWithoutFileOverride(options_);
+  EXPECT_THAT(result, HasSubstr("PERMISSION_DENIED: directory " + ro + " is not writable"));
+  EXPECT_THAT(result, Not(HasSubstr("readonly database")));
+  chmod(ro.c_str(), 0755);
+  EXPECT_EQ(ReadFile(options_.path), before);
+}
+
+TEST_F(SqliteDatabaseTest, ADirectoryWhereEvenRootCannotCreateFilesIsNamed) {
+  // sysfs has no way to create a file, for root either, and with every capability kept.
+  const std::string probe = "/sys/bus-sqlite-db-test-probe";
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd >= 0) {
+    close(fd);
+    unlink(probe.c_str());
+    GTEST_SKIP() << "/sys accepts new files here";
+  }
+  options_.path = "/sys/bus-sqlite-db-test.db";
+  const absl::Status s = SqliteDatabase::Open(options_).status();
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("directory /sys is not writable"));
+  EXPECT_THAT(s.message(), HasSubstr(options_.path));
 }
 
 // ---- Writes: busy handling and group commit ----

@@ -1,0 +1,159 @@
+// The consumer the crash test kills: a Handler on the Redis driver with the SQLite dead-letter
+// and idempotency stores (one file, --stores_db), whose `handle` records each call as a row
+// (biz_uid, incarnation) in a table of another SQLite file (--effects_db) before returning OK.
+// The idempotency store is wrapped in MarkDoneLog (--mark_done_log), so every mark-done that
+// returned OK is on record with this process's --incarnation.
+//
+// Runs until SIGTERM (a clean stop: in-flight handlers finish, exit 0) or until killed. Exits 2
+// when it cannot start.
+
+#include <signal.h>
+#include <sqlite3.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/handler.h"
+#include "drivers/redis/redis_driver.h"
+#include "idempotency/sqlite/idempotency_store.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_db.h"
+#include "tests/crash/mark_done_log.h"
+
+ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
+ABSL_FLAG(std::string, queue, "crash", "queue to consume");
+ABSL_FLAG(std::string, stores_db, "", "SQLite file of the dead-letter and idempotency stores");
+ABSL_FLAG(std::string, effects_db, "", "SQLite file with the table effects(biz_uid, incarnation)");
+ABSL_FLAG(std::string, mark_done_log, "", "file the successful mark-done calls are appended to");
+ABSL_FLAG(int, incarnation, 0, "this run's number, recorded with every effect and mark-done");
+ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
+ABSL_FLAG(int, concurrency, 4, "HandlerOptions::concurrency");
+
+namespace {
+
+// The application's side effect: one row per `handle` call, committed before it returns.
+class Effects {
+ public:
+  static absl::StatusOr<std::unique_ptr<Effects>> Open(const std::string& path) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+      absl::Status st = absl::InternalError(absl::StrCat(path, ": ", sqlite3_errmsg(db)));
+      sqlite3_close(db);
+      return st;
+    }
+    sqlite3_busy_timeout(db, 10000);
+    sqlite3_stmt* insert = nullptr;
+    if (sqlite3_prepare_v2(db, "INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)", -1,
+                           &insert, nullptr) != SQLITE_OK) {
+      absl::Status st = absl::InternalError(absl::StrCat(path, ": ", sqlite3_errmsg(db)));
+      sqlite3_close(db);
+      return st;
+    }
+    return std::unique_ptr<Effects>(new Effects(db, insert));
+  }
+  ~Effects() {
+    sqlite3_finalize(insert_);
+    sqlite3_close(db_);
+  }
+
+  absl::Status Record(const std::string& biz_uid, int incarnation) {
+    absl::MutexLock lock(&mu_);
+    sqlite3_bind_text(insert_, 1, biz_uid.data(), static_cast<int>(biz_uid.size()),
+                      SQLITE_TRANSIENT);
+    sqlite3_bind_int(insert_, 2, incarnation);
+    const int rc = sqlite3_step(insert_);
+    sqlite3_reset(insert_);
+    if (rc != SQLITE_DONE) return absl::UnavailableError(sqlite3_errmsg(db_));
+    return absl::OkStatus();
+  }
+
+ private:
+  Effects(sqlite3* db, sqlite3_stmt* insert) : db_(db), insert_(insert) {}
+  absl::Mutex mu_;
+  sqlite3* db_;
+  sqlite3_stmt* insert_ ABSL_GUARDED_BY(mu_);
+};
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "crash_consumer: %s\n", st.ToString().c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // SIGTERM is taken by a thread of ours (sigwait), so block it before any thread starts.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, nullptr);
+
+  const int incarnation = absl::GetFlag(FLAGS_incarnation);
+  absl::StatusOr<std::unique_ptr<Effects>> effects = Effects::Open(absl::GetFlag(FLAGS_effects_db));
+  if (!effects.ok()) return Fail(effects.status());
+
+  bus::RedisOptions redis;
+  redis.port = absl::GetFlag(FLAGS_redis_port);
+  absl::StatusOr<std::shared_ptr<bus::Driver>> driver = bus::NewRedisDriver(redis);
+  if (!driver.ok()) return Fail(driver.status());
+
+  bus::SqliteOptions sqlite;
+  sqlite.path = absl::GetFlag(FLAGS_stores_db);
+  absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
+  if (!db.ok()) return Fail(db.status());
+  absl::StatusOr<std::shared_ptr<bus::testing::MarkDoneLog>> idempotency =
+      bus::testing::MarkDoneLog::Open(bus::NewSqliteIdempotencyStore(*db),
+                                      absl::GetFlag(FLAGS_mark_done_log),
+                                      absl::StrCat(incarnation));
+  if (!idempotency.ok()) return Fail(idempotency.status());
+
+  bus::HandlerOptions options;
+  options.queue = absl::GetFlag(FLAGS_queue);
+  options.driver = *driver;
+  options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  options.idempotency = *idempotency;
+  options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
+  options.concurrency = absl::GetFlag(FLAGS_concurrency);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.max_in_flight = options.concurrency * options.batch_size;
+  options.replay_interval = absl::ZeroDuration();
+  // Short leases, so the deliveries and keys a killed run held come back within seconds. The
+  // key's lease is well under half the delivery's (deliveries are extended every half lease),
+  // so a dead run's key is free before its delivery returns.
+  options.delivery_lease = absl::Seconds(4);
+  options.idempotency_lease = absl::Milliseconds(1500);
+  options.handle = [&](const bus::Message& msg) -> absl::Status {
+    return (*effects)->Record(msg.biz_uid, incarnation);
+  };
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  if (!handler.ok()) return Fail(handler.status());
+
+  std::atomic<bool> run_ended{false};
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&term, &sig);
+    if (!run_ended) (*handler)->Stop();
+  });
+  const absl::Status run = (*handler)->Run();
+  run_ended = true;
+  kill(getpid(), SIGTERM);  // ends the stopper if no SIGTERM came
+  stopper.join();
+  const bus::HandlerStats s = (*handler)->Stats();
+  std::fprintf(stderr,
+               "crash_consumer %d: run %s; received %llu, handled %llu, duplicates %llu, "
+               "dead-lettered %llu\n",
+               incarnation, run.ToString().c_str(), static_cast<unsigned long long>(s.received),
+               static_cast<unsigned long long>(s.succeeded),
+               static_cast<unsigned long long>(s.duplicates),
+               static_cast<unsigned long long>(s.dead_lettered));
+  return run.ok() ? 0 : 1;
+}
