@@ -7,15 +7,17 @@
 //  - the broker is down when Run() starts: Run() waits for it and then consumes.
 
 #include <fcntl.h>
-#include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -191,15 +193,25 @@ class LockHolder {
   static std::unique_ptr<LockHolder> Start(const std::string& db, const std::string& dir) {
     auto h = std::unique_ptr<LockHolder>(new LockHolder);
     h->fifo_ = dir + "/commands";
+    h->out_ = dir + "/shell.out";
     if (mkfifo(h->fifo_.c_str(), 0600) != 0) return nullptr;
     absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(
-        {"sh", "-c", absl::StrCat("exec sqlite3 '", db, "' < '", h->fifo_, "'")});
+        {"sh", "-c", absl::StrCat("exec sqlite3 '", db, "' < '", h->fifo_, "'")}, h->out_);
     if (!child.ok()) return nullptr;
     h->child_ = std::move(*child);
     h->fd_ = open(h->fifo_.c_str(), O_WRONLY);  // returns once the shell has opened it
     if (h->fd_ < 0) return nullptr;
-    h->Send("BEGIN EXCLUSIVE;\n");
+    // The shell waits for this process's own short transactions, stops at the first error, and
+    // says when it holds the lock.
+    h->Send(".timeout 30000\n.bail on\nBEGIN EXCLUSIVE;\nSELECT 'lock' || 'ed';\n");
     return h;
+  }
+
+  // True once the shell holds the lock.
+  bool Locked() const {
+    std::ifstream in(out_);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return absl::StrContains(text, "locked");
   }
   ~LockHolder() { Commit(); }
 
@@ -217,22 +229,10 @@ class LockHolder {
     EXPECT_EQ(write(fd_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
   }
   std::string fifo_;
+  std::string out_;
   std::unique_ptr<ChildProcess> child_;
   int fd_ = -1;
 };
-
-// True while another connection holds a write lock on `path`.
-bool WriteLocked(const std::string& path) {
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    return false;
-  }
-  const int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
-  if (rc == SQLITE_OK) sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-  sqlite3_close(db);
-  return rc == SQLITE_BUSY;
-}
 
 class SqliteStoreOutageTest : public ::testing::TestWithParam<int> {};
 
@@ -251,7 +251,7 @@ TEST_P(SqliteStoreOutageTest, AnotherProcessHoldsTheDatabaseLockPastTheBusyTimeo
         WaitUntil([&] { return w.handler().Stats().succeeded >= kMessages / 4; }, kPatience));
     std::unique_ptr<LockHolder> lock = LockHolder::Start(options.path, dir);
     ASSERT_NE(lock, nullptr);
-    ASSERT_TRUE(WaitUntil([&] { return WriteLocked(options.path); }, kPatience));
+    ASSERT_TRUE(WaitUntil([&] { return lock->Locked(); }, kPatience));
     w.Publish(kMessages / 2, kMessages);
     ASSERT_TRUE(WaitUntil([&] { return w.handler().Stats().store_errors >= 2; }, kPatience))
         << w.handler().Stats().ToString();
@@ -291,8 +291,8 @@ TEST(BrokerDownAtStartTest, RunWaitsForTheBrokerAndThenConsumes) {
   absl::Status run_status = absl::UnknownError("not returned");
   std::thread runner([&] { run_status = (*h)->Run(); });
   // Run() keeps retrying the set-up instead of returning.
-  ASSERT_TRUE(WaitUntil([&] { return logger->Count("queue setup failed (attempt 2)") == 1; },
-                        kPatience));
+  ASSERT_TRUE(
+      WaitUntil([&] { return logger->Count("queue setup failed (attempt 2)") == 1; }, kPatience));
   EXPECT_FALSE((*h)->Stats().consuming);
   ASSERT_TRUE((*server)->Restart().ok());
   ASSERT_TRUE((*h)->WaitUntilRunning(kPatience).ok());

@@ -406,16 +406,14 @@ TEST_F(HandlerTest, AnIdempotencyStoreErrorWithoutEnsureGivesTheDeliveryBack) {
     Handler* h = Start(o);
     ASSERT_TRUE(publisher_.SendToQueue(o.queue, Outgoing{.biz_uid = "a"}).ok());
     // Given back with the infrastructure backoff (100ms, 200ms, 400ms), then handled.
-    ASSERT_TRUE(
-        AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(50)));
+    ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(50)));
     EXPECT_EQ(h->Stats().duplicates, 0u);
     EXPECT_EQ(h->Stats().store_errors, 3u);
     EXPECT_EQ(h->Stats().redelivered, 3u);
     EXPECT_EQ(rec.size(), 1u);
     // Logged once for the streak, and once when the store answers again.
     EXPECT_EQ(logger_->Count(absl::StrCat("[", o.queue, "] idempotency acquire failed")), 1);
-    EXPECT_EQ(logger_->Count(absl::StrCat("[", o.queue, "] idempotency store answers again")),
-              1);
+    EXPECT_EQ(logger_->Count(absl::StrCat("[", o.queue, "] idempotency store answers again")), 1);
     EXPECT_FALSE(*idempotency_->Acquire(absl::StrCat(o.queue, ".a"), "x", absl::Seconds(1)));
     EXPECT_TRUE(StopAndWait().ok());
     handler_.reset();
@@ -919,9 +917,12 @@ TEST_F(HandlerTest, ThrowingCallbacksOnEveryPathLeaveTheProcessAlive) {
     EXPECT_EQ(*replayed, 0);
     // Callbacks mended: everything settles, nothing was lost.
     throwing.store(false);
-    ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().duplicates >= 1 && h->Stats().in_flight == 0 &&
-                                          h->Stats().dead_lettered >= 1; },
-                             absl::Milliseconds(200)));
+    ASSERT_TRUE(AdvanceUntil(
+        [&] {
+          return h->Stats().duplicates >= 1 && h->Stats().in_flight == 0 &&
+                 h->Stats().dead_lettered >= 1;
+        },
+        absl::Milliseconds(200)));
     EXPECT_TRUE(StopAndWait().ok());
     handler_.reset();
   }
@@ -1078,9 +1079,8 @@ TEST_F(HandlerTest, AnEnsureThatThrowsInABatchRedeliversOnlyThatMessage) {
   Publish("held", "held");
   Publish("b", "b");
   Handler* h = Start(o);
-  ASSERT_TRUE(AdvanceUntil(
-      [&] { return h->Stats().duplicates == 1 && h->Stats().in_flight == 0; },
-      absl::Milliseconds(50)));
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().duplicates == 1 && h->Stats().in_flight == 0; },
+                           absl::Milliseconds(50)));
   EXPECT_EQ(ensure_calls.load(), 2);  // thrown once, then asked again on the redelivery
   EXPECT_EQ(h->Stats().succeeded, 2u);
   EXPECT_EQ(rec.size(), 2u);
