@@ -21,6 +21,7 @@
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/write.hpp"
+#include "drivers/redis/reply_scanner.h"
 
 namespace bus::redis {
 namespace {
@@ -173,6 +174,8 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   asio::steady_timer sweep;
   bool sweeping = false;  // the Sweep coroutine is alive
   ReaderPtr reader;
+  // Checks every byte received on the current connection before `reader` sees it.
+  std::optional<ReplyScanner> scanner;
   bool running = false;  // the session coroutine is alive
   bool ready = false;    // connected and handshaken
   bool shutdown = false;
@@ -228,6 +231,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   }
 
   void Enqueue(const RequestPtr& req) {
+    scanner->Expect(req->expected);
     out_buf += req->wire;
     req->written = true;
     inflight.push_back(req);
@@ -303,9 +307,22 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     FailInflight(st);
   }
 
+  // Hands received bytes to the reader as far as the scanner accepted them. A refusal is
+  // returned in `*refused`: the replies completed before it are still read, then the connection
+  // is closed.
+  absl::Status Feed(const char* data, size_t n, absl::Status* refused) {
+    size_t accepted = n;
+    *refused = scanner->Scan(absl::string_view(data, n), &accepted);
+    if (accepted > 0 && redisReaderFeed(reader.get(), data, accepted) != REDIS_OK) {
+      return ReaderError(reader.get());
+    }
+    return absl::OkStatus();
+  }
+
   // Reads until the reader yields one reply (used by the handshake, before the read loop).
   awaitable<absl::StatusOr<Reply>> ReadOne() {
     char buf[4096];
+    absl::Status refused;
     while (true) {
       void* raw = nullptr;
       if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) co_return ReaderError(reader.get());
@@ -313,11 +330,12 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
         ReplyPtr owned(static_cast<redisReply*>(raw));
         co_return Convert(*owned);
       }
+      if (!refused.ok()) co_return refused;
       error_code ec;
       const size_t n = co_await socket.async_read_some(
           asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return TransportError("handshake read", ec);
-      if (redisReaderFeed(reader.get(), buf, n) != REDIS_OK) co_return ReaderError(reader.get());
+      if (absl::Status st = Feed(buf, n, &refused); !st.ok()) co_return st;
     }
   }
 
@@ -338,6 +356,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!w.ok()) co_return w.status();
       wire += *w;
     }
+    scanner->Expect(cmds.size());
     error_code ec;
     co_await asio::async_write(socket, asio::buffer(wire),
                                asio::redirect_error(asio::use_awaitable, ec));
@@ -347,6 +366,15 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!r.ok()) co_return r.status();
       if (r->is_error()) {
         // The reply never echoes the password; the command name is enough context.
+        if (c[0] == "AUTH" && (absl::StrContains(r->str, "without any password configured") ||
+                               absl::StrContains(r->str, "no password is set"))) {
+          // Redis answers ERR, which would read as an internal fault; it is a setting to fix.
+          co_return absl::UnauthenticatedError(absl::StrCat(
+              "redis AUTH failed: the server at ", options.host, ":", options.port,
+              " has no password set; remove the password from the options (or set requirepass "
+              "on the server) (redis: ",
+              r->str, ")"));
+        }
         absl::Status st = ReplyStatus(*r);
         co_return absl::Status(st.code(), absl::StrCat(c[0], " failed: ", st.message()));
       }
@@ -360,6 +388,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
     socket = tcp::socket(io);
     reader.reset(redisReaderCreate());
     if (!reader) co_return absl::ResourceExhaustedError("redisReaderCreate failed");
+    scanner.emplace(options.max_reply_bytes, options.max_reply_elements);
     // The deadline races the whole attempt: when it fires first it closes the socket, which
     // aborts whatever operation is pending.
     auto timer = std::make_shared<asio::steady_timer>(io);
@@ -423,15 +452,16 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   }
 
   awaitable<absl::Status> ReadLoop() {
+    // The handshake's reads may already have refused what followed its replies.
+    if (!scanner->status().ok()) co_return scanner->status();
     std::vector<char> buf(64 * 1024);
     while (true) {
       error_code ec;
       const size_t n = co_await socket.async_read_some(
           asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
       if (ec) co_return TransportError("read", ec);
-      if (redisReaderFeed(reader.get(), buf.data(), n) != REDIS_OK) {
-        co_return ReaderError(reader.get());
-      }
+      absl::Status refused;
+      if (absl::Status st = Feed(buf.data(), n, &refused); !st.ok()) co_return st;
       while (true) {
         void* raw = nullptr;
         if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) {
@@ -445,6 +475,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
         if (!front->done) front->replies.push_back(Convert(*owned));
         Dispatched(front);
       }
+      if (!refused.ok()) co_return refused;
     }
   }
 

@@ -20,13 +20,19 @@
 //    `on_reconnect`.
 //  - Handshake: AUTH (password, or ACL username and password) and SELECT run on every
 //    (re)connect before any request is written.
+//  - Bounds: a reply larger than options.max_reply_bytes or with more than
+//    options.max_reply_elements array elements is refused as soon as its length headers
+//    announce it, before hiredis allocates anything for it, and bytes that arrive while no
+//    request is pending are refused at the first byte: either way the connection is closed and
+//    its pending requests fail with Unavailable (see reply_scanner.h).
 //  - Scripts: Eval() runs a Lua script with EVALSHA, loading it (SCRIPT LOAD) the first time
 //    and again after NOSCRIPT (a restarted or failed-over server has no scripts).
 //
 // Errors (Status codes): Unavailable (cannot connect, connection lost), DeadlineExceeded (the
 // request's deadline passed), Cancelled (the request's stop token fired), Unauthenticated
-// (AUTH refused), Internal (protocol error). A Redis error reply is not a transport error: it is
-// returned as a Reply of type kError inside an OK result.
+// (AUTH refused, or a password sent to a server that has none), Internal (protocol error). A Redis
+// error reply is not a transport error: it is returned as a Reply of type kError inside an OK
+// result.
 //
 // Ownership: a Connection must be Shutdown() before the IoThread it runs on is destroyed.
 // Thread-safety: Execute/Command/Eval/Shutdown are safe from any thread except the IoThread's.
@@ -88,6 +94,12 @@ struct ConnectionOptions {
   // Backoff between failed connect attempts: full jitter over base * 2^(attempt-1), capped.
   absl::Duration backoff_base = absl::Milliseconds(50);
   absl::Duration backoff_max = absl::Seconds(2);
+  // Bounds on one reply (drivers/redis/reply_scanner.h): its bytes, headers and nested arrays
+  // included, and its array elements in all. A server that announces or sends more has the
+  // connection closed; the requests pending on it fail with Unavailable. Defaults 512 MiB
+  // (Redis's own largest string, proto-max-bulk-len) and 1,048,576 elements.
+  int64_t max_reply_bytes = int64_t{512} << 20;
+  int64_t max_reply_elements = int64_t{1} << 20;
 };
 
 // Full-jitter exponential backoff: a uniformly random duration in

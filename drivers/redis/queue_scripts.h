@@ -2,7 +2,8 @@
 // script, so it is atomic on the server; every loop in them is bounded by an argument (the
 // driver's script_batch or the caller's max), so no call scans a whole queue.
 //
-// Keys of queue Q under prefix P (one hash tag per queue, so they share a cluster slot):
+// Keys of queue Q under prefix P (one hash tag per queue, so they share a cluster slot); a
+// message id is any byte string (docs/redis.md says how a foreign producer enqueues):
 //   P q:{Q}:ready     list    ids ready for delivery (LPUSH new, RPOP next)
 //   P q:{Q}:delayed   zset    id -> due time (server ms)
 //   P q:{Q}:inflight  zset    id -> lease deadline (server ms)
@@ -68,10 +69,30 @@ return added
 // KEYS: ready, delayed, inflight, msgs, attempts.
 // ARGV: max, lease_ms, batch.
 // Moves up to `batch` expired leases back to ready, up to `batch` due delayed messages to ready,
-// then leases up to `max` ready messages. Returns {wait_ms, id1, attempts1, body1, ...} where
-// wait_ms is how long until the next delayed message falls due or lease runs out (0: more are
-// ready now; -1: nothing pending).
+// then leases up to `max` ready messages. Returns {wait_ms, id1, attempts1, body1, corrupt1,
+// ...} where wait_ms is how long until the next delayed message falls due or lease runs out (0:
+// more are ready now; -1: nothing pending), and corrupt is nil, or the message's attempts field
+// (its first 64 bytes) when that was not a count: then the count is reset to 1.
+//
+// Redis does not roll back a script that fails halfway, so nothing after the first write may
+// fail: the key types are checked before anything moves (a key of another type is an error
+// reply, and nothing changed), and the attempts field is checked before HINCRBY (which fails on
+// anything but an integer, or one at the int64 limit) -- a corrupt one is overwritten with HSET,
+// which cannot fail. So every id popped from ready ends in flight (or is dropped for having no
+// body).
 inline constexpr char kReserve[] = BUS_REDIS_NOW R"lua(
+local kinds = {'list', 'zset', 'zset', 'hash', 'hash'}
+for i = 1, 5 do
+  local t = redis.call('TYPE', KEYS[i]).ok
+  if t ~= 'none' and t ~= kinds[i] then
+    return redis.error_reply('WRONGTYPE bus: key ' .. KEYS[i] .. ' holds a ' .. t ..
+                             ', not a ' .. kinds[i] .. '; nothing was moved')
+  end
+end
+-- What HINCRBY takes and can add 1 to: 0, or up to 15 digits without a leading zero.
+local function is_count(a)
+  return a == '0' or (#a <= 15 and string.match(a, '^[1-9]%d*$') ~= nil)
+end
 local now = now_ms()
 local batch = tonumber(ARGV[3])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, batch)
@@ -91,11 +112,19 @@ if ids then
   for _, id in ipairs(ids) do
     local body = redis.call('HGET', KEYS[4], id)
     if body then
-      local a = redis.call('HINCRBY', KEYS[5], id, 1)
+      local old = redis.call('HGET', KEYS[5], id)
+      local a, corrupt = 1, false
+      if old and not is_count(old) then
+        corrupt = string.sub(old, 1, 64)
+        redis.call('HSET', KEYS[5], id, '1')
+      else
+        a = redis.call('HINCRBY', KEYS[5], id, 1)
+      end
       redis.call('ZADD', KEYS[3], lease, id)
       out[#out + 1] = id
       out[#out + 1] = a
       out[#out + 1] = body
+      out[#out + 1] = corrupt
     else
       redis.call('HDEL', KEYS[5], id)
     end

@@ -8,6 +8,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -156,17 +158,33 @@ class Core {
   absl::BitGen gen_ ABSL_GUARDED_BY(gen_mu_);
 };
 
+// A receipt is "<token>:<message id>": the token (the delivery number) is decimal digits, so
+// the first ':' ends it, and the id after it may hold any bytes, ':' included.
 struct ParsedReceipt {
   std::string id;
   std::string token;
 };
 
+std::string MakeReceipt(int64_t token, absl::string_view id) {
+  return absl::StrCat(token, ":", id);
+}
+
 absl::StatusOr<ParsedReceipt> ParseReceipt(absl::string_view receipt) {
-  std::pair<std::string, std::string> parts = absl::StrSplit(receipt, absl::MaxSplits(':', 1));
-  if (parts.first.empty() || parts.second.empty()) {
+  const size_t colon = receipt.find(':');
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !std::all_of(receipt.begin(), receipt.begin() + colon, absl::ascii_isdigit)) {
     return absl::InvalidArgumentError("not a receipt of the redis driver");
   }
-  return ParsedReceipt{std::move(parts.first), std::move(parts.second)};
+  return ParsedReceipt{std::string(receipt.substr(colon + 1)),
+                       std::string(receipt.substr(0, colon))};
+}
+
+// A message id for an error text: ids may hold any bytes.
+std::string Printable(absl::string_view id) {
+  constexpr size_t kMax = 100;
+  std::string out = absl::CHexEscape(id.substr(0, kMax));
+  if (id.size() > kMax) absl::StrAppend(&out, "...(", id.size(), " bytes)");
+  return out;
 }
 
 class RedisConsumer final : public Consumer {
@@ -241,17 +259,24 @@ class RedisConsumer final : public Consumer {
       if (!replies.ok()) return replies.status();
       const Reply& r = (*replies)[0];
       if (r.is_error()) return redis::ReplyStatus(r);
-      if (r.type != Reply::Type::kArray || r.elements.empty() || (r.elements.size() - 1) % 3) {
+      if (r.type != Reply::Type::kArray || r.elements.empty() || (r.elements.size() - 1) % 4) {
         return absl::InternalError("redis: malformed reserve reply");
       }
       const int64_t next_ms = r.elements[0].integer;
       if (r.elements.size() > 1) {
         absl::MutexLock lock(&mu_);
-        for (size_t i = 1; i + 2 < r.elements.size(); i += 3) {
+        for (size_t i = 1; i + 3 < r.elements.size(); i += 4) {
           Delivery d;
+          const std::string& id = r.elements[i].str;
           d.attempts = static_cast<int>(r.elements[i + 1].integer);
-          d.receipt = absl::StrCat(r.elements[i].str, ":", d.attempts);
+          d.receipt = MakeReceipt(r.elements[i + 1].integer, id);
           d.data = r.elements[i + 2].str;
+          if (const Reply& bad = r.elements[i + 3]; !bad.is_nil()) {
+            // The script reset the count to 1, so this delivery holds a valid lease.
+            d.corrupt = absl::StrCat("redis: attempts field of message \"", Printable(id),
+                                     "\" on queue ", queue_, " is not a number: \"",
+                                     absl::CHexEscape(bad.str), "\" (reset to 1)");
+          }
           held_.insert(d.receipt);
           out->push_back(std::move(d));
         }
@@ -379,8 +404,11 @@ class RedisConsumer final : public Consumer {
   }
 
   absl::Status LeaseLost(const Delivery& delivery) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "redis: the lease of delivery ", delivery.receipt, " on queue ", queue_, " was lost"));
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+    if (!p.ok()) return p.status();
+    return absl::FailedPreconditionError(absl::StrCat("redis: the lease of delivery ", p->token,
+                                                      " of message \"", Printable(p->id),
+                                                      "\" on queue ", queue_, " was lost"));
   }
 
   std::shared_ptr<Core> core_;

@@ -13,8 +13,11 @@
 //    lease deadline) and a hash of message bodies, under one hash tag
 //    (drivers/redis/queue_scripts.h). Every multi-step change is one bounded Lua script; times
 //    come from the server's TIME, never from the client.
-//  - A receipt is "<message id>:<delivery number>": an Ack, Nack or Extend whose delivery is no
-//    longer the current lease of the message gets FailedPrecondition and changes nothing.
+//  - A receipt is "<delivery number>:<message id>" (the id may hold any bytes, ':' included): an
+//    Ack, Nack or Extend whose delivery is no longer the current lease of the message gets
+//    FailedPrecondition and changes nothing.
+//  - A message whose delivery count (written by a foreign producer) is not a number is still
+//    leased, with the count reset to 1, and delivered with Delivery::corrupt saying so.
 //  - Idle consumers block in BLPOP on the queue's notification list, on a connection of their
 //    own, for at most the time until the next delayed message falls due or lease runs out.
 //  - Topic bindings are a set in Redis; SendToTopic matches them with bus::RouteKeyMatches and

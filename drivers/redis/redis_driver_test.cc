@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -550,7 +551,7 @@ TEST(RedisDriverTest, ARetriedTopicPublishDoesNotDuplicateACopyThatLanded) {
   ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &got).ok());
   ASSERT_EQ(got.size(), 1u);
   ASSERT_TRUE((*c)->Ack(got[0]).ok());
-  const std::string id = got[0].receipt.substr(0, got[0].receipt.find(':'));
+  const std::string id = got[0].receipt.substr(got[0].receipt.find(':') + 1);
 
   // Replay the enqueue of the copy that landed (and was even consumed already), as a retry
   // after a lost reply does: it is not added again. A fresh id is.
@@ -571,6 +572,210 @@ TEST(RedisDriverTest, ARetriedTopicPublishDoesNotDuplicateACopyThatLanded) {
   EXPECT_EQ(Int(*server->Cli({"LLEN", "bus:q:{a}:ready"})), 0);
   EXPECT_EQ(replay("fresh-id"), 1);
   conn->Shutdown();
+}
+
+// A producer that is not this library, writing raw commands as docs/redis.md says: one
+// MULTI/EXEC transaction per message, or the enqueue script's source with EVAL.
+class ForeignProducer {
+ public:
+  explicit ForeignProducer(const RedisServer& server)
+      : conn_(redis::Connection::Create(&io_, {.port = server.port()})) {}
+  ~ForeignProducer() { conn_->Shutdown(); }
+
+  void Multi(const std::string& queue, const std::string& id, const std::string& body) {
+    const std::string q = absl::StrCat("bus:q:{", queue, "}:");
+    absl::StatusOr<std::vector<redis::Reply>> r =
+        conn_->Execute({{"MULTI"},
+                        {"HSETNX", q + "meta", "delay", "0"},
+                        {"HSET", q + "msgs", id, body},
+                        {"LPUSH", q + "ready", id},
+                        {"LPUSH", q + "notify", "1"},
+                        {"LTRIM", q + "notify", "0", "63"},
+                        {"EXEC"}},
+                       absl::Seconds(10));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->back().type, redis::Reply::Type::kArray) << r->back().str;
+    for (const redis::Reply& e : r->back().elements) ASSERT_FALSE(e.is_error()) << e.str;
+  }
+
+  void Eval(const std::string& queue, const std::string& id, const std::string& body) {
+    const std::string q = absl::StrCat("bus:q:{", queue, "}:");
+    absl::StatusOr<redis::Reply> r =
+        conn_->Command({"EVAL", redis_scripts::kEnqueue, "6", q + "ready", q + "delayed",
+                        q + "msgs", q + "meta", q + "notify", q + "seen", "0", "0", id, body},
+                       absl::Seconds(10));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->type, redis::Reply::Type::kInteger) << r->str;
+    EXPECT_EQ(r->integer, 1);
+  }
+
+  // Any command, e.g. to look at or corrupt the queue's keys.
+  redis::Reply Command(std::vector<std::string> args) {
+    absl::StatusOr<redis::Reply> r = conn_->Command(std::move(args), absl::Seconds(10));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : redis::Reply{};
+  }
+  int64_t Int(std::vector<std::string> args) { return Command(std::move(args)).integer; }
+
+  // Every key of `queue` that holds a message: ready, delayed, inflight, msgs and attempts
+  // sizes.
+  std::vector<int64_t> Sizes(const std::string& queue) {
+    const std::string q = absl::StrCat("bus:q:{", queue, "}:");
+    return {Int({"LLEN", q + "ready"}), Int({"ZCARD", q + "delayed"}),
+            Int({"ZCARD", q + "inflight"}), Int({"HLEN", q + "msgs"}),
+            Int({"HLEN", q + "attempts"})};
+  }
+
+ private:
+  redis::IoThread io_;
+  std::shared_ptr<redis::Connection> conn_;
+};
+
+// Receives until `n` deliveries arrived (or kPatience passed).
+std::vector<Delivery> ReceiveN(Consumer* c, size_t n) {
+  std::vector<Delivery> got;
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (got.size() < n && absl::Now() < deadline) {
+    absl::Status st = c->Receive(static_cast<int>(n - got.size()), absl::Seconds(1), {}, &got);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) break;
+  }
+  return got;
+}
+
+TEST(RedisDriverTest, ForeignIdsOfAnyBytesAreReceivedAckedNackedAndExtended) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "foreign";
+  const std::vector<std::string> ids = {
+      "a:b:c",
+      "with spaces  in it",
+      std::string(100, 'z') + ":" + std::string(99, '9'),  // 200 bytes
+      std::string("\xff\xfe\x00:\x80 \r\n", 8),            // not UTF-8, NUL, CRLF
+      "7:7",                                               // looks like a receipt
+  };
+  {
+    ForeignProducer producer(*server);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i % 2 == 0) {
+        producer.Multi(q, ids[i], absl::StrCat("body", i));
+      } else {
+        producer.Eval(q, ids[i], absl::StrCat("body", i));
+      }
+    }
+  }
+  auto consumer = driver->NewConsumer(q, {10, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  Consumer& c = **consumer;
+  std::vector<Delivery> got = ReceiveN(&c, ids.size());
+  ASSERT_EQ(got.size(), ids.size());
+  std::map<std::string, Delivery> by_body;
+  for (const Delivery& d : got) {
+    EXPECT_EQ(d.attempts, 1);
+    EXPECT_TRUE(d.corrupt.empty()) << d.corrupt;
+    by_body[d.data] = d;
+  }
+  ASSERT_EQ(by_body.size(), ids.size());
+  // body0: ack. body1: nack, then ack the redelivery. body2: extend, then ack. body3: extend,
+  // nack, ack the redelivery with AckMany. body4: AckMany.
+  EXPECT_TRUE(c.Ack(by_body["body0"]).ok());
+  EXPECT_TRUE(c.Nack(by_body["body1"], absl::ZeroDuration()).ok());
+  EXPECT_TRUE(c.Extend(by_body["body2"]).ok());
+  EXPECT_TRUE(c.Ack(by_body["body2"]).ok());
+  EXPECT_TRUE(c.Extend(by_body["body3"]).ok());
+  EXPECT_TRUE(c.Nack(by_body["body3"], absl::ZeroDuration()).ok());
+  std::vector<Delivery> again = ReceiveN(&c, 2);
+  ASSERT_EQ(again.size(), 2u);
+  std::vector<const Delivery*> batch = {&again[0], &again[1], &by_body["body4"]};
+  for (const Delivery& d : again) {
+    EXPECT_EQ(d.attempts, 2);
+    EXPECT_TRUE(d.data == "body1" || d.data == "body3") << d.data;
+  }
+  std::vector<absl::Status> results(batch.size());
+  c.AckMany(batch, absl::MakeSpan(results));
+  for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+  // A settled delivery cannot be settled again, and says which one in printable form.
+  absl::Status twice = c.Ack(by_body["body3"]);
+  EXPECT_TRUE(absl::IsFailedPrecondition(twice)) << twice;
+  EXPECT_THAT(twice.message(), ::testing::HasSubstr("\\xff\\xfe\\x00:\\x80 \\r\\n"));
+
+  ForeignProducer look(*server);
+  EXPECT_EQ(look.Sizes(q), (std::vector<int64_t>{0, 0, 0, 0, 0}));
+}
+
+TEST(RedisDriverTest, ACorruptAttemptsFieldMakesOneCorruptDeliveryAndLosesNothing) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "corrupt";
+  ForeignProducer producer(*server);
+  for (int i = 0; i < 6; ++i) producer.Multi(q, absl::StrCat("m", i), absl::StrCat("body", i));
+  // Not numbers, or numbers HINCRBY cannot add 1 to: each fails the increment.
+  const std::string attempts = "bus:q:{corrupt}:attempts";
+  producer.Command({"HSET", attempts, "m1", "not a number"});
+  producer.Command({"HSET", attempts, "m3", "9223372036854775807"});
+  producer.Command({"HSET", attempts, "m5", std::string("\xff", 1)});
+  producer.Command({"HSET", attempts, "m4", "2"});  // a valid count: kept
+
+  auto consumer = driver->NewConsumer(q, {10, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  Consumer& c = **consumer;
+  std::vector<Delivery> got = ReceiveN(&c, 6);
+  ASSERT_EQ(got.size(), 6u);
+  // Every one is in flight, none lost on the way.
+  EXPECT_EQ(producer.Sizes(q), (std::vector<int64_t>{0, 0, 6, 6, 6}));
+  std::set<std::string> corrupt;
+  for (const Delivery& d : got) {
+    SCOPED_TRACE(d.data);
+    if (d.data == "body1" || d.data == "body3" || d.data == "body5") {
+      EXPECT_THAT(d.corrupt, ::testing::HasSubstr("attempts field of message"));
+      EXPECT_THAT(d.corrupt, ::testing::HasSubstr("is not a number"));
+      EXPECT_EQ(d.attempts, 1);
+      corrupt.insert(d.data);
+    } else {
+      EXPECT_EQ(d.corrupt, "");
+      EXPECT_EQ(d.attempts, d.data == "body4" ? 3 : 1);
+    }
+    EXPECT_TRUE(c.Ack(d).ok()) << d.receipt;
+  }
+  EXPECT_EQ(corrupt, (std::set<std::string>{"body1", "body3", "body5"}));
+  EXPECT_THAT(got[0].corrupt + got[1].corrupt + got[2].corrupt + got[3].corrupt + got[4].corrupt +
+                  got[5].corrupt,
+              ::testing::HasSubstr("message \"m1\" on queue corrupt is not a number: \"not a "
+                                   "number\""));
+  EXPECT_EQ(producer.Sizes(q), (std::vector<int64_t>{0, 0, 0, 0, 0}));
+}
+
+TEST(RedisDriverTest, AQueueKeyOfTheWrongTypeFailsTheReserveBeforeAnythingMoves) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "wrongtype";
+  ForeignProducer producer(*server);
+  for (int i = 0; i < 3; ++i) producer.Multi(q, absl::StrCat("m", i), "x");
+  producer.Command({"SET", "bus:q:{wrongtype}:attempts", "a string"});
+  auto consumer = driver->NewConsumer(q, {10, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::vector<Delivery> got;
+  absl::Status st = (*consumer)->Receive(10, absl::Seconds(1), {}, &got);
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("WRONGTYPE"));
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(producer.Int({"LLEN", "bus:q:{wrongtype}:ready"}), 3);
+  EXPECT_EQ(producer.Int({"ZCARD", "bus:q:{wrongtype}:inflight"}), 0);
+}
+
+TEST(RedisDriverTest, APasswordForAServerWithoutOneIsAnAuthErrorSayingWhatToFix) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  RedisOptions options = OptionsFor(*server);
+  options.password = "needless-secret";
+  auto driver = MustDriver(options);
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnauthenticated(st)) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("has no password set; remove the password"));
+  EXPECT_THAT(st.ToString(), ::testing::Not(::testing::HasSubstr("needless-secret")));
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "drivers/redis/redis_options.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace bus {
@@ -24,6 +27,13 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   if (o.script_batch < 1 || o.script_batch > 5000) {
     return bad("script_batch", "must be 1 to 5000 (Lua unpack limit)");
   }
+  if (o.max_reply_bytes < 1024 || o.max_reply_bytes > (int64_t{4} << 30)) {
+    return bad("max_reply_bytes", "must be 1024 (1 KiB) to 4294967296 (4 GiB)");
+  }
+  // hiredis counts an array's elements in an int.
+  if (o.max_reply_elements < 1 || o.max_reply_elements > std::numeric_limits<int32_t>::max()) {
+    return bad("max_reply_elements", "must be 1 to 2147483647");
+  }
   return absl::OkStatus();
 }
 
@@ -34,7 +44,8 @@ std::string ToString(const RedisOptions& o) {
                       " key_prefix=\"", o.key_prefix,
                       "\" connect_timeout=", absl::FormatDuration(o.connect_timeout),
                       " request_timeout=", absl::FormatDuration(o.request_timeout),
-                      " script_batch=", o.script_batch, "}");
+                      " script_batch=", o.script_batch, " max_reply_bytes=", o.max_reply_bytes,
+                      " max_reply_elements=", o.max_reply_elements, "}");
 }
 
 redis::ConnectionOptions ToConnectionOptions(const RedisOptions& o) {
@@ -47,6 +58,8 @@ redis::ConnectionOptions ToConnectionOptions(const RedisOptions& o) {
   c.connect_timeout = o.connect_timeout;
   c.backoff_base = o.backoff_base;
   c.backoff_max = o.backoff_max;
+  c.max_reply_bytes = o.max_reply_bytes;
+  c.max_reply_elements = o.max_reply_elements;
   return c;
 }
 

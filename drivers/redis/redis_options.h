@@ -7,6 +7,7 @@
 #ifndef DRIVERS_REDIS_REDIS_OPTIONS_H_
 #define DRIVERS_REDIS_REDIS_OPTIONS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,13 @@ struct RedisOptions {
   // leases, purging). Bounds the time Redis spends in one call. Default 500; 1 to 5000 (a Lua
   // unpack() limit).
   int script_batch = 500;
+  // Bounds on one reply from the server: its bytes (nested arrays included) and its array
+  // elements in all. A reply that announces or sends more closes the connection (the requests on
+  // it fail with Unavailable), so a broken or hostile server cannot make the client buffer or
+  // allocate without limit. Defaults 512 MiB (Redis's largest string, proto-max-bulk-len) and
+  // 1,048,576 elements; max_reply_bytes 1 KiB to 4 GiB, max_reply_elements 1 to 2^31 - 1.
+  int64_t max_reply_bytes = int64_t{512} << 20;
+  int64_t max_reply_elements = int64_t{1} << 20;
   // Clock for client-side waits only (how long Receive blocks). Delays and leases are measured
   // by the Redis server's clock (TIME), never this one. Default RealClock().
   std::shared_ptr<Clock> clock;

@@ -34,6 +34,10 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
       {"backoff_base", [](RedisOptions& o) { o.backoff_base = absl::ZeroDuration(); }},
       {"backoff_max", [](RedisOptions& o) { o.backoff_max = absl::Milliseconds(1); }},
       {"script_batch", [](RedisOptions& o) { o.script_batch = 0; }},
+      {"max_reply_bytes", [](RedisOptions& o) { o.max_reply_bytes = 1023; }},
+      {"max_reply_bytes", [](RedisOptions& o) { o.max_reply_bytes = (int64_t{4} << 30) + 1; }},
+      {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = 0; }},
+      {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = int64_t{1} << 31; }},
   };
   for (const Case& c : cases) {
     RedisOptions o;
@@ -42,6 +46,17 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.field;
     EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("RedisOptions.", c.field))) << st;
   }
+}
+
+TEST(RedisOptionsTest, TheReplyBoundsReachTheConnection) {
+  RedisOptions o;
+  EXPECT_EQ(o.max_reply_bytes, int64_t{512} << 20);
+  EXPECT_EQ(o.max_reply_elements, int64_t{1} << 20);
+  o.max_reply_bytes = 4096;
+  o.max_reply_elements = 7;
+  const redis::ConnectionOptions c = ToConnectionOptions(o);
+  EXPECT_EQ(c.max_reply_bytes, 4096);
+  EXPECT_EQ(c.max_reply_elements, 7);
 }
 
 TEST(RedisOptionsTest, ToStringRedactsThePassword) {

@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -28,11 +30,25 @@ absl::Status ErrnoError(absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(std::vector<std::string> argv,
-                                                                  std::string log_path) {
+                                                                  std::string log_path,
+                                                                  std::vector<std::string> env) {
   if (argv.empty()) return absl::InvalidArgumentError("ChildProcess::Start: empty argv");
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
+  // The child's environment, built before fork (the child may only make async-signal-safe
+  // calls): ours without the names `env` sets, then `env`.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view var(*e);
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      const size_t eq = x.find('=');
+      return eq != std::string::npos && absl::StartsWith(var, x.substr(0, eq + 1));
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const std::string out = log_path.empty() ? "/dev/null" : log_path;
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -50,7 +66,7 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(std::vector<st
     }
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
-    execvp(args[0], args.data());
+    execvpe(args[0], args.data(), envp.data());
     _exit(127);
   }
   return std::unique_ptr<ChildProcess>(new ChildProcess(pid));

@@ -22,10 +22,13 @@ namespace bus::testing {
 class ChildProcess {
  public:
   // Starts argv[0] (searched on PATH) with `argv`. Its stdout and stderr go to `log_path`
-  // (appended) or, when empty, to /dev/null. The child is killed if this process dies
-  // (PR_SET_PDEATHSIG), so a crashed test leaves no server behind.
+  // (appended) or, when empty, to /dev/null. Its environment is this process's plus `env`
+  // ("NAME=value" entries, replacing variables of the same name): the way to hand a child a
+  // secret, which its command line would show to every user (ps). The child is killed if this
+  // process dies (PR_SET_PDEATHSIG), so a crashed test leaves no server behind.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(std::vector<std::string> argv,
-                                                             std::string log_path = "");
+                                                             std::string log_path = "",
+                                                             std::vector<std::string> env = {});
 
   // SIGKILLs and reaps the child if it is still running.
   ~ChildProcess();

@@ -1,9 +1,14 @@
 #include "tests/testing/redis_server.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
-#include <array>
+#include <atomic>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -28,34 +33,58 @@ RedisServer::~RedisServer() {
   RemoveTree(dir_);
 }
 
-absl::Status RedisServer::Launch() {
-  std::vector<std::string> argv = {"redis-server",
-                                   "--port",
-                                   absl::StrCat(port_),
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--dir",
-                                   dir_,
-                                   "--save",
-                                   "",
-                                   "--daemonize",
-                                   "no",
-                                   "--appendonly",
-                                   options_.append_only ? "yes" : "no",
-                                   "--appendfsync",
-                                   "always"};
-  if (!options_.password.empty()) {
-    argv.push_back("--requirepass");
-    argv.push_back(options_.password);
-  }
-  if (!options_.user.empty()) {
-    // Separate words: redis-server quotes a single argument that contains spaces.
-    for (std::string word : {std::string("--user"), options_.user, std::string("on"),
-                             absl::StrCat(">", options_.user_password), std::string("~*"),
-                             std::string("&*"), std::string("+@all")}) {
-      argv.push_back(std::move(word));
+namespace {
+
+// One argument of a redis.conf line, quoted so that any bytes survive (redis splits config
+// lines with sdssplitargs, which reads "..." with \\, \" and \xHH escapes).
+std::string ConfQuote(absl::string_view arg) {
+  std::string out = "\"";
+  for (unsigned char c : arg) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out += static_cast<char>(c);
     }
   }
+  return out + "\"";
+}
+
+}  // namespace
+
+absl::Status RedisServer::WriteConfig() const {
+  // The secrets go in a file only this user can read, never on the command line (ps shows
+  // that to every user of the machine).
+  std::string conf = "# written by tests/testing/redis_server.cc\n";
+  if (!options_.password.empty()) {
+    absl::StrAppend(&conf, "requirepass ", ConfQuote(options_.password), "\n");
+  }
+  if (!options_.user.empty()) {
+    absl::StrAppend(&conf, "user ", ConfQuote(options_.user), " on ",
+                    ConfQuote(absl::StrCat(">", options_.user_password)), " ~* &* +@all\n");
+  }
+  const std::string path = config_path();
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path));
+  const bool ok = fchmod(fd, 0600) == 0 &&
+                  write(fd, conf.data(), conf.size()) == static_cast<ssize_t>(conf.size());
+  close(fd);
+  if (!ok) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status RedisServer::Launch() {
+  if (absl::Status st = WriteConfig(); !st.ok()) return st;
+  std::vector<std::string> argv = {"redis-server",  config_path(),
+                                   "--port",        absl::StrCat(port_),
+                                   "--bind",        "127.0.0.1",
+                                   "--dir",         dir_,
+                                   "--save",        "",
+                                   "--daemonize",   "no",
+                                   "--appendonly",  options_.append_only ? "yes" : "no",
+                                   "--appendfsync", "always"};
   for (const auto& a : options_.extra_args) argv.push_back(a);
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =
       ChildProcess::Start(argv, absl::StrCat(dir_, "/redis.log"));
@@ -81,18 +110,23 @@ absl::Status RedisServer::Restart() {
 }
 
 absl::StatusOr<std::string> RedisServer::Cli(const std::vector<std::string>& args) const {
-  std::string cmd = absl::StrCat("redis-cli -h 127.0.0.1 -p ", port_);
-  if (!options_.password.empty())
-    absl::StrAppend(&cmd, " --no-auth-warning -a ", options_.password);
-  for (const auto& a : args) absl::StrAppend(&cmd, " '", a, "'");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("popen redis-cli failed");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  static std::atomic<int> calls{0};
+  const std::string out_path = absl::StrCat(dir_, "/cli-", calls.fetch_add(1), ".out");
+  std::vector<std::string> argv = {"redis-cli", "-h", "127.0.0.1", "-p", absl::StrCat(port_)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  // The password through the environment (REDISCLI_AUTH), not `-a` on the command line.
+  std::vector<std::string> env;
+  if (!options_.password.empty()) env.push_back(absl::StrCat("REDISCLI_AUTH=", options_.password));
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::Start(std::move(argv), out_path, std::move(env));
+  if (!child.ok()) return child.status();
+  absl::StatusOr<int> status = (*child)->Wait(absl::Seconds(60));
+  std::ifstream in(out_path, std::ios::binary);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::remove(out_path.c_str());
+  if (!status.ok()) return status.status();
+  if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
     return absl::InternalError(absl::StrCat("redis-cli failed: ", out));
   }
   return out;

@@ -1,6 +1,8 @@
 // A redis-server started by a test on a free loopback port with a private data directory, for
 // tests and benchmarks that need a real server. Stopped (SIGKILL) and its directory removed on
-// destruction.
+// destruction. Passwords never appear on a command line (ps shows those to every user): the
+// server reads them from a config file of mode 0600 in its directory, redis-cli from
+// REDISCLI_AUTH.
 //
 //   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
 //   options.port = (*server)->port();
@@ -40,6 +42,10 @@ class RedisServer {
 
   int port() const { return port_; }
   const std::string& dir() const { return dir_; }
+  // The config file with the passwords (mode 0600), passed as redis-server's first argument.
+  std::string config_path() const { return dir_ + "/redis.conf"; }
+  // The running server's process id; 0 when stopped.
+  pid_t pid() const { return process_ != nullptr ? process_->pid() : 0; }
 
   // Kills the server with `signal` and waits for it to exit (the port stays reserved for
   // Restart).
@@ -47,7 +53,8 @@ class RedisServer {
   // Starts it again on the same port and directory (reloading the AOF, if enabled).
   absl::Status Restart();
 
-  // Runs redis-cli against the server (with the password) and returns its stdout.
+  // Runs redis-cli against the server (with the password) and returns its output (stdout and
+  // stderr).
   absl::StatusOr<std::string> Cli(const std::vector<std::string>& args) const;
 
   // Calls of `command` (lower case, e.g. "evalsha") since the server started or the last
@@ -57,6 +64,7 @@ class RedisServer {
  private:
   RedisServer(RedisServerOptions options, int port, std::string dir)
       : options_(std::move(options)), port_(port), dir_(std::move(dir)) {}
+  absl::Status WriteConfig() const;
   absl::Status Launch();
 
   RedisServerOptions options_;
