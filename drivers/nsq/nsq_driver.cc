@@ -18,6 +18,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "boost/asio/co_spawn.hpp"
@@ -277,7 +278,7 @@ class Core {
     }
     if (!made) return unavailable;
     if (!unavailable.ok()) {
-      Log(LogLevel::kWarning, absl::StrCat(unavailable.message(),
+      Log(LogLevel::kWarning, absl::StrCat(absl::StripPrefix(unavailable.message(), "nsq: "),
                                            "; the channel is made there before the first publish"));
     }
     return absl::OkStatus();
