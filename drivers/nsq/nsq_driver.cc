@@ -360,7 +360,7 @@ class Core {
   }
 
   bool ChannelEnsured(size_t nsqd, absl::string_view topic, absl::string_view channel) {
-    absl::MutexLock lock(&ensured_mu_);
+    absl::ReaderMutexLock lock(&ensured_mu_);
     const auto& topics = ensured_[nsqd];
     auto it = topics.find(topic);
     return it != topics.end() && it->second.contains(channel);
