@@ -704,9 +704,11 @@ class ConsumerState : public Connection::Listener,
         return;
       }
     }
-    if (w.not_before.has_value() && *w.not_before > now + absl::Milliseconds(5)) {
+    // The delay is a floor: not even a millisecond early (the rest is rounded up).
+    if (w.not_before.has_value() && *w.not_before > now) {
       const absl::Duration rest = std::min(*w.not_before - now, core_->options().max_defer);
-      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(rest)), cmds);
+      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(absl::Ceil(rest, absl::Milliseconds(1)))),
+                     cmds);
       return;
     }
     if (slot.buffered >= slot.rdy_high) {

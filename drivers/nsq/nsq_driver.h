@@ -22,6 +22,11 @@
 // Publishing goes to `nsqd_tcp_addresses` (the first one that is up, in order); consuming
 // connects to `nsqd_tcp_addresses` and to every nsqd that the nsqlookupds list for the topics.
 //
+// Bounded against a broken nsqd: connect and handshake end at `dial_timeout`, every request at
+// `request_timeout` (the connection is then dropped and the call is Unavailable); a frame above
+// the message size limit, or a consumer connection on which nsqd sends more messages than the
+// RDY it was given, closes that connection (it is reconnected with backoff).
+//
 // Thread-safety: the driver and its consumers are safe for concurrent use. Network I/O runs on
 // `io_threads` threads per driver. Consumers may outlive the driver object (they share its I/O
 // threads).
