@@ -78,6 +78,7 @@ Connection::Connection(asio::io_context& io, ConnectionOptions options,
       socket_(io),
       wake_(io),
       watchdog_(io),
+      request_timer_(io),
       reader_(options_.max_frame_bytes) {}
 
 Connection::~Connection() = default;
@@ -190,6 +191,7 @@ awaitable<absl::Status> Connection::Handshake() {
   asio::co_spawn(io_, ReadLoop(self), asio::detached);
   asio::co_spawn(io_, WriteLoop(self), asio::detached);
   asio::co_spawn(io_, HeartbeatWatch(self), asio::detached);
+  asio::co_spawn(io_, RequestWatch(self), asio::detached);
   co_return absl::OkStatus();
 }
 
@@ -243,7 +245,7 @@ void Connection::HandleFrame(Frame frame) {
       {
         absl::MutexLock lock(&mu_);
         if (pending_.empty()) return;  // nothing asked for it; ignore
-        done = std::move(pending_.front());
+        done = std::move(pending_.front().done);
         pending_.pop_front();
       }
       done(std::move(frame.data));
@@ -261,7 +263,7 @@ void Connection::HandleFrame(Frame frame) {
       {
         absl::MutexLock lock(&mu_);
         if (!pending_.empty()) {
-          done = std::move(pending_.front());
+          done = std::move(pending_.front().done);
           pending_.pop_front();
         }
       }
@@ -330,6 +332,32 @@ awaitable<void> Connection::HeartbeatWatch([[maybe_unused]] std::shared_ptr<Conn
   }
 }
 
+awaitable<void> Connection::RequestWatch([[maybe_unused]] std::shared_ptr<Connection> self) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::duration timeout = ToChrono(options_.request_timeout);
+  while (!closed()) {
+    const Clock::time_point now = Clock::now();
+    // A request made from now on is due no earlier than now + timeout, so with nothing
+    // pending one wait of `timeout` misses no deadline; responses come in request order, so
+    // the oldest pending request is the first due.
+    Clock::time_point next = now + timeout;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!pending_.empty()) next = pending_.front().deadline;
+    }
+    if (next <= now) {
+      CloseOnIo(absl::UnavailableError(
+          absl::StrCat("nsqd ", options_.address, ": no response within ",
+                       absl::FormatDuration(options_.request_timeout),
+                       " (NsqOptions.request_timeout); connection dropped")));
+      co_return;
+    }
+    request_timer_.expires_at(next);
+    error_code ec;
+    co_await request_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+}
+
 size_t Connection::WriteNowLocked(absl::string_view data) {
   // Only while the write loop is parked with nothing queued: then no write is in flight and
   // these bytes cannot overtake queued ones. The socket stays open while `mu_` is held and
@@ -354,7 +382,8 @@ void Connection::Request(std::string command, ResponseFn done) {
                                                "nsqd ", options_.address, ": connection closed"))
                                          : close_status_;
     } else {
-      pending_.push_back(std::move(done));
+      pending_.push_back(Pending{
+          std::move(done), std::chrono::steady_clock::now() + ToChrono(options_.request_timeout)});
       const size_t written = WriteNowLocked(command);
       if (written < command.size()) {
         if (out_.empty() && written == 0) {
@@ -401,7 +430,7 @@ void Connection::Close(absl::Status why) {
 }
 
 void Connection::CloseOnIo(absl::Status why) {
-  std::deque<ResponseFn> pending;
+  std::deque<Pending> pending;
   {
     absl::MutexLock lock(&mu_);
     if (closed_.exchange(true)) return;
@@ -415,7 +444,8 @@ void Connection::CloseOnIo(absl::Status why) {
   socket_.close(ignored);
   wake_.cancel();
   watchdog_.cancel();
-  for (ResponseFn& done : pending) done(why);
+  request_timer_.cancel();
+  for (Pending& p : pending) p.done(why);
   if (auto l = listener_.lock()) l->OnClose(this, why);
 }
 

@@ -11,9 +11,10 @@
 // loop on the io_context; bytes reach the socket in call order either way.
 //
 // The connection answers heartbeats with NOP, closes itself when nsqd has been silent for two
-// heartbeat intervals, and closes on a malformed frame or a fatal error frame (every pending
-// request then fails). Non-fatal error frames (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED) go to
-// the listener and leave the connection open.
+// heartbeat intervals, when a request has had no response for `request_timeout` (an nsqd that
+// answers heartbeats but not PUB), and on a malformed frame or a fatal error frame (every
+// pending request then fails). Non-fatal error frames (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED)
+// go to the listener and leave the connection open.
 //
 // Ownership: shared; the coroutines hold a reference until the connection closes. The listener
 // is held weakly. Thread-safety: Request, Send, Close and the accessors are safe from any
@@ -24,6 +25,7 @@
 #define DRIVERS_NSQ_CONNECTION_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -50,8 +52,12 @@ struct ConnectionOptions {
   IdentifyRequest identify;
   // Sent with AUTH when nsqd requires it. Never logged and never in a Status.
   std::string auth_secret;
-  // Bound on TCP connect plus handshake.
+  // Bound on TCP connect plus handshake (IDENTIFY and AUTH included).
   absl::Duration dial_timeout = absl::Seconds(5);
+  // Bound on each Request's response, counted from the call: when the oldest pending request
+  // has waited this long the connection closes and every pending request fails with
+  // Unavailable. Must be > 0.
+  absl::Duration request_timeout = absl::Seconds(10);
   // Largest frame accepted from nsqd; a larger size field closes the connection.
   size_t max_frame_bytes = (1 << 20) + 1024;
 };
@@ -83,7 +89,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::awaitable<absl::Status> Handshake();
 
   // Writes `command` and calls `done` with nsqd's response (OK or the data of a response frame),
-  // or an error: the mapped error frame, or Unavailable if the connection closes first.
+  // or an error: the mapped error frame, or Unavailable if the connection closes first or no
+  // response comes within `request_timeout` (the connection is then closed).
   void Request(std::string command, ResponseFn done);
 
   // Writes `command`, which has no response. Dropped if the connection is closed.
@@ -110,6 +117,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
   boost::asio::awaitable<void> WriteLoop(std::shared_ptr<Connection> self);
   boost::asio::awaitable<void> HeartbeatWatch(std::shared_ptr<Connection> self);
+  boost::asio::awaitable<void> RequestWatch(std::shared_ptr<Connection> self);
   // Writes what the socket takes at once of `data` from the calling thread when the write
   // loop is idle and nothing is queued (sparing the hand-off to the I/O thread); returns the
   // bytes written, 0 when the write loop must take them.
@@ -125,6 +133,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::ip::tcp::socket socket_;
   boost::asio::steady_timer wake_;  // cancelled to wake the write loop
   boost::asio::steady_timer watchdog_;
+  boost::asio::steady_timer request_timer_;
   FrameReader reader_;
   std::vector<Message> batch_;  // read loop only: messages not yet handed to the listener
   IdentifyResponse identify_;
@@ -137,7 +146,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   // The socket's descriptor once the loops run, -1 before and after (see WriteNowLocked).
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
-  std::deque<ResponseFn> pending_ ABSL_GUARDED_BY(mu_);
+  struct Pending {
+    ResponseFn done;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 

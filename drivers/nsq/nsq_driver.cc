@@ -14,9 +14,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "boost/asio/co_spawn.hpp"
@@ -77,11 +79,12 @@ absl::Status ValidateOptions(const NsqOptions& o) {
     }
     return absl::OkStatus();
   };
-  for (auto [d, name] : {std::pair{o.dial_timeout, "dial_timeout"},
-                         std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
-                         std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
-                         std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},
-                         std::pair{o.rdy_redistribute_interval, "rdy_redistribute_interval"}}) {
+  for (auto [d, name] :
+       {std::pair{o.dial_timeout, "dial_timeout"}, std::pair{o.request_timeout, "request_timeout"},
+        std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
+        std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
+        std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},
+        std::pair{o.rdy_redistribute_interval, "rdy_redistribute_interval"}}) {
     if (absl::Status s = positive(d, name); !s.ok()) return s;
   }
   if (o.heartbeat_interval < absl::Seconds(1)) {
@@ -142,13 +145,16 @@ class Core {
   explicit Core(NsqOptions options) : options_(std::move(options)) {
     if (options_.client_id.empty()) options_.client_id = HostName();
     if (!options_.logger) options_.logger = StderrLogger(LogLevel::kInfo);
-    for (const std::string& a : options_.nsqd_tcp_addresses) {
+    for (size_t n = 0; n < options_.nsqd_tcp_addresses.size(); ++n) {
       producers_.emplace_back();
       for (int i = 0; i < options_.publish_connections; ++i) {
         producers_.back().push_back(std::make_unique<ProducerSlot>());
-        producers_.back().back()->address = a;
+        producers_.back().back()->address = options_.nsqd_tcp_addresses[n];
+        producers_.back().back()->nsqd = n;
       }
     }
+    absl::MutexLock lock(&ensured_mu_);
+    ensured_.resize(options_.nsqd_tcp_addresses.size());
     for (int i = 0; i < options_.io_threads; ++i) {
       ios_.push_back(std::make_unique<asio::io_context>(1));
       works_.push_back(asio::make_work_guard(*ios_.back()));
@@ -190,6 +196,7 @@ class Core {
     c.address = address;
     c.auth_secret = options_.auth_secret;
     c.dial_timeout = options_.dial_timeout;
+    c.request_timeout = options_.request_timeout;
     c.max_frame_bytes = options_.max_message_bytes + kWrapperMaxBytes + 4096;
     c.identify.client_id = options_.client_id;
     c.identify.hostname = options_.client_id;
@@ -218,9 +225,12 @@ class Core {
     return f.get();
   }
 
-  // Sends one command with a response to the first producer nsqd that is up. Unavailable
-  // without trying the next nsqd once the command was written (it may have been accepted).
-  absl::Status Publish(std::string command) {
+  // Sends one command with a response to the first producer nsqd that is up, after making
+  // sure that `channels` of `topic` exist on that nsqd (so the message is kept for them).
+  // Unavailable without trying the next nsqd once the command was written (it may have been
+  // accepted).
+  absl::Status Publish(std::string command, absl::string_view topic,
+                       absl::Span<const std::string> channels) {
     if (producers_.empty()) {
       return absl::FailedPreconditionError(
           "nsq: publishing needs NsqOptions.nsqd_tcp_addresses (lookupd is for consumers)");
@@ -237,36 +247,41 @@ class Core {
         if (!absl::IsUnavailable(last)) return last;
         continue;
       }
+      // Nothing is written yet: if the channel cannot be made here, the next nsqd may do.
+      if (absl::Status s = EnsureChannelsOn(slot->nsqd, topic, channels); !s.ok()) {
+        last = s;
+        if (!absl::IsUnavailable(last)) return last;
+        continue;
+      }
       absl::StatusOr<std::string> r = RequestBlocking(*conn, std::move(command));
       return r.status();
     }
     return last;
   }
 
-  // Creates topic/channel on every producer nsqd (SUB on a short-lived connection), so that
-  // messages published from now on are kept for the channel.
-  absl::Status EnsureChannel(absl::string_view topic, absl::string_view channel) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (ensured_.contains(absl::StrCat(topic, "/", channel))) return absl::OkStatus();
-    }
-    absl::Status result;
-    for (const std::string& address : options_.nsqd_tcp_addresses) {
-      auto conn = Connection::Create(io(), ConnOptions(address, absl::ZeroDuration()), {});
-      absl::Status s = HandshakeBlocking(conn);
+  // Makes topic/channel exist on every producer nsqd, so that messages published from now on
+  // are kept for the channel. OK when it exists on every nsqd that is up and at least one is
+  // up; a down nsqd gets the channel before the first publish to it (Publish).
+  absl::Status EnsureChannelEverywhere(absl::string_view topic, absl::string_view channel) {
+    bool made = false;
+    absl::Status unavailable;
+    for (size_t n = 0; n < options_.nsqd_tcp_addresses.size(); ++n) {
+      absl::Status s =
+          ChannelEnsured(n, topic, channel) ? absl::OkStatus() : CreateChannel(n, topic, channel);
       if (s.ok()) {
-        std::string sub;
-        nsq::AppendSub(topic, channel, &sub);
-        s = RequestBlocking(conn, std::move(sub)).status();
+        made = true;
+      } else if (absl::IsUnavailable(s)) {
+        unavailable = s;
+      } else {
+        return s;
       }
-      conn->Close(absl::CancelledError("channel created"));
-      if (!s.ok()) result = s;
     }
-    if (result.ok()) {
-      absl::MutexLock lock(&mu_);
-      ensured_.insert(absl::StrCat(topic, "/", channel));
+    if (!made) return unavailable;
+    if (!unavailable.ok()) {
+      Log(LogLevel::kWarning, absl::StrCat(absl::StripPrefix(unavailable.message(), "nsq: "),
+                                           "; the channel is made there before the first publish"));
     }
-    return result;
+    return absl::OkStatus();
   }
 
   void SetQueueDelay(absl::string_view queue, absl::Duration delay) {
@@ -280,6 +295,13 @@ class Core {
   }
 
   void AddBinding(const std::string& topic, const std::string& queue, const std::string& key);
+  // The queues bound to `topic` in this driver instance (the channels a topic message is for).
+  std::vector<std::string> BoundQueues(absl::string_view topic) {
+    absl::MutexLock lock(&mu_);
+    auto it = topic_queues_.find(topic);
+    if (it == topic_queues_.end()) return {};
+    return std::vector<std::string>(it->second.begin(), it->second.end());
+  }
   std::map<std::string, std::set<std::string>> Bindings(const std::string& queue) {
     absl::MutexLock lock(&mu_);
     auto it = bindings_.find(queue);
@@ -294,7 +316,8 @@ class Core {
  private:
   struct ProducerSlot {
     std::string address;
-    absl::Mutex mu;  // serialises connecting
+    size_t nsqd = 0;  // index in nsqd_tcp_addresses
+    absl::Mutex mu;   // serialises connecting
     std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
     bool ever_connected ABSL_GUARDED_BY(mu) = false;
     int failures ABSL_GUARDED_BY(mu) = 0;
@@ -327,11 +350,55 @@ class Core {
     if (slot.ever_connected) {
       CountReconnect();
       Log(LogLevel::kInfo, absl::StrCat("producer reconnected to nsqd ", slot.address));
+      // nsqd may have restarted without its data: make the channels again before publishing.
+      ForgetChannels(slot.nsqd);
     }
     slot.ever_connected = true;
     slot.failures = 0;
     slot.conn = conn;
     return conn;
+  }
+
+  bool ChannelEnsured(size_t nsqd, absl::string_view topic, absl::string_view channel) {
+    absl::ReaderMutexLock lock(&ensured_mu_);
+    const auto& topics = ensured_[nsqd];
+    auto it = topics.find(topic);
+    return it != topics.end() && it->second.contains(channel);
+  }
+
+  void ForgetChannels(size_t nsqd) {
+    absl::MutexLock lock(&ensured_mu_);
+    ensured_[nsqd].clear();
+  }
+
+  absl::Status EnsureChannelsOn(size_t nsqd, absl::string_view topic,
+                                absl::Span<const std::string> channels) {
+    for (const std::string& channel : channels) {
+      if (ChannelEnsured(nsqd, topic, channel)) continue;
+      if (absl::Status s = CreateChannel(nsqd, topic, channel); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // SUB topic/channel on a short-lived connection to nsqd `nsqd`: nsqd creates both and keeps
+  // the channel (it is not ephemeral) after the connection closes, with RDY never sent.
+  absl::Status CreateChannel(size_t nsqd, absl::string_view topic, absl::string_view channel) {
+    const std::string& address = options_.nsqd_tcp_addresses[nsqd];
+    auto conn = Connection::Create(io(), ConnOptions(address, absl::ZeroDuration()), {});
+    absl::Status s = HandshakeBlocking(conn);
+    if (s.ok()) {
+      std::string sub;
+      nsq::AppendSub(topic, channel, &sub);
+      s = RequestBlocking(conn, std::move(sub)).status();
+    }
+    conn->Close(absl::CancelledError("channel created"));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("nsq: creating channel ", topic, "/", channel,
+                                                 " on nsqd ", address, ": ", s.message()));
+    }
+    absl::MutexLock lock(&ensured_mu_);
+    ensured_[nsqd][std::string(topic)].insert(std::string(channel));
+    return absl::OkStatus();
   }
 
   NsqOptions options_;
@@ -347,12 +414,18 @@ class Core {
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
 
+  absl::Mutex ensured_mu_;
+  // Per producer nsqd: topic -> channels known to exist there (made by this instance).
+  std::vector<absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>>> ensured_
+      ABSL_GUARDED_BY(ensured_mu_);
+
   absl::Mutex mu_;
-  std::set<std::string> ensured_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Duration> queue_delays_ ABSL_GUARDED_BY(mu_);
   // queue -> topic -> binding keys
   std::map<std::string, std::map<std::string, std::set<std::string>>> bindings_
       ABSL_GUARDED_BY(mu_);
+  // topic -> queues bound to it
+  absl::flat_hash_map<std::string, std::set<std::string>> topic_queues_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<std::weak_ptr<ConsumerState>>> consumers_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -428,6 +501,7 @@ class ConsumerState : public Connection::Listener,
     while (n > 0 && !buffer_.empty() && !stop.stop_requested()) {
       Buffered b = std::move(buffer_.front());
       buffer_.pop_front();
+      if (Slot* slot = SlotByConn(b.conn_id)) --slot->buffered;
       Delivery d;
       d.data = std::move(b.payload);
       const uint64_t seq = ++delivery_seq_;
@@ -481,6 +555,7 @@ class ConsumerState : public Connection::Listener,
       }
       buffer_.clear();
       held_.clear();
+      for (auto& [key, slot] : slots_) slot.buffered = 0;
     }
     std::vector<std::future<absl::StatusOr<std::string>>> waits;
     for (auto& c : conns) {
@@ -507,11 +582,24 @@ class ConsumerState : public Connection::Listener,
   void OnMessages(Connection* conn, std::vector<nsq::Message>& batch) override {
     absl::MutexLock lock(&mu_);
     Slot* slot = SlotByConn(conn->id());
-    if (slot == nullptr) return;
+    if (slot == nullptr || slot->overflowed) return;
     const absl::Time now = absl::Now();
     slot->last_message = now;
     std::string cmds;  // FIN / REQ for messages not delivered
-    for (nsq::Message& m : batch) OnMessage(*slot, now, m, &cmds);
+    for (nsq::Message& m : batch) {
+      OnMessage(*slot, now, m, &cmds);
+      if (slot->overflowed) {
+        // A server that ignores RDY would fill memory: drop the connection (OnClose logs it,
+        // Receive reports it, and it is retried with backoff like any lost connection). What
+        // it delivered is nsqd's to redeliver.
+        conn->Close(absl::UnavailableError(
+            absl::StrCat("nsqd ", conn->address(), " sent more messages than RDY ", slot->rdy_high,
+                         " allows (", slot->buffered,
+                         " waiting unhandled); protocol violation, connection "
+                         "closed")));
+        return;
+      }
+    }
     if (!cmds.empty()) conn->Send(cmds);
   }
 
@@ -530,6 +618,7 @@ class ConsumerState : public Connection::Listener,
     slot.conn.reset();
     slot.pending.clear();
     slot.rdy = 0;
+    slot.buffered = 0;
     slot.in_flight = 0;
     --live_;
     if (stopped_) return;
@@ -564,6 +653,13 @@ class ConsumerState : public Connection::Listener,
     absl::Time connected_at = absl::InfinitePast();
     int64_t rdy = 0;
     int64_t max_rdy = 1;
+    // The highest RDY sent on this connection: nsqd never has more of this connection's
+    // messages in flight, so no more can wait in `buffer_` (buffered ones are TOUCHed, so nsqd
+    // does not time them out and send them again).
+    int64_t rdy_high = 0;
+    int buffered = 0;  // this connection's messages in `buffer_`
+    // Sent more than `rdy_high` allows: closing; later messages are dropped.
+    bool overflowed = false;
     int in_flight = 0;
     // FINs not yet handed to the connection: acks are written in batches (at the next
     // Receive, at the next tick, or every 4 KiB) to spare a write per message.
@@ -608,11 +704,18 @@ class ConsumerState : public Connection::Listener,
         return;
       }
     }
-    if (w.not_before.has_value() && *w.not_before > now + absl::Milliseconds(5)) {
+    // The delay is a floor: not even a millisecond early (the rest is rounded up).
+    if (w.not_before.has_value() && *w.not_before > now) {
       const absl::Duration rest = std::min(*w.not_before - now, core_->options().max_defer);
-      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(rest)), cmds);
+      nsq::AppendReq(m.id, std::max<int64_t>(1, ToMs(absl::Ceil(rest, absl::Milliseconds(1)))),
+                     cmds);
       return;
     }
+    if (slot.buffered >= slot.rdy_high) {
+      slot.overflowed = true;
+      return;
+    }
+    ++slot.buffered;
     ++slot.in_flight;
     Buffered b;
     b.conn_id = slot.conn->id();
@@ -788,6 +891,9 @@ class ConsumerState : public Connection::Listener,
     if (conn->closed()) return;  // closed between SUB and here; OnClose already ran or will
     slot.conn = conn;
     slot.rdy = 0;
+    slot.rdy_high = 0;
+    slot.buffered = 0;
+    slot.overflowed = false;
     slot.in_flight = 0;
     slot.max_rdy = std::max<int64_t>(1, conn->identify().max_rdy_count);
     slot.connected_at = absl::Now();
@@ -825,6 +931,7 @@ class ConsumerState : public Connection::Listener,
       nsq::AppendRdy(count, &cmd);
       s->conn->Send(cmd);
       s->rdy = count;
+      s->rdy_high = std::max(s->rdy_high, count);
       s->rdy_since = now;
     };
     // Without demand (nobody has called Receive lately) nothing is pushed: messages stay in
@@ -970,6 +1077,7 @@ void Core::AddBinding(const std::string& topic, const std::string& queue, const 
   {
     absl::MutexLock lock(&mu_);
     bindings_[queue][topic].insert(key);
+    topic_queues_[topic].insert(queue);
     auto& list = consumers_[queue];
     std::erase_if(list, [](const std::weak_ptr<ConsumerState>& w) { return w.expired(); });
     for (auto& w : list) {
@@ -1018,7 +1126,7 @@ class NsqDriver final : public Driver {
     }
     core_->SetQueueDelay(queue, delay);
     if (core_->options().nsqd_tcp_addresses.empty()) return absl::OkStatus();
-    return core_->EnsureChannel(queue, core_->options().queue_channel);
+    return core_->EnsureChannelEverywhere(queue, core_->options().queue_channel);
   }
 
   absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
@@ -1028,7 +1136,7 @@ class NsqDriver final : public Driver {
     if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
     core_->AddBinding(std::string(topic), std::string(queue), std::string(binding_key));
     if (core_->options().nsqd_tcp_addresses.empty()) return absl::OkStatus();
-    return core_->EnsureChannel(topic, queue);
+    return core_->EnsureChannelEverywhere(topic, queue);
   }
 
   absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
@@ -1038,7 +1146,7 @@ class NsqDriver final : public Driver {
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("SendToQueue: delay must be >= 0");
     }
-    return core_->Publish(QueueCommand(queue, data, delay + core_->QueueDelay(queue)));
+    return PublishToQueue(queue, QueueCommand(queue, data, delay + core_->QueueDelay(queue)));
   }
 
   absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
@@ -1055,7 +1163,9 @@ class NsqDriver final : public Driver {
     if (total > absl::ZeroDuration()) {
       // DPUB has no batch form: one command each.
       for (const std::string& d : data) {
-        if (absl::Status s = core_->Publish(QueueCommand(queue, d, total)); !s.ok()) return s;
+        if (absl::Status s = PublishToQueue(queue, QueueCommand(queue, d, total)); !s.ok()) {
+          return s;
+        }
       }
       return absl::OkStatus();
     }
@@ -1072,7 +1182,7 @@ class NsqDriver final : public Driver {
       }
       std::string cmd;
       nsq::AppendMpubWrapped(queue, data.subspan(begin, end - begin), &cmd);
-      if (absl::Status s = core_->Publish(std::move(cmd)); !s.ok()) return s;
+      if (absl::Status s = PublishToQueue(queue, std::move(cmd)); !s.ok()) return s;
       begin = end;
     }
     return absl::OkStatus();
@@ -1088,7 +1198,9 @@ class NsqDriver final : public Driver {
     nsq::AppendWrapped(data, &key, std::nullopt, &body);
     std::string cmd;
     nsq::AppendPub(topic, body, &cmd);
-    return core_->Publish(std::move(cmd));
+    // The channels of the queues bound here: a topic message published to an nsqd before any
+    // of them existed would go to whichever channel is opened first.
+    return core_->Publish(std::move(cmd), topic, core_->BoundQueues(topic));
   }
 
   absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
@@ -1115,6 +1227,11 @@ class NsqDriver final : public Driver {
                                                      core_->options().max_message_bytes, ")"));
     }
     return absl::OkStatus();
+  }
+
+  absl::Status PublishToQueue(absl::string_view queue, std::string command) {
+    const std::string* channel = &core_->options().queue_channel;
+    return core_->Publish(std::move(command), queue, absl::MakeConstSpan(channel, 1));
   }
 
   std::string QueueCommand(absl::string_view queue, absl::string_view data,

@@ -6,7 +6,9 @@
 //   });
 //
 // Mapping (docs/nsq.md has the details):
-//  - queue Q is NSQ topic Q consumed through channel `queue_channel` ("bus");
+//  - queue Q is NSQ topic Q consumed through channel `queue_channel` ("bus"). CreateQueue, and
+//    the first send to Q through each nsqd, create that channel on the nsqd first (so no other
+//    channel opened later on topic Q can take messages sent before the first consumer);
 //  - Subscribe(T, Q, key) creates channel Q on topic T; a consumer of Q also subscribes to T/Q
 //    and FINs, without delivering, topic messages whose route key does not match its binding
 //    keys. Bindings live in the driver instance: every process that consumes Q calls Subscribe.
@@ -19,6 +21,11 @@
 //
 // Publishing goes to `nsqd_tcp_addresses` (the first one that is up, in order); consuming
 // connects to `nsqd_tcp_addresses` and to every nsqd that the nsqlookupds list for the topics.
+//
+// Bounded against a broken nsqd: connect and handshake end at `dial_timeout`, every request at
+// `request_timeout` (the connection is then dropped and the call is Unavailable); a frame above
+// the message size limit, or a consumer connection on which nsqd sends more messages than the
+// RDY it was given, closes that connection (it is reconnected with backoff).
 //
 // Thread-safety: the driver and its consumers are safe for concurrent use. Network I/O runs on
 // `io_threads` threads per driver. Consumers may outlive the driver object (they share its I/O
@@ -51,8 +58,12 @@ struct NsqOptions {
   std::string client_id;
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";
-  // TCP connect plus handshake bound. Default 5s; > 0.
+  // TCP connect plus handshake (IDENTIFY, AUTH) bound. Default 5s; > 0.
   absl::Duration dial_timeout = absl::Seconds(5);
+  // Bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the call. An
+  // nsqd that does not answer in time has its connection dropped (the next call reconnects) and
+  // the call fails with Unavailable. Default 10s; > 0.
+  absl::Duration request_timeout = absl::Seconds(10);
   // Heartbeat interval asked for in IDENTIFY; a connection silent for twice this is dropped.
   // Default 30s; >= 1s (nsqd's minimum).
   absl::Duration heartbeat_interval = absl::Seconds(30);

@@ -27,6 +27,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait.h"
 
 namespace bus {
 namespace {
@@ -100,6 +101,53 @@ std::pair<int64_t, int64_t> ChannelCounts(const std::string& http_address, const
     ADD_FAILURE() << "stats from " << http_address << ": " << e.what();
   }
   return {-1, -1};
+}
+
+// nsqd's /stats for `topic`: the topic's own depth (messages not yet copied to a channel) and
+// whether `channel` exists; {-1, false} when the topic is not there.
+std::pair<int64_t, bool> TopicState(const std::string& http_address, const std::string& topic,
+                                    const std::string& channel) {
+  namespace asio = boost::asio;
+  namespace http = boost::beast::http;
+  try {
+    asio::io_context io;
+    asio::ip::tcp::resolver resolver(io);
+    const size_t colon = http_address.rfind(':');
+    asio::ip::tcp::socket socket(io);
+    asio::connect(socket,
+                  resolver.resolve(http_address.substr(0, colon), http_address.substr(colon + 1)));
+    http::request<http::empty_body> req(http::verb::get,
+                                        absl::StrCat("/stats?format=json&topic=", topic), 11);
+    req.set(http::field::host, http_address);
+    http::write(socket, req);
+    boost::beast::flat_buffer buf;
+    http::response<http::string_body> resp;
+    http::read(socket, buf, resp);
+    const nlohmann::json j = nlohmann::json::parse(resp.body());
+    for (const auto& t : j.at("topics")) {
+      if (t.at("topic_name") != topic) continue;
+      bool found = false;
+      for (const auto& c : t.at("channels")) found = found || c.at("channel_name") == channel;
+      return {t.at("depth").get<int64_t>(), found};
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "stats from " << http_address << ": " << e.what();
+  }
+  return {-1, false};
+}
+
+// Opens a foreign reader on `topic`, as nsq_tail does: its own channel ("tail"), created after
+// the messages were published. Returns once nsqd has copied every message the topic held to
+// the channels that existed by then.
+std::unique_ptr<Consumer> OpenForeignChannel(const std::shared_ptr<Driver>& driver,
+                                             const NsqdServer& nsqd, const std::string& topic) {
+  auto c = driver->NewConsumer(topic, ConsumerOptions{16, absl::Seconds(30)});
+  EXPECT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(testing::WaitUntil([&] {
+    const std::pair<int64_t, bool> state = TopicState(nsqd.http_address(), topic, "tail");
+    return state.first == 0 && state.second;
+  })) << "the foreign channel never appeared, or the topic kept messages";
+  return c.ok() ? std::move(*c) : nullptr;
 }
 
 TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
@@ -222,6 +270,59 @@ TEST(NsqDriverTest, AckManyWritesItsFinsAtOnce) {
   // Each was acked once: a second AckMany refuses them all.
   (*c)->AckMany(ptrs, absl::MakeSpan(results));
   for (const absl::Status& st : results) EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+}
+
+// Messages sent to a queue before any consumer existed stay the queue's: the first send made
+// the queue's channel, so a foreign channel opened later on the same topic (nsq_tail) gets
+// none of them, and the queue's consumer gets all.
+TEST(NsqDriverTest, AQueuesBacklogIsNotTakenByAForeignChannel) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto producer = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  const std::string q = "backlog";
+  std::set<std::string> sent;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(producer->SendToQueue(q, absl::StrCat("m", i), absl::ZeroDuration()).ok());
+    sent.insert(absl::StrCat("m", i));
+  }
+  auto tail = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}, .queue_channel = "tail"});
+  auto foreign = OpenForeignChannel(tail, *nsqd, q);
+  ASSERT_NE(foreign, nullptr);
+
+  auto consumer_driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  auto c = consumer_driver->NewConsumer(q, ConsumerOptions{16, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Drain(c->get(), sent.size()), sent);
+}
+
+// The same for a topic's bound queues, on an nsqd that was down when Subscribe ran: the
+// first topic publish through it makes the bound queue's channel there first.
+TEST(NsqDriverTest, ATopicsBacklogReachesItsBoundQueueOnAnNsqdThatWasDownAtSubscribe) {
+  auto a = StartNsqd();
+  auto b = StartNsqd();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  b->Kill(SIGTERM);
+  auto producer = MakeDriver({.nsqd_tcp_addresses = {a->tcp_address(), b->tcp_address()}});
+  // Made on a; b is down, which does not fail the call.
+  ASSERT_TRUE(producer->Subscribe("events", "tq", "#").ok());
+  a->Kill(SIGTERM);
+  ASSERT_TRUE(b->Restart().ok());
+  std::set<std::string> sent;
+  for (int i = 0; i < 5; ++i) {
+    // a refuses the connection, so each goes to b.
+    ASSERT_TRUE(producer->SendToTopic("events", absl::StrCat("t", i), "k").ok());
+    sent.insert(absl::StrCat("t", i));
+  }
+  auto tail = MakeDriver({.nsqd_tcp_addresses = {b->tcp_address()}, .queue_channel = "tail"});
+  auto foreign = OpenForeignChannel(tail, *b, "events");
+  ASSERT_NE(foreign, nullptr);
+
+  auto consumer_driver = MakeDriver({.nsqd_tcp_addresses = {b->tcp_address()}});
+  ASSERT_TRUE(consumer_driver->Subscribe("events", "tq", "#").ok());
+  auto c = consumer_driver->NewConsumer("tq", ConsumerOptions{16, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Drain(c->get(), sent.size()), sent);
 }
 
 TEST(NsqDriverTest, UnreachableNsqdIsUnavailable) {
