@@ -497,6 +497,7 @@ Settlement Handler::Shared::HandleAndSettle(Message& msg, const std::string& key
     bus::DeadLetter letter;
     letter.queue = options.queue;
     letter.data = std::move(wire);
+    letter.message_id = msg.id;
     letter.reason = msg.last_error;
     letter.kind = permanent ? DeadLetterKind::kPermanent : DeadLetterKind::kExhausted;
     letter.attempts = msg.retried;

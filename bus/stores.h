@@ -79,6 +79,9 @@ struct DeadLetter {
   std::string queue;
   // The message exactly as it was delivered (an envelope, or raw bytes when it was malformed).
   std::string data;
+  // The message's id (empty when it was malformed). With `attempts`, it makes Store()
+  // idempotent: see there.
+  std::string message_id;
   // Why it was dead-lettered (the last error, or why the envelope could not be decoded).
   std::string reason;
   DeadLetterKind kind = DeadLetterKind::kExhausted;
@@ -99,8 +102,11 @@ class DeadLetterStore {
   virtual ~DeadLetterStore() = default;
 
   // Stores `letter` (every field but `id` and `stored_at`, which the store assigns) and returns
-  // its id. OK only once the letter is durable (for durable stores). InvalidArgument for an
-  // empty queue or a negative attempts or replays count.
+  // its id. OK only once the letter is durable (for durable stores). When `message_id` is not
+  // empty and the queue already holds a letter with the same message_id and attempts (a store
+  // retried after its reply was lost, and the message delivered again), stores nothing and
+  // returns that letter's id. InvalidArgument for an empty queue or a negative attempts or
+  // replays count.
   virtual absl::StatusOr<std::string> Store(const DeadLetter& letter) = 0;
 
   // Returns up to `limit` of `queue`'s oldest letters whose kind is in `kinds`, oldest first,

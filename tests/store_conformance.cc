@@ -238,6 +238,49 @@ TEST_P(DeadLetterStoreConformanceTest, FetchCountAndPurgeFilterByKind) {
   EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kPermanent}), 0);
 }
 
+TEST_P(DeadLetterStoreConformanceTest, StoringALetterOfTheSameMessageAndAttemptsAgainIsANoOp) {
+  const std::string q = Unique("q");
+  DeadLetter letter = Letter(q, "v1", "r");
+  letter.message_id = "m-1";
+  letter.attempts = 2;
+  auto first = store_->Store(letter);
+  ASSERT_TRUE(first.ok()) << first.status();
+  letter.data = "v1 again";
+  auto again = store_->Store(letter);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(*store_->Count(q), 1);
+  // Another attempt of the same message, another message, and malformed letters (no message
+  // id) are letters of their own.
+  letter.attempts = 3;
+  auto third = store_->Store(letter);
+  letter.message_id = "m-2";
+  auto other = store_->Store(letter);
+  ASSERT_TRUE(store_->Store(Letter(q, "raw", "malformed: x", DeadLetterKind::kMalformed)).ok());
+  ASSERT_TRUE(store_->Store(Letter(q, "raw", "malformed: x", DeadLetterKind::kMalformed)).ok());
+  ASSERT_TRUE(third.ok() && other.ok());
+  EXPECT_NE(*third, *first);
+  EXPECT_NE(*other, *third);
+  EXPECT_EQ(*store_->Count(q), 5);
+  auto letters = store_->Fetch(q, 10);
+  ASSERT_TRUE(letters.ok());
+  EXPECT_EQ((*letters)[0].data, "v1");
+  EXPECT_EQ((*letters)[0].message_id, "m-1");
+  EXPECT_EQ((*letters)[3].message_id, "");
+  // Once removed, the same message and attempts may be stored again.
+  ASSERT_TRUE(store_->Remove(q, *first).ok());
+  letter.message_id = "m-1";
+  letter.attempts = 2;
+  auto back = store_->Store(letter);
+  ASSERT_TRUE(back.ok());
+  EXPECT_NE(*back, *first);
+  ASSERT_TRUE(store_->Purge(q).ok());
+  auto after_purge = store_->Store(letter);
+  ASSERT_TRUE(after_purge.ok());
+  EXPECT_NE(*after_purge, *back);
+  EXPECT_EQ(*store_->Count(q), 1);
+}
+
 TEST_P(DeadLetterStoreConformanceTest, BadLettersAndFiltersAreRefused) {
   const std::string q = Unique("q");
   EXPECT_TRUE(absl::IsInvalidArgument(store_->Store(Letter("", "d", "r")).status()));

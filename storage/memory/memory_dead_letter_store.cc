@@ -20,7 +20,13 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
   absl::StatusOr<std::string> Store(const DeadLetter& in) override {
     if (absl::Status st = ValidateDeadLetter(in); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
+    const std::string dedup =
+        in.message_id.empty() ? "" : absl::StrCat(in.queue, "\n", in.message_id, "\n", in.attempts);
+    if (!dedup.empty()) {
+      if (auto it = dedup_.find(dedup); it != dedup_.end()) return absl::StrCat(it->second);
+    }
     const uint64_t seq = ++seq_;
+    if (!dedup.empty()) dedup_[dedup] = seq;
     DeadLetter letter = in;
     letter.id = absl::StrCat(seq);
     letter.stored_at = clock_->Now();
@@ -56,7 +62,11 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
     }
     absl::MutexLock lock(&mu_);
     auto q = queues_.find(queue);
-    if (q != queues_.end()) q->second.erase(seq);
+    if (q == queues_.end()) return absl::OkStatus();
+    if (auto it = q->second.find(seq); it != q->second.end()) {
+      Forget(it->second);
+      q->second.erase(it);
+    }
     return absl::OkStatus();
   }
 
@@ -73,16 +83,30 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
     absl::MutexLock lock(&mu_);
     auto q = queues_.find(queue);
     if (q == queues_.end()) return absl::OkStatus();
-    std::erase_if(q->second, [&](const auto& entry) { return kinds.Contains(entry.second.kind); });
+    for (auto it = q->second.begin(); it != q->second.end();) {
+      if (kinds.Contains(it->second.kind)) {
+        Forget(it->second);
+        it = q->second.erase(it);
+      } else {
+        ++it;
+      }
+    }
     if (q->second.empty()) queues_.erase(q);
     return absl::OkStatus();
   }
 
  private:
+  void Forget(const DeadLetter& letter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (letter.message_id.empty()) return;
+    dedup_.erase(absl::StrCat(letter.queue, "\n", letter.message_id, "\n", letter.attempts));
+  }
+
   const std::shared_ptr<Clock> clock_;
   absl::Mutex mu_;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::map<uint64_t, DeadLetter>> queues_ ABSL_GUARDED_BY(mu_);
+  // queue, message id and attempts of each letter with a message id -> its seq.
+  absl::flat_hash_map<std::string, uint64_t> dedup_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -23,12 +23,19 @@ using redis::Script;
 //   P dlq:{Q}:reason         hash    id -> why it was dead-lettered
 //   P dlq:{Q}:time           hash    id -> when it was stored (server ms)
 //   P dlq:{Q}:meta           hash    id -> "kind attempts first_failed_us last_failed_us replays"
+//   P dlq:{Q}:msg            hash    id -> "attempts message_id" (letters of decoded messages)
+//   P dlq:{Q}:bymsg          hash    "attempts message_id" -> id
 // A letter written before kinds existed has no meta entry and is in no kind index: it is
 // read with the kind its reason implies and is reached by fetches of every kind.
 
-// KEYS: seq, ids, data, reason, time, meta, kind index. ARGV: data, reason, meta.
-// Returns the new id.
+// KEYS: seq, ids, data, reason, time, meta, kind index, msg, bymsg. ARGV: data, reason, meta,
+// message key ("attempts message_id", or '' for a malformed letter). Returns the new id, or the
+// id of the letter already stored for that message key.
 constexpr char kStore[] = R"lua(
+if ARGV[4] ~= '' then
+  local old = redis.call('HGET', KEYS[9], ARGV[4])
+  if old then return old end
+end
 local n = redis.call('INCR', KEYS[1])
 local id = tostring(n)
 local t = redis.call('TIME')
@@ -39,16 +46,21 @@ redis.call('HSET', KEYS[3], id, ARGV[1])
 redis.call('HSET', KEYS[4], id, ARGV[2])
 redis.call('HSET', KEYS[5], id, ms)
 redis.call('HSET', KEYS[6], id, ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[8], id, ARGV[4])
+  redis.call('HSET', KEYS[9], ARGV[4], id)
+end
 return id
 )lua";
 
-// KEYS: data, reason, time, meta, then the index zsets to read (ids, or some kind indexes).
-// ARGV: min score (exclusive form "(n" or "-inf"), limit. Returns the oldest `limit` letters
-// over the indexes as {id, data, reason, time_ms, meta, ...} (meta '' when absent).
+// KEYS: data, reason, time, meta, msg, then the index zsets to read (ids, or some kind
+// indexes). ARGV: min score (exclusive form "(n" or "-inf"), limit. Returns the oldest `limit`
+// letters over the indexes as {id, data, reason, time_ms, meta, msg, ...} (meta and msg ''
+// when absent).
 constexpr char kFetch[] = R"lua(
 local limit = tonumber(ARGV[2])
 local ids = {}
-for k = 5, #KEYS do
+for k = 6, #KEYS do
   local got = redis.call('ZRANGEBYSCORE', KEYS[k], ARGV[1], '+inf', 'LIMIT', 0, limit)
   for _, id in ipairs(got) do ids[#ids + 1] = tonumber(id) end
 end
@@ -61,29 +73,35 @@ for i = 1, math.min(limit, #ids) do
   out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[3], id) or '0'
   out[#out + 1] = redis.call('HGET', KEYS[4], id) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[5], id) or ''
 end
 return out
 )lua";
 
-// KEYS: ids, data, reason, time, meta, the three kind indexes. ARGV: ids to remove.
+// KEYS: ids, data, reason, time, meta, the three kind indexes, msg, bymsg. ARGV: ids to remove.
 #define BUS_REDIS_DLQ_DROP                                           \
   "local function drop(ids)\n"                                       \
+  "  for _, id in ipairs(ids) do\n"                                  \
+  "    local m = redis.call('HGET', KEYS[9], id)\n"                  \
+  "    if m then redis.call('HDEL', KEYS[10], m) end\n"              \
+  "  end\n"                                                          \
   "  redis.call('ZREM', KEYS[1], unpack(ids))\n"                     \
   "  for k = 2, 5 do redis.call('HDEL', KEYS[k], unpack(ids)) end\n" \
   "  for k = 6, 8 do redis.call('ZREM', KEYS[k], unpack(ids)) end\n" \
+  "  redis.call('HDEL', KEYS[9], unpack(ids))\n"                     \
   "end\n"
 constexpr char kRemove[] = BUS_REDIS_DLQ_DROP R"lua(
 drop({ARGV[1]})
 return 1
 )lua";
 
-// KEYS: ids, data, reason, time, meta, the three kind indexes, then the index to purge from
-// (ids, or one kind index). ARGV: batch. Removes up to `batch` letters of that index; returns
-// how many remain in it.
+// KEYS: ids, data, reason, time, meta, the three kind indexes, msg, bymsg, then the index to
+// purge from (ids, or one kind index). ARGV: batch. Removes up to `batch` letters of that
+// index; returns how many remain in it.
 constexpr char kPurge[] = BUS_REDIS_DLQ_DROP R"lua(
-local ids = redis.call('ZRANGE', KEYS[9], 0, tonumber(ARGV[1]) - 1)
+local ids = redis.call('ZRANGE', KEYS[11], 0, tonumber(ARGV[1]) - 1)
 if #ids > 0 then drop(ids) end
-return redis.call('ZCARD', KEYS[9])
+return redis.call('ZCARD', KEYS[11])
 )lua";
 #undef BUS_REDIS_DLQ_DROP
 
@@ -157,11 +175,14 @@ class RedisDeadLetterStore final : public DeadLetterStore {
         absl::StrCat(static_cast<int>(letter.kind), " ", letter.attempts, " ",
                      absl::ToUnixMicros(letter.first_failed_at), " ",
                      absl::ToUnixMicros(letter.last_failed_at), " ", letter.replays);
-    absl::StatusOr<Reply> r = One(client_.conn().Eval(
-        StoreScript(),
-        {{"7", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
-          k.kind[static_cast<int>(letter.kind)], letter.data, letter.reason, meta}},
-        options_.request_timeout));
+    const std::string message_key =
+        letter.message_id.empty() ? "" : absl::StrCat(letter.attempts, " ", letter.message_id);
+    absl::StatusOr<Reply> r =
+        One(client_.conn().Eval(StoreScript(),
+                                {{"9", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
+                                  k.kind[static_cast<int>(letter.kind)], k.msg, k.bymsg,
+                                  letter.data, letter.reason, meta, message_key}},
+                                options_.request_timeout));
     if (!r.ok()) return r.status();
     return r->str;
   }
@@ -180,7 +201,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       min = absl::StrCat("(", after);
     }
     const Keys k = KeysOf(queue);
-    std::vector<std::string> call = {"", k.data, k.reason, k.time, k.meta};
+    std::vector<std::string> call = {"", k.data, k.reason, k.time, k.meta, k.msg};
     for (const std::string& index : Indexes(k, kinds)) call.push_back(index);
     call[0] = absl::StrCat(call.size() - 1);
     call.push_back(min);
@@ -189,7 +210,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
         One(client_.conn().Eval(FetchScript(), {std::move(call)}, options_.request_timeout));
     if (!r.ok()) return r.status();
     std::vector<DeadLetter> out;
-    for (size_t i = 0; i + 4 < r->elements.size(); i += 5) {
+    for (size_t i = 0; i + 5 < r->elements.size(); i += 6) {
       DeadLetter d;
       d.id = r->elements[i].str;
       d.queue = std::string(queue);
@@ -199,6 +220,10 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       (void)absl::SimpleAtoi(r->elements[i + 3].str, &ms);
       d.stored_at = absl::FromUnixMillis(ms);
       ParseMeta(r->elements[i + 4].str, &d);
+      // "attempts message_id"
+      if (const std::string& m = r->elements[i + 5].str; !m.empty()) {
+        d.message_id = m.substr(std::min(m.size(), m.find(' ') + 1));
+      }
       // A letter from before kinds is in the full index only: keep it to the kinds asked for.
       if (kinds.Contains(d.kind)) out.push_back(std::move(d));
     }
@@ -212,8 +237,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     }
     const Keys k = KeysOf(queue);
     return One(client_.conn().Eval(RemoveScript(),
-                                   {{"8", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0],
-                                     k.kind[1], k.kind[2], std::string(id)}},
+                                   {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0],
+                                     k.kind[1], k.kind[2], k.msg, k.bymsg, std::string(id)}},
                                    options_.request_timeout))
         .status();
   }
@@ -235,8 +260,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       while (true) {
         absl::StatusOr<Reply> r = One(client_.conn().Eval(
             PurgeScript(),
-            {{"9", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], index,
-              absl::StrCat(options_.script_batch)}},
+            {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], k.msg,
+              k.bymsg, index, absl::StrCat(options_.script_batch)}},
             options_.request_timeout));
         if (!r.ok()) return r.status();
         if (r->integer == 0) break;
@@ -247,7 +272,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
 
  private:
   struct Keys {
-    std::string seq, ids, data, reason, time, meta;
+    std::string seq, ids, data, reason, time, meta, msg, bymsg;
     std::string kind[3];  // by DeadLetterKind
   };
   Keys KeysOf(absl::string_view queue) const {

@@ -142,6 +142,11 @@ void ScopedStatement::BindInt64(int index, int64_t value) {
   if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
 }
 
+void ScopedStatement::BindNull(int index) {
+  const int rc = sqlite3_bind_null(stmt_, index);
+  if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+}
+
 void ScopedStatement::BindText(int index, absl::string_view value) {
   // A null pointer would bind SQL NULL; an empty value must stay an empty string.
   const char* data = value.data() != nullptr ? value.data() : "";

@@ -107,6 +107,7 @@ class ScopedStatement {
 
   void BindInt64(int index, int64_t value);
   // Binds exactly the bytes of `value` (embedded NULs and non-UTF-8 bytes included).
+  void BindNull(int index);
   void BindText(int index, absl::string_view value);
   void BindBlob(int index, absl::string_view value);
 

@@ -42,11 +42,28 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
       stmt->BindInt64(7, absl::ToUnixMicros(letter.first_failed_at));
       stmt->BindInt64(8, absl::ToUnixMicros(letter.last_failed_at));
       stmt->BindInt64(9, letter.replays);
+      if (letter.message_id.empty()) {
+        stmt->BindNull(10);
+      } else {
+        stmt->BindText(10, letter.message_id);
+      }
       absl::StatusOr<bool> row = stmt->Step();
       if (!row.ok()) return row.status();
-      if (!*row) return absl::InternalError("SQLite dead-letter insert returned no id");
-      id = stmt->ColumnInt64(0);
-      return stmt->Run();
+      if (*row) {
+        id = stmt->ColumnInt64(0);
+        return stmt->Run();
+      }
+      // Stored before: the letter of this message with these attempts.
+      absl::StatusOr<ScopedStatement> existing = conn.Prepare(sqlite_internal::kLetterOfMessageSql);
+      if (!existing.ok()) return existing.status();
+      existing->BindText(1, letter.queue);
+      existing->BindText(2, letter.message_id);
+      existing->BindInt64(3, letter.attempts);
+      absl::StatusOr<bool> found = existing->Step();
+      if (!found.ok()) return found.status();
+      if (!*found) return absl::InternalError("SQLite dead-letter insert returned no id");
+      id = existing->ColumnInt64(0);
+      return absl::OkStatus();
     });
     if (!s.ok()) return s;
     return absl::StrCat(id);
@@ -96,6 +113,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
         letter.first_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(6));
         letter.last_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(7));
         letter.replays = static_cast<int>(stmt->ColumnInt64(8));
+        if (!stmt->ColumnIsNull(9)) letter.message_id = std::string(stmt->ColumnText(9));
       }
     });
     if (!s.ok()) return s;

@@ -57,16 +57,20 @@ inline constexpr const char* kMigrationV1[] = {
 // and how many times it had been replayed. Letters stored by version 1 are classified by their
 // reason (the pipeline wrote "malformed: ..." for poison messages; everything else counts as
 // exhausted, which version 1 replayed), with both failure times set to when they were stored.
-// The index serves the replay loop's fetch of one kind without reading the others.
+// The kind index serves the replay loop's fetch of one kind without reading the others; the
+// message index makes storing a letter again (same message, same attempts) a no-op.
 inline constexpr const char* kMigrationV2[] = {
     "ALTER TABLE dead_letters ADD COLUMN kind INTEGER NOT NULL DEFAULT 2",
     "ALTER TABLE dead_letters ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE dead_letters ADD COLUMN first_failed_us INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE dead_letters ADD COLUMN last_failed_us INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE dead_letters ADD COLUMN replays INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE dead_letters ADD COLUMN message_id TEXT",
     "UPDATE dead_letters SET kind = 0 WHERE reason LIKE 'malformed:%'",
     "UPDATE dead_letters SET first_failed_us = stored_at_us, last_failed_us = stored_at_us",
     "CREATE INDEX dead_letters_by_kind ON dead_letters (queue, kind, id)",
+    "CREATE UNIQUE INDEX dead_letters_by_message ON dead_letters (queue, message_id, attempts) "
+    "WHERE message_id IS NOT NULL",
 };
 
 // ---- Transactions ----
@@ -86,13 +90,20 @@ inline constexpr char kJournalModeWalSql[] = "PRAGMA journal_mode = WAL";
 // ---- Dead letters ----
 
 // ?1 queue, ?2 data, ?3 reason, ?4 stored_at_us, ?5 kind, ?6 attempts, ?7 first_failed_us,
-// ?8 last_failed_us, ?9 replays. Returns the id.
+// ?8 last_failed_us, ?9 replays, ?10 message_id (NULL when malformed). Returns the id, or no
+// row when the queue already has a letter of that message with those attempts.
 inline constexpr char kStoreLetterSql[] =
     "INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind, attempts, "
-    "first_failed_us, last_failed_us, replays) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) "
+    "first_failed_us, last_failed_us, replays, message_id) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
+    "ON CONFLICT (queue, message_id, attempts) WHERE message_id IS NOT NULL DO NOTHING "
     "RETURNING id";
-#define BUS_SQLITE_LETTER_COLUMNS \
-  "id, data, reason, stored_at_us, kind, attempts, first_failed_us, last_failed_us, replays"
+// ?1 queue, ?2 message_id, ?3 attempts.
+inline constexpr char kLetterOfMessageSql[] =
+    "SELECT id FROM dead_letters WHERE queue = ?1 AND message_id = ?2 AND attempts = ?3";
+#define BUS_SQLITE_LETTER_COLUMNS                                                              \
+  "id, data, reason, stored_at_us, kind, attempts, first_failed_us, last_failed_us, replays, " \
+  "message_id"
 // ?1 queue, ?2 after id, ?3 limit, ?4 kind mask (bit k: kind k).
 inline constexpr char kFetchLettersSql[] =
     "SELECT " BUS_SQLITE_LETTER_COLUMNS
