@@ -165,6 +165,28 @@ TEST_P(DriverConformanceTest, SendingToAQueueNeverCreatedCreatesIt) {
   AckAll(c.get(), got);
 }
 
+// A queue's backlog waits for the queue's own consumers: messages sent before any consumer (or
+// CreateQueue) existed, to a queue and through a topic binding, all reach the first consumer,
+// and a consumer of another queue bound to the same topic takes none of the queue's own.
+TEST_P(DriverConformanceTest, ABacklogSentBeforeAnyConsumerReachesTheQueuesFirstConsumer) {
+  const std::string q = Unique("q");
+  const std::string other = Unique("other");
+  const std::string topic = Unique("t");
+  ASSERT_TRUE(driver_->Subscribe(topic, q, "#").ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(driver_->SendToQueue(q, absl::StrCat("direct", i), absl::ZeroDuration()).ok());
+  }
+  ASSERT_TRUE(driver_->SendToTopic(topic, "fanned", "a.b").ok());
+  ASSERT_TRUE(driver_->Subscribe(topic, other, "#").ok());
+  auto foreign = NewConsumer(other);
+  EXPECT_THAT(Poll(foreign.get()), IsEmpty());  // bound after the publish: nothing for it
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 6);
+  EXPECT_THAT(Datas(got), UnorderedElementsAre("direct0", "direct1", "direct2", "direct3",
+                                               "direct4", "fanned"));
+  AckAll(c.get(), got);
+}
+
 TEST_P(DriverConformanceTest, SendBatchDeliversEveryMessage) {
   const std::string q = Unique("q");
   ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
@@ -484,6 +506,29 @@ class ReceiveLoop {
   std::stop_source stop_;
   std::future<absl::Status> result_;
 };
+
+TEST_P(DriverConformanceTest, ReceiveBatchesSaysOnceWhenItConsumes) {
+  const std::string q = Unique("q");
+  std::atomic<int> consuming{0};
+  ReceiveOptions options;
+  options.lease = harness_->ShortLease() * 10;
+  options.poll_wait = harness_->ShortLease();
+  options.on_consuming = [&] { consuming.fetch_add(1); };
+  ASSERT_TRUE(driver_->SendToQueue(q, "x", absl::ZeroDuration()).ok());
+  std::atomic<int> seen{0};
+  {
+    ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) {
+      seen.fetch_add(1);
+      return Settlement::Done();
+    });
+    ASSERT_TRUE(WaitUntil([&] { return seen.load() == 1; }));
+    EXPECT_EQ(consuming.load(), 1);
+    auto& result = loop.Stop();
+    ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_TRUE(result.get().ok());
+  }
+  EXPECT_EQ(consuming.load(), 1);
+}
 
 TEST_P(DriverConformanceTest, ReceiveMessageHandsEachMessageToTheCallbackUntilStopped) {
   const std::string q = Unique("q");
