@@ -18,7 +18,7 @@
 //   (*handler)->Stop();  // drains in-flight work within shutdown_timeout
 //   runner.join();
 //
-// For each delivered message, in this order (SPEC.md, "The Handler pipeline"):
+// For each delivered message, in this order (docs/pipeline.md, "Order of steps"):
 //  1. Decode the envelope. Malformed or oversized: store the raw bytes as a dead letter with the
 //     reason, settle, count `malformed`.
 //  2. Acquire the idempotency key `queue + "." + biz_uid` (biz_uid empty: the id) with a lease

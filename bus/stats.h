@@ -1,7 +1,10 @@
-// Handler statistics: lock-free counters updated on the hot path and a consistent-enough
-// snapshot for dashboards and tests.
+// Handler statistics. HandlerStats is a plain value that Handler::Stats() fills from the
+// Handler's own atomic counters (bus/handler.cc, relaxed loads): each field is exact, but the
+// fields are not read at one instant (a message may be counted in `received` and not yet in
+// `succeeded`). LatencyHistogram keeps the latency of handle() calls, lock-free.
 //
-// Thread-safety: Counters may be updated from any thread; Snapshot() may run concurrently.
+// Thread-safety: HandlerStats has no synchronisation of its own (it is a copy). A
+// LatencyHistogram may be recorded into and read (Quantile(), Max()) from any thread at once.
 
 #ifndef BUS_STATS_H_
 #define BUS_STATS_H_
@@ -38,7 +41,9 @@ struct HandlerStats {
   std::string ToString() const;
 };
 
-// A fixed log2-bucket histogram of durations (1us to ~1h); quantiles are bucket upper bounds.
+// A fixed log2-bucket histogram of durations: bucket i holds up to 2^i us (1 us to 2^32 us,
+// about 72 min; longer ones go to the last bucket). Quantiles are bucket upper bounds, capped
+// by the largest duration recorded.
 class LatencyHistogram {
  public:
   void Record(absl::Duration d);

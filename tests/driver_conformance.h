@@ -1,6 +1,5 @@
-// The Driver conformance suite: every clause of the Driver contract (SPEC.md "The Driver
-// contract", docs/driver-contract.md) as a parameterised test. A driver is done when it passes
-// the suite unchanged:
+// The Driver conformance suite: every clause of the Driver contract (docs/driver-contract.md)
+// as a parameterised test. A driver is done when it passes the suite unchanged:
 //
 //   INSTANTIATE_TEST_SUITE_P(Memory, DriverConformanceTest,
 //                            ::testing::Values(bus::testing::DriverConformanceParam{

@@ -1,4 +1,4 @@
-// The Handler pipeline, branch by branch (SPEC.md "The Handler pipeline"), on the memory driver
+// The Handler pipeline, branch by branch (docs/pipeline.md), on the memory driver
 // and memory stores with a fake clock.
 
 #include "bus/handler.h"

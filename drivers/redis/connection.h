@@ -2,8 +2,9 @@
 // redisFormatCommandArgv (requests) and redisReader (replies). Debian's hiredis 0.14 has no
 // async timeouts and no TLS, so the socket, the deadlines and the reconnection live here.
 //
-//   auto io = std::make_shared<bus::redis::IoThread>();
-//   auto conn = bus::redis::Connection::Create(io, {.port = 6379});
+//   bus::redis::IoThread io;
+//   std::shared_ptr<bus::redis::Connection> conn =
+//       bus::redis::Connection::Create(&io, {.port = 6379});
 //   absl::StatusOr<bus::redis::Reply> r = conn->Command({"PING"}, absl::Seconds(1));
 //   ...
 //   conn->Shutdown();  // before `io` is destroyed
