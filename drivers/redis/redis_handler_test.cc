@@ -2,12 +2,15 @@
 // starts itself: batches (HandlerOptions::batch_size) handle each message once, skip duplicate
 // business ids, and reach Redis in batched calls.
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
@@ -91,6 +94,60 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
   std::vector<Delivery> rest;
   ASSERT_TRUE((*consumer)->Receive(10, absl::Milliseconds(200), {}, &rest).ok());
   EXPECT_TRUE(rest.empty());
+}
+
+// A message whose delivery counter was corrupted by a foreign writer reaches the Handler as a
+// corrupt delivery: it becomes a malformed dead letter with the driver's reason and is acked, and
+// the other messages are handled as usual.
+TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCounterBecomesAMalformedLetter) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.logger = NullLogger();
+  auto driver = NewRedisDriver(options);
+  auto dead_letters = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(driver.ok() && dead_letters.ok());
+  Publisher publisher(*driver);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", i), "x", {}}).ok());
+  }
+  // Corrupt the counter of one of them, as a foreign producer might.
+  absl::StatusOr<std::string> ids = (*server)->Cli({"HKEYS", "bus:q:{orders}:msgs"});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  std::vector<std::string> lines = absl::StrSplit(*ids, '\n', absl::SkipWhitespace());
+  ASSERT_EQ(lines.size(), 3u);
+  ASSERT_TRUE((*server)->Cli({"HSET", "bus:q:{orders}:attempts", lines[1], "not-a-number"}).ok());
+
+  std::atomic<int> handled{0};
+  HandlerOptions h;
+  h.queue = "orders";
+  h.driver = *driver;
+  h.dead_letters = *dead_letters;
+  h.logger = NullLogger();
+  h.replay_interval = absl::ZeroDuration();
+  h.handle = [&](const Message&) {
+    handled.fetch_add(1);
+    return absl::OkStatus();
+  };
+  auto handler = Handler::Create(h);
+  ASSERT_TRUE(handler.ok()) << handler.status();
+  std::thread runner([&] { EXPECT_TRUE((*handler)->Run().ok()); });
+  EXPECT_TRUE(WaitUntil([&] {
+    const HandlerStats s = (*handler)->Stats();
+    return s.succeeded == 2 && s.malformed == 1 && s.in_flight == 0;
+  }));
+  (*handler)->Stop();
+  runner.join();
+  EXPECT_EQ(handled.load(), 2);
+  absl::StatusOr<std::vector<DeadLetter>> letters = (*dead_letters)->Fetch("orders", 10);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  ASSERT_EQ(letters->size(), 1u);
+  EXPECT_EQ((*letters)[0].kind, DeadLetterKind::kMalformed);
+  EXPECT_NE((*letters)[0].reason.find("not a number"), std::string::npos) << (*letters)[0].reason;
+  // All three were settled: nothing is left in the queue's keys.
+  EXPECT_EQ(*(*server)->Cli({"HLEN", "bus:q:{orders}:msgs"}), "0\n");
+  EXPECT_EQ(*(*server)->Cli({"ZCARD", "bus:q:{orders}:inflight"}), "0\n");
 }
 
 }  // namespace
