@@ -24,11 +24,14 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_server.h"
 #include "tests/testing/wait.h"
 
 namespace bus::redis {
 namespace {
 
+using ::bus::testing::FakeServer;
+using ::bus::testing::SendAll;
 using ::testing::HasSubstr;
 
 // Peak resident memory of this process so far, in bytes.
@@ -52,58 +55,6 @@ int64_t PeakRss() {
 // GiB), far above what a bounded client holds.
 constexpr int64_t kRssSlack = int64_t{96} << 20;
 
-// A TCP listener on a free loopback port that runs `serve(fd, n)` for the n-th connection
-// (0-based), one connection at a time.
-class FakeServer {
- public:
-  explicit FakeServer(std::function<void(int fd, int n)> serve) : serve_(std::move(serve)) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    socklen_t len = sizeof(addr);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    EXPECT_EQ(listen(listen_fd_, 16), 0);
-    thread_ = std::thread([this] {
-      for (int n = 0;; ++n) {
-        const int fd = accept(listen_fd_, nullptr, nullptr);
-        if (fd < 0) return;
-        serve_(fd, n);
-        close(fd);
-      }
-    });
-  }
-  ~FakeServer() {
-    stop_ = true;
-    shutdown(listen_fd_, SHUT_RDWR);
-    close(listen_fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-  // Set by the destructor: a serve function that streams forever checks it.
-  bool stopping() const { return stop_; }
-
- private:
-  std::function<void(int, int)> serve_;
-  std::atomic<bool> stop_{false};
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::thread thread_;
-};
-
-bool Send(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
 // Reads one request (one read is enough for a PING).
 void ReadRequest(int fd) {
   char buf[4096];
@@ -115,10 +66,10 @@ void ReadRequest(int fd) {
 // happened.
 void Flood(int fd, absl::string_view head, const std::atomic<bool>& stop,
            int64_t max_filler = std::numeric_limits<int64_t>::max()) {
-  if (!Send(fd, head)) return;
+  if (!SendAll(fd, head)) return;
   const std::string chunk(256 * 1024, 'x');
   for (int64_t sent = 0; !stop && sent < max_filler; sent += static_cast<int64_t>(chunk.size())) {
-    if (!Send(fd, chunk)) return;
+    if (!SendAll(fd, chunk)) return;
   }
   while (!stop) {
     pollfd p{fd, POLLIN, 0};
@@ -211,7 +162,7 @@ TEST_F(ConnectionTest, BytesOnAnIdleConnectionDropIt) {
       Flood(fd, "+PONG\r\n$536870912\r\n", stop, int64_t{256} << 20);
       closed = true;
     } else {
-      (void)Send(fd, "+PONG\r\n");
+      (void)SendAll(fd, "+PONG\r\n");
     }
   });
   Connection& conn = Connect(fake.port());
@@ -231,7 +182,7 @@ TEST_F(ConnectionTest, AnExtraReplyToAPipelineDropsTheConnection) {
   std::atomic<bool> closed{false};
   FakeServer fake([&](int fd, int) {
     ReadRequest(fd);
-    (void)Send(fd, "+PONG\r\n+PONG\r\n");
+    (void)SendAll(fd, "+PONG\r\n+PONG\r\n");
     char buf[64];
     while (read(fd, buf, sizeof(buf)) > 0) {
     }
@@ -254,7 +205,7 @@ TEST_F(ConnectionTest, APipelineWithARefusedReplyFailsUnavailable) {
       if (n <= 0) return;
       got.append(buf, static_cast<size_t>(n));
     }
-    (void)Send(fd, "+PONG\r\n$5000\r\n");
+    (void)SendAll(fd, "+PONG\r\n$5000\r\n");
     while (read(fd, buf, sizeof(buf)) > 0) {
     }
   });

@@ -31,6 +31,7 @@
 #include "drivers/redis/queue_scripts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 
@@ -416,46 +417,8 @@ TEST(RedisDriverTest, ARequestThatCannotBeSentBeforeItsDeadlineIsUnavailable) {
   }
 }
 
-// A TCP listener on a free loopback port that runs `serve` for each connection, one at a time.
-class FakeServer {
- public:
-  explicit FakeServer(std::function<void(int fd)> serve) : serve_(std::move(serve)) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    socklen_t len = sizeof(addr);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    EXPECT_EQ(listen(listen_fd_, 16), 0);
-    thread_ = std::thread([this] {
-      while (true) {
-        const int fd = accept(listen_fd_, nullptr, nullptr);
-        if (fd < 0) return;
-        serve_(fd);
-        close(fd);
-      }
-    });
-  }
-  ~FakeServer() {
-    shutdown(listen_fd_, SHUT_RDWR);
-    close(listen_fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-
- private:
-  std::function<void(int)> serve_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::thread thread_;
-};
-
 TEST(RedisDriverTest, AServerThatClosesMidReplyIsUnavailableNotACrash) {
-  FakeServer fake([](int fd) {
+  FakeServer fake([](int fd, int) {
     char buf[4096];
     (void)!read(fd, buf, sizeof(buf));
     const char partial[] = "*3\r\n:0\r\n$10\r\nabc";
@@ -478,7 +441,7 @@ TEST(RedisDriverTest, AServerThatClosesMidReplyIsUnavailableNotACrash) {
 
 TEST(RedisDriverTest, AServerThatNeverAnswersFailsAtTheDeadline) {
   std::atomic<bool> stop{false};
-  FakeServer fake([&](int fd) {
+  FakeServer fake([&](int fd, int) {
     while (!stop) {
       char buf[4096];
       if (read(fd, buf, sizeof(buf)) <= 0) return;
