@@ -1,5 +1,8 @@
 #include "bus/clock.h"
 
+#include <iterator>
+#include <limits>
+
 namespace bus {
 namespace {
 
@@ -43,16 +46,32 @@ void FakeClock::Advance(absl::Duration d) {
 
 int FakeClock::waiters() const { return waiter_count_.load(std::memory_order_acquire); }
 
-void FakeClock::Register(absl::Mutex* mu) const {
+namespace {
+int64_t DeadlineNanos(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return std::numeric_limits<int64_t>::max();
+  if (deadline == absl::InfinitePast()) return std::numeric_limits<int64_t>::min();
+  return absl::ToUnixNanos(deadline);
+}
+}  // namespace
+
+int FakeClock::parked() const {
+  const int64_t now = now_ns_.load(std::memory_order_acquire);
+  absl::MutexLock lock(&waiters_mu_);
+  return static_cast<int>(std::distance(deadlines_.upper_bound(now), deadlines_.end()));
+}
+
+void FakeClock::Register(absl::Mutex* mu, absl::Time deadline) const {
   absl::MutexLock lock(&waiters_mu_);
   ++waiters_[mu];
+  deadlines_.insert(DeadlineNanos(deadline));
   waiter_count_.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void FakeClock::Unregister(absl::Mutex* mu) const {
+void FakeClock::Unregister(absl::Mutex* mu, absl::Time deadline) const {
   absl::MutexLock lock(&waiters_mu_);
   auto it = waiters_.find(mu);
   if (--it->second == 0) waiters_.erase(it);
+  deadlines_.erase(deadlines_.find(DeadlineNanos(deadline)));
   waiter_count_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
@@ -65,9 +84,13 @@ bool FakeClock::AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
   } args{this, &cond, deadline};
   const absl::Condition cond_or_deadline(
       +[](Args* a) { return a->cond->Eval() || a->clock->Now() >= a->deadline; }, &args);
-  Register(mu);
-  mu->Await(cond_or_deadline);
-  Unregister(mu);
+  Register(mu, deadline);
+  // Advance() wakes waiters by releasing their mutex, which makes absl::Mutex re-evaluate their
+  // conditions; with several waiters on one mutex that wake-up can be missed. The waiter also
+  // re-checks every few milliseconds of real time, so a missed wake-up only delays it.
+  while (!mu->AwaitWithTimeout(cond_or_deadline, absl::Milliseconds(2))) {
+  }
+  Unregister(mu, deadline);
   return cond.Eval();
 }
 

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -61,15 +62,24 @@ class FakeClock final : public Clock {
   // background thread has reached its wait before advancing time.
   int waiters() const;
 
+  // Of those, the ones whose deadline is still ahead of Now(): parked until time moves again
+  // (or their condition turns true). Right after Advance(), a waiter whose deadline passed
+  // counts in waiters() until it leaves its wait but never here, so a test that waits until
+  // parked() is back to what it was before Advance() knows that every thread the advance woke
+  // has done its work and waits again.
+  int parked() const;
+
  private:
-  void Register(absl::Mutex* mu) const;
-  void Unregister(absl::Mutex* mu) const;
+  void Register(absl::Mutex* mu, absl::Time deadline) const;
+  void Unregister(absl::Mutex* mu, absl::Time deadline) const;
 
   std::atomic<int64_t> now_ns_;
   mutable absl::Mutex waiters_mu_;
   // Mutexes that waiters block on, with how many waiters use each.
   mutable absl::flat_hash_map<absl::Mutex*, int> waiters_ ABSL_GUARDED_BY(waiters_mu_);
   mutable std::atomic<int> waiter_count_{0};
+  // The deadlines of the waiters, in Unix nanoseconds (InfiniteFuture as INT64_MAX).
+  mutable std::multiset<int64_t> deadlines_ ABSL_GUARDED_BY(waiters_mu_);
 };
 
 }  // namespace bus

@@ -37,6 +37,33 @@ TEST(FakeClockTest, AdvanceWakesAWaiterWhoseDeadlinePassed) {
   EXPECT_EQ(clock.waiters(), 0);
 }
 
+TEST(FakeClockTest, ParkedCountsTheWaitersWhoseDeadlineIsAhead) {
+  FakeClock clock;
+  absl::Mutex mu;  // both wait on one mutex, as the receive loop's keeper and workers do
+  bool never = false;
+  std::thread soon([&] {
+    absl::MutexLock lock(&mu);
+    clock.AwaitWithDeadline(&mu, absl::Condition(&never), clock.Now() + absl::Seconds(1));
+  });
+  std::thread late([&] {
+    absl::MutexLock lock(&mu);
+    clock.AwaitWithDeadline(&mu, absl::Condition(&never), clock.Now() + absl::Hours(1));
+  });
+  while (clock.waiters() < 2) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(clock.parked(), 2);
+  // The advance passes one deadline: that waiter stops counting as parked at once, before it
+  // has even left its wait.
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(clock.parked(), 1);
+  soon.join();
+  EXPECT_EQ(clock.waiters(), 1);
+  EXPECT_EQ(clock.parked(), 1);
+  clock.Advance(absl::Hours(1));
+  late.join();
+  EXPECT_EQ(clock.parked(), 0);
+  EXPECT_EQ(clock.waiters(), 0);
+}
+
 TEST(FakeClockTest, TheConditionStillWakesAWaiter) {
   FakeClock clock;
   absl::Mutex mu;

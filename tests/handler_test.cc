@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,7 +79,11 @@ class HandlerTest : public ::testing::Test {
   // Creates the handler and runs it on a background thread.
   Handler* Start(HandlerOptions options) {
     auto h = Handler::Create(std::move(options));
-    EXPECT_TRUE(h.ok()) << h.status();
+    if (!h.ok()) {
+      // Fails this test (gtest reports the exception) instead of crashing the whole binary.
+      ADD_FAILURE() << h.status();
+      throw std::runtime_error(h.status().ToString());
+    }
     handler_ = std::move(*h);
     Handler* raw = handler_.get();
     run_ = std::async(std::launch::async, [raw] { return raw->Run(); });
@@ -109,6 +114,16 @@ class HandlerTest : public ::testing::Test {
     auto l = dead_letters_->Fetch("orders", 1000);
     EXPECT_TRUE(l.ok());
     return l.ok() ? *l : std::vector<DeadLetter>{};
+  }
+
+  // Advances the fake clock and waits until every thread that was parked on it before is parked
+  // again: the threads the advance woke have done what it made due (redelivered a lease,
+  // delivered a delayed message, run a handler) and wait anew. What a test checks next saw all
+  // that the advance caused, however loaded the machine is.
+  void AdvanceAndSettle(absl::Duration d) {
+    const int parked = clock_->parked();
+    clock_->Advance(d);
+    ASSERT_TRUE(WaitUntil([&] { return clock_->parked() >= parked; }));
   }
 
   // Advances the fake clock in steps until `cond` holds.
@@ -290,8 +305,7 @@ TEST_F(HandlerTest, SuccessHandlesOnceMarksTheKeyDoneAndSettles) {
   // The key is done: nobody else can take it within the retention.
   EXPECT_FALSE(*idempotency_->Acquire("orders.order-1", "someone", absl::Seconds(1)));
   // Settled: nothing comes back after the lease.
-  clock_->Advance(absl::Minutes(2));
-  absl::SleepFor(absl::Milliseconds(20));
+  AdvanceAndSettle(absl::Minutes(2));
   const HandlerStats s = h->Stats();
   EXPECT_EQ(s.received, 1u);
   EXPECT_EQ(s.succeeded, 1u);
@@ -340,8 +354,7 @@ TEST_F(HandlerTest, HeldKeyAndEnsureSaysHandledIsSkipped) {
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
   EXPECT_EQ(ensure_calls.load(), 1);
   EXPECT_EQ(handle_calls.load(), 0);
-  clock_->Advance(absl::Minutes(2));  // settled: no redelivery
-  absl::SleepFor(absl::Milliseconds(20));
+  AdvanceAndSettle(absl::Minutes(2));  // settled: no redelivery
   EXPECT_EQ(h->Stats().received, 1u);
 }
 
@@ -496,8 +509,7 @@ TEST_F(HandlerTest, RetryableFailureIsResentWithTheComputedDelay) {
   Publish("order-9", "x", {{"traceparent", "t-1"}});
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
   // Not before the delay.
-  clock_->Advance(absl::Seconds(9));
-  absl::SleepFor(absl::Milliseconds(20));
+  AdvanceAndSettle(absl::Seconds(9));
   EXPECT_EQ(rec.size(), 1u);
   clock_->Advance(absl::Seconds(1));
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
@@ -978,8 +990,7 @@ TEST_F(HandlerTest, StopWithWorkInFlightLosesNothingAndHandlesNothingTwice) {
     return handled.size() == static_cast<size_t>(kMessages);
   }));
   ASSERT_TRUE(WaitUntil([&] { return h2->Stats().in_flight == 0; }));
-  clock_->Advance(absl::Minutes(5));  // any unsettled lease would now come back
-  absl::SleepFor(absl::Milliseconds(50));
+  AdvanceAndSettle(absl::Minutes(5));  // any unsettled lease would now come back
   absl::MutexLock lock(&mu);
   EXPECT_EQ(handled.size(), static_cast<size_t>(kMessages));
   for (const auto& [payload, n] : handled) EXPECT_EQ(n, 1) << payload;
@@ -1197,11 +1208,15 @@ TEST_F(HandlerTest, ASubscribedHandlerReceivesMatchingTopicMessagesWithTheirRout
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));  // subscribed and waiting
   ASSERT_TRUE(publisher_.PublishToTopic("events", "order.created", Outgoing{"e1", "c", {}}).ok());
   ASSERT_TRUE(publisher_.PublishToTopic("events", "user.created", Outgoing{"e2", "u", {}}).ok());
-  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
-  absl::SleepFor(absl::Milliseconds(20));
+  // One worker takes the queue in order: once the third message is handled, the second would
+  // have been too, had it reached the queue.
+  ASSERT_TRUE(publisher_.PublishToTopic("events", "order.paid", Outgoing{"e3", "p", {}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 2; }));
   const auto seen = rec.seen();
-  ASSERT_EQ(seen.size(), 1u);
+  ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].route_key, "order.created");
+  EXPECT_EQ(seen[1].route_key, "order.paid");
+  EXPECT_EQ(h->Stats().received, 2u);
 }
 
 TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
@@ -1214,8 +1229,7 @@ TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));
   Publish("d", "delayed");
-  clock_->Advance(absl::Seconds(29));
-  absl::SleepFor(absl::Milliseconds(20));
+  AdvanceAndSettle(absl::Seconds(29));
   EXPECT_EQ(rec.size(), 0u);
   clock_->Advance(absl::Seconds(1));
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
