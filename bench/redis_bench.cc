@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
           (void)(*idem)->MarkDone(key, "owner", absl::Hours(1));
           bus::Delivery d;
           d.receipt = absl::StrCat(key, ":1");
-          (void)(*consumer)->Ack(d);
+          (void)(*consumer)->Ack(d.receipt);
         }
       });
     }

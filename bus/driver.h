@@ -13,8 +13,10 @@
 //  - NewConsumer(queue, options) leases messages (at-least-once): a delivery that is not acked
 //    before its lease runs out, or is nacked, is delivered again; competing consumers on one
 //    queue never hold the same delivery at once.
-//  - ReceiveMessage(...) runs a consumer until stopped and hands each message to a callback
-//    (implemented once, here, over NewConsumer; drivers do not override it).
+//
+// This header is the interface only. What runs a consumer until stopped and hands each message
+// to a callback (workers, lease keeper, settling) is written once, over NewConsumer, in
+// bus/receive_loop.h.
 //
 // Errors: InvalidArgument for a bad name, route key or option (up front, before any I/O);
 // Unavailable when the broker cannot be reached right now (retry later; drivers reconnect on
@@ -28,7 +30,6 @@
 #define BUS_DRIVER_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -82,24 +83,27 @@ class Consumer {
   virtual absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                                std::vector<Delivery>* out) = 0;
 
+  // The settle calls take a delivery's `receipt` (Delivery::receipt), all they need (never the
+  // payload); it has to stay valid for the call only.
+
   // Settles a delivery as done; the broker forgets the message. FailedPrecondition if the lease
   // was lost (the message may be delivered to someone else, or already was).
-  virtual absl::Status Ack(const Delivery& delivery) = 0;
+  virtual absl::Status Ack(absl::string_view receipt) = 0;
 
   // Acks several deliveries in as few broker calls as the broker allows (one Redis script call
-  // per bounded batch); results[i] is what Ack(*deliveries[i]) would have returned, so one lost
-  // lease does not fail the others. `results` must have deliveries.size() entries. The default
+  // per bounded batch); results[i] is what Ack(receipts[i]) would have returned, so one lost
+  // lease does not fail the others. `results` must have receipts.size() entries. The default
   // acks one at a time.
-  virtual void AckMany(absl::Span<const Delivery* const> deliveries,
+  virtual void AckMany(absl::Span<const absl::string_view> receipts,
                        absl::Span<absl::Status> results);
 
   // Gives a delivery back: it is delivered again after `delay` (zero: as soon as possible).
   // FailedPrecondition if the lease was lost.
-  virtual absl::Status Nack(const Delivery& delivery, absl::Duration delay) = 0;
+  virtual absl::Status Nack(absl::string_view receipt, absl::Duration delay) = 0;
 
-  // Renews the lease of a delivery by the consumer's lease length (a long handler calls this,
-  // through ReceiveMessage, before half the lease has passed). FailedPrecondition if lost.
-  virtual absl::Status Extend(const Delivery& delivery) = 0;
+  // Renews the lease of a delivery by the consumer's lease length (the receive loop calls this
+  // for a long handler before half the lease has passed). FailedPrecondition if lost.
+  virtual absl::Status Extend(absl::string_view receipt) = 0;
 };
 
 // Counters a driver keeps across its connections.
@@ -107,52 +111,6 @@ struct DriverStats {
   // Times a connection was re-established after being lost.
   uint64_t reconnects = 0;
 };
-
-// What a ReceiveMessage callback decided about one delivery.
-struct Settlement {
-  bool done = true;
-  // When !done: how long the broker should wait before delivering it again.
-  absl::Duration redeliver_after = absl::ZeroDuration();
-
-  static Settlement Done() { return {true, absl::ZeroDuration()}; }
-  static Settlement Redeliver(absl::Duration after = absl::ZeroDuration()) {
-    return {false, after};
-  }
-};
-
-struct ReceiveOptions {
-  // Callbacks running at once; >= 1.
-  int concurrency = 1;
-  // Deliveries held at once (prefetch), >= concurrency; 0 means equal to concurrency.
-  int max_in_flight = 0;
-  // Delivery lease; ReceiveMessage extends the leases of deliveries it still holds once half of
-  // it has passed, so a long callback keeps its message.
-  absl::Duration lease = absl::Seconds(30);
-  // On stop, how long in-flight callbacks may take to finish before ReceiveMessage returns
-  // without them (their deliveries are then left to redelivery).
-  absl::Duration shutdown_timeout = absl::Seconds(30);
-  // Longest single wait for messages; bounds how often an idle consumer wakes up.
-  absl::Duration poll_wait = absl::Seconds(1);
-  // Deliveries a worker takes at once, >= 1. ReceiveBatches hands them to one callback call;
-  // ReceiveMessage calls its callback for each in turn. Either way the batch's acks go to the
-  // broker together (Consumer::AckMany), which saves a round trip per message on brokers with
-  // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the
-  // ones in the prefetch buffer.
-  int batch_size = 1;
-  // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
-  // exists and the workers start (after any wait for an unreachable broker). Optional.
-  std::function<void()> on_consuming;
-};
-
-// The callback. It runs on one of ReceiveMessage's worker threads and must not throw
-// (ReceiveMessage treats an escaping exception as Redeliver()).
-using ReceiveFn = std::function<Settlement(const Delivery& delivery)>;
-
-// The batch callback: decides settlements[i] for deliveries[i] (both spans have the same size,
-// between 1 and ReceiveOptions::batch_size; every settlement starts as Redeliver()). It runs on
-// one of the worker threads and must not throw (an escaping exception redelivers the batch).
-using ReceiveBatchFn =
-    std::function<void(absl::Span<const Delivery> deliveries, absl::Span<Settlement> settlements)>;
 
 class Driver {
  public:
@@ -186,32 +144,10 @@ class Driver {
                                                                 const ConsumerOptions& options) = 0;
 
   virtual DriverStats Stats() const { return {}; }
-
-  // Runs a consumer of `queue` until `stop` is requested and hands each delivery to `fn` on one
-  // of `options.concurrency` worker threads. Done acks, Redeliver nacks with its delay. On stop:
-  // no new deliveries are taken, deliveries not yet started are given back, callbacks in
-  // progress get `shutdown_timeout` to finish and are settled; any still running after that
-  // are abandoned unsettled (left to redelivery) and ReceiveMessage returns DeadlineExceeded.
-  //
-  // Returns OK after a clean stop; InvalidArgument for a bad queue name or options. Broker
-  // failures while running are retried (with backoff) and logged through `on_error`, not
-  // returned.
-  absl::Status ReceiveMessage(absl::string_view queue, const ReceiveOptions& options, ReceiveFn fn,
-                              std::stop_token stop,
-                              std::function<void(const absl::Status&)> on_error = nullptr);
-
-  // Like ReceiveMessage, but each worker hands up to `options.batch_size` deliveries to one `fn`
-  // call (as many as are buffered; it never waits to fill a batch). `options.concurrency`
-  // bounds the calls running at once. On stop, a batch in progress finishes (within the
-  // shutdown timeout) and is settled as `fn` decided.
-  absl::Status ReceiveBatches(absl::string_view queue, const ReceiveOptions& options,
-                              ReceiveBatchFn fn, std::stop_token stop,
-                              std::function<void(const absl::Status&)> on_error = nullptr);
 };
 
-// Validates ConsumerOptions / ReceiveOptions; InvalidArgument naming the bad field.
+// Validates ConsumerOptions; InvalidArgument naming the bad field.
 absl::Status ValidateConsumerOptions(const ConsumerOptions& options);
-absl::Status ValidateReceiveOptions(const ReceiveOptions& options);
 
 }  // namespace bus
 

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
+#include "bus/receive_loop.h"
 
 namespace bus {
 namespace {
@@ -685,8 +686,8 @@ absl::Status Handler::Run() {
     absl::MutexLock lock(&shared->mu);
     shared->consuming = true;
   };
-  absl::Status st = o.driver->ReceiveBatches(
-      o.queue, ro,
+  absl::Status st = ReceiveBatches(
+      *o.driver, o.queue, ro,
       [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
         thread_local std::vector<Input> inputs;
         inputs.resize(ds.size());

@@ -22,6 +22,13 @@ absl::Duration FullJitterDelay(absl::Duration base, absl::Duration cap, int atte
   return ExponentialDelay(base, cap, attempts) * unit_random;
 }
 
+absl::Duration EqualJitterDelay(absl::Duration base, absl::Duration cap, int attempts,
+                                double unit_random) {
+  unit_random = std::clamp(unit_random, 0.0, 1.0);
+  const absl::Duration half = ExponentialDelay(base, cap, attempts) / 2;
+  return half + half * unit_random;
+}
+
 RetryDelayFn FixedBackoff(absl::Duration delay) {
   return [delay](int) { return delay; };
 }

@@ -1,9 +1,12 @@
-// Retry-delay policies. A policy maps the number of failed attempts so far (1 after the first
+// Retry-delay policies, and the one backoff arithmetic every retry loop in the tree uses (the
+// Handler's retries and infra backoff, the receive loop, the Redis and NSQ reconnects). A policy
+// maps the number of failed attempts so far (1 after the first
 // failure) to the delay before the next attempt; a negative delay means "do not retry": the
 // message goes to the dead-letter store.
 //
-// The arithmetic is pure (ExponentialDelay, FullJitterDelay take the attempt and, for jitter, a
-// random number in [0, 1)), so tests pin it; the factories wrap it as a RetryDelayFn.
+// The arithmetic is pure (ExponentialDelay, FullJitterDelay, EqualJitterDelay take the attempt,
+// 1 for the first retry, and, for jitter, a random number in [0, 1)), so tests pin it; the
+// factories wrap it as a RetryDelayFn.
 //
 //   options.retry_delay = bus::MaxAttempts(5, bus::ExponentialBackoff(absl::Seconds(1),
 //                                                                     absl::Minutes(5)));
@@ -31,6 +34,11 @@ absl::Duration ExponentialDelay(absl::Duration base, absl::Duration cap, int att
 // `unit_random` in [0, 1).
 absl::Duration FullJitterDelay(absl::Duration base, absl::Duration cap, int attempts,
                                double unit_random);
+
+// Equal jitter: d/2 + d/2 * unit_random for d = ExponentialDelay(...), so in [d/2, d); keeps a
+// floor under the wait while still spreading clients that failed together.
+absl::Duration EqualJitterDelay(absl::Duration base, absl::Duration cap, int attempts,
+                                double unit_random);
 
 // Always `delay`.
 RetryDelayFn FixedBackoff(absl::Duration delay);

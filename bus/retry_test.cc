@@ -24,6 +24,34 @@ TEST(RetryTest, FullJitterScalesTheExponentialDelay) {
   EXPECT_EQ(FullJitterDelay(base, cap, 3, 7.0), absl::Seconds(4));  // clamped to [0, 1]
 }
 
+TEST(RetryTest, EqualJitterKeepsHalfTheExponentialDelay) {
+  const absl::Duration base = absl::Milliseconds(100), cap = absl::Seconds(10);
+  EXPECT_EQ(EqualJitterDelay(base, cap, 1, 0.0), absl::Milliseconds(50));
+  EXPECT_EQ(EqualJitterDelay(base, cap, 1, 0.5), absl::Milliseconds(75));
+  EXPECT_EQ(EqualJitterDelay(base, cap, 4, 0.0), absl::Milliseconds(400));
+  EXPECT_EQ(EqualJitterDelay(base, cap, 51, 0.0), absl::Seconds(5));
+  EXPECT_LT(EqualJitterDelay(base, cap, 51, 0.999), cap);
+  EXPECT_GE(EqualJitterDelay(base, cap, 51, 0.999), absl::Seconds(9));
+  EXPECT_EQ(EqualJitterDelay(base, cap, 3, -2.0), absl::Milliseconds(200));  // clamped to [0, 1]
+  EXPECT_EQ(EqualJitterDelay(absl::ZeroDuration(), cap, 3, 0.5), absl::ZeroDuration());
+}
+
+TEST(RetryTest, JitterNeverLeavesItsBounds) {
+  // What the reconnect loops (Redis: full jitter over 50ms..2s; NSQ: equal jitter over
+  // 100ms..30s) rely on: for every attempt and any random number, a delay within the
+  // exponential envelope.
+  const absl::Duration base = absl::Milliseconds(50), cap = absl::Seconds(2);
+  for (int attempt = 1; attempt <= 12; ++attempt) {
+    const absl::Duration d = ExponentialDelay(base, cap, attempt);
+    for (double u : {0.0, 0.1, 0.5, 0.999999}) {
+      EXPECT_GE(FullJitterDelay(base, cap, attempt, u), absl::ZeroDuration());
+      EXPECT_LE(FullJitterDelay(base, cap, attempt, u), d) << attempt;
+      EXPECT_GE(EqualJitterDelay(base, cap, attempt, u), d / 2) << attempt;
+      EXPECT_LE(EqualJitterDelay(base, cap, attempt, u), d) << attempt;
+    }
+  }
+}
+
 TEST(RetryTest, FactoriesWrapThePureFunctions) {
   EXPECT_EQ(FixedBackoff(absl::Seconds(3))(7), absl::Seconds(3));
   EXPECT_EQ(ExponentialBackoff(absl::Seconds(1), absl::Minutes(1))(3), absl::Seconds(4));

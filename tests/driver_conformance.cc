@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bus/names.h"
+#include "bus/receive_loop.h"
 #include "gmock/gmock.h"
 #include "tests/testing/wait.h"
 
@@ -88,7 +89,7 @@ std::vector<Delivery> DriverConformanceTest::Poll(Consumer* c, int max) {
 }
 
 void DriverConformanceTest::AckAll(Consumer* c, const std::vector<Delivery>& deliveries) {
-  for (const Delivery& d : deliveries) EXPECT_TRUE(c->Ack(d).ok());
+  for (const Delivery& d : deliveries) EXPECT_TRUE(c->Ack(d.receipt).ok());
 }
 
 namespace {
@@ -298,7 +299,7 @@ TEST_P(DriverConformanceTest, NackRedeliversAndCountsAttempts) {
   auto c = NewConsumer(q);
   auto first = Collect(c.get(), 1);
   ASSERT_EQ(first.size(), 1u);
-  ASSERT_TRUE(c->Nack(first[0], absl::ZeroDuration()).ok());
+  ASSERT_TRUE(c->Nack(first[0].receipt, absl::ZeroDuration()).ok());
   auto second = Collect(c.get(), 1);
   ASSERT_EQ(second.size(), 1u);
   EXPECT_EQ(second[0].data, "again");
@@ -306,7 +307,7 @@ TEST_P(DriverConformanceTest, NackRedeliversAndCountsAttempts) {
     EXPECT_EQ(second[0].attempts, first[0].attempts + 1);
   }
   // The first receipt is settled: it cannot be settled again.
-  EXPECT_TRUE(absl::IsFailedPrecondition(c->Ack(first[0])));
+  EXPECT_TRUE(absl::IsFailedPrecondition(c->Ack(first[0].receipt)));
   AckAll(c.get(), second);
 }
 
@@ -317,7 +318,7 @@ TEST_P(DriverConformanceTest, NackWithDelayWaitsBeforeRedelivery) {
   auto first = Collect(c.get(), 1);
   ASSERT_EQ(first.size(), 1u);
   const absl::Duration delay = harness_->ShortLease() * 2;
-  ASSERT_TRUE(c->Nack(first[0], delay).ok());
+  ASSERT_TRUE(c->Nack(first[0].receipt, delay).ok());
   EXPECT_THAT(Poll(c.get()), IsEmpty());
   harness_->Advance(delay + harness_->ShortLease() / 2);
   auto second = Collect(c.get(), 1);
@@ -337,9 +338,9 @@ TEST_P(DriverConformanceTest, ExpiredLeaseIsRedeliveredAndTheStaleAckIsRefused) 
   auto again = Collect(b.get(), 1);
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].data, "leased");
-  EXPECT_TRUE(absl::IsFailedPrecondition(a->Ack(held[0])));
-  EXPECT_TRUE(absl::IsFailedPrecondition(a->Extend(held[0])));
-  EXPECT_TRUE(b->Ack(again[0]).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->Ack(held[0].receipt)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(a->Extend(held[0].receipt)));
+  EXPECT_TRUE(b->Ack(again[0].receipt).ok());
   harness_->Advance(harness_->ShortLease() * 2);
   EXPECT_THAT(Poll(a.get()), IsEmpty());
   EXPECT_THAT(Poll(b.get()), IsEmpty());
@@ -355,12 +356,13 @@ TEST_P(DriverConformanceTest, AckManyAcksEachAndRefusesOnlyALostLease) {
   harness_->Advance(harness_->ShortLease() * 2);
   auto retaken = Collect(b.get(), 1);  // the stale delivery's lease is now b's
   ASSERT_EQ(retaken.size(), 1u);
-  EXPECT_TRUE(b->Ack(retaken[0]).ok());
+  EXPECT_TRUE(b->Ack(retaken[0].receipt).ok());
   b.reset();  // a alone receives what follows (a push broker would share it with b)
   ASSERT_TRUE(driver_->SendBatchToQueue(q, {"m1", "m2"}, absl::ZeroDuration()).ok());
   auto fresh = Collect(a.get(), 2);
   ASSERT_EQ(fresh.size(), 2u);
-  const std::vector<const Delivery*> batch = {&fresh[0], &lost[0], &fresh[1]};
+  const std::vector<absl::string_view> batch = {fresh[0].receipt, lost[0].receipt,
+                                                fresh[1].receipt};
   std::vector<absl::Status> results(batch.size());
   a->AckMany(batch, absl::MakeSpan(results));
   EXPECT_TRUE(results[0].ok()) << results[0];
@@ -381,10 +383,10 @@ TEST_P(DriverConformanceTest, ExtendKeepsTheLease) {
   ASSERT_EQ(held.size(), 1u);
   for (int i = 0; i < 3; ++i) {
     harness_->Advance(lease * 6 / 10);
-    ASSERT_TRUE(a->Extend(held[0]).ok()) << "round " << i;
+    ASSERT_TRUE(a->Extend(held[0].receipt).ok()) << "round " << i;
   }
   EXPECT_THAT(Poll(b.get()), IsEmpty());  // 1.8 leases have passed, but it was extended
-  EXPECT_TRUE(a->Ack(held[0]).ok());
+  EXPECT_TRUE(a->Ack(held[0].receipt).ok());
 }
 
 TEST_P(DriverConformanceTest, CompetingConsumersShareTheQueueWithoutOverlap) {
@@ -417,7 +419,7 @@ TEST_P(DriverConformanceTest, CompetingConsumersShareTheQueueWithoutOverlap) {
           absl::MutexLock lock(&mu);
           seen.insert(d.data);
         }
-        ASSERT_TRUE(c->Ack(d).ok());
+        ASSERT_TRUE(c->Ack(d.receipt).ok());
       }
     }
   };
@@ -439,12 +441,12 @@ TEST_P(DriverConformanceTest, AConsumerNeverHoldsMoreThanMaxInFlight) {
   ASSERT_EQ(first.size(), 2u);
   harness_->Advance(harness_->ShortLease() / 2);
   EXPECT_THAT(Poll(c.get(), 10), IsEmpty());
-  ASSERT_TRUE(c->Ack(first[0]).ok());
+  ASSERT_TRUE(c->Ack(first[0].receipt).ok());
   auto next = Collect(c.get(), 1);
   EXPECT_EQ(next.size(), 1u);
   harness_->Advance(harness_->ShortLease() / 2);
   EXPECT_THAT(Poll(c.get(), 10), IsEmpty());
-  ASSERT_TRUE(c->Ack(first[1]).ok());
+  ASSERT_TRUE(c->Ack(first[1].receipt).ok());
   AckAll(c.get(), next);
   auto rest = Collect(c.get(), 2);
   EXPECT_EQ(rest.size(), 2u);
@@ -485,13 +487,13 @@ TEST_P(DriverConformanceTest, ReceiveOnAnEmptyQueueReturnsNothingAndStopInterrup
   EXPECT_EQ(n, 0u);
 }
 
-// ReceiveMessage, the run loop every driver shares.
+// ReceiveMessage, the run loop every driver shares (bus/receive_loop.h).
 
 class ReceiveLoop {
  public:
   ReceiveLoop(Driver* driver, std::string queue, ReceiveOptions options, ReceiveFn fn)
       : result_(std::async(std::launch::async, [=, this] {
-          return driver->ReceiveMessage(queue, options, fn, stop_.get_token());
+          return ReceiveMessage(*driver, queue, options, fn, stop_.get_token());
         })) {}
   ~ReceiveLoop() {
     stop_.request_stop();
@@ -582,8 +584,8 @@ TEST_P(DriverConformanceTest, ReceiveBatchesHandsOutBoundedBatchesAndSettlesEach
   int redelivered = 0;  // "7" is given back once, then comes again
   std::stop_source stop;
   auto result = std::async(std::launch::async, [&] {
-    return driver_->ReceiveBatches(
-        q, options,
+    return ReceiveBatches(
+        *driver_, q, options,
         [&](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
           absl::MutexLock lock(&mu);
           largest = std::max(largest, ds.size());
@@ -787,21 +789,21 @@ TEST_P(DriverConformanceTest, ReceiveMessageRejectsBadArguments) {
   std::stop_source stop;
   auto fn = [](const Delivery&) { return Settlement::Done(); };
   EXPECT_TRUE(
-      absl::IsInvalidArgument(driver_->ReceiveMessage("bad name", options, fn, stop.get_token())));
+      absl::IsInvalidArgument(ReceiveMessage(*driver_, "bad name", options, fn, stop.get_token())));
   options.concurrency = 0;
-  EXPECT_TRUE(
-      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.concurrency = 4;
   options.max_in_flight = 2;
-  EXPECT_TRUE(
-      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.max_in_flight = 0;
   options.batch_size = 0;
-  EXPECT_TRUE(
-      absl::IsInvalidArgument(driver_->ReceiveMessage(Unique("q"), options, fn, stop.get_token())));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.batch_size = 1;
   EXPECT_TRUE(absl::IsInvalidArgument(
-      driver_->ReceiveBatches(Unique("q"), options, nullptr, stop.get_token())));
+      ReceiveBatches(*driver_, Unique("q"), options, nullptr, stop.get_token())));
 }
 
 }  // namespace

@@ -691,7 +691,7 @@ TEST_F(HandlerTest, AWorkerThatDiesMidHandleIsReplacedWhenItsLeasesRunOut) {
   EXPECT_EQ(rec.size(), 1u);
   EXPECT_EQ(h->Stats().duplicates, 0u);
   // The dead worker's late settlement is refused.
-  EXPECT_TRUE(absl::IsFailedPrecondition((*dead)->Ack(held[0])));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*dead)->Ack(held[0].receipt)));
   EXPECT_TRUE(absl::IsFailedPrecondition(
       idempotency_->MarkDone("orders.order-15", "dead-worker", absl::Hours(1))));
 }

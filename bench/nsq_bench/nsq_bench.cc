@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
             break;
           }
           for (const bus::Delivery& d : got) {
-            if (!c->Ack(d).ok()) failed = true;
+            if (!c->Ack(d.receipt).ok()) failed = true;
           }
           n += static_cast<int64_t>(got.size());
         }

@@ -80,9 +80,9 @@ class MemoryConsumer final : public Consumer {
 
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out) override;
-  absl::Status Ack(const Delivery& delivery) override;
-  absl::Status Nack(const Delivery& delivery, absl::Duration delay) override;
-  absl::Status Extend(const Delivery& delivery) override;
+  absl::Status Ack(absl::string_view receipt) override;
+  absl::Status Nack(absl::string_view receipt, absl::Duration delay) override;
+  absl::Status Extend(absl::string_view receipt) override;
 
  private:
   const std::shared_ptr<MemoryDriver> driver_;
@@ -262,10 +262,10 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     if (it != held_.end()) --it->second;
   }
 
-  // Finds a live lease for `delivery`'s receipt, reclaiming it first if it has expired.
-  Leased* FindLease(Queue* q, const Delivery& delivery, uint64_t* token)
+  // Finds a live lease for `receipt`, reclaiming it first if it has expired.
+  Leased* FindLease(Queue* q, absl::string_view receipt, uint64_t* token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!absl::SimpleAtoi(delivery.receipt, token)) return nullptr;
+    if (!absl::SimpleAtoi(receipt, token)) return nullptr;
     Promote(q, options_.clock->Now());
     auto it = q->leased.find(*token);
     return it == q->leased.end() ? nullptr : &it->second;
@@ -334,22 +334,22 @@ absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_tok
   }
 }
 
-absl::Status MemoryConsumer::Ack(const Delivery& delivery) {
+absl::Status MemoryConsumer::Ack(absl::string_view receipt) {
   MemoryDriver& d = *driver_;
   absl::MutexLock lock(&d.mu_);
   uint64_t token = 0;
-  Leased* l = d.FindLease(queue_, delivery, &token);
+  Leased* l = d.FindLease(queue_, receipt, &token);
   if (l == nullptr) return absl::FailedPreconditionError("ack: lease lost or unknown receipt");
   d.Unhold(l->consumer);
   queue_->leased.erase(token);
   return absl::OkStatus();
 }
 
-absl::Status MemoryConsumer::Nack(const Delivery& delivery, absl::Duration delay) {
+absl::Status MemoryConsumer::Nack(absl::string_view receipt, absl::Duration delay) {
   MemoryDriver& d = *driver_;
   absl::MutexLock lock(&d.mu_);
   uint64_t token = 0;
-  Leased* l = d.FindLease(queue_, delivery, &token);
+  Leased* l = d.FindLease(queue_, receipt, &token);
   if (l == nullptr) return absl::FailedPreconditionError("nack: lease lost or unknown receipt");
   d.Unhold(l->consumer);
   Msg msg = std::move(l->msg);
@@ -358,11 +358,11 @@ absl::Status MemoryConsumer::Nack(const Delivery& delivery, absl::Duration delay
   return absl::OkStatus();
 }
 
-absl::Status MemoryConsumer::Extend(const Delivery& delivery) {
+absl::Status MemoryConsumer::Extend(absl::string_view receipt) {
   MemoryDriver& d = *driver_;
   absl::MutexLock lock(&d.mu_);
   uint64_t token = 0;
-  Leased* l = d.FindLease(queue_, delivery, &token);
+  Leased* l = d.FindLease(queue_, receipt, &token);
   if (l == nullptr) return absl::FailedPreconditionError("extend: lease lost or unknown receipt");
   l->deadline = d.options_.clock->Now() + options_.lease;
   HeapPush(queue_->lease_heap, Timed{l->deadline, token});

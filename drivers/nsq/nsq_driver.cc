@@ -31,6 +31,7 @@
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/use_future.hpp"
 #include "bus/names.h"
+#include "bus/retry.h"
 #include "bus/route_key.h"
 #include "drivers/nsq/connection.h"
 #include "drivers/nsq/lookup.h"
@@ -187,8 +188,8 @@ class Core {
     return absl::Uniform<double>(rng_, 0.0, 1.0);
   }
   absl::Duration Backoff(int failures) {
-    return nsq::BackoffDelay(failures, options_.reconnect_backoff_base,
-                             options_.reconnect_backoff_max, Uniform());
+    return EqualJitterDelay(options_.reconnect_backoff_base, options_.reconnect_backoff_max,
+                            failures + 1, Uniform());
   }
 
   nsq::ConnectionOptions ConnOptions(const std::string& address, absl::Duration msg_timeout) {
@@ -515,18 +516,18 @@ class ConsumerState : public Connection::Listener,
     return absl::OkStatus();
   }
 
-  absl::Status Settle(const Delivery& d, int kind, absl::Duration delay) {
+  absl::Status Settle(absl::string_view receipt, int kind, absl::Duration delay) {
     absl::MutexLock lock(&mu_);
-    return SettleLocked(d, kind, delay, absl::Now());
+    return SettleLocked(receipt, kind, delay, absl::Now());
   }
 
   // Acks a batch under one lock; the batch's FINs go out together at the end (a batch is a
   // natural flush point: nothing more is coming soon).
-  void AckMany(absl::Span<const Delivery* const> deliveries, absl::Span<absl::Status> results) {
+  void AckMany(absl::Span<const absl::string_view> receipts, absl::Span<absl::Status> results) {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    for (size_t i = 0; i < deliveries.size(); ++i) {
-      results[i] = SettleLocked(*deliveries[i], 0, {}, now);
+    for (size_t i = 0; i < receipts.size(); ++i) {
+      results[i] = SettleLocked(receipts[i], 0, {}, now);
     }
     FlushAllPending();
   }
@@ -730,11 +731,11 @@ class ConsumerState : public Connection::Listener,
   }
 
   // kind: 0 FIN (batched per connection), 1 REQ after `delay`, 2 TOUCH.
-  absl::Status SettleLocked(const Delivery& d, int kind, absl::Duration delay, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status SettleLocked(absl::string_view receipt, int kind, absl::Duration delay,
+                            absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t conn_id;
     uint64_t seq;
-    if (!ParseReceipt(d.receipt, &conn_id, &seq)) {
+    if (!ParseReceipt(receipt, &conn_id, &seq)) {
       return absl::InvalidArgumentError("nsq: malformed receipt");
     }
     auto it = held_.find(seq);
@@ -1097,15 +1098,15 @@ class NsqConsumer final : public Consumer {
                        std::vector<Delivery>* out) override {
     return state_->Receive(max, wait, std::move(stop), out);
   }
-  absl::Status Ack(const Delivery& d) override { return state_->Settle(d, 0, {}); }
-  void AckMany(absl::Span<const Delivery* const> deliveries,
+  absl::Status Ack(absl::string_view receipt) override { return state_->Settle(receipt, 0, {}); }
+  void AckMany(absl::Span<const absl::string_view> receipts,
                absl::Span<absl::Status> results) override {
-    state_->AckMany(deliveries, results);
+    state_->AckMany(receipts, results);
   }
-  absl::Status Nack(const Delivery& d, absl::Duration delay) override {
-    return state_->Settle(d, 1, delay);
+  absl::Status Nack(absl::string_view receipt, absl::Duration delay) override {
+    return state_->Settle(receipt, 1, delay);
   }
-  absl::Status Extend(const Delivery& d) override { return state_->Settle(d, 2, {}); }
+  absl::Status Extend(absl::string_view receipt) override { return state_->Settle(receipt, 2, {}); }
 
  private:
   std::shared_ptr<Core> core_;

@@ -63,7 +63,7 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
     if (!st.ok()) continue;  // Unavailable while reconnecting
     for (const Delivery& d : got) {
       seen.insert(d.data);
-      (void)c->Ack(d);
+      (void)c->Ack(d.receipt);
     }
   }
   return seen;
@@ -212,7 +212,7 @@ TEST(NsqDriverTest, ConcurrentPublishesAndAcksOnOneConnectionAllArrive) {
         std::vector<Delivery> got;
         if (!(*c)->Receive(7, absl::Milliseconds(100), {}, &got).ok()) continue;
         for (const Delivery& d : got) {
-          EXPECT_TRUE((*c)->Ack(d).ok());
+          EXPECT_TRUE((*c)->Ack(d.receipt).ok());
           absl::MutexLock l(&mu);
           seen.insert(d.data);
         }
@@ -255,8 +255,8 @@ TEST(NsqDriverTest, AckManyWritesItsFinsAtOnce) {
     ASSERT_TRUE((*c)->Receive(kCount, absl::Milliseconds(200), {}, &got).ok());
   }
   ASSERT_EQ(got.size(), static_cast<size_t>(kCount));
-  std::vector<const Delivery*> ptrs;
-  for (const Delivery& d : got) ptrs.push_back(&d);
+  std::vector<absl::string_view> ptrs;
+  for (const Delivery& d : got) ptrs.push_back(d.receipt);
   std::vector<absl::Status> results(kCount);
   (*c)->AckMany(ptrs, absl::MakeSpan(results));
   for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
@@ -389,7 +389,7 @@ TEST(NsqDriverTest, RdyMovesBetweenMoreConnectionsThanMaxInFlight) {
     EXPECT_LE(got.size(), 1u) << "max in flight is 1";
     for (const Delivery& d : got) {
       seen.insert(d.data);
-      EXPECT_TRUE((*c)->Ack(d).ok());
+      EXPECT_TRUE((*c)->Ack(d.receipt).ok());
     }
   }
   EXPECT_EQ(seen, sent);
@@ -433,7 +433,7 @@ TEST(NsqDriverTest, ProducerAndConsumerSurviveAnNsqdRestart) {
       std::vector<Delivery> got;
       if (!(*c)->Receive(32, absl::Milliseconds(100), {}, &got).ok()) continue;
       for (const Delivery& d : got) {
-        (void)(*c)->Ack(d);  // may fail across the restart; nsqd then delivers it again
+        (void)(*c)->Ack(d.receipt);  // may fail across the restart; nsqd then delivers it again
         absl::MutexLock lock(&mu);
         seen.insert(d.data);
       }
@@ -485,7 +485,7 @@ TEST(NsqDriverTest, AKilledConsumersMessagesAreRedeliveredAfterTheLease) {
     for (const Delivery& d : got) {
       seen.insert(d.data);
       min_attempts = std::min(min_attempts, d.attempts);
-      EXPECT_TRUE((*c)->Ack(d).ok());
+      EXPECT_TRUE((*c)->Ack(d.receipt).ok());
     }
   }
   EXPECT_EQ(seen, sent);
@@ -710,7 +710,7 @@ TEST(NsqDriverTest, DelayLongerThanNsqdsMaxReqTimeoutIsHonoured) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].data, "late");
   EXPECT_GE(absl::Now() - sent_at, absl::Seconds(7)) << "delivered before its delay";
-  EXPECT_TRUE((*c)->Ack(got[0]).ok());
+  EXPECT_TRUE((*c)->Ack(got[0].receipt).ok());
 }
 
 }  // namespace

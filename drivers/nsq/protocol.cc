@@ -318,13 +318,4 @@ Wrapped Unwrap(absl::string_view body) {
   return out;
 }
 
-absl::Duration BackoffDelay(int attempt, absl::Duration base, absl::Duration max, double u) {
-  absl::Duration d = base;
-  for (int i = 0; i < attempt && d < max; ++i) d *= 2;
-  if (d > max) d = max;
-  if (u < 0) u = 0;
-  if (u >= 1) u = 0.999999;
-  return d / 2 + (d / 2) * u;
-}
-
 }  // namespace bus::nsq

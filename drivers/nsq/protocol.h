@@ -166,12 +166,6 @@ inline size_t MpubWrappedCost(size_t payload_bytes) { return 4 + 4 + payload_byt
 // Never fails: a body that is not a well-formed wrapper is returned as a foreign payload.
 Wrapped Unwrap(absl::string_view body);
 
-// ---- Reconnect backoff ----
-// Exponential backoff with jitter, a pure function of the attempt number (0 for the first
-// retry) and a uniform random number `u` in [0, 1): base * 2^attempt capped at `max`, then
-// scaled into [d/2, d) so that many clients do not reconnect in step.
-absl::Duration BackoffDelay(int attempt, absl::Duration base, absl::Duration max, double u);
-
 }  // namespace bus::nsq
 
 #endif  // DRIVERS_NSQ_PROTOCOL_H_

@@ -182,14 +182,5 @@ TEST(WrapperTest, MpubWrappedMatchesMpubOfWrappedBodies) {
   EXPECT_EQ(got, expected);
 }
 
-TEST(BackoffTest, GrowsCapsAndJitters) {
-  const absl::Duration base = absl::Milliseconds(100), max = absl::Seconds(10);
-  EXPECT_EQ(BackoffDelay(0, base, max, 0.0), absl::Milliseconds(50));
-  EXPECT_EQ(BackoffDelay(3, base, max, 0.0), absl::Milliseconds(400));
-  EXPECT_EQ(BackoffDelay(50, base, max, 0.0), absl::Seconds(5));
-  EXPECT_LT(BackoffDelay(50, base, max, 0.999), max);
-  EXPECT_GE(BackoffDelay(50, base, max, 0.999), absl::Seconds(9));
-}
-
 }  // namespace
 }  // namespace bus::nsq

@@ -21,6 +21,7 @@
 #include "boost/asio/steady_timer.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/write.hpp"
+#include "bus/retry.h"
 #include "drivers/redis/reply_scanner.h"
 
 namespace bus::redis {
@@ -119,17 +120,6 @@ absl::Status ReplyStatus(const Reply& reply) {
   }
   if (absl::StartsWith(reply.str, "NOPERM")) return absl::PermissionDeniedError(msg);
   return absl::InternalError(msg);
-}
-
-absl::Duration BackoffDelay(int attempt, absl::Duration base, absl::Duration max,
-                            absl::BitGenRef gen) {
-  if (attempt < 1) attempt = 1;
-  absl::Duration cap = base;
-  for (int i = 1; i < attempt && cap < max; ++i) cap *= 2;
-  cap = std::min(cap, max);
-  if (cap <= absl::ZeroDuration()) return absl::ZeroDuration();
-  return absl::Nanoseconds(
-      absl::Uniform<int64_t>(absl::IntervalClosed, gen, 0, absl::ToInt64Nanoseconds(cap)));
 }
 
 IoThread::IoThread() : guard_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
@@ -504,8 +494,9 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!st.ok()) {
         self->FailWaiting(st);
         ++attempt;
-        self->backoff.expires_after(ToChrono(BackoffDelay(attempt, self->options.backoff_base,
-                                                          self->options.backoff_max, self->gen)));
+        self->backoff.expires_after(
+            ToChrono(FullJitterDelay(self->options.backoff_base, self->options.backoff_max, attempt,
+                                     absl::Uniform(self->gen, 0.0, 1.0))));
         co_await self->backoff.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }

@@ -15,7 +15,7 @@
 //    fails with DeadlineExceeded; when it was already written, the socket is closed (the server
 //    may be hung) and the next request reconnects.
 //  - Reconnection: the connection is opened lazily by the first request and re-opened after a
-//    loss, with exponential backoff and full jitter (BackoffDelay) between failed attempts.
+//    loss, with exponential backoff and full jitter (bus::FullJitterDelay) between failed attempts.
 //    Requests that were written on a lost connection fail with Unavailable; they are not
 //    re-sent (the caller decides what is safe to repeat). Each re-established connection calls
 //    `on_reconnect`.
@@ -52,7 +52,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/random/bit_gen_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -102,11 +101,6 @@ struct ConnectionOptions {
   int64_t max_reply_bytes = int64_t{512} << 20;
   int64_t max_reply_elements = int64_t{1} << 20;
 };
-
-// Full-jitter exponential backoff: a uniformly random duration in
-// [0, min(max, base * 2^(attempt - 1))]. attempt >= 1; a pure function of its inputs.
-absl::Duration BackoffDelay(int attempt, absl::Duration base, absl::Duration max,
-                            absl::BitGenRef gen);
 
 // An io_context run by one background thread. Its destructor returns once every Connection on
 // it has been Shutdown() and their operations have finished.

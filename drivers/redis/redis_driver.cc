@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/names.h"
+#include "bus/retry.h"
 #include "bus/route_key.h"
 #include "drivers/redis/connection.h"
 #include "drivers/redis/queue_scripts.h"
@@ -142,8 +143,8 @@ class Core {
         if (st.ok()) return st;
       }
       if (!absl::IsUnavailable(st) || absl::Now() >= deadline) return st;
-      const absl::Duration pause =
-          redis::BackoffDelay(attempt, options_.backoff_base, options_.backoff_max, gen);
+      const absl::Duration pause = FullJitterDelay(options_.backoff_base, options_.backoff_max,
+                                                   attempt, absl::Uniform(gen, 0.0, 1.0));
       if (absl::Now() + pause >= deadline) return st;
       absl::SleepFor(pause);
     }
@@ -299,21 +300,21 @@ class RedisConsumer final : public Consumer {
     return absl::OkStatus();
   }
 
-  absl::Status Ack(const Delivery& delivery) override {
-    return Settle(delivery, AckScript(), [&](const ParsedReceipt& p) {
+  absl::Status Ack(absl::string_view receipt) override {
+    return Settle(receipt, AckScript(), [&](const ParsedReceipt& p) {
       return std::vector<std::string>{"3",  keys_.inflight, keys_.msgs, keys_.attempts,
                                       p.id, p.token};
     });
   }
 
-  void AckMany(absl::Span<const Delivery* const> deliveries,
+  void AckMany(absl::Span<const absl::string_view> receipts,
                absl::Span<absl::Status> results) override {
     // One script call per script_batch deliveries, all calls pipelined in one round trip.
     const size_t chunk = static_cast<size_t>(core_->options().script_batch);
     std::vector<std::vector<std::string>> calls;
-    std::vector<size_t> sent;  // positions in `deliveries`, in call order
-    for (size_t i = 0; i < deliveries.size(); ++i) {
-      absl::StatusOr<ParsedReceipt> p = ParseReceipt(deliveries[i]->receipt);
+    std::vector<size_t> sent;  // positions in `receipts`, in call order
+    for (size_t i = 0; i < receipts.size(); ++i) {
+      absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipts[i]);
       if (!p.ok()) {
         results[i] = p.status();
         continue;
@@ -333,7 +334,7 @@ class RedisConsumer final : public Consumer {
     {
       // Whatever the outcome, this consumer stops counting the deliveries.
       absl::MutexLock lock(&mu_);
-      for (const Delivery* d : deliveries) held_.erase(d->receipt);
+      for (absl::string_view receipt : receipts) held_.erase(receipt);
     }
     if (sent.empty()) return;
     if (!replies.ok()) {
@@ -353,23 +354,23 @@ class RedisConsumer final : public Consumer {
         } else if (r.elements[j].integer == 1) {
           results[i] = absl::OkStatus();
         } else {
-          results[i] = LeaseLost(*deliveries[i]);
+          results[i] = LeaseLost(receipts[i]);
         }
       }
     }
     for (; k < sent.size(); ++k) results[sent[k]] = absl::InternalError("redis: missing ack reply");
   }
 
-  absl::Status Nack(const Delivery& delivery, absl::Duration delay) override {
-    return Settle(delivery, NackScript(), [&](const ParsedReceipt& p) {
+  absl::Status Nack(absl::string_view receipt, absl::Duration delay) override {
+    return Settle(receipt, NackScript(), [&](const ParsedReceipt& p) {
       return std::vector<std::string>{"5",           keys_.inflight, keys_.ready,
                                       keys_.delayed, keys_.attempts, keys_.notify,
                                       p.id,          p.token,        absl::StrCat(Millis(delay))};
     });
   }
 
-  absl::Status Extend(const Delivery& delivery) override {
-    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+  absl::Status Extend(absl::string_view receipt) override {
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Reply>> replies =
         core_->conn().Eval(ExtendScript(),
@@ -379,14 +380,14 @@ class RedisConsumer final : public Consumer {
     if (!replies.ok()) return replies.status();
     absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
     if (!n.ok()) return n.status();
-    if (*n == 0) return LeaseLost(delivery);
+    if (*n == 0) return LeaseLost(receipt);
     return absl::OkStatus();
   }
 
  private:
   template <typename MakeCall>
-  absl::Status Settle(const Delivery& delivery, const Script& script, MakeCall make_call) {
-    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+  absl::Status Settle(absl::string_view receipt, const Script& script, MakeCall make_call) {
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Reply>> replies =
         core_->conn().Eval(script, {make_call(*p)}, core_->options().request_timeout);
@@ -394,17 +395,17 @@ class RedisConsumer final : public Consumer {
       // Whatever the outcome, this consumer stops counting the delivery: settled, lost, or left
       // to its lease.
       absl::MutexLock lock(&mu_);
-      held_.erase(delivery.receipt);
+      held_.erase(receipt);
     }
     if (!replies.ok()) return replies.status();
     absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
     if (!n.ok()) return n.status();
-    if (*n == 0) return LeaseLost(delivery);
+    if (*n == 0) return LeaseLost(receipt);
     return absl::OkStatus();
   }
 
-  absl::Status LeaseLost(const Delivery& delivery) {
-    absl::StatusOr<ParsedReceipt> p = ParseReceipt(delivery.receipt);
+  absl::Status LeaseLost(absl::string_view receipt) {
+    absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     return absl::FailedPreconditionError(absl::StrCat("redis: the lease of delivery ", p->token,
                                                       " of message \"", Printable(p->id),

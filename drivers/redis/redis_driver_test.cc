@@ -74,7 +74,7 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
     }
     for (const Delivery& d : got) {
       seen.insert(d.data);
-      (void)c->Ack(d);
+      (void)c->Ack(d.receipt);
     }
   }
   return seen;
@@ -200,7 +200,7 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
         continue;
       }
       for (const Delivery& d : got) {
-        (void)(*consumer)->Ack(d);  // a lost ack only means a redelivery
+        (void)(*consumer)->Ack(d.receipt);  // a lost ack only means a redelivery
         absl::MutexLock lock(&mu);
         consumed.insert(d.data);
       }
@@ -272,8 +272,8 @@ TEST(RedisDriverTest, AClientClockMinutesOffStillGetsCorrectDelaysAndLeases) {
     }
     ASSERT_EQ(again.size(), 1u);
     EXPECT_EQ(again[0].attempts, 2);
-    EXPECT_TRUE(absl::IsFailedPrecondition((*c1)->Ack(got[0])));
-    EXPECT_TRUE((*c2)->Ack(again[0]).ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition((*c1)->Ack(got[0].receipt)));
+    EXPECT_TRUE((*c2)->Ack(again[0].receipt).ok());
   }
 }
 
@@ -316,7 +316,7 @@ TEST(RedisDriverTest, ABacklogOfDelayedMessagesFallingDueAtOnceIsDeliveredInBoun
     ASSERT_EQ(first.size(), 1u);
     EXPECT_GE(Int(*server->Cli({"ZCARD", "bus:q:{backlog}:delayed"})),
               kCount - RedisOptions{}.script_batch);
-    ASSERT_TRUE((*c)->Nack(first[0], absl::ZeroDuration()).ok());
+    ASSERT_TRUE((*c)->Nack(first[0].receipt, absl::ZeroDuration()).ok());
   }
 
   // Four consumers, each acking from its own thread.
@@ -333,7 +333,7 @@ TEST(RedisDriverTest, ABacklogOfDelayedMessagesFallingDueAtOnceIsDeliveredInBoun
         std::vector<Delivery> got;
         ASSERT_TRUE((*c)->Receive(100, absl::Milliseconds(200), {}, &got).ok());
         for (const Delivery& d : got) {
-          ASSERT_TRUE((*c)->Ack(d).ok());
+          ASSERT_TRUE((*c)->Ack(d.receipt).ok());
           acked.fetch_add(1);
         }
         absl::MutexLock lock(&mu);
@@ -384,7 +384,7 @@ TEST(RedisDriverTest, AclUserAndDatabaseSelection) {
   std::vector<Delivery> got;
   ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &got).ok());
   ASSERT_EQ(got.size(), 1u);
-  EXPECT_TRUE((*c)->Ack(got[0]).ok());
+  EXPECT_TRUE((*c)->Ack(got[0].receipt).ok());
 
   options.password = "not-alice-pw";
   auto bad = MustDriver(options);
@@ -525,7 +525,7 @@ TEST(RedisDriverTest, ARetriedTopicPublishDoesNotDuplicateACopyThatLanded) {
   std::vector<Delivery> got;
   ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &got).ok());
   ASSERT_EQ(got.size(), 1u);
-  ASSERT_TRUE((*c)->Ack(got[0]).ok());
+  ASSERT_TRUE((*c)->Ack(got[0].receipt).ok());
   const std::string id = got[0].receipt.substr(got[0].receipt.find(':') + 1);
 
   // Replay the enqueue of the copy that landed (and was even consumed already), as a retry
@@ -654,15 +654,16 @@ TEST(RedisDriverTest, ForeignIdsOfAnyBytesAreReceivedAckedNackedAndExtended) {
   ASSERT_EQ(by_body.size(), ids.size());
   // body0: ack. body1: nack, then ack the redelivery. body2: extend, then ack. body3: extend,
   // nack, ack the redelivery with AckMany. body4: AckMany.
-  EXPECT_TRUE(c.Ack(by_body["body0"]).ok());
-  EXPECT_TRUE(c.Nack(by_body["body1"], absl::ZeroDuration()).ok());
-  EXPECT_TRUE(c.Extend(by_body["body2"]).ok());
-  EXPECT_TRUE(c.Ack(by_body["body2"]).ok());
-  EXPECT_TRUE(c.Extend(by_body["body3"]).ok());
-  EXPECT_TRUE(c.Nack(by_body["body3"], absl::ZeroDuration()).ok());
+  EXPECT_TRUE(c.Ack(by_body["body0"].receipt).ok());
+  EXPECT_TRUE(c.Nack(by_body["body1"].receipt, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(c.Extend(by_body["body2"].receipt).ok());
+  EXPECT_TRUE(c.Ack(by_body["body2"].receipt).ok());
+  EXPECT_TRUE(c.Extend(by_body["body3"].receipt).ok());
+  EXPECT_TRUE(c.Nack(by_body["body3"].receipt, absl::ZeroDuration()).ok());
   std::vector<Delivery> again = ReceiveN(&c, 2);
   ASSERT_EQ(again.size(), 2u);
-  std::vector<const Delivery*> batch = {&again[0], &again[1], &by_body["body4"]};
+  std::vector<absl::string_view> batch = {again[0].receipt, again[1].receipt,
+                                          by_body["body4"].receipt};
   for (const Delivery& d : again) {
     EXPECT_EQ(d.attempts, 2);
     EXPECT_TRUE(d.data == "body1" || d.data == "body3") << d.data;
@@ -671,7 +672,7 @@ TEST(RedisDriverTest, ForeignIdsOfAnyBytesAreReceivedAckedNackedAndExtended) {
   c.AckMany(batch, absl::MakeSpan(results));
   for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
   // A settled delivery cannot be settled again, and says which one in printable form.
-  absl::Status twice = c.Ack(by_body["body3"]);
+  absl::Status twice = c.Ack(by_body["body3"].receipt);
   EXPECT_TRUE(absl::IsFailedPrecondition(twice)) << twice;
   EXPECT_THAT(twice.message(), ::testing::HasSubstr("\\xff\\xfe\\x00:\\x80 \\r\\n"));
 
@@ -712,7 +713,7 @@ TEST(RedisDriverTest, ACorruptAttemptsFieldMakesOneCorruptDeliveryAndLosesNothin
       EXPECT_EQ(d.corrupt, "");
       EXPECT_EQ(d.attempts, d.data == "body4" ? 3 : 1);
     }
-    EXPECT_TRUE(c.Ack(d).ok()) << d.receipt;
+    EXPECT_TRUE(c.Ack(d.receipt).ok()) << d.receipt;
   }
   EXPECT_EQ(corrupt, (std::set<std::string>{"body1", "body3", "body5"}));
   EXPECT_THAT(got[0].corrupt + got[1].corrupt + got[2].corrupt + got[3].corrupt + got[4].corrupt +

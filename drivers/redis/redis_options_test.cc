@@ -2,9 +2,6 @@
 
 #include "drivers/redis/redis_options.h"
 
-#include "absl/random/mock_distributions.h"
-#include "absl/random/mocking_bit_gen.h"
-#include "absl/random/random.h"
 #include "drivers/redis/connection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -68,29 +65,6 @@ TEST(RedisOptionsTest, ToStringRedactsThePassword) {
   EXPECT_THAT(s, HasSubstr("password=<redacted>"));
   EXPECT_THAT(s, HasSubstr("username=alice"));
   EXPECT_THAT(ToString(RedisOptions{}), HasSubstr("password=<none>"));
-}
-
-TEST(BackoffDelayTest, FullJitterWithinAnExponentialCap) {
-  absl::BitGen gen;
-  const absl::Duration base = absl::Milliseconds(50), max = absl::Seconds(2);
-  for (int attempt = 1; attempt <= 12; ++attempt) {
-    absl::Duration cap = base;
-    for (int i = 1; i < attempt; ++i) cap = std::min(cap * 2, max);
-    for (int i = 0; i < 100; ++i) {
-      const absl::Duration d = redis::BackoffDelay(attempt, base, max, gen);
-      EXPECT_GE(d, absl::ZeroDuration());
-      EXPECT_LE(d, cap) << attempt;
-    }
-  }
-}
-
-TEST(BackoffDelayTest, IsAPureFunctionOfTheRandomSource) {
-  absl::MockingBitGen gen;
-  EXPECT_CALL(absl::MockUniform<int64_t>(),
-              Call(absl::IntervalClosed, gen, 0, absl::ToInt64Nanoseconds(absl::Milliseconds(400))))
-      .WillOnce(::testing::Return(absl::ToInt64Nanoseconds(absl::Milliseconds(123))));
-  EXPECT_EQ(redis::BackoffDelay(4, absl::Milliseconds(50), absl::Seconds(2), gen),
-            absl::Milliseconds(123));
 }
 
 TEST(ReplyStatusTest, MapsRedisErrorsToWhatTheCallerShouldDo) {

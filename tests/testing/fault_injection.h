@@ -71,14 +71,14 @@ class CorruptingConsumer final : public Consumer {
     }
     return st;
   }
-  absl::Status Ack(const Delivery& d) override { return base_->Ack(d); }
-  void AckMany(absl::Span<const Delivery* const> ds, absl::Span<absl::Status> rs) override {
-    base_->AckMany(ds, rs);
+  absl::Status Ack(absl::string_view receipt) override { return base_->Ack(receipt); }
+  void AckMany(absl::Span<const absl::string_view> receipts, absl::Span<absl::Status> rs) override {
+    base_->AckMany(receipts, rs);
   }
-  absl::Status Nack(const Delivery& d, absl::Duration delay) override {
-    return base_->Nack(d, delay);
+  absl::Status Nack(absl::string_view receipt, absl::Duration delay) override {
+    return base_->Nack(receipt, delay);
   }
-  absl::Status Extend(const Delivery& d) override { return base_->Extend(d); }
+  absl::Status Extend(absl::string_view receipt) override { return base_->Extend(receipt); }
 
  private:
   std::unique_ptr<Consumer> base_;

@@ -1,0 +1,111 @@
+// The receive loop: runs a Consumer of one queue (Driver::NewConsumer, bus/driver.h) until
+// stopped and hands each delivery to a callback. Written once for every driver; the Handler
+// (bus/handler.h) runs on it, and so may an application that wants raw deliveries.
+//
+//   absl::Status st = bus::ReceiveMessage(
+//       *driver, "orders", bus::ReceiveOptions{.concurrency = 4},
+//       [](const bus::Delivery& d) { return Use(d.data) ? bus::Settlement::Done()
+//                                                       : bus::Settlement::Redeliver(); },
+//       stop_source.get_token());
+//
+// Inside: `concurrency` worker threads take turns fetching (Consumer::Receive, at most
+// `max_in_flight` held at once) into a prefetch buffer and run the callback on batches of up to
+// `batch_size`; a keeper thread extends the lease of every delivery still held once half of it
+// has passed; settling acks a batch together (Consumer::AckMany) and nacks the rest one by one.
+// While the broker cannot be reached, creating the consumer and fetching back off
+// (ExponentialDelay, bus/retry.h: 100ms doubling to 5s) and report each failure to `on_error`.
+//
+// Thread-safety: the functions may be called concurrently (each call runs its own consumer).
+// `fn` and `on_error` are called from the loop's threads, several at once when concurrency > 1.
+
+#ifndef BUS_RECEIVE_LOOP_H_
+#define BUS_RECEIVE_LOOP_H_
+
+#include <functional>
+#include <stop_token>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "bus/driver.h"
+
+namespace bus {
+
+// What a callback decided about one delivery.
+struct Settlement {
+  bool done = true;
+  // When !done: how long the broker should wait before delivering it again.
+  absl::Duration redeliver_after = absl::ZeroDuration();
+
+  static Settlement Done() { return {true, absl::ZeroDuration()}; }
+  static Settlement Redeliver(absl::Duration after = absl::ZeroDuration()) {
+    return {false, after};
+  }
+};
+
+struct ReceiveOptions {
+  // Callbacks running at once; >= 1.
+  int concurrency = 1;
+  // Deliveries held at once (prefetch), >= concurrency; 0 means equal to concurrency.
+  int max_in_flight = 0;
+  // Delivery lease; the loop extends the leases of deliveries it still holds once half of it
+  // has passed, so a long callback keeps its message.
+  absl::Duration lease = absl::Seconds(30);
+  // On stop, how long in-flight callbacks may take to finish before the loop returns without
+  // them (their deliveries are then left to redelivery).
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Longest single wait for messages; bounds how often an idle consumer wakes up.
+  absl::Duration poll_wait = absl::Seconds(1);
+  // Deliveries a worker takes at once, >= 1. ReceiveBatches hands them to one callback call;
+  // ReceiveMessage calls its callback for each in turn. Either way the batch's acks go to the
+  // broker together (Consumer::AckMany), which saves a round trip per message on brokers with
+  // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the
+  // ones in the prefetch buffer.
+  int batch_size = 1;
+  // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
+  // exists and the workers start (after any wait for an unreachable broker). Optional.
+  std::function<void()> on_consuming;
+};
+
+// The callback. It runs on one of the worker threads and must not throw (an escaping exception
+// counts as Redeliver()). `delivery` lives until the callback returns.
+using ReceiveFn = std::function<Settlement(const Delivery& delivery)>;
+
+// The batch callback: decides settlements[i] for deliveries[i] (both spans have the same size,
+// between 1 and ReceiveOptions::batch_size; every settlement starts as Redeliver()). It runs on
+// one of the worker threads and must not throw (an escaping exception redelivers the batch).
+using ReceiveBatchFn =
+    std::function<void(absl::Span<const Delivery> deliveries, absl::Span<Settlement> settlements)>;
+
+// Told about every failure the loop retries or cannot report otherwise (broker errors, failed
+// settles, a callback that threw). Optional.
+using ReceiveErrorFn = std::function<void(const absl::Status&)>;
+
+// Runs a consumer of `queue` on `driver` until `stop` is requested and hands each delivery to
+// `fn` on one of `options.concurrency` worker threads. Done acks, Redeliver nacks with its
+// delay. On stop: no new deliveries are taken, deliveries not yet started are given back,
+// callbacks in progress get `shutdown_timeout` to finish and are settled; any still running
+// after that are abandoned unsettled (left to redelivery) and the call returns
+// DeadlineExceeded. `driver` must outlive the call.
+//
+// Returns OK after a clean stop; InvalidArgument for a bad queue name or options; a
+// NewConsumer error other than Unavailable. Broker failures while running are retried (with
+// backoff) and reported through `on_error`, not returned.
+absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
+                            ReceiveFn fn, std::stop_token stop, ReceiveErrorFn on_error = nullptr);
+
+// Like ReceiveMessage, but each worker hands up to `options.batch_size` deliveries to one `fn`
+// call (as many as are buffered; it never waits to fill a batch). `options.concurrency`
+// bounds the calls running at once. On stop, a batch in progress finishes (within the
+// shutdown timeout) and is settled as `fn` decided.
+absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
+                            ReceiveBatchFn fn, std::stop_token stop,
+                            ReceiveErrorFn on_error = nullptr);
+
+// Validates ReceiveOptions; InvalidArgument naming the bad field.
+absl::Status ValidateReceiveOptions(const ReceiveOptions& options);
+
+}  // namespace bus
+
+#endif  // BUS_RECEIVE_LOOP_H_
