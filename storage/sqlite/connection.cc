@@ -12,6 +12,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bus/retry.h"
 
 namespace bus::sqlite_internal {
 namespace {
@@ -237,8 +238,8 @@ int Connection::BusyHandler(void* self, int attempts) {
   const absl::Time now = absl::Now();
   if (attempts == 0) conn->busy_started_ = now;
   if (now - conn->busy_started_ >= conn->busy_timeout_) return 0;
-  const absl::Duration base = std::min(
-      absl::Microseconds(20) * (int64_t{1} << std::min(attempts, 7)), absl::Milliseconds(2));
+  const absl::Duration base =
+      ExponentialDelay(absl::Microseconds(20), absl::Milliseconds(2), attempts + 1);
   absl::SleepFor(base * absl::Uniform(bitgen, 0.5, 1.5));
   return 1;
 }
