@@ -425,9 +425,14 @@ awaitable<void> ConsumerState::Connect(std::shared_ptr<ConsumerState> self, Slot
   if (s.ok()) {
     std::string sub;
     AppendSub(topic, channel, &sub);
-    // The SUB response arrives on this thread through the connection's read loop.
-    conn->Request(std::move(sub), [self, key, conn](absl::StatusOr<std::string> r) {
-      self->Subscribed(key, conn, r.status());
+    // The SUB response arrives on this thread through the connection's read loop. The callback
+    // holds the connection weakly: it is kept in the connection's pending requests, so a strong
+    // reference would keep a connection that is never answered (the consumer closed meanwhile
+    // and the I/O threads stopped) and this state alive for ever. Whoever calls it holds the
+    // connection.
+    conn->Request(std::move(sub), [self, key, weak = std::weak_ptr<Connection>(conn)](
+                                      absl::StatusOr<std::string> r) {
+      if (std::shared_ptr<Connection> c = weak.lock()) self->Subscribed(key, c, r.status());
     });
     co_return;
   }
