@@ -1,6 +1,9 @@
 // NSQ-specific behaviour against real nsqd and nsqlookupd processes: discovery through
 // nsqlookupd, nsqd restarts, a SIGKILLed consumer, bad input (oversized message, bad name,
 // wrong AUTH secret), and delays beyond nsqd's --max-req-timeout.
+//
+// Over 600 lines: each case starts its own nsqd (and nsqlookupd) processes and waits on their
+// /stats, which takes space; the cases share the helpers at the top, so they stay in one file.
 
 #include "drivers/nsq/nsq_driver.h"
 

@@ -1,0 +1,91 @@
+// What the NSQ driver's parts share: the options (validated, defaults applied), the I/O threads
+// that run every connection, logging, the reconnect count and backoff, and the settings every
+// connection is made with.
+//
+//   auto core = std::make_shared<nsq::Core>(WithNsqDefaults(options));
+//   auto conn = nsq::Connection::Create(core->NextIo(), core->ConnOptions(addr, lease), listener);
+//
+// Ownership: shared by the driver and its consumers (drivers/nsq/consumer.h), so consumers may
+// outlive the driver; only those user-facing objects own it, so it is never destroyed on one of
+// its own I/O threads. Destroying it stops and joins the threads.
+//
+// Thread-safety: safe for concurrent use.
+
+#ifndef DRIVERS_NSQ_CORE_H_
+#define DRIVERS_NSQ_CORE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "boost/asio/executor_work_guard.hpp"
+#include "boost/asio/io_context.hpp"
+#include "bus/clock.h"
+#include "bus/logger.h"
+#include "drivers/nsq/connection.h"
+#include "drivers/nsq/nsq_options.h"
+
+namespace bus::nsq {
+
+// The largest wrapper the driver puts before an application's bytes (docs/nsq.md).
+inline constexpr size_t kWrapperMaxBytes = 4 + 1 + 255 + 8;
+
+inline int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+class Core {
+ public:
+  // `options` must be valid (ValidateNsqOptions) with defaults applied (WithNsqDefaults).
+  explicit Core(NsqOptions options);
+  ~Core();
+
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // The I/O context for timers and discovery.
+  boost::asio::io_context& io() { return *ios_[0]; }
+  // The I/O context for a new connection: each runs on one thread, connections spread over
+  // them in turn.
+  boost::asio::io_context& NextIo() {
+    return *ios_[next_io_.fetch_add(1, std::memory_order_relaxed) % ios_.size()];
+  }
+  const NsqOptions& options() const { return options_; }
+  const Clock& clock() const { return *options_.clock; }
+  absl::Time Now() const { return options_.clock->Now(); }
+
+  void Log(LogLevel level, absl::string_view line);
+  void CountReconnect() { reconnects_.fetch_add(1); }
+  uint64_t reconnects() const { return reconnects_.load(); }
+
+  // A uniform draw in [0, 1).
+  double Uniform();
+  // The wait before the next connection attempt after `failures` failed ones.
+  absl::Duration Backoff(int failures);
+
+  // Settings for a connection to `address`; `msg_timeout` is the lease asked for in IDENTIFY
+  // (zero: nsqd's default; producers receive no messages).
+  ConnectionOptions ConnOptions(const std::string& address, absl::Duration msg_timeout) const;
+
+ private:
+  NsqOptions options_;
+  std::vector<std::unique_ptr<boost::asio::io_context>> ios_;
+  std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> works_;
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> next_io_{0};
+  std::atomic<uint64_t> reconnects_{0};
+
+  absl::Mutex rng_mu_;
+  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
+};
+
+}  // namespace bus::nsq
+
+#endif  // DRIVERS_NSQ_CORE_H_
