@@ -109,7 +109,7 @@ awaitable<absl::Status> Connection::Handshake() {
   // fails whatever operation is outstanding.
   bool timed_out = false;
   asio::steady_timer deadline(io_);
-  deadline.expires_after(ToChrono(options_.dial_timeout));
+  deadline.expires_after(ToChrono(options_.connect_timeout));
   deadline.async_wait([this, self, &timed_out](const error_code& ec) {
     if (!ec) {
       timed_out = true;
@@ -122,7 +122,7 @@ awaitable<absl::Status> Connection::Handshake() {
     if (timed_out) {
       s = absl::UnavailableError(absl::StrCat("nsqd ", options_.address,
                                               ": connect and handshake took longer than ",
-                                              absl::FormatDuration(options_.dial_timeout)));
+                                              absl::FormatDuration(options_.connect_timeout)));
     }
     CloseOnIo(s);
     return s;

@@ -53,7 +53,7 @@ struct ConnectionOptions {
   // Sent with AUTH when nsqd requires it. Never logged and never in a Status.
   std::string auth_secret;
   // Bound on TCP connect plus handshake (IDENTIFY and AUTH included).
-  absl::Duration dial_timeout = absl::Seconds(5);
+  absl::Duration connect_timeout = absl::Seconds(5);
   // Bound on each Request's response, counted from the call: when the oldest pending request
   // has waited this long the connection closes and every pending request fails with
   // Unavailable. Must be > 0.

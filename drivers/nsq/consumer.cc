@@ -548,7 +548,7 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
     for (const std::string& topic : topics) {
       for (const std::string& lookupd : o.lookupd_http_addresses) {
         absl::StatusOr<std::vector<std::string>> r =
-            co_await LookupProducers(core_->io(), lookupd, topic, o.dial_timeout);
+            co_await LookupProducers(core_->io(), lookupd, topic, o.connect_timeout);
         if (!r.ok()) {
           core_->Log(LogLevel::kWarning,
                      absl::StrCat("consumer of ", queue_, ": ", r.status().message()));

@@ -43,7 +43,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   ConnectionOptions c;
   c.address = address;
   c.auth_secret = options_.auth_secret;
-  c.dial_timeout = options_.dial_timeout;
+  c.connect_timeout = options_.connect_timeout;
   c.request_timeout = options_.request_timeout;
   c.max_frame_bytes = options_.max_message_bytes + kWrapperMaxBytes + 4096;
   c.identify.client_id = options_.client_id;

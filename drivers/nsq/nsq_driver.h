@@ -22,7 +22,7 @@
 // Publishing goes to `nsqd_tcp_addresses` (the first one that is up, in order); consuming
 // connects to `nsqd_tcp_addresses` and to every nsqd that the nsqlookupds list for the topics.
 //
-// Bounded against a broken nsqd: connect and handshake end at `dial_timeout`, every request at
+// Bounded against a broken nsqd: connect and handshake end at `connect_timeout`, every request at
 // `request_timeout` (the connection is then dropped and the call is Unavailable); a frame above
 // the message size limit, or a consumer connection on which nsqd sends more messages than the
 // RDY it was given, closes that connection (it is reconnected with backoff).

@@ -46,7 +46,7 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
     return absl::OkStatus();
   };
   for (auto [d, name] :
-       {std::pair{o.dial_timeout, "dial_timeout"}, std::pair{o.request_timeout, "request_timeout"},
+       {std::pair{o.connect_timeout, "connect_timeout"}, std::pair{o.request_timeout, "request_timeout"},
         std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
         std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
         std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},

@@ -36,7 +36,7 @@ struct NsqOptions {
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";
   // TCP connect plus handshake (IDENTIFY, AUTH) bound. Default 5s; > 0.
-  absl::Duration dial_timeout = absl::Seconds(5);
+  absl::Duration connect_timeout = absl::Seconds(5);
   // Bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the call. An
   // nsqd that does not answer in time has its connection dropped (the next call reconnects) and
   // the call fails with Unavailable. Default 10s; > 0.

@@ -495,7 +495,7 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
         self->FailWaiting(st);
         ++attempt;
         self->backoff.expires_after(
-            ToChrono(FullJitterDelay(self->options.backoff_base, self->options.backoff_max, attempt,
+            ToChrono(FullJitterDelay(self->options.reconnect_backoff_base, self->options.reconnect_backoff_max, attempt,
                                      absl::Uniform(self->gen, 0.0, 1.0))));
         co_await self->backoff.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;

@@ -92,8 +92,8 @@ struct ConnectionOptions {
   // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
   absl::Duration connect_timeout = absl::Seconds(2);
   // Backoff between failed connect attempts: full jitter over base * 2^(attempt-1), capped.
-  absl::Duration backoff_base = absl::Milliseconds(50);
-  absl::Duration backoff_max = absl::Seconds(2);
+  absl::Duration reconnect_backoff_base = absl::Milliseconds(50);
+  absl::Duration reconnect_backoff_max = absl::Seconds(2);
   // Bounds on one reply (drivers/redis/reply_scanner.h): its bytes, headers and nested arrays
   // included, and its array elements in all. A server that announces or sends more has the
   // connection closed; the requests pending on it fail with Unavailable. Defaults 512 MiB

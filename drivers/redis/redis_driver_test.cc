@@ -418,8 +418,8 @@ TEST(RedisDriverTest, ARequestThatCannotBeSentBeforeItsDeadlineIsUnavailable) {
   // After the first failed connection attempt the next one waits up to 10 s (full jitter), so
   // the second send almost always reaches its deadline unsent: the server is unreachable, not
   // slow, and that is Unavailable, never DeadlineExceeded.
-  options.backoff_base = absl::Seconds(10);
-  options.backoff_max = absl::Seconds(10);
+  options.reconnect_backoff_base = absl::Seconds(10);
+  options.reconnect_backoff_max = absl::Seconds(10);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   for (int i = 0; i < 2; ++i) {

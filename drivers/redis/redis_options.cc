@@ -22,8 +22,8 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   }
   if (o.connect_timeout <= absl::ZeroDuration()) return bad("connect_timeout", "must be > 0");
   if (o.request_timeout <= absl::ZeroDuration()) return bad("request_timeout", "must be > 0");
-  if (o.backoff_base <= absl::ZeroDuration()) return bad("backoff_base", "must be > 0");
-  if (o.backoff_max < o.backoff_base) return bad("backoff_max", "must be >= backoff_base");
+  if (o.reconnect_backoff_base <= absl::ZeroDuration()) return bad("reconnect_backoff_base", "must be > 0");
+  if (o.reconnect_backoff_max < o.reconnect_backoff_base) return bad("reconnect_backoff_max", "must be >= reconnect_backoff_base");
   if (o.script_batch < 1 || o.script_batch > 5000) {
     return bad("script_batch", "must be 1 to 5000 (Lua unpack limit)");
   }
@@ -56,8 +56,8 @@ redis::ConnectionOptions ToConnectionOptions(const RedisOptions& o) {
   c.password = o.password;
   c.db = o.db;
   c.connect_timeout = o.connect_timeout;
-  c.backoff_base = o.backoff_base;
-  c.backoff_max = o.backoff_max;
+  c.reconnect_backoff_base = o.reconnect_backoff_base;
+  c.reconnect_backoff_max = o.reconnect_backoff_max;
   c.max_reply_bytes = o.max_reply_bytes;
   c.max_reply_elements = o.max_reply_elements;
   return c;

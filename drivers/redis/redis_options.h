@@ -36,10 +36,10 @@ struct RedisOptions {
   absl::Duration connect_timeout = absl::Seconds(2);
   // Deadline of every request (and of the internal retries of a send). Default 5 s.
   absl::Duration request_timeout = absl::Seconds(5);
-  // Reconnect backoff: full jitter over backoff_base * 2^(attempt-1), capped by backoff_max.
+  // Reconnect backoff: full jitter over reconnect_backoff_base * 2^(attempt-1), capped by reconnect_backoff_max.
   // Defaults 50 ms and 2 s.
-  absl::Duration backoff_base = absl::Milliseconds(50);
-  absl::Duration backoff_max = absl::Seconds(2);
+  absl::Duration reconnect_backoff_base = absl::Milliseconds(50);
+  absl::Duration reconnect_backoff_max = absl::Seconds(2);
   // Most messages one script call moves (promoting due delayed messages, recovering expired
   // leases, purging). Bounds the time Redis spends in one call. Default 500; 1 to 5000 (a Lua
   // unpack() limit).
