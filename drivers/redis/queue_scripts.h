@@ -89,10 +89,6 @@ for i = 1, 5 do
                              ', not a ' .. kinds[i] .. '; nothing was moved')
   end
 end
--- What HINCRBY takes and can add 1 to: 0, or up to 15 digits without a leading zero.
-local function is_count(a)
-  return a == '0' or (#a <= 15 and string.match(a, '^[1-9]%d*$') ~= nil)
-end
 local now = now_ms()
 local batch = tonumber(ARGV[3])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, batch)
@@ -112,13 +108,13 @@ if ids then
   for _, id in ipairs(ids) do
     local body = redis.call('HGET', KEYS[4], id)
     if body then
-      local old = redis.call('HGET', KEYS[5], id)
-      local a, corrupt = 1, false
-      if old and not is_count(old) then
-        corrupt = string.sub(old, 1, 64)
+      -- HINCRBY refuses a field that is not a number (nothing changed then): that message's
+      -- counter is reset and it is delivered marked corrupt; the others go on.
+      local a, corrupt = redis.pcall('HINCRBY', KEYS[5], id, 1), false
+      if type(a) == 'table' then
+        corrupt = string.sub(redis.call('HGET', KEYS[5], id) or '', 1, 64)
         redis.call('HSET', KEYS[5], id, '1')
-      else
-        a = redis.call('HINCRBY', KEYS[5], id, 1)
+        a = 1
       end
       redis.call('ZADD', KEYS[3], lease, id)
       out[#out + 1] = id
