@@ -43,15 +43,19 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-# Source packages come from the same mirror as the binary ones: copy every deb entry of the
-# deb822 sources as a deb-src entry.
+# Source packages come from the same mirror as the binary ones: each deb entry is repeated as a
+# deb-src entry (deb822 .sources on Debian 12 images, else the one-line sources.list).
 if ! apt-cache showsrc abseil 2>/dev/null | grep -qx "Version: $version"; then
-  src_list=/etc/apt/sources.list.d/debian-src.sources
-  if [ ! -f "$src_list" ]; then
-    echo "setup_tsan: adding deb-src entries ($src_list)"
-    sed -n '/^Types:/,$p' /etc/apt/sources.list.d/debian.sources |
-      sed 's/^Types: deb$/Types: deb-src/' | "${sudo_cmd[@]}" tee "$src_list" >/dev/null
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
+    src_list=/etc/apt/sources.list.d/debian-src.sources
+    [ -f "$src_list" ] || sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources |
+      "${sudo_cmd[@]}" tee "$src_list" >/dev/null
+  else
+    src_list=/etc/apt/sources.list.d/debian-src.list
+    [ -f "$src_list" ] || sed -n 's/^deb /deb-src /p' /etc/apt/sources.list |
+      "${sudo_cmd[@]}" tee "$src_list" >/dev/null
   fi
+  echo "setup_tsan: deb-src entries in $src_list"
   "${sudo_cmd[@]}" apt-get update -qq
 fi
 
