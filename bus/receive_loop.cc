@@ -322,6 +322,8 @@ absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const Recei
     absl::MutexLock l(&loop->mu);
     loop->stopping = true;
   });
+  // Before the workers start, so it happens before the first delivery reaches the callback.
+  if (opts.on_consuming != nullptr) opts.on_consuming();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&loop->mu);
@@ -331,7 +333,6 @@ absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const Recei
     workers.emplace_back([loop, i, stop] { loop->Worker(static_cast<size_t>(i), stop); });
   }
   std::thread keeper([loop] { loop->Keeper(); });
-  if (opts.on_consuming != nullptr) opts.on_consuming();
 
   {
     absl::MutexLock lock(&loop->mu);

@@ -64,7 +64,8 @@ struct ReceiveOptions {
   // ones in the prefetch buffer.
   int batch_size = 1;
   // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
-  // exists and the workers start (after any wait for an unreachable broker). Optional.
+  // exists (after any wait for an unreachable broker), before the first delivery reaches the
+  // callback. Optional.
   std::function<void()> on_consuming;
 };
 

@@ -253,7 +253,14 @@ TEST_P(SqliteStoreOutageTest, AnotherProcessHoldsTheDatabaseLockPastTheBusyTimeo
     ASSERT_NE(lock, nullptr);
     ASSERT_TRUE(WaitUntil([&] { return lock->Locked(); }, kPatience));
     w.Publish(kMessages / 2, kMessages);
-    ASSERT_TRUE(WaitUntil([&] { return w.handler().Stats().store_errors >= 2; }, kPatience))
+    // Mark-done failures of a batch in flight when the lock was taken count as store errors
+    // too, without a delivery going back: wait for an acquire that failed as well.
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          const HandlerStats s = w.handler().Stats();
+          return s.store_errors >= 2 && s.redelivered >= 1;
+        },
+        kPatience))
         << w.handler().Stats().ToString();
     lock->Commit();
     w.ExpectExactOutcome();

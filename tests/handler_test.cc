@@ -372,6 +372,8 @@ TEST_F(HandlerTest, HeldKeyAndEnsureSaysNotHandledIsHandled) {
   EXPECT_EQ(h->Stats().duplicates, 0u);
   // It did not own the key, so it left the other worker's lease alone.
   EXPECT_TRUE(idempotency_->Release("orders.order-8", "other-worker").ok());
+  // The handle function holds `rec` by reference: stop before `rec` is destroyed.
+  EXPECT_TRUE(StopAndWait().ok());
 }
 
 TEST_F(HandlerTest, IdempotencyStoreErrorCountsAsNotAcquiredAndEnsureDecides) {
@@ -1233,6 +1235,8 @@ TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
   EXPECT_EQ(rec.size(), 0u);
   clock_->Advance(absl::Seconds(1));
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  // The handle function holds `rec` by reference: stop before `rec` is destroyed.
+  EXPECT_TRUE(StopAndWait().ok());
 }
 
 TEST_F(HandlerTest, StatsCountLatency) {
