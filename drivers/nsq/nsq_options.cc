@@ -45,12 +45,12 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
     }
     return absl::OkStatus();
   };
-  for (auto [d, name] :
-       {std::pair{o.connect_timeout, "connect_timeout"}, std::pair{o.request_timeout, "request_timeout"},
-        std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
-        std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
-        std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},
-        std::pair{o.rdy_redistribute_interval, "rdy_redistribute_interval"}}) {
+  for (auto [d, name] : {std::pair{o.connect_timeout, "connect_timeout"},
+                         std::pair{o.request_timeout, "request_timeout"},
+                         std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
+                         std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
+                         std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},
+                         std::pair{o.rdy_redistribute_interval, "rdy_redistribute_interval"}}) {
     if (absl::Status s = positive(d, name); !s.ok()) return s;
   }
   if (o.heartbeat_interval < absl::Seconds(1)) {

@@ -494,9 +494,9 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
       if (!st.ok()) {
         self->FailWaiting(st);
         ++attempt;
-        self->backoff.expires_after(
-            ToChrono(FullJitterDelay(self->options.reconnect_backoff_base, self->options.reconnect_backoff_max, attempt,
-                                     absl::Uniform(self->gen, 0.0, 1.0))));
+        self->backoff.expires_after(ToChrono(FullJitterDelay(
+            self->options.reconnect_backoff_base, self->options.reconnect_backoff_max, attempt,
+            absl::Uniform(self->gen, 0.0, 1.0))));
         co_await self->backoff.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }

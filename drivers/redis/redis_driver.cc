@@ -143,8 +143,9 @@ class Core {
         if (st.ok()) return st;
       }
       if (!absl::IsUnavailable(st) || absl::Now() >= deadline) return st;
-      const absl::Duration pause = FullJitterDelay(options_.reconnect_backoff_base, options_.reconnect_backoff_max,
-                                                   attempt, absl::Uniform(gen, 0.0, 1.0));
+      const absl::Duration pause =
+          FullJitterDelay(options_.reconnect_backoff_base, options_.reconnect_backoff_max, attempt,
+                          absl::Uniform(gen, 0.0, 1.0));
       if (absl::Now() + pause >= deadline) return st;
       absl::SleepFor(pause);
     }

@@ -22,8 +22,10 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   }
   if (o.connect_timeout <= absl::ZeroDuration()) return bad("connect_timeout", "must be > 0");
   if (o.request_timeout <= absl::ZeroDuration()) return bad("request_timeout", "must be > 0");
-  if (o.reconnect_backoff_base <= absl::ZeroDuration()) return bad("reconnect_backoff_base", "must be > 0");
-  if (o.reconnect_backoff_max < o.reconnect_backoff_base) return bad("reconnect_backoff_max", "must be >= reconnect_backoff_base");
+  if (o.reconnect_backoff_base <= absl::ZeroDuration())
+    return bad("reconnect_backoff_base", "must be > 0");
+  if (o.reconnect_backoff_max < o.reconnect_backoff_base)
+    return bad("reconnect_backoff_max", "must be >= reconnect_backoff_base");
   if (o.script_batch < 1 || o.script_batch > 5000) {
     return bad("script_batch", "must be 1 to 5000 (Lua unpack limit)");
   }

@@ -36,8 +36,8 @@ struct RedisOptions {
   absl::Duration connect_timeout = absl::Seconds(2);
   // Deadline of every request (and of the internal retries of a send). Default 5 s.
   absl::Duration request_timeout = absl::Seconds(5);
-  // Reconnect backoff: full jitter over reconnect_backoff_base * 2^(attempt-1), capped by reconnect_backoff_max.
-  // Defaults 50 ms and 2 s.
+  // Reconnect backoff: full jitter over reconnect_backoff_base * 2^(attempt-1), capped by
+  // reconnect_backoff_max. Defaults 50 ms and 2 s.
   absl::Duration reconnect_backoff_base = absl::Milliseconds(50);
   absl::Duration reconnect_backoff_max = absl::Seconds(2);
   // Most messages one script call moves (promoting due delayed messages, recovering expired
