@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
+#include "bus/retry.h"
 #include "storage/sqlite/sql.h"
 
 namespace bus {
@@ -220,7 +221,17 @@ absl::StatusOr<std::shared_ptr<SqliteDatabase>> SqliteDatabase::OpenFile(SqliteO
   absl::StatusOr<int64_t> version = ReadSchemaVersion(**conn);
   if (!version.ok()) return version.status();
   if (*version > kSchemaVersion) return NewerSchemaError(options.path, *version);
-  if (absl::Status s = SwitchToWal(**conn); !s.ok()) return s;
+  // Changing the journal mode needs the file to itself, and SQLite answers SQLITE_BUSY at once
+  // (without its busy handler) while another process holds a lock, for example when several
+  // processes open a fresh file together. Retry for up to busy_timeout, on real time like the
+  // busy handler: this paces waiting for another process, it is not logic a test drives.
+  const absl::Time give_up = absl::Now() + options.busy_timeout;
+  for (int attempt = 1;; ++attempt) {
+    absl::Status s = SwitchToWal(**conn);
+    if (s.ok()) break;
+    if (!absl::IsUnavailable(s) || absl::Now() >= give_up) return s;
+    absl::SleepFor(ExponentialDelay(absl::Milliseconds(1), absl::Milliseconds(50), attempt));
+  }
   if (*version < kSchemaVersion) {
     if (absl::Status s = Migrate(**conn); !s.ok()) return s;
   }
