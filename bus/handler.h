@@ -69,6 +69,9 @@
 #include "bus/stores.h"
 
 namespace bus {
+namespace internal {
+struct Pipeline;  // bus/pipeline.h
+}  // namespace internal
 
 // Wraps `status` (which must not be OK) so that the pipeline skips the remaining retries and
 // dead-letters the message at once.
@@ -205,10 +208,9 @@ class Handler {
   const HandlerOptions& options() const;
 
  private:
-  struct Shared;
   Handler(HandlerOptions options, bool user_ensure);
 
-  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<internal::Pipeline> shared_;
 };
 
 }  // namespace bus

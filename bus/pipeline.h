@@ -1,0 +1,210 @@
+// The Handler's pipeline (docs/pipeline.md, "Order of steps"): the state the receive loop's
+// workers and the replay loop share, and steps 1 to 6 for a batch of messages (a single message
+// is a batch of one). Internal to //bus:handler; bus/handler.cc owns the Handler's lifecycle
+// (Create, Run, replay passes, Stats) and drives this.
+//
+// Thread-safety: ProcessBatch runs on any number of threads at once; the counters are atomics.
+
+#ifndef BUS_PIPELINE_H_
+#define BUS_PIPELINE_H_
+
+#include <atomic>
+#include <optional>
+#include <stop_token>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "bus/handler.h"
+#include "bus/message.h"
+#include "bus/receive_loop.h"
+#include "bus/retry.h"
+#include "bus/stats.h"
+#include "bus/stores.h"
+
+namespace bus::internal {
+
+// One message of a batch on its way through the pipeline.
+struct Input {
+  absl::string_view data;
+  // Delivery::corrupt: non-empty when the broker's record of the message is corrupt.
+  absl::string_view corrupt;
+  // For a dead letter being replayed: its `replays`; -1 for a delivery from the broker.
+  int replays = -1;
+};
+
+// Everything the pipeline touches, shared with the receive loop's workers (which may outlive
+// Run() when abandoned after the shutdown timeout).
+struct Pipeline {
+  explicit Pipeline(HandlerOptions o, bool user_ensure)
+      : options(std::move(o)), has_user_ensure(user_ensure) {}
+
+  const HandlerOptions options;
+  // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
+  const bool has_user_ensure;
+  std::stop_source stop;
+
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> succeeded{0};
+  std::atomic<uint64_t> failed{0};
+  std::atomic<uint64_t> retried{0};
+  std::atomic<uint64_t> dead_lettered{0};
+  std::atomic<uint64_t> duplicates{0};
+  std::atomic<uint64_t> malformed{0};
+  std::atomic<uint64_t> replayed{0};
+  std::atomic<uint64_t> redelivered{0};
+  std::atomic<uint64_t> store_errors{0};
+  std::atomic<uint64_t> callback_errors{0};
+  std::atomic<int64_t> in_flight{0};
+  LatencyHistogram latency;
+  // Consecutive infrastructure failures (a store or re-send that failed); sets the redelivery
+  // delay.
+  std::atomic<int> infra_failures{0};
+  // Whether the idempotency store is failing (an acquire error not yet followed by a success),
+  // so that a streak of errors is logged once.
+  std::atomic<bool> acquire_failing{false};
+
+  // Owners of acquires that failed with an error: the store may have taken the key before the
+  // error (a reply lost with the connection), leaving it leased to an owner nobody uses. When a
+  // later delivery of the same key finds it taken, the key is released under that owner first
+  // (which only succeeds if the lost acquire did take it). Bounded; entries are dropped once
+  // used or when the key is acquired.
+  absl::Mutex ghosts_mu;
+  absl::flat_hash_map<std::string, std::string> ghost_owners ABSL_GUARDED_BY(ghosts_mu);
+  static constexpr size_t kMaxGhostOwners = 4096;
+
+  void RememberGhost(absl::string_view key, absl::string_view owner) {
+    absl::MutexLock lock(&ghosts_mu);
+    if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+  }
+  // The owner of a failed acquire of `key`, if one is remembered (and forgets it).
+  std::optional<std::string> TakeGhost(absl::string_view key) {
+    absl::MutexLock lock(&ghosts_mu);
+    if (ghost_owners.empty()) return std::nullopt;
+    auto it = ghost_owners.find(key);
+    if (it == ghost_owners.end()) return std::nullopt;
+    std::string owner = std::move(it->second);
+    ghost_owners.erase(it);
+    return owner;
+  }
+
+  absl::Mutex mu;
+  bool running ABSL_GUARDED_BY(mu) = false;
+  bool consuming ABSL_GUARDED_BY(mu) = false;
+  bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
+
+  // Never throws: a logger's exception is swallowed, as every user callback's is.
+  void Log(LogLevel level, absl::string_view line) const {
+    try {
+      options.logger->Log(level, absl::StrCat("bus handler [", options.queue, "] ", line));
+    } catch (...) {
+    }
+  }
+
+  // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
+  // message, acquire the keys of those that decoded (one store call), then steps 3 to 6 for
+  // each message in turn, then mark the handled keys done (one store call). out[i] is Done when
+  // in[i] may be settled (for a replayed letter: removed). Broker deliveries not yet handled
+  // when stop is requested give their keys back and are redelivered.
+  void ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out);
+
+  // Step 1. False when in.data does not decode (or the broker's record was corrupt); `*out`
+  // then says how to settle it.
+  bool Decode(const Input& in, Message* msg, Settlement* out);
+
+  // The idempotency key of a decoded message.
+  void KeyOf(const Message& msg, std::string* key) const {
+    key->assign(options.queue);
+    key->push_back('.');
+    key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+  }
+
+  // Steps 3 to 6 for one message, once step 2 has acquired `key` (or not, or failed with
+  // `acquire_error`). Sets `*mark_done` when the message was handled under the key: the caller
+  // then marks it done (step 5).
+  Settlement AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
+                          const absl::StatusOr<bool>& acquired, bool* mark_done);
+
+  // Steps 4 to 6 (handle, then succeed or fail), with the key held when `acquired`.
+  Settlement HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
+                             bool acquired, bool* mark_done);
+
+  // Stores a dead letter; Done once stored, else the delivery goes back with the backoff.
+  Settlement StoreDeadLetter(bus::DeadLetter letter);
+
+  void MarkDoneFailed(absl::string_view key, const absl::Status& st) {
+    // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError,
+        absl::StrCat("idempotency mark-done failed for ", key, ": ", st.ToString()));
+  }
+
+  // False when the store could not release the key: the key stays leased until its lease runs
+  // out.
+  bool Release(absl::string_view key, absl::string_view owner) {
+    absl::Status st = options.idempotency->Release(key, owner);
+    if (st.ok()) return true;
+    if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError,
+        absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
+    return false;
+  }
+
+  void AcquireSucceeded() {
+    if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
+      Log(LogLevel::kInfo, "idempotency store answers again");
+    }
+  }
+
+  // Step 2 failed and no user ensure can decide: give the delivery back.
+  Settlement AcquireFailed(absl::string_view key, absl::string_view owner, const absl::Status& st) {
+    RememberGhost(key, owner);
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!acquire_failing.exchange(true)) {
+      Log(LogLevel::kError,
+          absl::StrCat("idempotency acquire failed for ", key, ": ", st.ToString(),
+                       "; deliveries are given back to the broker until the store answers"));
+    }
+    return InfraFailure();
+  }
+
+  // A user callback other than `handle` threw: give the delivery back, as for a store error.
+  Settlement CallbackThrew(absl::string_view callback, const Message& msg, absl::string_view what) {
+    callback_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError, absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
+                                       "; the delivery is given back"));
+    return InfraFailure();
+  }
+
+  // The streak grows by one per batch that had an infrastructure failure (not per message, so
+  // that a batch of 64 failing at once does not jump to infra_backoff_max).
+  static bool& InfraFailedInBatch() {
+    thread_local bool failed = false;
+    return failed;
+  }
+  Settlement InfraFailure() {
+    InfraFailedInBatch() = true;
+    const int n = infra_failures.load(std::memory_order_relaxed) + 1;
+    redelivered.fetch_add(1, std::memory_order_relaxed);
+    if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
+    return Settlement::Redeliver(
+        ExponentialDelay(options.infra_backoff_base, options.infra_backoff_max, n));
+  }
+
+  Settlement Taken() {
+    if (infra_failures.load(std::memory_order_relaxed) != 0) {
+      infra_failures.store(0, std::memory_order_relaxed);
+    }
+    return Settlement::Done();
+  }
+};
+
+}  // namespace bus::internal
+
+#endif  // BUS_PIPELINE_H_
