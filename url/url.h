@@ -35,8 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "drivers/nsq/nsq_options.h"
-#include "drivers/redis/redis_driver.h"  // RedisOptions
-#include "storage/sqlite/sqlite_db.h"
+#include "drivers/redis/redis_driver.h"            // RedisOptions
+#include "idempotency/sqlite/idempotency_store.h"  // SqliteIdempotencyOptions
+#include "storage/sqlite/dead_letter_store.h"      // SqliteOptions, SqliteDeadLetterOptions
 
 namespace bus {
 
@@ -84,11 +85,19 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
-// sqlite:// → SqliteOptions. "sqlite:///abs.db" is the absolute path /abs.db,
+// What a sqlite:// URL sets: the database and each store's own options.
+struct SqliteUrlOptions {
+  SqliteOptions db;
+  SqliteDeadLetterOptions dead_letters;
+  SqliteIdempotencyOptions idempotency;
+};
+
+// sqlite:// → SqliteUrlOptions. "sqlite:///abs.db" is the absolute path /abs.db,
 // "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
-// (normal, full), cleanup_batch, cleanup_interval, max_batch, max_idle_readers, spin_wait,
-// background_checkpoints (true, false). Validated (ValidateSqliteOptions).
-absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
+// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true, false)
+// for the database; purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for
+// the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
+absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
 // memory:// for the memory driver: its one parameter, max_message_bytes.
 struct MemoryUrlOptions {
