@@ -45,12 +45,14 @@ step() {
   fi
 }
 
-# 1. The same sources as Bazel: every srcs/hdrs file of the non-test cc_library targets in the
-# library packages, against the list CMake writes at configure time.
+# 1. The same sources as Bazel: every source file in srcs/hdrs of the non-test cc_library
+# targets in the library packages and of the users' test harness (//bus/testing), against the
+# list CMake writes at configure time.
 compare_with_bazel() {
   local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/...'
-  local libs="attr(testonly, 0, kind(cc_library, $pkgs))"
-  bazel query "labels(srcs, $libs) + labels(hdrs, $libs)" --output=label 2>"$work/query.err" |
+  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing"
+  bazel query "kind('source file', labels(srcs, $libs) + labels(hdrs, $libs))" --output=label \
+    2>"$work/query.err" |
     sed -e 's|^//||' -e 's|:|/|' | sort >"$work/bazel_files.txt" ||
     { cat "$work/query.err"; return 1; }
   [ -s "$work/bazel_files.txt" ] || { echo "bazel query listed no files"; return 1; }
@@ -62,19 +64,24 @@ compare_with_bazel() {
 # 3. Nothing from the tests or benchmarks is installed.
 check_installed_tree() {
   find "$prefix" -type f | sed "s|^$prefix/||" | sort
-  if find "$prefix" -type f \( -name '*_test*' -o -name '*_bench*' -o -path '*/testing/*' \) |
+  if find "$prefix" -type f \( -name '*_test*' -o -name '*_bench*' -o -path '*/tests/*' \) |
     grep .; then
     echo "test or benchmark files installed (above)"
     return 1
   fi
-  [ -f "$prefix/include/msgbus/bus/handler.h" ] || { echo "no include/msgbus/bus/handler.h"; return 1; }
+  for h in bus/handler.h bus/testing/harness.h; do
+    [ -f "$prefix/include/msgbus/$h" ] || { echo "no include/msgbus/$h"; return 1; }
+  done
 }
 
 # 4. One consumer build and run.
 run_consumer() {
   local dir=$1
   shift
-  "$@" && "$dir/cmake_consumer" "$dir/consumer.db"
+  "$@" || return 1
+  "$dir/cmake_consumer" "$dir/consumer.db" | tee "$dir/run.out" || return 1
+  grep -q "^msgbus $version: handled " "$dir/run.out" ||
+    { echo "the consumer did not report msgbus $version"; return 1; }
 }
 consumer_find_package() {
   local dir=$work/consumer-find-package

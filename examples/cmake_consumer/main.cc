@@ -1,8 +1,9 @@
 // A program built against the installed msgbus package, outside this repository's build:
 // publishes one message on the in-process memory driver and handles it, with dead letters and
-// idempotency keys in a SQLite file. Exits 0 once the message was handled, 1 on an error or if
-// it was not handled within 30 seconds. tools/cmake_check.sh builds it with find_package and
-// with pkg-config (CMakeLists.txt beside this file) and runs it.
+// idempotency keys in a SQLite file. Prints the library's version and the message and exits 0
+// once the message was handled once; exits 1 on an error or if it was not handled within 30
+// seconds. tools/cmake_check.sh builds it with find_package and with pkg-config (CMakeLists.txt
+// beside this file) and runs it.
 //
 //   cmake_consumer /tmp/consumer.db
 
@@ -17,10 +18,11 @@
 #include "absl/time/time.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
+#include "bus/version.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/dead_letter_store.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -60,17 +62,15 @@ int main(int argc, char** argv) {
   std::thread runner([&] { run_status = (*handler)->Run(); });
 
   bus::Publisher publisher(driver);
-  bus::Outgoing order;
-  order.biz_uid = "order-42";
-  order.payload = "{\"amount\": 42}";
+  const bus::Outgoing order = {.biz_uid = "order-42", .payload = "{\"amount\": 42}"};
   absl::StatusOr<std::string> id = publisher.SendToQueue("orders", order);
 
   bool done = false;
   if (id.ok()) {
+    const absl::Condition handled_once(
+        +[](int* n) { return *n > 0; }, &handled);
     absl::MutexLock lock(&mu);
-    done = mu.AwaitWithTimeout(absl::Condition(
-                                   +[](int* n) { return *n > 0; }, &handled),
-                               absl::Seconds(30));
+    done = mu.AwaitWithTimeout(handled_once, absl::Seconds(30));
   }
   (*handler)->Stop();
   runner.join();
@@ -85,10 +85,10 @@ int main(int argc, char** argv) {
   }
   absl::MutexLock lock(&mu);
   if (!done || handled != 1 || handled_payload != order.payload) {
-    std::fprintf(stderr, "handled %d time(s), payload \"%s\"\n", handled,
-                 handled_payload.c_str());
+    std::fprintf(stderr, "handled %d time(s), payload \"%s\"\n", handled, handled_payload.c_str());
     return 1;
   }
-  std::printf("handled %s: %s\n", id->c_str(), handled_payload.c_str());
+  std::printf("msgbus %s: handled %s: %s\n", std::string(bus::Version()).c_str(), id->c_str(),
+              handled_payload.c_str());
   return 0;
 }
