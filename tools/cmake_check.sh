@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Checks the CMake build (CMakeLists.txt, docs/cmake.md) the way a user meets it:
-#  1. the files CMake builds each library from are the srcs and hdrs of the Bazel libraries
+#  1. the files CMake builds each library (and busctl) from are the srcs and hdrs of the Bazel ones
 #     (bazel query; skipped, saying so, when bazel is not on PATH);
 #  2. configures and builds the libraries in a temporary directory, warnings as errors;
 #  3. installs them to a temporary prefix (no test or benchmark file in it);
 #  4. builds examples/cmake_consumer against the installed package with
 #     find_package(msgbus CONFIG), with CMake's pkg-config module (msgbus.pc), and with a plain
-#     compiler line from `pkg-config --cflags --libs msgbus`, and runs each program (it
-#     publishes and handles one message on the memory driver with SQLite stores).
+#     compiler line from `pkg-config --cflags --libs msgbus`, and runs each build's programs: one
+#     publishes and handles one message on the memory driver with SQLite stores and reports
+#     bus::Version(), the other is a GoogleTest test on the installed test harness.
 # Prints one line per step; on a failure, the end of that step's log, and exits 1.
 #
 #   bash tools/cmake_check.sh
@@ -46,11 +47,11 @@ step() {
 }
 
 # 1. The same sources as Bazel: every source file in srcs/hdrs of the non-test cc_library
-# targets in the library packages and of the users' test harness (//bus/testing), against the
-# list CMake writes at configure time.
+# targets in the library packages, of the users' test harness (//bus/testing) and of busctl,
+# against the list CMake writes at configure time.
 compare_with_bazel() {
-  local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/...'
-  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing"
+  local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //url/...'
+  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing + //busctl"
   bazel query "kind('source file', labels(srcs, $libs) + labels(hdrs, $libs))" --output=label \
     2>"$work/query.err" |
     sed -e 's|^//||' -e 's|:|/|' | sort >"$work/bazel_files.txt" ||
@@ -82,6 +83,7 @@ run_consumer() {
   "$dir/cmake_consumer" "$dir/consumer.db" | tee "$dir/run.out" || return 1
   grep -q "^msgbus $version: handled " "$dir/run.out" ||
     { echo "the consumer did not report msgbus $version"; return 1; }
+  "$dir/harness_test"
 }
 consumer_find_package() {
   local dir=$work/consumer-find-package
@@ -102,12 +104,15 @@ consumer_pkg_config_cmake() {
 consumer_pkg_config_cxx() {
   local dir=$work/consumer-cxx
   mkdir -p "$dir"
-  local flags
+  local flags test_flags
   flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs msgbus)
+  test_flags=$(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs msgbus-testing gtest_main)
   echo "c++ -std=c++20 $flags"
-  # shellcheck disable=SC2086  # $flags is a list of flags
-  run_consumer "$dir" c++ -std=c++20 -Wall -Wextra -Werror -o "$dir/cmake_consumer" \
-    examples/cmake_consumer/main.cc $flags
+  # shellcheck disable=SC2086  # $flags and $test_flags are lists of flags
+  c++ -std=c++20 -Wall -Wextra -Werror -o "$dir/harness_test" \
+    examples/cmake_consumer/harness_test.cc $test_flags &&
+    run_consumer "$dir" c++ -std=c++20 -Wall -Wextra -Werror -o "$dir/cmake_consumer" \
+      examples/cmake_consumer/main.cc $flags
 }
 
 echo "cmake_check: msgbus $version, $(cmake --version | head -n 1), $jobs jobs, in $work"
