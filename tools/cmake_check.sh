@@ -65,7 +65,7 @@ compare_with_bazel() {
 # 3. Nothing from the tests or benchmarks is installed.
 check_installed_tree() {
   find "$prefix" -type f | sed "s|^$prefix/||" | sort
-  if find "$prefix" -type f \( -name '*_test*' -o -name '*_bench*' -o -path '*/tests/*' \) |
+  if find "$prefix" -type f \( -name '*_test.*' -o -name '*_bench.*' -o -path '*/tests/*' \) |
     grep .; then
     echo "test or benchmark files installed (above)"
     return 1
