@@ -59,8 +59,8 @@ class TransactionalStore {
   struct Entry {
     // The key to mark done with the effect, and its owner; an empty key runs the effect without
     // a mark-done (a message handled without its key, when `ensure` said kNotHandled).
-    absl::string_view key;
-    absl::string_view owner;
+    absl::string_view key{};
+    absl::string_view owner{};
   };
 
   // Runs, in one transaction (which other callers' writes may share), for each entry in order:

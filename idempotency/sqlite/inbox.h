@@ -57,9 +57,9 @@
 namespace bus {
 
 struct SqliteInboxOptions {
-  SqliteIdempotencyOptions idempotency;
+  SqliteIdempotencyOptions idempotency{};
   // The outbox of the messages the handler publishes (its relay's options).
-  SqliteOutboxOptions outbox;
+  SqliteOutboxOptions outbox{};
   // Whether a Handler on this inbox runs the outbox relay on its own driver while it consumes.
   // false: run one yourself (outbox()->StartRelay), for example to relay to another broker.
   bool relay_in_handler = true;

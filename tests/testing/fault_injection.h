@@ -126,6 +126,10 @@ class FaultyDriver final : public Driver {
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
+  absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
+    return base_->InspectQueue(q);
+  }
 
  private:
   std::shared_ptr<Driver> base_;

@@ -50,7 +50,7 @@ class Connection;
 
 // Bytes to bind as a BLOB (a plain string binds as TEXT).
 struct SqlBlob {
-  absl::string_view bytes;
+  absl::string_view bytes{};
 };
 
 // A bound parameter: NULL, an integer, a real, text or a blob. Strings are borrowed for the call.
