@@ -118,7 +118,7 @@ class Consumer {
 // the counts are read without stopping producers or consumers, so they may be off by the
 // messages that moved while they were read.
 struct QueueCounts {
-  std::string queue;
+  std::string queue{};
   // Deliverable now: waiting for a consumer. A message whose delay has passed, or whose lease
   // ran out, counts here even when the broker has not moved it yet.
   int64_t ready = 0;

@@ -48,8 +48,8 @@ absl::StatusOr<std::shared_ptr<IdempotencyStore>> OpenIdempotencyStore(
     absl::string_view url, const OpenOverrides& overrides = {});
 
 struct Stores {
-  std::shared_ptr<DeadLetterStore> dead_letters;
-  std::shared_ptr<IdempotencyStore> idempotency;
+  std::shared_ptr<DeadLetterStore> dead_letters{};
+  std::shared_ptr<IdempotencyStore> idempotency{};
 };
 
 // Both stores from one URL, sharing the SQLite database when it is sqlite://.

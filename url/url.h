@@ -42,18 +42,18 @@
 namespace bus {
 
 struct UrlHost {
-  std::string host;  // without brackets: "::1"
-  int port = 0;      // 0: none given
+  std::string host{};  // without brackets: "::1"
+  int port = 0;        // 0: none given
 };
 
 struct ParsedUrl {
-  std::string scheme;  // lower case
-  std::string user;
-  std::optional<std::string> password;  // set when the URL had ":" after the user
-  std::vector<UrlHost> hosts;
-  std::string path;  // after the authority, without its leading '/'; decoded
+  std::string scheme{};  // lower case
+  std::string user{};
+  std::optional<std::string> password{};  // set when the URL had ":" after the user
+  std::vector<UrlHost> hosts{};
+  std::string path{};  // after the authority, without its leading '/'; decoded
   // Query parameters in order, decoded.
-  std::vector<std::pair<std::string, std::string>> params;
+  std::vector<std::pair<std::string, std::string>> params{};
 };
 
 // Splits and decodes `url`. InvalidArgument naming the bad part.
@@ -87,9 +87,9 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
 
 // What a sqlite:// URL sets: the database and each store's own options.
 struct SqliteUrlOptions {
-  SqliteOptions db;
-  SqliteDeadLetterOptions dead_letters;
-  SqliteIdempotencyOptions idempotency;
+  SqliteOptions db{};
+  SqliteDeadLetterOptions dead_letters{};
+  SqliteIdempotencyOptions idempotency{};
 };
 
 // sqlite:// → SqliteUrlOptions. "sqlite:///abs.db" is the absolute path /abs.db,
