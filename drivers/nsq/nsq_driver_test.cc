@@ -468,7 +468,7 @@ TEST(NsqDriverTest, AKilledConsumersMessagesAreRedeliveredAfterTheLease) {
   }
   const std::string marker = testing::MakeTempDir("hold") + "/held";
   auto child = testing::ChildProcess::Start(
-      {"drivers/nsq/nsq_hold_consumer", nsqd->tcp_address(), q, "5", "2000", marker});
+      {"tests/testing/nsq_hold_consumer", nsqd->tcp_address(), q, "5", "2000", marker});
   ASSERT_TRUE(child.ok()) << child.status();
   const absl::Time deadline = absl::Now() + kPatience;
   while (!std::filesystem::exists(marker) && absl::Now() < deadline && (*child)->Running()) {

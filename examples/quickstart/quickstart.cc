@@ -53,7 +53,7 @@
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 
 ABSL_FLAG(int, orders, 300, "distinct orders to publish");
 ABSL_FLAG(int, concurrency, 4, "handlers running at once");

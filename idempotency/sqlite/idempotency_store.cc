@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/sql.h"
+#include "idempotency/sqlite/idempotency_sql.h"
 
 namespace bus {
 namespace {
@@ -175,15 +175,45 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
 
 }  // namespace
 
+absl::Status ValidateSqliteIdempotencyOptions(const SqliteIdempotencyOptions& options) {
+  if (options.cleanup_batch < 1) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch must be >= 1");
+  }
+  if (options.cleanup_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_interval must be > 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
-    const SqliteOptions& options) {
+    const SqliteOptions& options, const SqliteIdempotencyOptions& idempotency) {
+  if (absl::Status s = ValidateSqliteIdempotencyOptions(idempotency); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
   if (!db.ok()) return db.status();
-  return NewSqliteIdempotencyStore(*std::move(db));
+  return NewSqliteIdempotencyStore(*std::move(db), idempotency);
+}
+
+absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
+    std::shared_ptr<SqliteDatabase> db, const SqliteIdempotencyOptions& options) {
+  if (absl::Status s = ValidateSqliteIdempotencyOptions(options); !s.ok()) return s;
+  // Cleanup rides along with the database's writes (SqliteDatabase::AddHousekeeping): expired
+  // rows, oldest first, cleanup_batch per transaction, so it never holds the lock for long.
+  db->AddHousekeeping(options.cleanup_interval,
+                      [clock = db->clock(),
+                       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
+                        absl::StatusOr<ScopedStatement> stmt =
+                            conn.Prepare(sqlite_internal::kCleanupKeysSql);
+                        if (!stmt.ok()) return stmt.status();
+                        stmt->BindInt64(1, absl::ToUnixMillis(clock->Now()));
+                        stmt->BindInt64(2, batch);
+                        if (absl::Status s = stmt->Run(); !s.ok()) return s;
+                        return conn.Changes() >= batch;
+                      });
+  return std::shared_ptr<IdempotencyStore>(std::make_shared<SqliteIdempotencyStore>(std::move(db)));
 }
 
 std::shared_ptr<IdempotencyStore> NewSqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) {
-  return std::make_shared<SqliteIdempotencyStore>(std::move(db));
+  return *NewSqliteIdempotencyStore(std::move(db), SqliteIdempotencyOptions{});
 }
 
 }  // namespace bus
