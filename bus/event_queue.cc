@@ -13,6 +13,9 @@ namespace {
 // How often the delivery thread looks at the driver's reconnect counter. Real time: the thread
 // only reports, it decides nothing a test must control.
 constexpr absl::Duration kReconnectPoll = absl::Seconds(1);
+// After a batch, the thread naps this long before taking the next one, unsignalled: under a
+// steady stream the producers then never pay for a wake-up, and events come in batches.
+constexpr absl::Duration kBatchNap = absl::Milliseconds(1);
 
 }  // namespace
 
@@ -23,7 +26,6 @@ EventQueue::EventQueue(EventObserverFn observer, size_t capacity, std::string qu
       reconnects_(std::move(reconnects)),
       now_(std::move(now)),
       pending_(capacity) {
-  for (Event& e : pending_) e.queue = queue_;
   if (reconnects_ != nullptr) last_reconnects_ = reconnects_();
   next_poll_ = absl::Now() + kReconnectPoll;
   thread_ = std::thread([this] { Loop(); });
@@ -42,6 +44,18 @@ void EventQueue::Close() {
   absl::MutexLock lock(&mu_);
   dropped_.fetch_add(pending_size_, std::memory_order_relaxed);
   pending_size_ = 0;
+}
+
+void EventQueue::Unpack(const Slot& s, Event* e) const {
+  e->type = s.type;
+  e->time = s.time;
+  e->attempt = s.attempt;
+  std::string* fields[kParts] = {&e->message_id, &e->biz_uid, &e->trace_id, &e->error, &e->detail};
+  size_t at = 0;
+  for (int i = 0; i < kParts; ++i) {
+    fields[i]->assign(s.text, at, s.sizes[i]);
+    at += s.sizes[i];
+  }
 }
 
 void EventQueue::Deliver(const Event& e) {
@@ -67,10 +81,16 @@ void EventQueue::PollReconnects() {
 }
 
 void EventQueue::Loop() {
-  std::vector<Event> batch(pending_.size());
-  for (Event& e : batch) e.queue = queue_;
+  std::vector<Slot> batch(pending_.size());
+  Event event;  // reused: its strings keep their capacity
+  event.queue = queue_;
+  bool busy = false;  // the last batch had events
   absl::MutexLock lock(&mu_);
   while (!closed_.load(std::memory_order_relaxed)) {
+    if (pending_size_ == 0 && busy) {
+      cv_.WaitWithTimeout(&mu_, kBatchNap);  // not waiting_: nobody signals
+      if (closed_.load(std::memory_order_relaxed)) break;
+    }
     if (pending_size_ == 0) {
       waiting_ = true;
       cv_.WaitWithTimeout(&mu_, kReconnectPoll);
@@ -78,6 +98,7 @@ void EventQueue::Loop() {
     }
     if (closed_.load(std::memory_order_relaxed)) break;
     const size_t n = pending_size_;
+    busy = n > 0;
     pending_.swap(batch);
     pending_size_ = 0;
     mu_.Unlock();
@@ -86,7 +107,8 @@ void EventQueue::Loop() {
         dropped_.fetch_add(n - i, std::memory_order_relaxed);
         break;
       }
-      Deliver(batch[i]);
+      Unpack(batch[i], &event);
+      Deliver(event);
     }
     PollReconnects();
     mu_.Lock();

@@ -136,18 +136,8 @@ struct Pipeline {
     if (events == nullptr) return;
     const absl::Time now = options.clock->Now();
     const absl::string_view trace_id = msg != nullptr ? TraceIdOf(*msg) : absl::string_view();
-    events->Push([&](Event& e) {
-      e.type = type;
-      e.time = now;
-      if (msg != nullptr) {
-        e.message_id.assign(msg->id);
-        e.biz_uid.assign(msg->biz_uid);
-        e.trace_id.assign(trace_id.data(), trace_id.size());
-      }
-      e.attempt = attempt;
-      e.error.assign(error.data(), error.size());
-      e.detail.assign(detail.data(), detail.size());
-    });
+    events->Push(type, now, attempt, msg != nullptr ? absl::string_view(msg->id) : "",
+                 msg != nullptr ? absl::string_view(msg->biz_uid) : "", trace_id, error, detail);
   }
 
   // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
