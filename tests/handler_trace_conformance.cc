@@ -135,6 +135,8 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
   }
 
   // The records and events about the message carry its trace id.
+  // (Written just after the letter was counted.)
+  ASSERT_TRUE(WaitUntil([&] { return !logger->WithEvent("dead_lettered").empty(); }));
   const std::vector<CapturedRecord> dead = logger->WithEvent("dead_lettered");
   ASSERT_EQ(dead.size(), 1u);
   EXPECT_EQ(dead[0].trace_id, kTraceId);

@@ -187,6 +187,8 @@ TEST_F(ObservabilityTest, TheRecordsAboutAMessageCarryItsFieldsAndTraceId) {
   Handler* h = Start(std::move(o));
   const std::string id = Publish("order-7", {{"traceparent", kTraceParent}});
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().dead_lettered == 1; }));
+  // (Written just after the letter was counted.)
+  ASSERT_TRUE(WaitUntil([&] { return !logger_->WithEvent("dead_lettered").empty(); }));
   const std::vector<CapturedRecord> dead = logger_->WithEvent("dead_lettered");
   ASSERT_EQ(dead.size(), 1u);
   const CapturedRecord& r = dead[0];
