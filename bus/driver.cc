@@ -1,6 +1,7 @@
 #include "bus/driver.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace bus {
 
@@ -25,6 +26,14 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
     if (absl::Status st = SendToQueue(queue, d, delay); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> Driver::ListQueues() {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: ListQueues not implemented"));
+}
+
+absl::StatusOr<QueueCounts> Driver::InspectQueue(absl::string_view /*queue*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: InspectQueue not implemented"));
 }
 
 }  // namespace bus

@@ -61,20 +61,20 @@ struct Event {
   EventType type = EventType::kHandled;
   // From the Handler's clock.
   absl::Time time = absl::UnixEpoch();
-  std::string queue;
+  std::string queue{};
   // The message's; empty when the event is not about one decoded message (a malformed
   // delivery, a reconnect, a delivery lease).
-  std::string message_id;
-  std::string biz_uid;
+  std::string message_id{};
+  std::string biz_uid{};
   // The trace id of the message's traceparent (bus/trace.h); empty without a valid one.
-  std::string trace_id;
+  std::string trace_id{};
   // The handle attempt (1 = the first) for kHandled, kFailed, kRetried and kDeadLettered.
   int attempt = 0;
   // kFailed: the handler's failure message; kDeadLettered: the reason; kRedelivered and
   // kLeaseLost: the error.
-  std::string error;
+  std::string error{};
   // See EventType.
-  std::string detail;
+  std::string detail{};
   // kReconnect: the driver's reconnects so far.
   uint64_t reconnects = 0;
 };

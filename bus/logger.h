@@ -36,21 +36,21 @@ struct LogRecord {
   // From the component's clock (the Handler's or the driver's).
   absl::Time time = absl::UnixEpoch();
   // Who logs: "handler", "redis", "nsq".
-  absl::string_view component;
-  absl::string_view queue;
-  absl::string_view message_id;
-  absl::string_view biz_uid;
+  absl::string_view component{};
+  absl::string_view queue{};
+  absl::string_view message_id{};
+  absl::string_view biz_uid{};
   // A stable name for what happened, e.g. "dead_lettered", "retry_send_failed",
   // "store_failed", "reconnected" (docs/observability.md lists them).
-  absl::string_view event;
+  absl::string_view event{};
   // The error behind the record, if any (a status or the handler's failure message).
-  absl::string_view error;
+  absl::string_view error{};
   // The handle attempt the record is about (1 = the first); 0 when not about one.
   int attempt = 0;
   // The trace id of the message's `traceparent` (bus/trace.h).
-  absl::string_view trace_id;
+  absl::string_view trace_id{};
   // The sentence for people.
-  absl::string_view text;
+  absl::string_view text{};
 };
 
 // The text form: "bus <component> [<queue>] <text>", then " trace_id=<id>" when there is one.

@@ -27,11 +27,11 @@ namespace bus {
 
 struct Outgoing {
   // Business key for idempotency; empty: the generated id is used.
-  std::string biz_uid;
-  std::string payload;
+  std::string biz_uid{};
+  std::string payload{};
   // For a message caused by the one a handler is handling, start from bus::ChildOf(msg)
   // (bus/trace.h) to keep its trace.
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers{};
 };
 
 // Returns a new message id: 32 lowercase hex characters, unique per process run.

@@ -36,9 +36,9 @@ inline constexpr char kTraceStateHeader[] = "tracestate";
 // A parsed `traceparent`: `00-<trace id>-<parent id>-<flags>`.
 struct TraceParent {
   // 32 lowercase hex characters, not all zero.
-  std::string trace_id;
+  std::string trace_id{};
   // The sender's span id: 16 lowercase hex characters, not all zero.
-  std::string parent_id;
+  std::string parent_id{};
   // trace-flags; bit 0 is "sampled".
   uint8_t flags = 0;
 

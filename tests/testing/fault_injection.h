@@ -126,6 +126,10 @@ class FaultyDriver final : public Driver {
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
+  absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
+    return base_->InspectQueue(q);
+  }
 
  private:
   std::shared_ptr<Driver> base_;
@@ -249,8 +253,8 @@ class CapturingLogger final : public Logger {
 // A LogRecord with its fields copied.
 struct CapturedRecord {
   LogLevel level = LogLevel::kInfo;
-  absl::Time time;
-  std::string component, queue, message_id, biz_uid, event, error, trace_id, text;
+  absl::Time time{};
+  std::string component{}, queue{}, message_id{}, biz_uid{}, event{}, error{}, trace_id{}, text{};
   int attempt = 0;
 };
 

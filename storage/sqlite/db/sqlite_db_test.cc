@@ -1,6 +1,8 @@
 // SqliteDatabase: option checks, bad files that are refused without being changed, schema
 // migration, the SQLite-to-Status mapping, busy handling, group commit's isolation of one
 // operation from the others in its batch, and checkpoints (a WAL that stays bounded).
+//
+// Over 600 lines: the database layer has one test file, with a section per concern above.
 
 #include "storage/sqlite/db/sqlite_db.h"
 
