@@ -75,9 +75,9 @@ class EventQueue {
   struct Slot {
     EventType type = EventType::kHandled;
     int attempt = 0;
-    absl::Time time;
+    absl::Time time{};
     size_t sizes[kParts] = {};
-    std::string text;
+    std::string text{};
   };
   void Unpack(const Slot& s, Event* e) const;
   void Deliver(const Event& e);
