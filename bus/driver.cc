@@ -1,5 +1,7 @@
 #include "bus/driver.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "absl/status/status.h"
 
 namespace bus {
@@ -25,6 +27,10 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
     if (absl::Status st = SendToQueue(queue, d, delay); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status Driver::Ping(absl::Duration) {
+  return absl::UnimplementedError(absl::StrCat("driver ", name(), " has no Ping"));
 }
 
 }  // namespace bus

@@ -94,10 +94,13 @@ struct Pipeline {
     return owner;
   }
 
-  absl::Mutex mu;
+  mutable absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
+
+  // Handler::Stats().
+  HandlerStats Stats() const;
 
   // Never throws: a logger's exception is swallowed, as every user callback's is.
   void Log(LogLevel level, absl::string_view line) const {

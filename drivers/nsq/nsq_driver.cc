@@ -8,6 +8,7 @@
 #include "drivers/nsq/nsq_driver.h"
 
 #include <algorithm>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,9 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/names.h"
+#include "boost/asio/co_spawn.hpp"
+#include "boost/asio/use_future.hpp"
 #include "bus/route_key.h"
+#include "drivers/nsq/connection.h"
 #include "drivers/nsq/consumer.h"
 #include "drivers/nsq/core.h"
+#include "drivers/nsq/lookup.h"
 #include "drivers/nsq/producer_pool.h"
 #include "drivers/nsq/protocol.h"
 
@@ -165,6 +170,37 @@ class NsqDriver final : public Driver {
     DriverStats s;
     s.reconnects = core_->reconnects();
     return s;
+  }
+
+  // A fresh connection's handshake (magic, IDENTIFY and its response, AUTH when required) with
+  // every configured nsqd, and a /lookup round trip with every nsqlookupd: NSQ has no command
+  // with a response that leaves no trace (NOP has none), and a new connection does not wait
+  // behind the consumers' traffic.
+  absl::Status Ping(absl::Duration timeout) override {
+    namespace asio = boost::asio;
+    for (const std::string& address : core_->options().nsqd_tcp_addresses) {
+      nsq::ConnectionOptions co = core_->ConnOptions(address, absl::ZeroDuration());
+      co.connect_timeout = timeout;
+      std::shared_ptr<nsq::Connection> conn = nsq::Connection::Create(core_->io(), co, {});
+      std::future<absl::Status> f = asio::co_spawn(
+          conn->io(),
+          [conn]() -> asio::awaitable<absl::Status> { co_return co_await conn->Handshake(); },
+          asio::use_future);
+      absl::Status st = f.get();
+      conn->Close(absl::CancelledError("ping done"));
+      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
+    }
+    for (const std::string& address : core_->options().lookupd_http_addresses) {
+      std::future<absl::StatusOr<std::vector<std::string>>> f = asio::co_spawn(
+          core_->io(), nsq::LookupProducers(core_->io(), address, "bus_ping", timeout),
+          asio::use_future);
+      absl::StatusOr<std::vector<std::string>> r = f.get();
+      if (!r.ok()) {
+        return absl::Status(r.status().code(),
+                            absl::StrCat("nsqlookupd ", address, ": ", r.status().message()));
+      }
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -520,6 +520,8 @@ class RedisDriver final : public Driver {
 
   DriverStats Stats() const override { return {core_->reconnects()}; }
 
+  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(core_->conn(), timeout); }
+
  private:
   const std::string& prefix() const { return core_->options().key_prefix; }
 

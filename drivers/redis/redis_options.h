@@ -69,6 +69,10 @@ redis::ConnectionOptions ToConnectionOptions(const RedisOptions& options);
 
 namespace redis {
 
+// Health check over `conn`: PING within `timeout`; OK when the server answered PONG, else the
+// transport error (Unavailable, DeadlineExceeded) or the error reply's status.
+absl::Status Ping(Connection& conn, absl::Duration timeout);
+
 // An IoThread with one pipelined Connection, for the stores. Requests time out after
 // options.request_timeout.
 class Client {

@@ -72,6 +72,8 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     return absl::OkStatus();
   }
 
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
+
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
     if (absl::Status st = Check(key, owner); !st.ok()) return st;
     const absl::Time now = options_.clock->Now();

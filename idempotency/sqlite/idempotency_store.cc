@@ -169,6 +169,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
     });
   }
 
+  absl::Status Ping(absl::Duration) override { return db_->Ping(); }
+
  private:
   const std::shared_ptr<SqliteDatabase> db_;
 };
