@@ -18,7 +18,8 @@
 #include "bus/names.h"
 #include "bus/retry.h"
 #include "bus/route_key.h"
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/client.h"
+#include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 
 namespace bus {

@@ -28,7 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

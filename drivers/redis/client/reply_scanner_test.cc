@@ -1,7 +1,7 @@
 // ReplyScanner on byte strings: it frames valid replies however they are split, and refuses
 // each thing a hostile server can send before hiredis would see it.
 
-#include "drivers/redis/reply_scanner.h"
+#include "drivers/redis/client/reply_scanner.h"
 
 #include <string>
 

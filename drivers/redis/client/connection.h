@@ -38,8 +38,8 @@
 // Ownership: a Connection must be Shutdown() before the IoThread it runs on is destroyed.
 // Thread-safety: Execute/Command/Eval/Shutdown are safe from any thread except the IoThread's.
 
-#ifndef DRIVERS_REDIS_CONNECTION_H_
-#define DRIVERS_REDIS_CONNECTION_H_
+#ifndef DRIVERS_REDIS_CLIENT_CONNECTION_H_
+#define DRIVERS_REDIS_CLIENT_CONNECTION_H_
 
 #include <atomic>
 #include <cstdint>
@@ -59,25 +59,9 @@
 #include "absl/time/time.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
+#include "drivers/redis/client/resp.h"
 
 namespace bus::redis {
-
-// One RESP2 reply, copied out of hiredis's redisReply tree.
-struct Reply {
-  enum class Type { kString, kArray, kInteger, kNil, kStatus, kError };
-  Type type = Type::kNil;
-  std::string str;  // kString, kStatus, kError
-  int64_t integer = 0;
-  std::vector<Reply> elements;  // kArray
-
-  bool is_error() const { return type == Type::kError; }
-  bool is_nil() const { return type == Type::kNil; }
-};
-
-// A Redis error reply as a Status: NOSCRIPT, BUSY, LOADING, MASTERDOWN, TRYAGAIN and READONLY
-// are Unavailable (retry later); NOAUTH, WRONGPASS are Unauthenticated; NOPERM is
-// PermissionDenied; others are Internal. OK for a reply that is not an error.
-absl::Status ReplyStatus(const Reply& reply);
 
 struct ConnectionOptions {
   // Server address. Default 127.0.0.1:6379.
@@ -94,8 +78,8 @@ struct ConnectionOptions {
   // Backoff between failed connect attempts: full jitter over base * 2^(attempt-1), capped.
   absl::Duration reconnect_backoff_base = absl::Milliseconds(50);
   absl::Duration reconnect_backoff_max = absl::Seconds(2);
-  // Bounds on one reply (drivers/redis/reply_scanner.h): its bytes, headers and nested arrays
-  // included, and its array elements in all. A server that announces or sends more has the
+  // Bounds on one reply (drivers/redis/client/reply_scanner.h): its bytes, headers and nested
+  // arrays included, and its array elements in all. A server that announces or sends more has the
   // connection closed; the requests pending on it fail with Unavailable. Defaults 512 MiB
   // (Redis's own largest string, proto-max-bulk-len) and 1,048,576 elements.
   int64_t max_reply_bytes = int64_t{512} << 20;
@@ -169,4 +153,4 @@ class Connection {
 
 }  // namespace bus::redis
 
-#endif  // DRIVERS_REDIS_CONNECTION_H_
+#endif  // DRIVERS_REDIS_CLIENT_CONNECTION_H_

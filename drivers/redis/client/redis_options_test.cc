@@ -1,8 +1,8 @@
 // Pure functions of the Redis client: option validation, redaction, backoff, error mapping.
 
-#include "drivers/redis/redis_options.h"
+#include "drivers/redis/client/redis_options.h"
 
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/connection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/connection.h"
 
 #include <hiredis/hiredis.h>
 
@@ -22,7 +22,7 @@
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/write.hpp"
 #include "bus/retry.h"
-#include "drivers/redis/reply_scanner.h"
+#include "drivers/redis/client/reply_scanner.h"
 
 namespace bus::redis {
 namespace {
@@ -37,11 +37,6 @@ struct ReaderDeleter {
 };
 using ReaderPtr = std::unique_ptr<redisReader, ReaderDeleter>;
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
 // The one place where hiredis and socket errors become Status.
 absl::Status TransportError(absl::string_view what, const error_code& ec) {
   if (ec == asio::error::operation_aborted) {
@@ -54,73 +49,11 @@ absl::Status ReaderError(const redisReader* reader) {
   return absl::InternalError(absl::StrCat("redis protocol error: ", reader->errstr));
 }
 
-Reply Convert(const redisReply& r) {
-  Reply out;
-  switch (r.type) {
-    case REDIS_REPLY_STRING:
-      out.type = Reply::Type::kString;
-      out.str.assign(r.str, r.len);
-      break;
-    case REDIS_REPLY_STATUS:
-      out.type = Reply::Type::kStatus;
-      out.str.assign(r.str, r.len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.type = Reply::Type::kError;
-      out.str.assign(r.str, r.len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.type = Reply::Type::kInteger;
-      out.integer = r.integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = Reply::Type::kArray;
-      out.elements.reserve(r.elements);
-      for (size_t i = 0; i < r.elements; ++i) out.elements.push_back(Convert(*r.element[i]));
-      break;
-    default:
-      out.type = Reply::Type::kNil;
-  }
-  return out;
-}
-
-absl::StatusOr<std::string> Format(const std::vector<std::string>& args) {
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (const auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  char* cmd = nullptr;
-  const int n =
-      redisFormatCommandArgv(&cmd, static_cast<int>(args.size()), argv.data(), lens.data());
-  if (n < 0 || cmd == nullptr) return absl::InternalError("redisFormatCommandArgv failed");
-  std::string out(cmd, static_cast<size_t>(n));
-  redisFreeCommand(cmd);
-  return out;
-}
-
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
   return absl::ToChronoNanoseconds(std::max(d, absl::ZeroDuration()));
 }
 
 }  // namespace
-
-absl::Status ReplyStatus(const Reply& reply) {
-  if (!reply.is_error()) return absl::OkStatus();
-  const std::string msg = absl::StrCat("redis: ", reply.str);
-  for (absl::string_view p :
-       {"NOSCRIPT", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "READONLY", "CLUSTERDOWN"}) {
-    if (absl::StartsWith(reply.str, p)) return absl::UnavailableError(msg);
-  }
-  if (absl::StartsWith(reply.str, "NOAUTH") || absl::StartsWith(reply.str, "WRONGPASS")) {
-    return absl::UnauthenticatedError(msg);
-  }
-  if (absl::StartsWith(reply.str, "NOPERM")) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
 
 IoThread::IoThread() : guard_(asio::make_work_guard(io_)), thread_([this] { io_.run(); }) {}
 

@@ -1,4 +1,4 @@
-#include "drivers/redis/redis_options.h"
+#include "drivers/redis/client/redis_options.h"
 
 #include <cstdint>
 #include <limits>
@@ -64,29 +64,5 @@ redis::ConnectionOptions ToConnectionOptions(const RedisOptions& o) {
   c.max_reply_elements = o.max_reply_elements;
   return c;
 }
-
-namespace redis {
-
-Client::Client(const RedisOptions& options)
-    : io_(std::make_unique<IoThread>()),
-      conn_(Connection::Create(io_.get(), ToConnectionOptions(options))) {}
-
-absl::Status Ping(Connection& conn, absl::Duration timeout) {
-  absl::StatusOr<Reply> r = conn.Command({"PING"}, timeout);
-  if (!r.ok()) return r.status();
-  if (r->is_error()) return ReplyStatus(*r);
-  if (r->str != "PONG") {
-    return absl::UnavailableError(absl::StrCat("redis PING answered \"", r->str, "\""));
-  }
-  return absl::OkStatus();
-}
-
-Client::~Client() {
-  conn_->Shutdown();
-  conn_.reset();
-  io_.reset();
-}
-
-}  // namespace redis
 
 }  // namespace bus

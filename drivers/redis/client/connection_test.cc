@@ -3,7 +3,7 @@
 // sent on an idle connection. Each must close the connection with a clear Unavailable, quickly
 // and with the process's memory bounded (peak RSS, VmHWM in /proc/self/status).
 
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/connection.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -4,8 +4,8 @@
 //
 // Thread-safety: a plain struct.
 
-#ifndef DRIVERS_REDIS_REDIS_OPTIONS_H_
-#define DRIVERS_REDIS_REDIS_OPTIONS_H_
+#ifndef DRIVERS_REDIS_CLIENT_REDIS_OPTIONS_H_
+#define DRIVERS_REDIS_CLIENT_REDIS_OPTIONS_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "absl/time/time.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
-#include "drivers/redis/connection.h"
+#include "drivers/redis/client/connection.h"
 
 namespace bus {
 
@@ -67,30 +67,6 @@ std::string ToString(const RedisOptions& options);
 // The connection settings of `options`.
 redis::ConnectionOptions ToConnectionOptions(const RedisOptions& options);
 
-namespace redis {
-
-// Health check over `conn`: PING within `timeout`; OK when the server answered PONG, else the
-// transport error (Unavailable, DeadlineExceeded) or the error reply's status.
-absl::Status Ping(Connection& conn, absl::Duration timeout);
-
-// An IoThread with one pipelined Connection, for the stores. Requests time out after
-// options.request_timeout.
-class Client {
- public:
-  // `options` must be valid (ValidateRedisOptions).
-  explicit Client(const RedisOptions& options);
-  ~Client();
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
-
-  Connection& conn() { return *conn_; }
-
- private:
-  std::unique_ptr<IoThread> io_;
-  std::shared_ptr<Connection> conn_;
-};
-
-}  // namespace redis
 }  // namespace bus
 
-#endif  // DRIVERS_REDIS_REDIS_OPTIONS_H_
+#endif  // DRIVERS_REDIS_CLIENT_REDIS_OPTIONS_H_

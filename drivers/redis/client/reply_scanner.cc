@@ -1,4 +1,4 @@
-#include "drivers/redis/reply_scanner.h"
+#include "drivers/redis/client/reply_scanner.h"
 
 #include <algorithm>
 #include <limits>
