@@ -1,8 +1,7 @@
 #include "bus/driver.h"
 
-#include "absl/strings/str_cat.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace bus {
 
@@ -31,6 +30,14 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
 
 absl::Status Driver::Ping(absl::Duration) {
   return absl::UnimplementedError(absl::StrCat("driver ", name(), " has no Ping"));
+}
+
+absl::StatusOr<std::vector<std::string>> Driver::ListQueues() {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: ListQueues not implemented"));
+}
+
+absl::StatusOr<QueueCounts> Driver::InspectQueue(absl::string_view /*queue*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: InspectQueue not implemented"));
 }
 
 }  // namespace bus

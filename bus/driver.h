@@ -106,6 +106,20 @@ class Consumer {
   virtual absl::Status Extend(absl::string_view receipt) = 0;
 };
 
+// What one queue holds right now, as the broker counts it (Driver::InspectQueue). A snapshot:
+// the counts are read without stopping producers or consumers, so they may be off by the
+// messages that moved while they were read.
+struct QueueCounts {
+  std::string queue;
+  // Deliverable now: waiting for a consumer. A message whose delay has passed, or whose lease
+  // ran out, counts here even when the broker has not moved it yet.
+  int64_t ready = 0;
+  // Waiting for its delay (per-queue or per-message) to pass.
+  int64_t delayed = 0;
+  // Leased to a consumer and not yet settled (acked or nacked).
+  int64_t in_flight = 0;
+};
+
 // Counters a driver keeps across its connections.
 struct DriverStats {
   // Times a connection was re-established after being lost.
@@ -151,6 +165,19 @@ class Driver {
   // consumers, and they do not wait behind it. The default is Unimplemented (a driver that cannot
   // tell is never taken for ready); every driver in this repository implements it.
   virtual absl::Status Ping(absl::Duration timeout);
+
+  // Read-only inspection, for operators (busctl) and queue-depth gauges. Neither call changes
+  // the broker's state nor creates a queue.
+
+  // The queues the broker holds (created, bound, or sent to), sorted by name. Unavailable when
+  // the broker cannot be reached; Unimplemented for a driver without inspection (the default).
+  virtual absl::StatusOr<std::vector<std::string>> ListQueues();
+
+  // Ready, delayed and in-flight counts of `queue`. A queue the broker does not know has every
+  // count zero (brokers create queues lazily, so absence is not an error). InvalidArgument for
+  // a bad name; Unavailable when the broker cannot be reached; Unimplemented for a driver
+  // without inspection (the default).
+  virtual absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue);
 };
 
 // Validates ConsumerOptions; InvalidArgument naming the bad field.

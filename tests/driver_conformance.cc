@@ -106,6 +106,76 @@ TEST_P(DriverConformanceTest, CreateQueueIsIdempotent) {
   AckAll(c.get(), got);
 }
 
+// Waits until InspectQueue(queue) reports exactly `want` (brokers may update their counts a
+// moment after a call returns); fails with the last counts seen.
+void ExpectCounts(Driver* driver, const std::string& queue, int64_t ready, int64_t delayed,
+                  int64_t in_flight) {
+  absl::StatusOr<QueueCounts> last;
+  const bool reached = WaitUntil(
+      [&] {
+        last = driver->InspectQueue(queue);
+        return last.ok() && last->queue == queue && last->ready == ready &&
+               last->delayed == delayed && last->in_flight == in_flight;
+      },
+      kPatience);
+  EXPECT_TRUE(reached) << "want ready " << ready << " delayed " << delayed << " in_flight "
+                       << in_flight << ", got "
+                       << (last.ok()
+                               ? absl::StrCat(last->ready, " ", last->delayed, " ", last->in_flight)
+                               : last.status().ToString());
+}
+
+TEST_P(DriverConformanceTest, InspectQueueCountsReadyDelayedAndInFlight) {
+  const std::string q = Unique("insp");
+  // Unknown queues are all zero, not an error; bad names are InvalidArgument.
+  ExpectCounts(driver_.get(), q, 0, 0, 0);
+  EXPECT_EQ(driver_->InspectQueue("bad name").status().code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  for (const char* d : {"a", "b", "c"}) {
+    ASSERT_TRUE(driver_->SendToQueue(q, d, absl::ZeroDuration()).ok());
+  }
+  ASSERT_TRUE(driver_->SendToQueue(q, "later", absl::Hours(1)).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "soon", harness_->ShortLease()).ok());
+  ExpectCounts(driver_.get(), q, 3, 2, 0);
+
+  // A message whose delay has passed counts as ready.
+  harness_->Advance(harness_->ShortLease() + absl::Milliseconds(100));
+  ExpectCounts(driver_.get(), q, 4, 1, 0);
+
+  // A leased message is in flight until settled; another client sees the same counts.
+  auto c = NewConsumer(q, /*max_in_flight=*/1);
+  std::vector<Delivery> got = Collect(c.get(), 1);
+  ASSERT_EQ(got.size(), 1u);
+  std::shared_ptr<Driver> other = harness_->NewDriver();
+  ExpectCounts(other.get(), q, 3, 1, 1);
+  // Acked: gone. (Closed first, because an NSQ consumer leases the next message as soon as it
+  // has room; closing gives that one back.)
+  AckAll(c.get(), got);
+  c.reset();
+  ExpectCounts(other.get(), q, 3, 1, 0);
+}
+
+TEST_P(DriverConformanceTest, ListQueuesHasCreatedSentToAndBoundQueues) {
+  const std::string created = Unique("lq-created");
+  const std::string sent = Unique("lq-sent");
+  const std::string bound = Unique("lq-bound");
+  const std::string topic = Unique("lq-topic");
+  ASSERT_TRUE(driver_->CreateQueue(created, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(sent, "x", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->Subscribe(topic, bound, "").ok());
+  ASSERT_TRUE(driver_->SendToTopic(topic, "t", "any").ok());
+
+  absl::StatusOr<std::vector<std::string>> queues = driver_->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_TRUE(std::is_sorted(queues->begin(), queues->end()));
+  for (const std::string& q : {created, sent, bound}) {
+    EXPECT_TRUE(std::find(queues->begin(), queues->end(), q) != queues->end()) << q;
+  }
+  // A topic message counts in the bound queue.
+  ExpectCounts(driver_.get(), bound, 1, 0, 0);
+}
+
 TEST_P(DriverConformanceTest, BadNamesAreInvalidArgumentUpFront) {
   const std::vector<std::string> bad = {
       "",           "has space",    std::string(65, 'a'),   "slash/name",

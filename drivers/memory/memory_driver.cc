@@ -172,6 +172,31 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
         new MemoryConsumer(shared_from_this(), GetQueue(queue), id, options));
   }
 
+  absl::StatusOr<std::vector<std::string>> ListQueues() override {
+    std::vector<std::string> names;
+    {
+      absl::MutexLock lock(&mu_);
+      names.reserve(queues_.size());
+      for (const auto& [name, q] : queues_) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    QueueCounts counts{.queue = std::string(queue)};
+    const absl::Time now = options_.clock->Now();
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return counts;
+    const Queue& q = *it->second;
+    counts.ready = static_cast<int64_t>(q.ready.size());
+    for (const Delayed& d : q.delayed) ++(d.at <= now ? counts.ready : counts.delayed);
+    for (const auto& [token, l] : q.leased) ++(l.deadline <= now ? counts.ready : counts.in_flight);
+    return counts;
+  }
+
  private:
   friend class MemoryConsumer;
 

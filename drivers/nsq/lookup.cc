@@ -21,10 +21,9 @@ using asio::awaitable;
 using asio::use_awaitable;
 using boost::system::error_code;
 
-awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_context& io,
-                                                                    std::string address,
-                                                                    std::string topic,
-                                                                    absl::Duration timeout) {
+awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::string address,
+                                                std::string target, absl::string_view what,
+                                                absl::Duration timeout) {
   absl::string_view hostport = address;
   if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
   if (const size_t slash = hostport.find('/'); slash != absl::string_view::npos) {
@@ -44,9 +43,9 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
       socket.close(ignored);
     }
   });
-  auto unavailable = [&](absl::string_view what, const error_code& ec) {
+  auto unavailable = [&](absl::string_view step, const error_code& ec) {
     deadline.cancel();
-    return absl::UnavailableError(absl::StrCat("nsqlookupd ", hostport, ": ", what, ": ",
+    return absl::UnavailableError(absl::StrCat(what, " ", hostport, ": ", step, ": ",
                                                timed_out ? "timed out" : ec.message()));
   };
 
@@ -58,7 +57,7 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
   co_await asio::async_connect(socket, endpoints, asio::redirect_error(use_awaitable, ec));
   if (ec) co_return unavailable("connect", ec);
 
-  http::request<http::empty_body> req(http::verb::get, absl::StrCat("/lookup?topic=", topic), 11);
+  http::request<http::empty_body> req(http::verb::get, target, 11);
   req.set(http::field::host, std::string(hostport));
   req.set(http::field::accept, "application/vnd.nsq; version=1.0");
   req.set(http::field::user_agent, "msgbus-nsq");
@@ -67,20 +66,54 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
 
   boost::beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
-  parser.body_limit(4 << 20);
+  parser.body_limit(16 << 20);
   co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
   if (ec) co_return unavailable("read", ec);
   deadline.cancel();
   error_code ignored;
   socket.close(ignored);
+  co_return HttpResponse{static_cast<int>(parser.get().result_int()),
+                         std::move(parser.get().body())};
+}
 
-  const auto& res = parser.get();
-  if (res.result() == http::status::not_found) co_return std::vector<std::string>{};
-  if (res.result() != http::status::ok) {
+awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_context& io,
+                                                                    std::string address,
+                                                                    std::string topic,
+                                                                    absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> res =
+      co_await HttpGet(io, address, absl::StrCat("/lookup?topic=", topic), "nsqlookupd", timeout);
+  if (!res.ok()) co_return res.status();
+  if (res->status == 404) co_return std::vector<std::string>{};
+  if (res->status != 200) {
     co_return absl::UnavailableError(
-        absl::StrCat("nsqlookupd ", hostport, ": /lookup answered ", res.result_int()));
+        absl::StrCat("nsqlookupd ", address, ": /lookup answered ", res->status));
   }
-  co_return ParseLookupResponse(res.body());
+  co_return ParseLookupResponse(res->body);
+}
+
+awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(asio::io_context& io,
+                                                               std::string address,
+                                                               absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> res = co_await HttpGet(io, address, "/nodes", "nsqlookupd", timeout);
+  if (!res.ok()) co_return res.status();
+  if (res->status != 200) {
+    co_return absl::UnavailableError(
+        absl::StrCat("nsqlookupd ", address, ": /nodes answered ", res->status));
+  }
+  co_return ParseNodesResponse(res->body);
+}
+
+awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(asio::io_context& io,
+                                                               std::string address,
+                                                               absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> res =
+      co_await HttpGet(io, address, "/stats?format=json&include_clients=false", "nsqd", timeout);
+  if (!res.ok()) co_return res.status();
+  if (res->status != 200) {
+    co_return absl::UnavailableError(
+        absl::StrCat("nsqd ", address, ": /stats answered ", res->status));
+  }
+  co_return ParseStatsResponse(res->body);
 }
 
 }  // namespace bus::nsq

@@ -1,9 +1,10 @@
-// nsqlookupd discovery: GET /lookup?topic=T over HTTP (Boost.Beast) and the producers it lists.
+// HTTP to nsqlookupd and nsqd (Boost.Beast): one GET, and over it nsqlookupd discovery
+// (/lookup, /nodes) and nsqd's /stats.
 //
 //   absl::StatusOr<std::vector<std::string>> nsqds =
 //       co_await LookupProducers(io, "127.0.0.1:4161", "orders", absl::Seconds(5));
 //
-// Thread-safety: the coroutine runs on the given io_context; it shares no state.
+// Thread-safety: the coroutines run on the given io_context; they share no state.
 
 #ifndef DRIVERS_NSQ_LOOKUP_H_
 #define DRIVERS_NSQ_LOOKUP_H_
@@ -16,8 +17,24 @@
 #include "absl/time/time.h"
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/io_context.hpp"
+#include "drivers/nsq/protocol.h"
 
 namespace bus::nsq {
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+// GET `target` ("/path?query") from `address` ("host:port" or "http://host:port"); `what`
+// names the server in errors ("nsqlookupd", "nsqd"). Any HTTP status is a response.
+// Unavailable when the server cannot be reached or takes longer than `timeout`; InvalidArgument
+// for a malformed address. Bodies above 16 MiB are Unavailable.
+boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpGet(boost::asio::io_context& io,
+                                                             std::string address,
+                                                             std::string target,
+                                                             absl::string_view what,
+                                                             absl::Duration timeout);
 
 // Asks one nsqlookupd (`address` is "host:port" or "http://host:port") which nsqd hold `topic`.
 // Returns their TCP addresses ("broadcast_address:tcp_port"); an empty list when nsqlookupd
@@ -26,6 +43,15 @@ namespace bus::nsq {
 // or response.
 boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(
     boost::asio::io_context& io, std::string address, std::string topic, absl::Duration timeout);
+
+// Every nsqd registered with one nsqlookupd (/nodes). Errors as LookupProducers.
+boost::asio::awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(
+    boost::asio::io_context& io, std::string address, absl::Duration timeout);
+
+// Every channel of every topic of one nsqd (`address` is its HTTP "host:port"), from
+// /stats?format=json. Errors as LookupProducers.
+boost::asio::awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(
+    boost::asio::io_context& io, std::string address, absl::Duration timeout);
 
 }  // namespace bus::nsq
 

@@ -23,6 +23,7 @@ class NsqHarness final : public DriverHarness {
     if (server_ == nullptr) return nullptr;
     NsqOptions options;
     options.nsqd_tcp_addresses = {server_->tcp_address()};
+    options.nsqd_http_addresses = {server_->http_address()};
     options.logger = StderrLogger(LogLevel::kWarning);
     auto driver = NewNsqDriver(options);
     EXPECT_TRUE(driver.ok()) << driver.status();

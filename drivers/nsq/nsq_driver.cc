@@ -16,8 +16,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "boost/asio/co_spawn.hpp"
+#include "boost/asio/use_future.hpp"
 #include "bus/names.h"
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_future.hpp"
@@ -166,6 +169,44 @@ class NsqDriver final : public Driver {
     return std::unique_ptr<Consumer>(new NsqConsumer(core_, std::move(state)));
   }
 
+  // Queue Q is channel `queue_channel` of topic Q; a binding of Q to topic T is channel Q of
+  // topic T (nsq_driver.h). So: the topics that have the queue channel, and the names of the
+  // other channels (ephemeral ones aside).
+  absl::StatusOr<std::vector<std::string>> ListQueues() override {
+    absl::StatusOr<std::vector<nsq::ChannelStats>> stats = AllChannelStats();
+    if (!stats.ok()) return stats.status();
+    std::set<std::string> names;
+    const std::string& qc = core_->options().queue_channel;
+    for (const nsq::ChannelStats& c : *stats) {
+      if (c.channel == qc) {
+        names.insert(c.topic);
+      } else if (ValidateName("queue", c.channel).ok()) {
+        names.insert(c.channel);
+      }
+    }
+    return std::vector<std::string>(names.begin(), names.end());
+  }
+
+  // nsqd counts: depth (memory and disk) is ready, deferred is delayed (DPUB and REQ, including
+  // the re-deferrals of a delay above max_defer), in_flight is leased; summed over every nsqd,
+  // over the queue channel of topic Q and channel Q of every other topic (the bindings).
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    absl::StatusOr<std::vector<nsq::ChannelStats>> stats = AllChannelStats();
+    if (!stats.ok()) return stats.status();
+    QueueCounts counts{.queue = std::string(queue)};
+    const std::string& qc = core_->options().queue_channel;
+    for (const nsq::ChannelStats& c : *stats) {
+      const bool own = c.topic == queue && c.channel == qc;
+      const bool bound = c.topic != queue && c.channel == queue;
+      if (!own && !bound) continue;
+      counts.ready += c.depth;
+      counts.delayed += c.deferred;
+      counts.in_flight += c.in_flight;
+    }
+    return counts;
+  }
+
   DriverStats Stats() const override {
     DriverStats s;
     s.reconnects = core_->reconnects();
@@ -204,6 +245,48 @@ class NsqDriver final : public Driver {
   }
 
  private:
+  // The channel stats of every nsqd that inspection reads (NsqOptions::nsqd_http_addresses).
+  // Unavailable when any of them (or a lookupd) cannot be read: partial counts would mislead.
+  absl::StatusOr<std::vector<nsq::ChannelStats>> AllChannelStats() {
+    auto gather = [](std::shared_ptr<Core> core)
+        -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
+      const NsqOptions& o = core->options();
+      const absl::Duration timeout = o.request_timeout;
+      std::vector<std::string> http = o.nsqd_http_addresses;
+      if (http.empty()) {
+        std::set<std::string> listed_tcp;
+        for (const std::string& lookupd : o.lookupd_http_addresses) {
+          absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
+              co_await nsq::LookupNodes(core->io(), lookupd, timeout);
+          if (!nodes.ok()) co_return nodes.status();
+          for (nsq::LookupNode& n : *nodes) {
+            if (!listed_tcp.insert(n.tcp_address).second) continue;
+            http.push_back(std::move(n.http_address));
+          }
+        }
+        for (const std::string& tcp : o.nsqd_tcp_addresses) {
+          if (listed_tcp.contains(tcp)) continue;
+          std::string host, port;
+          int p = 0;
+          if (!nsq::SplitHostPort(tcp, &host, &port).ok() || !absl::SimpleAtoi(port, &p)) {
+            continue;
+          }
+          http.push_back(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", p + 1)
+                                                             : absl::StrCat(host, ":", p + 1));
+        }
+      }
+      std::vector<nsq::ChannelStats> all;
+      for (const std::string& address : http) {
+        absl::StatusOr<std::vector<nsq::ChannelStats>> one =
+            co_await nsq::NsqdStats(core->io(), address, timeout);
+        if (!one.ok()) co_return one.status();
+        all.insert(all.end(), one->begin(), one->end());
+      }
+      co_return all;
+    };
+    return boost::asio::co_spawn(core_->io(), gather(core_), boost::asio::use_future).get();
+  }
+
   absl::Status CheckSize(absl::string_view data) const {
     if (data.size() > core_->options().max_message_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("nsq: message of ", data.size(),

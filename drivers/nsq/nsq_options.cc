@@ -31,6 +31,12 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
           absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
     }
   }
+  for (const std::string& a : o.nsqd_http_addresses) {
+    if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NsqOptions.nsqd_http_addresses: ", s.message()));
+    }
+  }
   for (std::string a : o.lookupd_http_addresses) {
     if (a.rfind("http://", 0) == 0) a = a.substr(7);
     if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {

@@ -29,6 +29,11 @@ struct NsqOptions {
   // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
   // connect to the union of the producers.
   std::vector<std::string> lookupd_http_addresses;
+  // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
+  // from. Empty: every nsqd that the nsqlookupds list (/nodes), and each of
+  // `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's default layout, 4150 and
+  // 4151).
+  std::vector<std::string> nsqd_http_addresses;
   // Secret for nsqd's AUTH (only sent when nsqd says auth_required). Never logged.
   std::string auth_secret;
   // IDENTIFY client_id and hostname; empty: the machine's host name.

@@ -251,6 +251,80 @@ absl::StatusOr<std::vector<std::string>> ParseLookupResponse(absl::string_view b
   return out;
 }
 
+namespace {
+
+// "host:port", with brackets around an IPv6 literal.
+std::string JoinHostPort(const std::string& host, int64_t port) {
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+int64_t IntField(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+std::string StringField(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view body) {
+  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("nsqlookupd /nodes response is not a JSON object");
+  }
+  const nlohmann::json* root = &j;
+  if (auto it = j.find("data"); it != j.end() && it->is_object()) root = &*it;
+  std::vector<LookupNode> out;
+  auto producers = root->find("producers");
+  if (producers == root->end() || producers->is_null()) return out;
+  if (!producers->is_array()) {
+    return absl::InvalidArgumentError("nsqlookupd /nodes response: producers is not an array");
+  }
+  for (const nlohmann::json& p : *producers) {
+    if (!p.is_object()) continue;
+    const std::string host = StringField(p, "broadcast_address");
+    const int64_t tcp = IntField(p, "tcp_port");
+    const int64_t http = IntField(p, "http_port");
+    if (host.empty() || tcp <= 0 || tcp > 65535 || http <= 0 || http > 65535) continue;
+    out.push_back({JoinHostPort(host, tcp), JoinHostPort(host, http)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ChannelStats>> ParseStatsResponse(absl::string_view body) {
+  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("nsqd /stats response is not a JSON object");
+  }
+  const nlohmann::json* root = &j;
+  if (auto it = j.find("data"); it != j.end() && it->is_object()) root = &*it;
+  std::vector<ChannelStats> out;
+  auto topics = root->find("topics");
+  if (topics == root->end() || topics->is_null()) return out;
+  if (!topics->is_array()) {
+    return absl::InvalidArgumentError("nsqd /stats response: topics is not an array");
+  }
+  for (const nlohmann::json& t : *topics) {
+    if (!t.is_object()) continue;
+    const std::string topic = StringField(t, "topic_name");
+    auto channels = t.find("channels");
+    if (topic.empty() || channels == t.end() || !channels->is_array()) continue;
+    for (const nlohmann::json& c : *channels) {
+      if (!c.is_object()) continue;
+      out.push_back(ChannelStats{.topic = topic,
+                                 .channel = StringField(c, "channel_name"),
+                                 .depth = IntField(c, "depth"),
+                                 .deferred = IntField(c, "deferred_count"),
+                                 .in_flight = IntField(c, "in_flight_count")});
+    }
+  }
+  return out;
+}
+
 void AppendWrapped(absl::string_view payload, const std::string* route_key,
                    std::optional<absl::Time> not_before, std::string* out) {
   uint8_t flags = 0;

@@ -145,6 +145,27 @@ absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data);
 // wraps it in {"data":...}) into "broadcast_address:tcp_port" strings.
 absl::StatusOr<std::vector<std::string>> ParseLookupResponse(absl::string_view body);
 
+// One nsqd as nsqlookupd's /nodes lists it.
+struct LookupNode {
+  std::string tcp_address;   // "broadcast_address:tcp_port"
+  std::string http_address;  // "broadcast_address:http_port"
+};
+// Parses a /nodes response body (v1, or pre-1.0 wrapped in {"data":...}).
+absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view body);
+
+// ---- nsqd /stats ----
+// One channel of one topic in nsqd's /stats?format=json.
+struct ChannelStats {
+  std::string topic;
+  std::string channel;
+  int64_t depth = 0;      // ready: memory plus disk
+  int64_t deferred = 0;   // waiting for a DPUB or REQ delay
+  int64_t in_flight = 0;  // sent to a client, not yet finished
+};
+// Parses nsqd's /stats?format=json body (v1, or pre-1.0 wrapped in {"data":...}): every
+// channel of every topic. InvalidArgument when it is not the expected JSON.
+absl::StatusOr<std::vector<ChannelStats>> ParseStatsResponse(absl::string_view body);
+
 // ---- The driver's message wrapper ----
 // Every body the driver publishes is [0xB5 'N' version=1 flags][fields][payload]. Flags:
 // bit 0: a route key follows as [len:1][bytes]; bit 1: a "not before" time follows as

@@ -206,6 +206,18 @@ redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
 return 1
 )lua";
 
+// KEYS: ready, delayed, inflight. Read-only.
+// Returns {ready, delayed, in_flight}: due delayed messages and expired leases count as ready
+// (the next reserve moves them there).
+inline constexpr char kInspect[] = BUS_REDIS_NOW R"lua(
+local now = now_ms()
+local due = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+local expired = redis.call('ZCOUNT', KEYS[3], '-inf', now)
+return {redis.call('LLEN', KEYS[1]) + due + expired,
+        redis.call('ZCARD', KEYS[2]) - due,
+        redis.call('ZCARD', KEYS[3]) - expired}
+)lua";
+
 #undef BUS_REDIS_HOLDS
 #undef BUS_REDIS_NOW
 

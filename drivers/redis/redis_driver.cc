@@ -10,6 +10,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +49,10 @@ const Script& AckManyScript() {
 }
 const Script& NackScript() {
   static const Script* s = new Script(redis_scripts::kNack);
+  return *s;
+}
+const Script& InspectScript() {
+  static const Script* s = new Script(redis_scripts::kInspect);
   return *s;
 }
 const Script& ExtendScript() {
@@ -522,6 +527,59 @@ class RedisDriver final : public Driver {
   DriverStats Stats() const override { return {core_->reconnects()}; }
 
   absl::Status Ping(absl::Duration timeout) override { return redis::Ping(core_->conn(), timeout); }
+
+  // Every queue has a meta hash (CreateQueue, Subscribe and every enqueue write it): SCAN for
+  // them.
+  absl::StatusOr<std::vector<std::string>> ListQueues() override {
+    std::string pattern;
+    for (char c : prefix()) {
+      if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') pattern.push_back('\\');
+      pattern.push_back(c);
+    }
+    const std::string head = absl::StrCat(prefix(), "q:{");
+    constexpr absl::string_view kTail = "}:meta";
+    absl::StrAppend(&pattern, "q:{*", kTail);
+    std::vector<std::string> names;
+    std::string cursor = "0";
+    do {
+      absl::StatusOr<Reply> r = core_->conn().Command(
+          {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, core_->options().request_timeout);
+      if (!r.ok()) return r.status();
+      if (r->is_error()) return redis::ReplyStatus(*r);
+      if (r->type != Reply::Type::kArray || r->elements.size() != 2) {
+        return absl::InternalError("redis: unexpected SCAN reply");
+      }
+      cursor = r->elements[0].str;
+      for (const Reply& key : r->elements[1].elements) {
+        absl::string_view k = key.str;
+        if (!absl::StartsWith(k, head) || !absl::EndsWith(k, kTail)) continue;
+        k.remove_prefix(head.size());
+        k.remove_suffix(kTail.size());
+        if (ValidateName("queue", k).ok()) names.emplace_back(k);
+      }
+    } while (cursor != "0");
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    return names;
+  }
+
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    const QueueKeys keys(prefix(), queue);
+    absl::StatusOr<std::vector<Reply>> r =
+        core_->conn().Eval(InspectScript(), {{"3", keys.ready, keys.delayed, keys.inflight}},
+                           core_->options().request_timeout);
+    if (!r.ok()) return r.status();
+    const Reply& reply = r->at(0);
+    if (reply.is_error()) return redis::ReplyStatus(reply);
+    if (reply.type != Reply::Type::kArray || reply.elements.size() != 3) {
+      return absl::InternalError("redis: unexpected inspect reply");
+    }
+    return QueueCounts{.queue = std::string(queue),
+                       .ready = reply.elements[0].integer,
+                       .delayed = reply.elements[1].integer,
+                       .in_flight = reply.elements[2].integer};
+  }
 
  private:
   const std::string& prefix() const { return core_->options().key_prefix; }

@@ -9,6 +9,7 @@
 // also exits 1, with one line on stderr saying which, before anything is published.
 //
 //   bazel run //examples/quickstart -- --orders=300 --db=/tmp/bus-quickstart.db
+//   bazel run //examples/quickstart -- --driver=redis://127.0.0.1:6379 --stores=sqlite:///tmp/q.db
 //
 // By default the broker is the in-process memory driver and dead letters and idempotency keys
 // live in a SQLite file (the embedded default; --db). Against a Redis server:
@@ -37,6 +38,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -54,15 +56,20 @@
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_db.h"
+#include "url/open.h"
+#include "url/url.h"
 
 ABSL_FLAG(int, orders, 300, "distinct orders to publish");
 ABSL_FLAG(int, concurrency, 4, "handlers running at once");
 ABSL_FLAG(std::string, db, "/tmp/bus-quickstart.db",
           "SQLite file for dead letters and idempotency keys (created if missing)");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "give up waiting after this long");
-ABSL_FLAG(std::string, driver, "memory", "broker: memory, redis or nsq");
+ABSL_FLAG(std::string, driver, "memory",
+          "broker: a URL (memory://, redis://host:port, nsq://host:4150?lookupd=host:4161; "
+          "docs/busctl.md) or the shorthands memory, redis, nsq");
 ABSL_FLAG(std::string, stores, "sqlite",
-          "dead-letter and idempotency stores: sqlite, redis or memory");
+          "dead-letter and idempotency stores: a URL (sqlite:///path.db, redis://host:port, "
+          "memory://) or the shorthands sqlite, redis, memory");
 ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis server host:port (--driver/--stores=redis)");
 ABSL_FLAG(std::vector<std::string>, nsqd, {"127.0.0.1:4150"},
           "nsqd TCP addresses, comma-separated (--driver=nsq)");
@@ -109,7 +116,13 @@ absl::StatusOr<Backend> MakeBackend() {
   Backend b;
   const std::string driver = absl::GetFlag(FLAGS_driver);
   const std::string stores = absl::GetFlag(FLAGS_stores);
-  if (driver == "memory") {
+  if (absl::StrContains(driver, "://")) {
+    absl::StatusOr<std::shared_ptr<bus::Driver>> d =
+        bus::OpenDriver(driver, {.logger = bus::StderrLogger(bus::LogLevel::kError)});
+    if (!d.ok())
+      return absl::Status(d.status().code(), absl::StrCat("--driver: ", d.status().message()));
+    b.driver = *d;
+  } else if (driver == "memory") {
     b.driver = bus::NewMemoryDriver();
   } else if (driver == "redis") {
     absl::StatusOr<bus::RedisOptions> redis = RedisFromFlags();
@@ -131,7 +144,14 @@ absl::StatusOr<Backend> MakeBackend() {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--driver: unknown \"", driver, "\""));
   }
-  if (stores == "sqlite") {
+  if (absl::StrContains(stores, "://")) {
+    absl::StatusOr<bus::Stores> s = bus::OpenStores(stores);
+    if (!s.ok())
+      return absl::Status(s.status().code(), absl::StrCat("--stores: ", s.status().message()));
+    b.dead_letters = s->dead_letters;
+    b.idempotency = s->idempotency;
+    b.description = bus::RedactedUrl(stores);
+  } else if (stores == "sqlite") {
     bus::SqliteOptions sqlite;
     sqlite.path = absl::GetFlag(FLAGS_db);
     absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
@@ -157,7 +177,7 @@ absl::StatusOr<Backend> MakeBackend() {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--stores: unknown \"", stores, "\""));
   }
-  b.description = absl::StrCat(driver, " driver, ", b.description, " stores");
+  b.description = absl::StrCat(b.driver->name(), " driver, ", b.description, " stores");
   return b;
 }
 

@@ -64,6 +64,21 @@ TEST(QuickstartBackendsTest, AddsUpOnTheRedisDriverWithRedisStores) {
   EXPECT_NE(out.find(": OK"), std::string::npos) << out;
 }
 
+TEST(QuickstartBackendsTest, AddsUpWithConnectionUrls) {
+  auto server = RedisServer::Start({.password = "pw"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string dir = MakeTempDir("quickstart-url");
+  std::string out;
+  EXPECT_EQ(RunQuickstart({absl::StrCat("--driver=redis://127.0.0.1:", (*server)->port(), "/2"),
+                           absl::StrCat("--stores=sqlite://", dir, "/urls.db")},
+                          &out, {"REDIS_PASSWORD=pw"}),
+            0)
+      << out;
+  EXPECT_NE(out.find("redis driver, sqlite://"), std::string::npos) << out;
+  EXPECT_NE(out.find(": OK"), std::string::npos) << out;
+  RemoveTree(dir);
+}
+
 TEST(QuickstartBackendsTest, AddsUpOnTheRedisDriverWithSqliteStores) {
   auto server = RedisServer::Start({});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -103,6 +118,11 @@ void ExpectOneLineError(const std::vector<std::string>& args, const std::string&
   EXPECT_NE(out.find(expected), std::string::npos) << out;
   EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+}
+
+TEST(QuickstartBackendsTest, ABadUrlIsAClearError) {
+  ExpectOneLineError({"--driver=redis://:secret@h:0"}, "--driver: URL port");
+  ExpectOneLineError({"--stores=sqlite://"}, "--stores: URL path");
 }
 
 TEST(QuickstartBackendsTest, AnUnknownDriverIsAClearError) {

@@ -131,6 +131,10 @@ class FaultyDriver final : public Driver {
     if (absl::Status st = ping.Check(); !st.ok()) return st;
     return base_->Ping(timeout);
   }
+  absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
+    return base_->InspectQueue(q);
+  }
 
  private:
   std::shared_ptr<Driver> base_;

@@ -1,0 +1,478 @@
+// busctl end to end: the built binary run as a child process against a real redis-server, a
+// real nsqd and nsqlookupd, and a SQLite file, each started here; a Handler in this process
+// produces the dead letters. Also keeps docs/busctl.md's transcript true.
+
+#include <sys/wait.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "bus/handler.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/nsq_server.h"
+#include "tests/testing/process.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/wait.h"
+#include "url/open.h"
+
+namespace bus::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Runfile(absl::string_view path) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"), "/", path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int exit = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs busctl with `args` and `env` ("NAME=value") and waits for it.
+Result Busctl(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  const std::string dir = MakeTempDir("busctl");
+  const std::string out = dir + "/out", err = dir + "/err";
+  // sh splits stdout from stderr; stdin is empty.
+  std::vector<std::string> argv = {
+      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$BUSCTL_ERR\" </dev/null", Runfile("busctl/busctl")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> e = env;
+  e.push_back("BUSCTL_ERR=" + err);
+  Result r;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(argv, out, e);
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return r;
+  absl::StatusOr<int> status = (*child)->Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.ok()) << status.status();
+  if (status.ok() && WIFEXITED(*status)) r.exit = WEXITSTATUS(*status);
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  RemoveTree(dir);
+  return r;
+}
+
+std::vector<nlohmann::json> JsonLines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << line;
+    v.push_back(std::move(j));
+  }
+  return v;
+}
+
+// Runs a Handler over `queue` whose handle returns `result` until `done` holds.
+void RunHandler(const std::string& driver_url, const std::string& stores_url,
+                const std::string& queue, absl::Status result, const std::function<bool()>& done,
+                std::atomic<int>* handled = nullptr) {
+  absl::StatusOr<std::shared_ptr<Driver>> driver = OpenDriver(driver_url);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  absl::StatusOr<Stores> stores = OpenStores(stores_url);
+  ASSERT_TRUE(stores.ok()) << stores.status();
+  HandlerOptions o;
+  o.queue = queue;
+  o.driver = *driver;
+  o.dead_letters = stores->dead_letters;
+  o.idempotency = stores->idempotency;
+  o.logger = StderrLogger(LogLevel::kError);
+  o.replay_interval = absl::ZeroDuration();
+  o.handle = [result, handled](const Message&) {
+    if (handled != nullptr) handled->fetch_add(1);
+    return result;
+  };
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o);
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::thread runner([&] { (*h)->Run().IgnoreError(); });
+  EXPECT_TRUE(WaitUntil(done, absl::Seconds(60)));
+  (*h)->Stop();
+  runner.join();
+}
+
+class BusctlRedisTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<RedisServer>> r = RedisServer::Start({});
+    ASSERT_TRUE(r.ok()) << r.status();
+    redis_ = *std::move(r);
+    dir_ = MakeTempDir("busctl-db");
+    driver_ = absl::StrCat("--driver=redis://127.0.0.1:", redis_->port());
+    stores_ = absl::StrCat("--stores=sqlite://", dir_, "/bus.db");
+  }
+  void TearDown() override { RemoveTree(dir_); }
+
+  std::string DriverUrl() const { return std::string(absl::StripPrefix(driver_, "--driver=")); }
+  std::string StoresUrl() const { return std::string(absl::StripPrefix(stores_, "--stores=")); }
+  int64_t DeadCount(const std::string& queue) {
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> s = OpenDeadLetterStore(StoresUrl());
+    if (!s.ok()) return -1;
+    absl::StatusOr<int64_t> n = (*s)->Count(queue);
+    return n.ok() ? *n : -1;
+  }
+
+  std::unique_ptr<RedisServer> redis_;
+  std::string dir_, driver_, stores_;
+};
+
+TEST_F(BusctlRedisTest, PublishStatsDeadLetterListShowReplayPurge) {
+  Result r = Busctl({driver_, "publish", "orders", "--data=hello \xe2\x9c\x93", "--biz-uid=u1",
+                     "--header=trace=abc", "--header=k=v=w"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const std::string id(absl::StripTrailingAsciiWhitespace(r.out));
+  EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{32}"))) << id;
+  r = Busctl({driver_, "publish", "orders", "--data=later", "--delay=1h"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+
+  r = Busctl({driver_, stores_, "stats", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::vector<nlohmann::json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["queue"], "orders");
+  EXPECT_EQ(lines[0]["ready"], 1);
+  EXPECT_EQ(lines[0]["delayed"], 1);
+  EXPECT_EQ(lines[0]["in_flight"], 0);
+  EXPECT_EQ(lines[0]["dead_letters"]["permanent"], 0);
+
+  // A Handler fails the ready message for good: one permanent dead letter.
+  RunHandler(DriverUrl(), StoresUrl(), "orders", Permanent(absl::InternalError("card declined")),
+             [&] { return DeadCount("orders") == 1; });
+
+  r = Busctl({stores_, "dead-letters", "list", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["kind"], "permanent");
+  EXPECT_EQ(lines[0]["message_id"], id);
+  EXPECT_THAT(lines[0]["reason"].get<std::string>(), HasSubstr("card declined"));
+  const std::string letter = lines[0]["id"];
+  r = Busctl({stores_, "dead-letters", "list", "orders", "--kind=exhausted", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  r = Busctl({stores_, "dead-letters", "list", "orders", "--since=2099-01-01T00:00:00Z"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "ID  KIND  ATTEMPTS  LAST_FAILED  REASON\n");
+
+  // show, with the queue, and without it (every queue the driver lists is searched).
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{stores_, "dead-letters", "show", "orders", letter, "--json"},
+        std::vector<std::string>{driver_, stores_, "dead-letters", "show", letter, "--json"}}) {
+    r = Busctl(args);
+    ASSERT_EQ(r.exit, 0) << r.err;
+    lines = JsonLines(r.out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0]["id"], letter);
+    EXPECT_EQ(lines[0]["biz_uid"], "u1");
+    EXPECT_EQ(lines[0]["payload_encoding"], "text");
+    EXPECT_EQ(lines[0]["payload"], "hello \xe2\x9c\x93");
+    EXPECT_EQ(lines[0]["headers"]["trace"], "abc");
+    EXPECT_EQ(lines[0]["headers"]["k"], "v=w");
+  }
+  r = Busctl({stores_, "dead-letters", "show", "orders", "999999"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("not found"));
+
+  r = Busctl({stores_, "dead-letters", "count", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["permanent"], 1);
+  EXPECT_EQ(lines[0]["total"], 1);
+
+  // replay: back to the queue, removed from the store; a Handler that succeeds takes it.
+  r = Busctl({driver_, stores_, "dead-letters", "replay", "orders", "--id=" + letter, "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["replayed"], 1);
+  EXPECT_EQ(DeadCount("orders"), 0);
+  std::atomic<int> handled{0};
+  RunHandler(
+      DriverUrl(), StoresUrl(), "orders", absl::OkStatus(), [&] { return handled.load() == 1; },
+      &handled);
+  EXPECT_EQ(DeadCount("orders"), 0);
+
+  // purge: refused without --yes, then done.
+  for (const char* d : {"x", "y"}) {
+    ASSERT_EQ(Busctl({driver_, "publish", "orders", std::string("--data=") + d}).exit, 0);
+  }
+  RunHandler(DriverUrl(), StoresUrl(), "orders", Permanent(absl::InternalError("no")),
+             [&] { return DeadCount("orders") == 2; });
+  r = Busctl({stores_, "dead-letters", "purge", "orders"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("--yes"));
+  EXPECT_EQ(DeadCount("orders"), 2);
+  r = Busctl({stores_, "dead-letters", "purge", "orders", "--kind=permanent", "--yes", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["purged"], 2);
+  EXPECT_EQ(DeadCount("orders"), 0);
+
+  r = Busctl({driver_, "queues", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["queue"], "orders");
+  EXPECT_EQ(lines[0]["delayed"], 1);
+  EXPECT_FALSE(lines[0].contains("dead_letters"));  // no --stores
+}
+
+TEST_F(BusctlRedisTest, ReplayByKindAndAllAndBinaryPayloadsAsHex) {
+  ASSERT_EQ(Busctl({driver_, "publish", "bin", std::string("--data=\x01\x02\xff")}).exit, 0);
+  RunHandler(DriverUrl(), StoresUrl(), "bin", Permanent(absl::InternalError("bad")),
+             [&] { return DeadCount("bin") == 1; });
+  Result r = Busctl({stores_, "dead-letters", "list", "bin", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const std::string letter = JsonLines(r.out).at(0)["id"];
+  r = Busctl({stores_, "dead-letters", "show", "bin", letter, "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["payload_encoding"], "hex");
+  EXPECT_EQ(JsonLines(r.out).at(0)["payload"], "0102ff");
+  r = Busctl({driver_, stores_, "dead-letters", "replay", "bin", "--kind=exhausted"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "replayed 0\n");
+  r = Busctl({driver_, stores_, "dead-letters", "replay", "bin", "--all"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "replayed 1\n");
+  r = Busctl({driver_, stores_, "stats", "bin", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["ready"], 1);
+  r = Busctl({driver_, stores_, "dead-letters", "replay", "bin", "--id=424242"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("not found: 424242"));
+}
+
+TEST_F(BusctlRedisTest, UsageErrorsExitTwo) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, "Usage: busctl"},
+           {{"frobnicate"}, "unknown command \"frobnicate\""},
+           {{"queues", "--bogus=1"}, "unknown flag --bogus"},
+           {{"stats"}, "usage: busctl stats QUEUE"},
+           {{"publish"}, "usage: busctl publish QUEUE"},
+           {{"publish", "q", "--route-key=k"}, "--route-key needs --topic"},
+           {{"dead-letters"}, "dead-letters needs list"},
+           {{"dead-letters", "explode", "q"}, "unknown dead-letters command"},
+           {{"dead-letters", "list"}, "usage: busctl dead-letters list QUEUE"},
+           {{"stats", "q", "--driver"}, "flag --driver needs a value"},
+       }) {
+    Result r = Busctl(c.args);
+    EXPECT_EQ(r.exit, 2) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
+  }
+}
+
+TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
+  absl::StatusOr<int> free_port = PickFreePort();
+  ASSERT_TRUE(free_port.ok());
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--driver=redis://:hunter2@127.0.0.1:99999", "queues"}, "URL port"},
+           {{"--driver=kafka://h", "queues"}, "URL scheme"},
+           {{"--driver=redis://h?key_prefx=a", "queues"}, "unknown: key_prefx"},
+           {{"--stores=sqlite://", "dead-letters", "count", "q"}, "URL path"},
+           {{"queues"}, "no broker: give --driver"},
+           {{"dead-letters", "count", "q"}, "no store: give --stores"},
+           {{absl::StrCat("--driver=redis://:hunter2@127.0.0.1:", *free_port, "?timeout=500ms"),
+             "stats", "q"},
+            "UNAVAILABLE"},
+           {{absl::StrCat("--driver=nsq://127.0.0.1:", *free_port,
+                          "?nsqd_http=127.0.0.1:", *free_port, "&request_timeout=1s"),
+             "queues"},
+            "UNAVAILABLE"},
+           {{driver_, "publish", "q", "--data=x", "--delay=soon"}, "--delay"},
+           {{stores_, "dead-letters", "list", "q", "--kind=weird"}, "--kind"},
+           {{stores_, "dead-letters", "list", "q", "--limit=0"}, "--limit"},
+           {{stores_, "dead-letters", "list", "q", "--since=yesterday"}, "--since"},
+           {{driver_, stores_, "dead-letters", "replay", "q"}, "exactly one of"},
+           {{driver_, "tail", "t"}, "UNIMPLEMENTED"},
+       }) {
+    Result r = Busctl(c.args);
+    EXPECT_EQ(r.exit, 1) << absl::StrJoin(c.args, " ") << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, Not(HasSubstr("hunter2")));
+  }
+}
+
+TEST(BusctlHelp, ListsEveryCommandAndFlagWithItsDefault) {
+  Result r = Busctl({"--help"});
+  ASSERT_EQ(r.exit, 0);
+  for (const char* s :
+       {"publish QUEUE", "queues", "stats QUEUE", "dead-letters list", "dead-letters show",
+        "dead-letters replay", "dead-letters purge", "dead-letters count", "tail TOPIC",
+        "--driver=URL", "--stores=URL", "--json", "Exit codes: 0 done, 1 error, 2 usage"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+  r = Busctl({"publish", "--help"});
+  ASSERT_EQ(r.exit, 0);
+  for (const char* s :
+       {"--topic=T", "--route-key=K", "--biz-uid=U", "--header=k=v", "--delay=D", "--data=S"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+  EXPECT_THAT(r.out, HasSubstr("default: 0s"));
+  r = Busctl({"dead-letters", "--help"});
+  ASSERT_EQ(r.exit, 0);
+  for (const char* s :
+       {"--kind=K", "--limit=N", "--since=T", "--id=ID", "--all", "--yes", "default: 100"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+}
+
+TEST(BusctlNsq, PublishStatsAndQueuesOverNsqdStats) {
+  absl::StatusOr<std::unique_ptr<NsqlookupdServer>> lookupd = NsqlookupdServer::Start();
+  ASSERT_TRUE(lookupd.ok()) << lookupd.status();
+  absl::StatusOr<std::unique_ptr<NsqdServer>> nsqd =
+      NsqdServer::Start({.lookupd_tcp_address = (*lookupd)->tcp_address()});
+  ASSERT_TRUE(nsqd.ok()) << nsqd.status();
+  const std::string driver =
+      absl::StrCat("--driver=nsq://", (*nsqd)->tcp_address(),
+                   "?lookupd=", (*lookupd)->http_address(), "&nsqd_http=", (*nsqd)->http_address());
+  Result r = Busctl({driver, "publish", "jobs", "--data=one"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "publish", "jobs", "--data=two", "--delay=1h"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "stats", "jobs", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::vector<nlohmann::json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["ready"], 1);
+  EXPECT_EQ(lines[0]["delayed"], 1);
+  r = Busctl({driver, "queues"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "QUEUE  READY  DELAYED  IN_FLIGHT\njobs   1      1        0\n");
+  // Through nsqlookupd's /nodes only (no nsqd_http): the same nsqd.
+  const std::string via_lookupd =
+      absl::StrCat("--driver=nsq://?lookupd=", (*lookupd)->http_address());
+  EXPECT_TRUE(WaitUntil([&] {
+    Result q = Busctl({via_lookupd, "stats", "jobs", "--json"});
+    return q.exit == 0 && JsonLines(q.out).size() == 1 && JsonLines(q.out)[0]["ready"] == 1;
+  }));
+}
+
+// docs/busctl.md's transcript: every "$ busctl ..." line in its ```console blocks is run
+// (against a Redis server and a SQLite file started here, as BUS_DRIVER and BUS_STORES) and its
+// output compared with the lines below it; <name> in an output line matches one word and
+// remembers it, and <name> in a later command is replaced by it. The comment line "# a Handler
+// fails it for good" runs a Handler that dead-letters what is in the queue.
+TEST_F(BusctlRedisTest, DocsTranscriptIsTrue) {
+  const std::string doc = ReadFile(Runfile("docs/busctl.md"));
+  ASSERT_FALSE(doc.empty());
+  const std::vector<std::string> env = {"BUS_DRIVER=" + DriverUrl(), "BUS_STORES=" + StoresUrl()};
+  std::map<std::string, std::string> vars;
+  bool in_block = false;
+  std::vector<std::string> cmd;
+  std::vector<std::string> expected;
+  int commands = 0;
+  auto check = [&](const std::vector<std::string>& cmd, const std::vector<std::string>& expected) {
+    Result r = Busctl(cmd, env);
+    ++commands;
+    const std::string shown = absl::StrJoin(cmd, " ");
+    EXPECT_EQ(r.exit, 0) << shown << ": " << r.err;
+    std::vector<std::string> got = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+    ASSERT_EQ(got.size(), expected.size()) << shown << " printed:\n" << r.out;
+    for (size_t i = 0; i < got.size(); ++i) {
+      // The expected line as a regex: <name> is one non-blank word, the rest literal.
+      std::string pattern;
+      std::vector<std::string> names;
+      static const std::regex placeholder("<([a-z_-]+)>");
+      std::string rest = expected[i];
+      std::smatch m;
+      while (std::regex_search(rest, m, placeholder)) {
+        pattern +=
+            std::regex_replace(m.prefix().str(), std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+        pattern += "(\\S+)";
+        names.push_back(m[1]);
+        rest = m.suffix();
+      }
+      pattern += std::regex_replace(rest, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+      // Tables pad columns to the widest value: any run of spaces matches any other.
+      pattern = std::regex_replace(pattern, std::regex(" +"), " +");
+      std::smatch gm;
+      ASSERT_TRUE(std::regex_match(got[i], gm, std::regex(pattern)))
+          << shown << "\n  want: " << expected[i] << "\n  got:  " << got[i];
+      for (size_t k = 0; k < names.size(); ++k) vars[names[k]] = gm[k + 1];
+    }
+  };
+  auto flush = [&] {
+    if (cmd.empty()) return;
+    const std::vector<std::string> this_cmd = std::move(cmd);
+    const std::vector<std::string> this_expected = std::move(expected);
+    cmd.clear();
+    expected.clear();
+    check(this_cmd, this_expected);
+  };
+  for (absl::string_view line : absl::StrSplit(doc, '\n')) {
+    if (absl::StartsWith(line, "```")) {
+      if (in_block) flush();
+      in_block = line == "```console";
+      continue;
+    }
+    if (!in_block) continue;
+    if (absl::StartsWith(line, "$ busctl ")) {
+      flush();
+      std::string text(line.substr(9));
+      for (const auto& [k, v] : vars) text = absl::StrReplaceAll(text, {{"<" + k + ">", v}});
+      // Words, with '...' quoting for a payload that holds spaces.
+      std::vector<std::string> words;
+      std::string word;
+      bool quoted = false, any = false;
+      for (char c : text) {
+        if (c == '\'') {
+          quoted = !quoted;
+          any = true;
+        } else if (c == ' ' && !quoted) {
+          if (any) words.push_back(word);
+          word.clear();
+          any = false;
+        } else {
+          word.push_back(c);
+          any = true;
+        }
+      }
+      if (any) words.push_back(word);
+      cmd = words;
+    } else if (absl::StartsWith(line, "# ")) {
+      flush();
+      if (absl::StrContains(line, "a Handler fails it for good")) {
+        RunHandler(DriverUrl(), StoresUrl(), "orders",
+                   Permanent(absl::InternalError("card declined")),
+                   [&] { return DeadCount("orders") >= 1; });
+      }
+    } else if (!cmd.empty() && !line.empty()) {
+      expected.emplace_back(line);
+    }
+  }
+  flush();
+  EXPECT_GE(commands, 7);
+}
+
+}  // namespace
+}  // namespace bus::testing

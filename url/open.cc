@@ -1,0 +1,129 @@
+#include "url/open.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "drivers/memory/memory_driver.h"
+#include "drivers/nsq/nsq_driver.h"
+#include "drivers/redis/redis_driver.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "idempotency/sqlite/idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_db.h"
+
+namespace bus {
+namespace {
+
+GetEnv EnvOf(const OpenOverrides& o) { return o.env ? o.env : ProcessEnv(); }
+
+absl::Status UnknownScheme(const ParsedUrl& url, absl::string_view want) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("URL scheme: \"", url.scheme, "\" is not one of ", want));
+}
+
+absl::Status NoParams(const ParsedUrl& url) {
+  if (!url.hosts.empty() || !url.path.empty() || !url.user.empty()) {
+    return absl::InvalidArgumentError("URL host: memory:// takes no host or path");
+  }
+  if (!url.params.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("URL parameter: unknown: ", url.params.front().first));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RedisOptions> Redis(const ParsedUrl& url, const OpenOverrides& o) {
+  absl::StatusOr<RedisOptions> redis = RedisOptionsFromUrl(url, EnvOf(o));
+  if (!redis.ok()) return redis.status();
+  if (o.clock != nullptr) redis->clock = o.clock;
+  if (o.logger != nullptr) redis->logger = o.logger;
+  return redis;
+}
+
+absl::StatusOr<std::shared_ptr<SqliteDatabase>> Sqlite(const ParsedUrl& url,
+                                                       const OpenOverrides& o) {
+  absl::StatusOr<SqliteOptions> sqlite = SqliteOptionsFromUrl(url);
+  if (!sqlite.ok()) return sqlite.status();
+  if (o.clock != nullptr) sqlite->clock = o.clock;
+  return SqliteDatabase::Open(*sqlite);
+}
+
+bool IsRedis(const ParsedUrl& url) {
+  return url.scheme == "redis" || url.scheme == "rediss" || url.scheme == "unix" ||
+         url.scheme == "redis+unix";
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  if (url->scheme == "memory") {
+    absl::StatusOr<MemoryUrlOptions> m = MemoryOptionsFromUrl(*url);
+    if (!m.ok()) return m.status();
+    return NewMemoryDriver({.clock = o.clock, .max_message_bytes = m->max_message_bytes});
+  }
+  if (IsRedis(*url)) {
+    absl::StatusOr<RedisOptions> redis = Redis(*url, o);
+    if (!redis.ok()) return redis.status();
+    return NewRedisDriver(*std::move(redis));
+  }
+  if (url->scheme == "nsq") {
+    absl::StatusOr<NsqOptions> nsq = NsqOptionsFromUrl(*url, EnvOf(o));
+    if (!nsq.ok()) return nsq.status();
+    if (o.clock != nullptr) nsq->clock = o.clock;
+    if (o.logger != nullptr) nsq->logger = o.logger;
+    return NewNsqDriver(*std::move(nsq));
+  }
+  return UnknownScheme(*url, "memory, redis, nsq");
+}
+
+absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  Stores s;
+  if (url->scheme == "memory") {
+    if (absl::Status st = NoParams(*url); !st.ok()) return st;
+    s.dead_letters = NewMemoryDeadLetterStore(o.clock);
+    s.idempotency = NewMemoryIdempotencyStore({.clock = o.clock});
+    return s;
+  }
+  if (IsRedis(*url)) {
+    absl::StatusOr<RedisOptions> redis = Redis(*url, o);
+    if (!redis.ok()) return redis.status();
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> dl = NewRedisDeadLetterStore(*redis);
+    if (!dl.ok()) return dl.status();
+    absl::StatusOr<std::shared_ptr<IdempotencyStore>> idem = NewRedisIdempotencyStore(*redis);
+    if (!idem.ok()) return idem.status();
+    s.dead_letters = *std::move(dl);
+    s.idempotency = *std::move(idem);
+    return s;
+  }
+  if (url->scheme == "sqlite") {
+    absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = Sqlite(*url, o);
+    if (!db.ok()) return db.status();
+    s.dead_letters = NewSqliteDeadLetterStore(*db);
+    s.idempotency = NewSqliteIdempotencyStore(*db);
+    return s;
+  }
+  return UnknownScheme(*url, "memory, redis, sqlite");
+}
+
+absl::StatusOr<std::shared_ptr<DeadLetterStore>> OpenDeadLetterStore(absl::string_view url,
+                                                                     const OpenOverrides& o) {
+  absl::StatusOr<Stores> s = OpenStores(url, o);
+  if (!s.ok()) return s.status();
+  return s->dead_letters;
+}
+
+absl::StatusOr<std::shared_ptr<IdempotencyStore>> OpenIdempotencyStore(absl::string_view url,
+                                                                       const OpenOverrides& o) {
+  absl::StatusOr<Stores> s = OpenStores(url, o);
+  if (!s.ok()) return s.status();
+  return s->idempotency;
+}
+
+}  // namespace bus

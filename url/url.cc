@@ -1,0 +1,473 @@
+#include "url/url.h"
+
+#include <cstdlib>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+
+namespace bus {
+namespace {
+
+absl::Status Bad(absl::string_view part, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("URL ", part, ": ", why));
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
+// password).
+absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out.push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size()) return Bad(part, "truncated %-escape");
+    const int hi = HexValue(in[i + 1]), lo = HexValue(in[i + 2]);
+    if (hi < 0 || lo < 0) return Bad(part, "bad %-escape");
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+std::string Encode(absl::string_view in) {
+  std::string out;
+  for (unsigned char c : in) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, absl::StrFormat("%%%02X", c));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
+  UrlHost h;
+  absl::string_view rest;
+  if (absl::StartsWith(text, "[")) {
+    const size_t close = text.find(']');
+    if (close == absl::string_view::npos) return Bad("host", "'[' without ']'");
+    h.host = std::string(text.substr(1, close - 1));
+    if (h.host.empty()) return Bad("host", "empty IPv6 address");
+    for (char c : h.host) {
+      if (!absl::ascii_isxdigit(c) && c != ':' && c != '.') {
+        return Bad("host", absl::StrCat("bad IPv6 address \"", h.host, "\""));
+      }
+    }
+    rest = text.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') return Bad("host", "text after ']'");
+  } else {
+    const size_t colon = text.find(':');
+    h.host = std::string(text.substr(0, colon));
+    rest = colon == absl::string_view::npos ? "" : text.substr(colon);
+    if (h.host.empty()) return Bad("host", "empty");
+    for (char c : h.host) {
+      if (!absl::ascii_isalnum(c) && c != '-' && c != '.' && c != '_') {
+        return Bad("host", absl::StrCat("bad character in \"", absl::CEscape(h.host), "\""));
+      }
+    }
+  }
+  if (!rest.empty()) {
+    rest.remove_prefix(1);  // ':'
+    if (rest.empty() || !absl::SimpleAtoi(rest, &h.port) || h.port < 1 || h.port > 65535 ||
+        !absl::ascii_isdigit(rest[0])) {
+      return Bad("port", absl::StrCat("\"", absl::CEscape(rest), "\" is not in 1..65535"));
+    }
+  }
+  return h;
+}
+
+// The query parameters, consumed one by one; what is left at the end is unknown.
+class Params {
+ public:
+  explicit Params(const ParsedUrl& url) : params_(url.params) {}
+
+  // The value of `name`, removed; nullopt when absent. Given twice: an error (in status()).
+  std::optional<std::string> Take(absl::string_view name) {
+    std::optional<std::string> v;
+    for (auto it = params_.begin(); it != params_.end();) {
+      if (it->first != name) {
+        ++it;
+        continue;
+      }
+      if (v.has_value()) Fail(Bad(absl::StrCat("parameter ", name), "given twice"));
+      v = it->second;
+      it = params_.erase(it);
+    }
+    return v;
+  }
+  // Every value of a list parameter ("a,b" and repeats add up), removed.
+  std::vector<std::string> TakeList(absl::string_view name) {
+    std::vector<std::string> out;
+    for (auto it = params_.begin(); it != params_.end();) {
+      if (it->first != name) {
+        ++it;
+        continue;
+      }
+      for (absl::string_view v : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
+        out.emplace_back(v);
+      }
+      it = params_.erase(it);
+    }
+    return out;
+  }
+
+  void String(absl::string_view name, std::string* out) {
+    if (auto v = Take(name)) *out = *v;
+  }
+  // True when given (and valid).
+  bool Duration(absl::string_view name, absl::Duration* out) {
+    auto v = Take(name);
+    if (!v) return false;
+    if (!absl::ParseDuration(*v, out)) {
+      Fail(Bad(absl::StrCat("parameter ", name),
+               absl::StrCat("\"", absl::CEscape(*v), "\" is not a duration (like 250ms, 5s)")));
+      return false;
+    }
+    return true;
+  }
+  template <typename Int>
+  void Integer(absl::string_view name, Int* out) {
+    auto v = Take(name);
+    if (!v) return;
+    if (!absl::SimpleAtoi(*v, out)) {
+      Fail(Bad(absl::StrCat("parameter ", name),
+               absl::StrCat("\"", absl::CEscape(*v), "\" is not an integer")));
+    }
+  }
+  void Double(absl::string_view name, double* out) {
+    auto v = Take(name);
+    if (!v) return;
+    if (!absl::SimpleAtod(*v, out)) {
+      Fail(Bad(absl::StrCat("parameter ", name),
+               absl::StrCat("\"", absl::CEscape(*v), "\" is not a number")));
+    }
+  }
+  void Bool(absl::string_view name, bool* out) {
+    auto v = Take(name);
+    if (!v) return;
+    if (*v == "true" || *v == "1") {
+      *out = true;
+    } else if (*v == "false" || *v == "0") {
+      *out = false;
+    } else {
+      Fail(Bad(absl::StrCat("parameter ", name), "want true or false"));
+    }
+  }
+  void Fail(absl::Status st) {
+    if (status_.ok()) status_ = std::move(st);
+  }
+
+  // The first error, or InvalidArgument naming every parameter nobody took.
+  absl::Status Finish() {
+    if (!status_.ok()) return status_;
+    if (params_.empty()) return absl::OkStatus();
+    std::set<std::string> names;
+    for (const auto& [k, v] : params_) names.insert(k);
+    return Bad(names.size() == 1 ? "parameter" : "parameters",
+               absl::StrCat("unknown: ", absl::StrJoin(names, ", ")));
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> params_;
+  absl::Status status_;
+};
+
+absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
+  if (!url.user.empty() || url.password.has_value()) {
+    return Bad("user", absl::StrCat(url.scheme, ":// takes no user or password"));
+  }
+  if (!allow_path && !url.path.empty()) {
+    return Bad("path", absl::StrCat(url.scheme, ":// takes no path"));
+  }
+  return absl::OkStatus();
+}
+
+std::string JoinHost(const UrlHost& h, int default_port) {
+  const int port = h.port != 0 ? h.port : default_port;
+  if (h.host.find(':') != std::string::npos) return absl::StrCat("[", h.host, "]:", port);
+  return absl::StrCat(h.host, ":", port);
+}
+
+absl::Status Prefixed(const absl::Status& st) {
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("URL: ", st.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
+  ParsedUrl url;
+  const size_t sep = text.find("://");
+  if (sep == absl::string_view::npos || sep == 0) {
+    return Bad("scheme", "missing (want memory://, redis://, nsq:// or sqlite://)");
+  }
+  url.scheme = absl::AsciiStrToLower(text.substr(0, sep));
+  for (char c : url.scheme) {
+    if (!absl::ascii_isalnum(c) && c != '+' && c != '-' && c != '.') {
+      return Bad("scheme", "bad character");
+    }
+  }
+  absl::string_view rest = text.substr(sep + 3);
+  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
+    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
+  }
+  absl::string_view query;
+  if (const size_t q = rest.find('?'); q != absl::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  // sqlite://rel/x.db: everything is the path, there is no authority.
+  absl::string_view authority;
+  if (url.scheme == "sqlite") {
+    absl::StatusOr<std::string> path = Decode(rest, "path");
+    if (!path.ok()) return path.status();
+    url.path = *std::move(path);
+  } else {
+    const size_t slash = rest.find('/');
+    authority = rest.substr(0, slash);
+    if (slash != absl::string_view::npos) {
+      absl::StatusOr<std::string> path = Decode(rest.substr(slash + 1), "path");
+      if (!path.ok()) return path.status();
+      url.path = *std::move(path);
+    }
+  }
+  if (const size_t at = authority.rfind('@'); at != absl::string_view::npos) {
+    absl::string_view userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    absl::string_view user = userinfo, password;
+    const size_t colon = userinfo.find(':');
+    if (colon != absl::string_view::npos) {
+      user = userinfo.substr(0, colon);
+      password = userinfo.substr(colon + 1);
+    }
+    absl::StatusOr<std::string> u = Decode(user, "user");
+    if (!u.ok()) return u.status();
+    url.user = *std::move(u);
+    if (colon != absl::string_view::npos) {
+      absl::StatusOr<std::string> p = Decode(password, "password");
+      if (!p.ok()) return p.status();
+      url.password = *std::move(p);
+    }
+  }
+  if (!authority.empty()) {
+    for (absl::string_view h : absl::StrSplit(authority, ',')) {
+      absl::StatusOr<UrlHost> host = ParseHost(h);
+      if (!host.ok()) return host.status();
+      url.hosts.push_back(*std::move(host));
+    }
+  }
+  if (!query.empty()) {
+    for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+      std::pair<absl::string_view, absl::string_view> p =
+          absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
+      if (!k.ok()) return k.status();
+      absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
+      if (!v.ok()) return v.status();
+      if (k->empty()) return Bad("parameter", "empty name");
+      url.params.emplace_back(*std::move(k), *std::move(v));
+    }
+  }
+  return url;
+}
+
+std::string RedactedUrl(const ParsedUrl& url) {
+  std::string out = absl::StrCat(url.scheme, "://");
+  if (!url.user.empty() || url.password.has_value()) {
+    absl::StrAppend(&out, Encode(url.user));
+    if (url.password.has_value()) absl::StrAppend(&out, ":<redacted>");
+    absl::StrAppend(&out, "@");
+  }
+  std::vector<std::string> hosts;
+  for (const UrlHost& h : url.hosts) {
+    std::string s = h.host.find(':') != std::string::npos ? absl::StrCat("[", h.host, "]") : h.host;
+    if (h.port != 0) absl::StrAppend(&s, ":", h.port);
+    hosts.push_back(std::move(s));
+  }
+  absl::StrAppend(&out, absl::StrJoin(hosts, ","));
+  if (!url.path.empty()) {
+    if (url.scheme != "sqlite") out.push_back('/');
+    absl::StrAppend(&out, url.path);
+  }
+  for (size_t i = 0; i < url.params.size(); ++i) {
+    const auto& [k, v] = url.params[i];
+    absl::StrAppend(&out, i == 0 ? "?" : "&", Encode(k), "=",
+                    k == "auth_secret" || k == "password" ? "<redacted>" : Encode(v));
+  }
+  return out;
+}
+
+std::string RedactedUrl(absl::string_view text) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (url.ok()) return RedactedUrl(*url);
+  const size_t sep = text.find("://");
+  return sep == absl::string_view::npos ? "<not a URL>"
+                                        : absl::StrCat(text.substr(0, sep), "://<unparsed>");
+}
+
+GetEnv ProcessEnv() {
+  return [](absl::string_view name) -> std::optional<std::string> {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
+  if (url.scheme == "rediss") return Bad("scheme", "rediss:// (TLS) is not supported");
+  if (url.scheme == "unix" || url.scheme == "redis+unix") {
+    return Bad("scheme", "unix sockets are not supported; use redis://host:port");
+  }
+  if (url.scheme != "redis") return Bad("scheme", absl::StrCat("want redis://, got ", url.scheme));
+  RedisOptions o;
+  if (url.hosts.size() > 1) return Bad("host", "redis:// takes one host");
+  if (!url.hosts.empty()) {
+    o.host = url.hosts[0].host;
+    if (url.hosts[0].port != 0) o.port = url.hosts[0].port;
+  }
+  o.username = url.user;
+  if (url.password.has_value()) {
+    o.password = *url.password;
+  } else if (env) {
+    if (std::optional<std::string> p = env("REDIS_PASSWORD")) o.password = *p;
+  }
+  if (!o.username.empty() && o.password.empty()) {
+    return Bad("password", "a user needs a password (in the URL or REDIS_PASSWORD)");
+  }
+  bool db_from_path = false;
+  if (!url.path.empty()) {
+    if (!absl::SimpleAtoi(url.path, &o.db) || o.db < 0) {
+      return Bad("db", absl::StrCat("\"", absl::CEscape(url.path), "\" is not a database number"));
+    }
+    db_from_path = true;
+  }
+  Params p(url);
+  if (auto db = p.Take("db")) {
+    if (db_from_path) return Bad("db", "given in the path and as a parameter");
+    if (!absl::SimpleAtoi(*db, &o.db) || o.db < 0) return Bad("db", "not a database number");
+  }
+  p.String("key_prefix", &o.key_prefix);
+  if (absl::Duration timeout; p.Duration("timeout", &timeout)) {
+    o.connect_timeout = o.request_timeout = timeout;
+  }
+  p.Duration("connect_timeout", &o.connect_timeout);
+  p.Duration("request_timeout", &o.request_timeout);
+  p.Duration("reconnect_backoff_base", &o.reconnect_backoff_base);
+  p.Duration("reconnect_backoff_max", &o.reconnect_backoff_max);
+  p.Integer("script_batch", &o.script_batch);
+  p.Integer("max_reply_bytes", &o.max_reply_bytes);
+  p.Integer("max_reply_elements", &o.max_reply_elements);
+  if (absl::Status st = p.Finish(); !st.ok()) return st;
+  if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
+  return o;
+}
+
+absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
+  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
+  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
+  NsqOptions o;
+  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
+  Params p(url);
+  for (const std::string& a : p.TakeList("lookupd")) {
+    absl::StatusOr<UrlHost> h = ParseHost(a);
+    if (!h.ok()) return Bad("parameter lookupd", h.status().message());
+    o.lookupd_http_addresses.push_back(JoinHost(*h, 4161));
+  }
+  for (const std::string& a : p.TakeList("nsqd_http")) {
+    absl::StatusOr<UrlHost> h = ParseHost(a);
+    if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
+    o.nsqd_http_addresses.push_back(JoinHost(*h, 4151));
+  }
+  if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
+    return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
+  }
+  if (auto secret = p.Take("auth_secret")) {
+    o.auth_secret = *secret;
+  } else if (env) {
+    if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth_secret = *s;
+  }
+  p.String("client_id", &o.client_id);
+  p.String("queue_channel", &o.queue_channel);
+  p.Duration("connect_timeout", &o.connect_timeout);
+  p.Duration("request_timeout", &o.request_timeout);
+  p.Duration("heartbeat_interval", &o.heartbeat_interval);
+  p.Duration("output_buffer_timeout", &o.output_buffer_timeout);
+  p.Integer("output_buffer_size", &o.output_buffer_size);
+  p.Duration("lookupd_poll_interval", &o.lookupd_poll_interval);
+  p.Double("lookupd_poll_jitter", &o.lookupd_poll_jitter);
+  p.Duration("max_defer", &o.max_defer);
+  p.Duration("reconnect_backoff_base", &o.reconnect_backoff_base);
+  p.Duration("reconnect_backoff_max", &o.reconnect_backoff_max);
+  p.Duration("rdy_redistribute_interval", &o.rdy_redistribute_interval);
+  p.Integer("io_threads", &o.io_threads);
+  p.Integer("publish_connections", &o.publish_connections);
+  p.Integer("max_message_bytes", &o.max_message_bytes);
+  p.Integer("max_batch_bytes", &o.max_batch_bytes);
+  p.Duration("close_timeout", &o.close_timeout);
+  if (absl::Status st = p.Finish(); !st.ok()) return st;
+  if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
+  return o;
+}
+
+absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
+  if (url.scheme != "sqlite") {
+    return Bad("scheme", absl::StrCat("want sqlite://, got ", url.scheme));
+  }
+  if (url.path.empty()) return Bad("path", "sqlite:// needs a file (sqlite:///abs/path.db)");
+  SqliteOptions o;
+  o.path = url.path;
+  Params p(url);
+  p.Duration("busy_timeout", &o.busy_timeout);
+  if (auto s = p.Take("synchronous")) {
+    if (*s == "normal") {
+      o.synchronous = SqliteSynchronous::kNormal;
+    } else if (*s == "full") {
+      o.synchronous = SqliteSynchronous::kFull;
+    } else {
+      return Bad("parameter synchronous", "want normal or full");
+    }
+  }
+  p.Integer("cleanup_batch", &o.cleanup_batch);
+  p.Duration("cleanup_interval", &o.cleanup_interval);
+  p.Integer("max_batch", &o.max_batch);
+  p.Integer("max_idle_readers", &o.max_idle_readers);
+  p.Duration("spin_wait", &o.spin_wait);
+  p.Bool("background_checkpoints", &o.background_checkpoints);
+  if (absl::Status st = p.Finish(); !st.ok()) return st;
+  if (absl::Status st = ValidateSqliteOptions(o); !st.ok()) return Prefixed(st);
+  return o;
+}
+
+absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url) {
+  if (url.scheme != "memory") {
+    return Bad("scheme", absl::StrCat("want memory://, got ", url.scheme));
+  }
+  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
+  if (!url.hosts.empty()) return Bad("host", "memory:// takes no host");
+  MemoryUrlOptions o;
+  Params p(url);
+  p.Integer("max_message_bytes", &o.max_message_bytes);
+  if (absl::Status st = p.Finish(); !st.ok()) return st;
+  if (o.max_message_bytes == 0) return Bad("parameter max_message_bytes", "must be > 0");
+  return o;
+}
+
+}  // namespace bus

@@ -1,0 +1,101 @@
+// Connection URLs: one string that says which driver or store to open and how, parsed into the
+// option structs of drivers/ and storage/ (no I/O here; url/open.h opens them).
+//
+//   memory://
+//   redis://[user[:password]@]host[:port][/db][?key_prefix=..&request_timeout=..]
+//   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
+//   sqlite:///absolute/path.db      sqlite://relative/path.db
+//
+//   absl::StatusOr<bus::ParsedUrl> url = bus::ParseUrl("redis://:s3cret@[::1]:6380/2");
+//   absl::StatusOr<bus::RedisOptions> redis = bus::RedisOptionsFromUrl(*url);
+//   bus::RedactedUrl(*url);   // "redis://:<redacted>@[::1]:6380/2"
+//
+// Grammar: scheme "://" [userinfo "@"] hosts [ "/" path ] [ "?" query ]. Hosts are
+// comma-separated, each "name", "name:port", "[v6]" or "[v6]:port". User, password, path,
+// and query keys and values are percent-decoded ("%40" is '@'; '+' stays '+'). Every option
+// an operator sets is a query parameter named after its field (docs/busctl.md lists them);
+// durations take absl::ParseDuration's form ("250ms", "5s", "1h"). A parameter given twice is
+// an error, except the list parameters (nsq `lookupd`, `nsqd_http`), whose values add up.
+//
+// Errors: InvalidArgument naming the part (scheme, user, password, host, port, path, db, or the
+// parameter by name: an unknown one is named as unknown). Messages never hold the password or a
+// secret; RedactedUrl() replaces them with "<redacted>".
+//
+// Thread-safety: free functions without shared state.
+
+#ifndef URL_URL_H_
+#define URL_URL_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "drivers/nsq/nsq_options.h"
+#include "drivers/redis/redis_options.h"
+#include "storage/sqlite/sqlite_db.h"
+
+namespace bus {
+
+struct UrlHost {
+  std::string host;  // without brackets: "::1"
+  int port = 0;      // 0: none given
+};
+
+struct ParsedUrl {
+  std::string scheme;  // lower case
+  std::string user;
+  std::optional<std::string> password;  // set when the URL had ":" after the user
+  std::vector<UrlHost> hosts;
+  std::string path;  // after the authority, without its leading '/'; decoded
+  // Query parameters in order, decoded.
+  std::vector<std::pair<std::string, std::string>> params;
+};
+
+// Splits and decodes `url`. InvalidArgument naming the bad part.
+absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url);
+
+// `url` written back with the password and any `auth_secret` shown as "<redacted>".
+std::string RedactedUrl(const ParsedUrl& url);
+// The same for a URL string; one that does not parse is shown as its scheme only.
+std::string RedactedUrl(absl::string_view url);
+
+// Reads an environment variable; nullopt when unset. Tests inject one.
+using GetEnv = std::function<std::optional<std::string>(absl::string_view name)>;
+// std::getenv.
+GetEnv ProcessEnv();
+
+// redis:// → RedisOptions. Port default 6379, db from the path ("/2"), password from the URL
+// or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, connect_timeout,
+// request_timeout, timeout (both), reconnect_backoff_base, reconnect_backoff_max,
+// script_batch, max_reply_bytes, max_reply_elements, db. The result is validated
+// (ValidateRedisOptions).
+absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
+
+// nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with
+// `lookupd`. Parameters: lookupd, nsqd_http, auth_secret (else NSQ_AUTH_SECRET in `env`),
+// client_id, queue_channel, connect_timeout, request_timeout, heartbeat_interval,
+// output_buffer_timeout, output_buffer_size, lookupd_poll_interval, lookupd_poll_jitter,
+// max_defer, reconnect_backoff_base, reconnect_backoff_max, rdy_redistribute_interval,
+// io_threads, publish_connections, max_message_bytes, max_batch_bytes, close_timeout.
+// Validated (ValidateNsqOptions).
+absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
+
+// sqlite:// → SqliteOptions. "sqlite:///abs.db" is the absolute path /abs.db,
+// "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
+// (normal, full), cleanup_batch, cleanup_interval, max_batch, max_idle_readers, spin_wait,
+// background_checkpoints (true, false). Validated (ValidateSqliteOptions).
+absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
+
+// memory:// for the memory driver: its one parameter, max_message_bytes.
+struct MemoryUrlOptions {
+  size_t max_message_bytes = size_t{16} << 20;
+};
+absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url);
+
+}  // namespace bus
+
+#endif  // URL_URL_H_

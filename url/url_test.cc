@@ -1,0 +1,335 @@
+#include "url/url.h"
+
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "url/open.h"
+
+namespace bus {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+GetEnv Env(std::map<std::string, std::string> vars) {
+  return [vars](absl::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+absl::StatusOr<RedisOptions> Redis(absl::string_view text, GetEnv env = Env({})) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  return RedisOptionsFromUrl(*url, env);
+}
+absl::StatusOr<NsqOptions> Nsq(absl::string_view text, GetEnv env = Env({})) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  return NsqOptionsFromUrl(*url, env);
+}
+absl::StatusOr<SqliteOptions> Sqlite(absl::string_view text) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  return SqliteOptionsFromUrl(*url);
+}
+
+// InvalidArgument whose message has `part`, and never `secret`.
+void ExpectBad(const absl::Status& st, absl::string_view part, absl::string_view secret = "") {
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr(std::string(part)));
+  if (!secret.empty()) {
+    EXPECT_THAT(std::string(st.message()), Not(HasSubstr(std::string(secret))));
+  }
+}
+
+TEST(RedisUrl, Defaults) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://localhost");
+  ASSERT_TRUE(o.ok()) << o.status();
+  const RedisOptions d;
+  EXPECT_EQ(o->host, "localhost");
+  EXPECT_EQ(o->port, 6379);
+  EXPECT_EQ(o->db, 0);
+  EXPECT_EQ(o->password, "");
+  EXPECT_EQ(o->key_prefix, d.key_prefix);
+  EXPECT_EQ(o->request_timeout, d.request_timeout);
+  // No host at all: the default address.
+  o = Redis("redis://");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->host, "127.0.0.1");
+}
+
+TEST(RedisUrl, EveryPart) {
+  absl::StatusOr<RedisOptions> o = Redis(
+      "redis://alice:s3cret@cache.example:6380/3?key_prefix=app:&connect_timeout=250ms&"
+      "request_timeout=3s&reconnect_backoff_base=10ms&reconnect_backoff_max=1s&script_batch=100&"
+      "max_reply_bytes=4096&max_reply_elements=10");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->username, "alice");
+  EXPECT_EQ(o->password, "s3cret");
+  EXPECT_EQ(o->host, "cache.example");
+  EXPECT_EQ(o->port, 6380);
+  EXPECT_EQ(o->db, 3);
+  EXPECT_EQ(o->key_prefix, "app:");
+  EXPECT_EQ(o->connect_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(o->request_timeout, absl::Seconds(3));
+  EXPECT_EQ(o->reconnect_backoff_base, absl::Milliseconds(10));
+  EXPECT_EQ(o->reconnect_backoff_max, absl::Seconds(1));
+  EXPECT_EQ(o->script_batch, 100);
+  EXPECT_EQ(o->max_reply_bytes, 4096);
+  EXPECT_EQ(o->max_reply_elements, 10);
+}
+
+TEST(RedisUrl, TimeoutSetsBothAndTheSpecificOneWins) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://h?timeout=7s&connect_timeout=1s");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->connect_timeout, absl::Seconds(1));
+  EXPECT_EQ(o->request_timeout, absl::Seconds(7));
+}
+
+TEST(RedisUrl, PercentEncodedUserAndPassword) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://us%40er:p%3Aa%2Fss%25w+rd@h");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->username, "us@er");
+  EXPECT_EQ(o->password, "p:a/ss%w+rd");
+  // An '@' inside the password, unencoded: the last '@' ends the user info.
+  o = Redis("redis://:p@ss@h:1");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->password, "p@ss");
+  EXPECT_EQ(o->host, "h");
+}
+
+TEST(RedisUrl, PasswordFromTheEnvironmentOnlyWhenTheUrlHasNone) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://h", Env({{"REDIS_PASSWORD", "fromenv"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->password, "fromenv");
+  o = Redis("redis://:inurl@h", Env({{"REDIS_PASSWORD", "fromenv"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->password, "inurl");
+  // A user with a password from the environment.
+  o = Redis("redis://bob@h", Env({{"REDIS_PASSWORD", "pw"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->username, "bob");
+  EXPECT_EQ(o->password, "pw");
+  ExpectBad(Redis("redis://bob@h").status(), "password");
+}
+
+TEST(RedisUrl, Ipv6Host) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://[::1]:6390/1");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->host, "::1");
+  EXPECT_EQ(o->port, 6390);
+  EXPECT_EQ(o->db, 1);
+  o = Redis("redis://[fe80::1]");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->host, "fe80::1");
+  EXPECT_EQ(o->port, 6379);
+}
+
+TEST(RedisUrl, DbAsParameter) {
+  absl::StatusOr<RedisOptions> o = Redis("redis://h?db=4");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->db, 4);
+  ExpectBad(Redis("redis://h/2?db=4").status(), "db");
+}
+
+TEST(RedisUrl, Errors) {
+  ExpectBad(Redis("cache:6379").status(), "scheme");
+  ExpectBad(Redis("://h").status(), "scheme");
+  ExpectBad(Redis("http://h").status(), "scheme");
+  ExpectBad(Redis("rediss://h").status(), "TLS");
+  ExpectBad(Redis("unix:///tmp/redis.sock").status(), "unix");
+  ExpectBad(Redis("redis://h:0").status(), "port");
+  ExpectBad(Redis("redis://h:65536").status(), "port");
+  ExpectBad(Redis("redis://h:abc").status(), "port");
+  ExpectBad(Redis("redis://h:").status(), "port");
+  ExpectBad(Redis("redis://h:+1").status(), "port");
+  ExpectBad(Redis("redis://[::1").status(), "host");
+  ExpectBad(Redis("redis://[zz]").status(), "host");
+  ExpectBad(Redis("redis://[::1]x").status(), "host");
+  ExpectBad(Redis("redis://h%20x").status(), "host");
+  ExpectBad(Redis("redis://a,b").status(), "host");
+  ExpectBad(Redis("redis://h/x").status(), "db");
+  ExpectBad(Redis("redis://h/-1").status(), "db");
+  ExpectBad(Redis("redis://:s3cr%zzet@h").status(), "password", "s3cr");
+  ExpectBad(Redis("redis://:s3cret%4@h").status(), "password", "s3cret");
+  ExpectBad(Redis("redis://u%g@h").status(), "user");
+  ExpectBad(Redis("redis://h?timeout=soon").status(), "parameter timeout");
+  ExpectBad(Redis("redis://h?request_timeout=5").status(), "parameter request_timeout");
+  ExpectBad(Redis("redis://h?script_batch=many").status(), "parameter script_batch");
+  ExpectBad(Redis("redis://h?key_prefix=a&key_prefix=b").status(), "given twice");
+  ExpectBad(Redis("redis://h?=x").status(), "parameter");
+  ExpectBad(Redis("redis://h#frag").status(), "fragment");
+  // Out of range: the option's own validation, named.
+  ExpectBad(Redis("redis://h?script_batch=0").status(), "script_batch");
+  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "request_timeout");
+}
+
+TEST(RedisUrl, UnknownParametersAreNamed) {
+  absl::Status st = Redis("redis://:pw@h?key_prefx=a&zz=1&key_prefix=b").status();
+  ExpectBad(st, "unknown: key_prefx, zz", "pw");
+}
+
+TEST(NsqUrl, HostsAndDefaults) {
+  absl::StatusOr<NsqOptions> o = Nsq("nsq://n1,n2:4250,[::1]");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_THAT(o->nsqd_tcp_addresses, ElementsAre("n1:4150", "n2:4250", "[::1]:4150"));
+  EXPECT_TRUE(o->lookupd_http_addresses.empty());
+  EXPECT_EQ(o->queue_channel, "bus");
+  EXPECT_EQ(o->io_threads, NsqOptions().io_threads);
+}
+
+TEST(NsqUrl, EveryParameter) {
+  absl::StatusOr<NsqOptions> o =
+      Nsq("nsq://n1?lookupd=l1:4161,l2&lookupd=l3:5000&nsqd_http=n1:4151&auth_secret=t%26p&"
+          "client_id=me&queue_channel=ch&connect_timeout=1s&request_timeout=2s&"
+          "heartbeat_interval=3s&output_buffer_timeout=50ms&output_buffer_size=32768&"
+          "lookupd_poll_interval=4s&lookupd_poll_jitter=0.5&max_defer=30m&"
+          "reconnect_backoff_base=5ms&reconnect_backoff_max=6s&rdy_redistribute_interval=7ms&"
+          "io_threads=3&publish_connections=4&max_message_bytes=1000&max_batch_bytes=2000&"
+          "close_timeout=8s");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_THAT(o->lookupd_http_addresses, ElementsAre("l1:4161", "l2:4161", "l3:5000"));
+  EXPECT_THAT(o->nsqd_http_addresses, ElementsAre("n1:4151"));
+  EXPECT_EQ(o->auth_secret, "t&p");
+  EXPECT_EQ(o->client_id, "me");
+  EXPECT_EQ(o->queue_channel, "ch");
+  EXPECT_EQ(o->connect_timeout, absl::Seconds(1));
+  EXPECT_EQ(o->request_timeout, absl::Seconds(2));
+  EXPECT_EQ(o->heartbeat_interval, absl::Seconds(3));
+  EXPECT_EQ(o->output_buffer_timeout, absl::Milliseconds(50));
+  EXPECT_EQ(o->output_buffer_size, 32768);
+  EXPECT_EQ(o->lookupd_poll_interval, absl::Seconds(4));
+  EXPECT_EQ(o->lookupd_poll_jitter, 0.5);
+  EXPECT_EQ(o->max_defer, absl::Minutes(30));
+  EXPECT_EQ(o->reconnect_backoff_base, absl::Milliseconds(5));
+  EXPECT_EQ(o->reconnect_backoff_max, absl::Seconds(6));
+  EXPECT_EQ(o->rdy_redistribute_interval, absl::Milliseconds(7));
+  EXPECT_EQ(o->io_threads, 3);
+  EXPECT_EQ(o->publish_connections, 4);
+  EXPECT_EQ(o->max_message_bytes, 1000u);
+  EXPECT_EQ(o->max_batch_bytes, 2000u);
+  EXPECT_EQ(o->close_timeout, absl::Seconds(8));
+}
+
+TEST(NsqUrl, LookupdOnlyAndSecretFromTheEnvironment) {
+  absl::StatusOr<NsqOptions> o =
+      Nsq("nsq://?lookupd=[::1]:4161", Env({{"NSQ_AUTH_SECRET", "envsecret"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->nsqd_tcp_addresses.empty());
+  EXPECT_THAT(o->lookupd_http_addresses, ElementsAre("[::1]:4161"));
+  EXPECT_EQ(o->auth_secret, "envsecret");
+}
+
+TEST(NsqUrl, Errors) {
+  ExpectBad(Nsq("nsq://").status(), "host");
+  ExpectBad(Nsq("nsq://n1:99999").status(), "port");
+  ExpectBad(Nsq("nsq://n1,").status(), "host");
+  ExpectBad(Nsq("nsq://n1?lookupd=l1:x").status(), "parameter lookupd");
+  ExpectBad(Nsq("nsq://n1?nsqd_http=[::1").status(), "parameter nsqd_http");
+  ExpectBad(Nsq("nsq://u:p@n1").status(), "user");
+  ExpectBad(Nsq("nsq://n1/path").status(), "path");
+  ExpectBad(Nsq("nsq://n1?io_threads=0").status(), "io_threads");
+  ExpectBad(Nsq("nsq://n1?lookupd_poll_jitter=x").status(), "parameter lookupd_poll_jitter");
+  ExpectBad(Nsq("nsq://n1?auth_secret=hunter2&bogus=1").status(), "unknown: bogus", "hunter2");
+  ExpectBad(Nsq("redis://n1").status(), "scheme");
+}
+
+TEST(SqliteUrl, AbsoluteAndRelativePaths) {
+  absl::StatusOr<SqliteOptions> o = Sqlite("sqlite:///var/lib/bus.db");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->path, "/var/lib/bus.db");
+  o = Sqlite("sqlite://data/bus.db");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->path, "data/bus.db");
+  o = Sqlite("sqlite:///tmp/with%20space.db");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->path, "/tmp/with space.db");
+  EXPECT_EQ(o->busy_timeout, SqliteOptions().busy_timeout);
+}
+
+TEST(SqliteUrl, EveryParameter) {
+  absl::StatusOr<SqliteOptions> o = Sqlite(
+      "sqlite:///x.db?busy_timeout=1s&synchronous=full&cleanup_batch=5&cleanup_interval=2s&"
+      "max_batch=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->busy_timeout, absl::Seconds(1));
+  EXPECT_EQ(o->synchronous, SqliteSynchronous::kFull);
+  EXPECT_EQ(o->cleanup_batch, 5);
+  EXPECT_EQ(o->cleanup_interval, absl::Seconds(2));
+  EXPECT_EQ(o->max_batch, 7);
+  EXPECT_EQ(o->max_idle_readers, 1);
+  EXPECT_EQ(o->spin_wait, absl::ZeroDuration());
+  EXPECT_FALSE(o->background_checkpoints);
+}
+
+TEST(SqliteUrl, Errors) {
+  ExpectBad(Sqlite("sqlite://").status(), "path");
+  ExpectBad(Sqlite("sqlite://?busy_timeout=1s").status(), "path");
+  ExpectBad(Sqlite("sqlite:///x.db?synchronous=off").status(), "parameter synchronous");
+  ExpectBad(Sqlite("sqlite:///x.db?background_checkpoints=maybe").status(),
+            "parameter background_checkpoints");
+  ExpectBad(Sqlite("sqlite:///x.db?max_batch=0").status(), "max_batch");
+  ExpectBad(Sqlite("sqlite:///x.db?journal=wal").status(), "unknown: journal");
+  ExpectBad(Sqlite("sqlite:///bad%zz.db").status(), "path");
+}
+
+TEST(MemoryUrl, FormsAndErrors) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl("memory://?max_message_bytes=100");
+  ASSERT_TRUE(url.ok());
+  absl::StatusOr<MemoryUrlOptions> o = MemoryOptionsFromUrl(*url);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_message_bytes, 100u);
+  ExpectBad(OpenDriver("memory://host").status(), "host");
+  ExpectBad(OpenDriver("memory://?nope=1").status(), "unknown: nope");
+  ExpectBad(OpenStores("memory://?max_message_bytes=1").status(), "unknown");
+}
+
+TEST(Redaction, PasswordsAndSecretsNeverShow) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl("redis://alice:s3cret@[::1]:6380/2?key_prefix=a%3A");
+  ASSERT_TRUE(url.ok());
+  EXPECT_EQ(RedactedUrl(*url), "redis://alice:<redacted>@[::1]:6380/2?key_prefix=a%3A");
+  EXPECT_EQ(RedactedUrl("nsq://n1,n2:1?auth_secret=hunter2&lookupd=l"),
+            "nsq://n1,n2:1?auth_secret=<redacted>&lookupd=l");
+  EXPECT_EQ(RedactedUrl("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+  EXPECT_EQ(RedactedUrl("redis://:pw@h:bad"), "redis://<unparsed>");
+  EXPECT_EQ(RedactedUrl("nonsense"), "<not a URL>");
+  // The option structs' own ToString redacts too.
+  absl::StatusOr<RedisOptions> o = Redis("redis://:s3cret@h");
+  ASSERT_TRUE(o.ok());
+  EXPECT_THAT(ToString(*o), Not(HasSubstr("s3cret")));
+}
+
+TEST(Open, EveryKindAndUnknownSchemes) {
+  absl::StatusOr<std::shared_ptr<Driver>> d = OpenDriver("memory://");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->name(), "memory");
+  d = OpenDriver("redis://127.0.0.1:1");  // does not connect
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->name(), "redis");
+  d = OpenDriver("nsq://127.0.0.1:1");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->name(), "nsq");
+  ExpectBad(OpenDriver("sqlite:///x.db").status(), "scheme");
+  ExpectBad(OpenDriver("kafka://h").status(), "scheme");
+
+  const std::string db = std::string(::testing::TempDir()) + "/open_test.db";
+  absl::StatusOr<Stores> s = OpenStores("sqlite://" + db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->dead_letters->Count("q").ok());
+  ASSERT_TRUE(OpenDeadLetterStore("memory://").ok());
+  ASSERT_TRUE(OpenIdempotencyStore("memory://").ok());
+  ASSERT_TRUE(OpenIdempotencyStore("redis://127.0.0.1:1").ok());
+  ExpectBad(OpenStores("nsq://h").status(), "scheme");
+  // A directory that does not exist: SqliteDatabase::Open's error.
+  EXPECT_EQ(OpenStores("sqlite:///nonexistent-dir/x.db").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace bus
