@@ -92,7 +92,7 @@ Handler::Handler(HandlerOptions options, bool user_ensure)
     std::weak_ptr<internal::Pipeline> weak = shared_;
     metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
       if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
-        WriteHandlerMetrics(p->Stats(), p->options.queue, p->options.driver->name(),
+        WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
                             p->options.dead_letters.get(), w);
       }
     });

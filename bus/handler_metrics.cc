@@ -1,12 +1,13 @@
 #include "bus/handler_metrics.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 
 namespace bus {
 
-void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, absl::string_view driver,
+void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver& driver,
                          DeadLetterStore* dead_letters, MetricsWriter& w) {
   const MetricLabels q = {{"queue", std::string(queue)}};
   w.Counter("bus_messages_received_total",
@@ -41,7 +42,7 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, absl::s
   w.Counter("bus_driver_reconnects_total",
             "Connections the queue's driver re-established (the driver's count; handlers "
             "sharing a driver show the same value).",
-            {{"queue", std::string(queue)}, {"driver", std::string(driver)}}, s.reconnects);
+            {{"queue", std::string(queue)}, {"driver", std::string(driver.name())}}, s.reconnects);
   w.Gauge("bus_handler_running", "1 while the handler's Run() is in progress.", q,
           s.running ? 1 : 0);
   w.Gauge("bus_handler_consuming", "1 while the handler's consumer is running.", q,
@@ -55,6 +56,20 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, absl::s
   h.counts.assign(s.latency_buckets.begin(), s.latency_buckets.end());
   h.sum = absl::ToDoubleSeconds(s.latency_sum);
   w.Histogram("bus_handle_duration_seconds", "Duration of handle() calls.", q, h);
+
+  absl::StatusOr<QueueCounts> depth = driver.InspectQueue(queue);
+  if (depth.ok()) {
+    const char* help = "Messages in the queue now, as the broker counts them, by state.";
+    for (const auto& [state, n] : {std::pair<const char*, int64_t>{"ready", depth->ready},
+                                   {"delayed", depth->delayed},
+                                   {"in_flight", depth->in_flight}}) {
+      w.Gauge("bus_queue_messages", help, {{"queue", std::string(queue)}, {"state", state}},
+              static_cast<double>(n));
+    }
+  }
+  w.Gauge("bus_queue_inspect_errors",
+          "1 when bus_queue_messages was left off this page because inspecting the queue failed.",
+          q, depth.ok() ? 0 : 1);
 
   if (dead_letters == nullptr) return;
   int failed = 0;

@@ -214,9 +214,9 @@ class NsqDriver final : public Driver {
   }
 
   // A fresh connection's handshake (magic, IDENTIFY and its response, AUTH when required) with
-  // every configured nsqd, and a /lookup round trip with every nsqlookupd: NSQ has no command
-  // with a response that leaves no trace (NOP has none), and a new connection does not wait
-  // behind the consumers' traffic.
+  // every nsqd TCP address (NSQ has no command with a response that leaves no trace: NOP has
+  // none; a new connection does not wait behind the consumers' traffic), then GET /ping on
+  // every nsqd and nsqlookupd HTTP address.
   absl::Status Ping(absl::Duration timeout) override {
     namespace asio = boost::asio;
     for (const std::string& address : core_->options().nsqd_tcp_addresses) {
@@ -231,15 +231,24 @@ class NsqDriver final : public Driver {
       conn->Close(absl::CancelledError("ping done"));
       if (!st.ok()) return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
     }
-    for (const std::string& address : core_->options().lookupd_http_addresses) {
-      std::future<absl::StatusOr<std::vector<std::string>>> f = asio::co_spawn(
-          core_->io(), nsq::LookupProducers(core_->io(), address, "bus_ping", timeout),
+    // GET /ping (nsqd's and nsqlookupd's health endpoint, "OK") on every HTTP address.
+    auto http_ping = [&](const std::string& address, absl::string_view what) -> absl::Status {
+      std::future<absl::StatusOr<nsq::HttpResponse>> f = asio::co_spawn(
+          core_->io(), nsq::HttpGet(core_->io(), address, "/ping", what, timeout),
           asio::use_future);
-      absl::StatusOr<std::vector<std::string>> r = f.get();
-      if (!r.ok()) {
-        return absl::Status(r.status().code(),
-                            absl::StrCat("nsqlookupd ", address, ": ", r.status().message()));
+      absl::StatusOr<nsq::HttpResponse> r = f.get();
+      if (!r.ok()) return r.status();
+      if (r->status != 200) {
+        return absl::UnavailableError(
+            absl::StrCat(what, " ", address, ": /ping answered HTTP ", r->status));
       }
+      return absl::OkStatus();
+    };
+    for (const std::string& address : core_->options().nsqd_http_addresses) {
+      if (absl::Status st = http_ping(address, "nsqd"); !st.ok()) return st;
+    }
+    for (const std::string& address : core_->options().lookupd_http_addresses) {
+      if (absl::Status st = http_ping(address, "nsqlookupd"); !st.ok()) return st;
     }
     return absl::OkStatus();
   }
