@@ -49,7 +49,9 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 }  // namespace
 
-struct AdminServer::Impl : std::enable_shared_from_this<Impl> {
+// The coroutines and probes use `this` without owning it: Stop() joins the I/O thread and the
+// pool before the Impl (and the io_context, which destroys the suspended coroutines) goes.
+struct AdminServer::Impl {
   explicit Impl(AdminServerOptions o)
       : options(std::move(o)), acceptor(io), pool(static_cast<size_t>(options.probe_threads)) {}
 
@@ -100,7 +102,6 @@ struct AdminServer::Impl : std::enable_shared_from_this<Impl> {
   }
 
   awaitable<Response> Respond(const http::request<http::string_body>& req) {
-    const std::shared_ptr<Impl> self = shared_from_this();
     if (req.method() != http::verb::get) {
       Response res = Make(http::status::method_not_allowed, "text/plain", "GET only\n");
       res.set(http::field::allow, "GET");
@@ -111,13 +112,12 @@ struct AdminServer::Impl : std::enable_shared_from_this<Impl> {
       target = target.substr(0, q);
     }
     if (target == "/healthz") co_return Health();
-    if (target == "/readyz") co_return co_await OnPool([self] { return self->Readiness(); });
-    if (target == "/metrics") co_return co_await OnPool([self] { return self->Metrics(); });
+    if (target == "/readyz") co_return co_await OnPool([this] { return Readiness(); });
+    if (target == "/metrics") co_return co_await OnPool([this] { return Metrics(); });
     co_return Make(http::status::not_found, "text/plain", "not found\n");
   }
 
   awaitable<void> Session(tcp::socket socket) {
-    const std::shared_ptr<Impl> self = shared_from_this();
     boost::beast::flat_buffer buffer;
     asio::steady_timer deadline(io);
     for (;;) {
@@ -148,7 +148,6 @@ struct AdminServer::Impl : std::enable_shared_from_this<Impl> {
   }
 
   awaitable<void> Accept() {
-    const std::shared_ptr<Impl> self = shared_from_this();
     for (;;) {
       error_code ec;
       tcp::socket socket = co_await acceptor.async_accept(asio::redirect_error(use_awaitable, ec));
