@@ -197,12 +197,12 @@ int AdminServer::port() const { return impl_->port; }
 
 void AdminServer::Stop() {
   if (impl_->stopped.exchange(true)) return;
-  asio::post(impl_->io, [impl = impl_.get()] {
-    error_code ignored;
-    impl->acceptor.close(ignored);
-  });
   impl_->io.stop();
   impl_->thread.join();
+  // The I/O thread is gone, so nothing else touches the acceptor: new connections are refused
+  // from here on.
+  error_code ignored;
+  impl_->acceptor.close(ignored);
   // Probes in progress finish (each Ping is bounded); their replies are dropped.
   impl_->pool.join();
 }
