@@ -180,8 +180,8 @@ absl::StatusOr<std::unique_ptr<AdminServer>> AdminServer::Start(AdminServerOptio
   if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("admin server: cannot listen on ",
-                                               impl->options.address, ":", impl->options.port,
-                                               ": ", ec.message()));
+                                               impl->options.address, ":", impl->options.port, ": ",
+                                               ec.message()));
   }
   impl->port = impl->acceptor.local_endpoint().port();
   asio::co_spawn(impl->io, impl->Accept(), asio::detached);

@@ -5,7 +5,8 @@
 //
 //   bazel run -c opt //bench:memory_e2e_bench -- --messages=1000000 --concurrency=1,2
 //   bazel run -c opt //bench:memory_e2e_bench -- --stores=sqlite --messages=100000 --batch_size=64
-//   bazel run -c opt //bench:memory_e2e_bench -- --metrics=both   # metrics off and on, side by side
+//   bazel run -c opt //bench:memory_e2e_bench -- --metrics=both   # metrics off and on, side by
+//   side
 //
 // With metrics on, the Handler has a MetricsRegistry (HandlerOptions::metrics) and a thread
 // renders the whole page every --scrape_interval (10 ms by default, 1,500 times as often as a

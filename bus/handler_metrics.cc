@@ -12,19 +12,16 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
   const MetricLabels q = {{"queue", std::string(queue)}};
   w.Counter("bus_messages_received_total",
             "Deliveries taken from the driver, replayed dead letters included.", q, s.received);
-  w.Counter("bus_messages_succeeded_total", "Messages whose handle() returned OK.", q,
-            s.succeeded);
+  w.Counter("bus_messages_succeeded_total", "Messages whose handle() returned OK.", q, s.succeeded);
   w.Counter("bus_messages_failed_total",
             "handle() calls that failed (retryable or permanent, exceptions included).", q,
             s.failed);
   w.Counter("bus_messages_retried_total", "Failed messages re-sent with a retry delay.", q,
             s.retried);
   w.Counter("bus_messages_dead_lettered_total",
-            "Messages stored in the dead-letter store (malformed included).", q,
-            s.dead_lettered);
+            "Messages stored in the dead-letter store (malformed included).", q, s.dead_lettered);
   w.Counter("bus_messages_duplicates_total",
-            "Messages skipped because their idempotency key was already handled.", q,
-            s.duplicates);
+            "Messages skipped because their idempotency key was already handled.", q, s.duplicates);
   w.Counter("bus_messages_malformed_total", "Deliveries that were not a valid envelope.", q,
             s.malformed);
   w.Counter("bus_messages_replayed_total",
@@ -33,8 +30,8 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
   w.Counter("bus_messages_redelivered_total",
             "Deliveries given back to the broker unsettled (infrastructure failures).", q,
             s.redelivered);
-  w.Counter("bus_store_errors_total",
-            "Failed calls of the idempotency or the dead-letter store.", q, s.store_errors);
+  w.Counter("bus_store_errors_total", "Failed calls of the idempotency or the dead-letter store.",
+            q, s.store_errors);
   w.Counter("bus_callback_errors_total", "Exceptions thrown by ensure or retry_delay.", q,
             s.callback_errors);
   w.Gauge("bus_messages_in_flight", "Messages inside the pipeline now.", q,

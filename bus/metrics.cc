@@ -247,8 +247,8 @@ absl::StatusOr<std::shared_ptr<Counter>> MetricsRegistry::NewCounter(absl::strin
                                                                      absl::string_view help,
                                                                      MetricLabels labels) {
   auto c = std::make_shared<Counter>();
-  if (absl::Status st = Register({std::string(name), std::string(help), std::move(labels), c,
-                                  nullptr, nullptr});
+  if (absl::Status st =
+          Register({std::string(name), std::string(help), std::move(labels), c, nullptr, nullptr});
       !st.ok()) {
     return st;
   }
@@ -259,30 +259,30 @@ absl::StatusOr<std::shared_ptr<Gauge>> MetricsRegistry::NewGauge(absl::string_vi
                                                                  absl::string_view help,
                                                                  MetricLabels labels) {
   auto g = std::make_shared<Gauge>();
-  if (absl::Status st = Register({std::string(name), std::string(help), std::move(labels),
-                                  nullptr, g, nullptr});
+  if (absl::Status st =
+          Register({std::string(name), std::string(help), std::move(labels), nullptr, g, nullptr});
       !st.ok()) {
     return st;
   }
   return g;
 }
 
-absl::StatusOr<std::shared_ptr<Histogram>> MetricsRegistry::NewHistogram(
-    absl::string_view name, absl::string_view help, std::vector<double> bounds,
-    MetricLabels labels) {
+absl::StatusOr<std::shared_ptr<Histogram>> MetricsRegistry::NewHistogram(absl::string_view name,
+                                                                         absl::string_view help,
+                                                                         std::vector<double> bounds,
+                                                                         MetricLabels labels) {
   if (bounds.empty()) return absl::InvalidArgumentError("histogram bounds: empty");
   for (size_t i = 0; i < bounds.size(); ++i) {
     if (!std::isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1])) {
-      return absl::InvalidArgumentError(
-          "histogram bounds: must be finite and strictly ascending");
+      return absl::InvalidArgumentError("histogram bounds: must be finite and strictly ascending");
     }
   }
   for (const auto& [label, value] : labels) {
     if (label == "le") return absl::InvalidArgumentError("histogram label \"le\" is reserved");
   }
   auto h = std::make_shared<Histogram>(std::move(bounds));
-  if (absl::Status st = Register({std::string(name), std::string(help), std::move(labels),
-                                  nullptr, nullptr, h});
+  if (absl::Status st =
+          Register({std::string(name), std::string(help), std::move(labels), nullptr, nullptr, h});
       !st.ok()) {
     return st;
   }

@@ -1,8 +1,8 @@
 #include "bus/metrics.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
-#include <atomic>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -57,9 +57,9 @@ TEST(MetricsWriterTest, FamiliesAreContiguousWithOneHeader) {
 TEST(MetricsWriterTest, DropsWhatCannotBeRendered) {
   MetricsWriter w;
   w.Counter("a", "A.", {}, 1);
-  w.Gauge("a", "A as a gauge.", {}, 1);         // another type
-  w.Counter("bad-name", "", {}, 1);              // bad name
-  w.Counter("c", "", {{"bad-label", "v"}}, 1);   // bad label name
+  w.Gauge("a", "A as a gauge.", {}, 1);                   // another type
+  w.Counter("bad-name", "", {}, 1);                       // bad name
+  w.Counter("c", "", {{"bad-label", "v"}}, 1);            // bad label name
   w.Histogram("h", "", {{"le", "1"}}, {{1}, {0, 0}, 0});  // le is reserved
   w.Histogram("h", "", {}, {{1, 2}, {0, 0}, 0});          // counts do not fit the bounds
   EXPECT_EQ(w.dropped(), 5);

@@ -22,8 +22,6 @@
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_future.hpp"
 #include "bus/names.h"
-#include "boost/asio/co_spawn.hpp"
-#include "boost/asio/use_future.hpp"
 #include "bus/route_key.h"
 #include "drivers/nsq/connection.h"
 #include "drivers/nsq/consumer.h"
@@ -229,13 +227,14 @@ class NsqDriver final : public Driver {
           asio::use_future);
       absl::Status st = f.get();
       conn->Close(absl::CancelledError("ping done"));
-      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
+      if (!st.ok())
+        return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
     }
     // GET /ping (nsqd's and nsqlookupd's health endpoint, "OK") on every HTTP address.
     auto http_ping = [&](const std::string& address, absl::string_view what) -> absl::Status {
-      std::future<absl::StatusOr<nsq::HttpResponse>> f = asio::co_spawn(
-          core_->io(), nsq::HttpGet(core_->io(), address, "/ping", what, timeout),
-          asio::use_future);
+      std::future<absl::StatusOr<nsq::HttpResponse>> f =
+          asio::co_spawn(core_->io(), nsq::HttpGet(core_->io(), address, "/ping", what, timeout),
+                         asio::use_future);
       absl::StatusOr<nsq::HttpResponse> r = f.get();
       if (!r.ok()) return r.status();
       if (r->status != 200) {

@@ -271,7 +271,9 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     return absl::OkStatus();
   }
 
-  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(client_.conn(), timeout); }
+  absl::Status Ping(absl::Duration timeout) override {
+    return redis::Ping(client_.conn(), timeout);
+  }
 
  private:
   struct Keys {

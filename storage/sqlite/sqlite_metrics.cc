@@ -12,8 +12,9 @@ uint64_t AddSqliteMetrics(MetricsRegistry& registry, const std::shared_ptr<Sqlit
     if (d == nullptr) return;
     const SqliteDatabase::Stats s = d->stats();
     const MetricLabels l = {{"database", name}};
-    w.Counter("bus_sqlite_transactions_total", "SQLite write transactions committed (or attempted).",
-              l, static_cast<uint64_t>(s.transactions));
+    w.Counter("bus_sqlite_transactions_total",
+              "SQLite write transactions committed (or attempted).", l,
+              static_cast<uint64_t>(s.transactions));
     w.Counter("bus_sqlite_operations_total",
               "Operations passed to SqliteDatabase::Write (over transactions: the group commit's "
               "batch size).",

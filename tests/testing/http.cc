@@ -68,7 +68,8 @@ absl::StatusOr<HttpReply> Curl(const std::string& url, const std::string& method
   RemoveTree(dir);
   if (!rc.ok()) return rc.status();
   if (*rc == 127) return absl::FailedPreconditionError("curl is not installed (tools/setup.sh)");
-  if (*rc != 0) return absl::UnavailableError(absl::StrCat("curl ", url, ": exit ", *rc, ": ", err));
+  if (*rc != 0)
+    return absl::UnavailableError(absl::StrCat("curl ", url, ": exit ", *rc, ": ", err));
   if (!absl::SimpleAtoi(code, &reply.status)) {
     return absl::InternalError(absl::StrCat("curl printed no status: ", code));
   }
@@ -85,9 +86,9 @@ absl::StatusOr<nlohmann::json> ParsePrometheusText(const std::string& page) {
     std::ofstream(dir + "/parse.py") << kParser;
   }
   std::string out;
-  absl::StatusOr<int> rc = Run(absl::StrCat("'", python, "' '", dir, "/parse.py' < '", dir,
-                                            "/page' 2>'", dir, "/err'"),
-                               &out);
+  absl::StatusOr<int> rc =
+      Run(absl::StrCat("'", python, "' '", dir, "/parse.py' < '", dir, "/page' 2>'", dir, "/err'"),
+          &out);
   const std::string err = ReadFile(dir + "/err");
   RemoveTree(dir);
   if (!rc.ok()) return rc.status();

@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/client/redis_options.h"
 
