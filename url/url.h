@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "drivers/nsq/nsq_options.h"
-#include "drivers/redis/redis_options.h"
+#include "drivers/redis/redis_driver.h"  // RedisOptions
 #include "storage/sqlite/sqlite_db.h"
 
 namespace bus {
