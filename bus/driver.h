@@ -29,6 +29,7 @@
 #ifndef BUS_DRIVER_H_
 #define BUS_DRIVER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stop_token>
@@ -43,6 +44,13 @@
 #include "bus/clock.h"
 
 namespace bus {
+
+// The default bound on one message (its envelope's bytes), shared by the Handler
+// (HandlerOptions::max_message_bytes) and the drivers' own limits, so that a message one
+// component accepts is not refused by another with default options: 1 MiB, nsqd's default
+// --max-msg-size. A driver whose broker counts its own framing in that limit (NSQ) accepts
+// that much less.
+inline constexpr size_t kDefaultMaxMessageBytes = size_t{1} << 20;
 
 // One leased message.
 struct Delivery {

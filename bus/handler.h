@@ -146,8 +146,8 @@ struct HandlerOptions {
   absl::Duration idempotency_lease = absl::ZeroDuration();
   // How long a handled key keeps later copies out; > 0.
   absl::Duration idempotency_retention = absl::Hours(24);
-  // Envelopes larger than this are poison; >= 64.
-  size_t max_message_bytes = 1 << 20;
+  // Envelopes larger than this are poison; >= 64. Default kDefaultMaxMessageBytes (1 MiB).
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
   // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
   // back with this delay (doubling per consecutive failure up to infra_backoff_max) so a broken
   // store does not spin.

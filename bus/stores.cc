@@ -96,4 +96,15 @@ std::shared_ptr<IdempotencyStore> NullIdempotencyStore() {
   return std::make_shared<NullIdempotencyStoreImpl>();
 }
 
+absl::Status ValidateIdempotencyCall(absl::string_view call, absl::string_view key,
+                                     absl::string_view owner, absl::string_view what,
+                                     absl::Duration duration) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty key"));
+  if (owner.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty owner"));
+  if (!what.empty() && duration <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " must be > 0"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace bus

@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -145,6 +146,34 @@ class DeadLetterStore {
 
 // Checks the fields of a letter given to Store(); for the implementations.
 absl::Status ValidateDeadLetter(const DeadLetter& letter);
+
+// The argument checks of every IdempotencyStore, for the implementations, so that all of them
+// refuse the same input with the same message: InvalidArgument when `key` or `owner` is empty
+// or `duration` (a lease or retention, named by `what`) is not > 0. Release has no duration:
+// pass what = "" to skip that check. Messages start with `call`, e.g. "Acquire: empty key".
+absl::Status ValidateIdempotencyCall(absl::string_view call, absl::string_view key,
+                                     absl::string_view owner, absl::string_view what,
+                                     absl::Duration duration);
+
+// The same for the entries of a batched call (AcquireMany, MarkDoneMany): each invalid entry
+// gets its error in `results`; returns the positions of the valid ones, in order.
+template <typename Result>
+std::vector<size_t> ValidIdempotencyEntries(absl::string_view call, absl::string_view what,
+                                            absl::Span<const absl::string_view> keys,
+                                            absl::Span<const absl::string_view> owners,
+                                            absl::Duration duration, absl::Span<Result> results) {
+  std::vector<size_t> valid;
+  valid.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = ValidateIdempotencyCall(call, keys[i], owners[i], what, duration);
+        !s.ok()) {
+      results[i] = std::move(s);
+    } else {
+      valid.push_back(i);
+    }
+  }
+  return valid;
+}
 
 // An idempotency key is a lease, not a flag:
 //

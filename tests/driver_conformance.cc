@@ -1,3 +1,9 @@
+// The driver conformance suite (declared in driver_conformance.h; clause by clause,
+// docs/driver-contract.md).
+//
+// Over 600 lines: one case per clause of the contract, run on every driver; splitting it would
+// split the contract.
+
 #include "tests/driver_conformance.h"
 
 #include <unistd.h>

@@ -31,7 +31,7 @@
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 #include "tests/testing/fault_injection.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"

@@ -1,5 +1,9 @@
 // The Handler pipeline, branch by branch (docs/pipeline.md), on the memory driver
 // and memory stores with a fake clock.
+//
+// Over 600 lines: one case per branch of the pipeline (every step, outcome and failure of
+// docs/pipeline.md), kept in one file so the order of the sections follows the order of the
+// steps; sections are marked with "// ----".
 
 #include "bus/handler.h"
 

@@ -9,7 +9,8 @@
 # g++; takes about 10 minutes on 2 cores. Idempotent: returns at once when the prefix is complete.
 set -euo pipefail
 
-prefix=/opt/absl-tsan
+# .bazelrc names /opt/absl-tsan; ABSL_TSAN_PREFIX is for timing or trying the build elsewhere.
+prefix=${ABSL_TSAN_PREFIX:-/opt/absl-tsan}
 supp_src="$(cd "$(dirname "$0")" && pwd)/tsan.supp"
 version=$(dpkg-query -W -f='${Version}' libabsl-dev 2>/dev/null || true)
 if [ -z "$version" ]; then

@@ -12,7 +12,7 @@
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 
 namespace bus {
 namespace {

@@ -445,8 +445,6 @@ absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
       return Bad("parameter synchronous", "want normal or full");
     }
   }
-  p.Integer("cleanup_batch", &o.cleanup_batch);
-  p.Duration("cleanup_interval", &o.cleanup_interval);
   p.Integer("max_batch", &o.max_batch);
   p.Integer("max_idle_readers", &o.max_idle_readers);
   p.Duration("spin_wait", &o.spin_wait);

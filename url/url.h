@@ -36,7 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "drivers/nsq/nsq_options.h"
 #include "drivers/redis/redis_driver.h"  // RedisOptions
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 
 namespace bus {
 
@@ -86,8 +86,8 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
 
 // sqlite:// → SqliteOptions. "sqlite:///abs.db" is the absolute path /abs.db,
 // "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
-// (normal, full), cleanup_batch, cleanup_interval, max_batch, max_idle_readers, spin_wait,
-// background_checkpoints (true, false). Validated (ValidateSqliteOptions).
+// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true,
+// false). Validated (ValidateSqliteOptions).
 absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
 // memory:// for the memory driver: its one parameter, max_message_bytes.

@@ -255,13 +255,11 @@ TEST(SqliteUrl, AbsoluteAndRelativePaths) {
 
 TEST(SqliteUrl, EveryParameter) {
   absl::StatusOr<SqliteOptions> o = Sqlite(
-      "sqlite:///x.db?busy_timeout=1s&synchronous=full&cleanup_batch=5&cleanup_interval=2s&"
+      "sqlite:///x.db?busy_timeout=1s&synchronous=full&"
       "max_batch=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->busy_timeout, absl::Seconds(1));
   EXPECT_EQ(o->synchronous, SqliteSynchronous::kFull);
-  EXPECT_EQ(o->cleanup_batch, 5);
-  EXPECT_EQ(o->cleanup_interval, absl::Seconds(2));
   EXPECT_EQ(o->max_batch, 7);
   EXPECT_EQ(o->max_idle_readers, 1);
   EXPECT_EQ(o->spin_wait, absl::ZeroDuration());

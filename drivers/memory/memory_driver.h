@@ -25,8 +25,9 @@ namespace bus {
 struct MemoryDriverOptions {
   // Default: RealClock().
   std::shared_ptr<Clock> clock;
-  // Largest message accepted by Send*; larger ones are InvalidArgument. Default 16 MiB.
-  size_t max_message_bytes = size_t{16} << 20;
+  // Largest message accepted by Send*; larger ones are InvalidArgument. Default
+  // kDefaultMaxMessageBytes (1 MiB), as the Handler's.
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 
 std::shared_ptr<Driver> NewMemoryDriver(MemoryDriverOptions options = {});

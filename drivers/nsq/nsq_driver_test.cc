@@ -72,44 +72,9 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
   return seen;
 }
 
-// nsqd's /stats for `topic`/`channel` over HTTP: {depth, in_flight_count}, or {-1, -1}.
-std::pair<int64_t, int64_t> ChannelCounts(const std::string& http_address, const std::string& topic,
-                                          const std::string& channel) {
-  namespace asio = boost::asio;
-  namespace http = boost::beast::http;
-  try {
-    asio::io_context io;
-    asio::ip::tcp::resolver resolver(io);
-    const size_t colon = http_address.rfind(':');
-    asio::ip::tcp::socket socket(io);
-    asio::connect(socket,
-                  resolver.resolve(http_address.substr(0, colon), http_address.substr(colon + 1)));
-    http::request<http::empty_body> req(
-        http::verb::get, absl::StrCat("/stats?format=json&topic=", topic, "&channel=", channel),
-        11);
-    req.set(http::field::host, http_address);
-    http::write(socket, req);
-    boost::beast::flat_buffer buf;
-    http::response<http::string_body> resp;
-    http::read(socket, buf, resp);
-    const nlohmann::json j = nlohmann::json::parse(resp.body());
-    for (const auto& t : j.at("topics")) {
-      for (const auto& c : t.at("channels")) {
-        if (c.at("channel_name") == channel) {
-          return {c.at("depth").get<int64_t>(), c.at("in_flight_count").get<int64_t>()};
-        }
-      }
-    }
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "stats from " << http_address << ": " << e.what();
-  }
-  return {-1, -1};
-}
-
-// nsqd's /stats for `topic`: the topic's own depth (messages not yet copied to a channel) and
-// whether `channel` exists; {-1, false} when the topic is not there.
-std::pair<int64_t, bool> TopicState(const std::string& http_address, const std::string& topic,
-                                    const std::string& channel) {
+// nsqd's /stats?format=json&topic=`topic` over HTTP, parsed; null (and a test failure) when it
+// cannot be had.
+nlohmann::json TopicStats(const std::string& http_address, const std::string& topic) {
   namespace asio = boost::asio;
   namespace http = boost::beast::http;
   try {
@@ -126,15 +91,41 @@ std::pair<int64_t, bool> TopicState(const std::string& http_address, const std::
     boost::beast::flat_buffer buf;
     http::response<http::string_body> resp;
     http::read(socket, buf, resp);
-    const nlohmann::json j = nlohmann::json::parse(resp.body());
-    for (const auto& t : j.at("topics")) {
-      if (t.at("topic_name") != topic) continue;
-      bool found = false;
-      for (const auto& c : t.at("channels")) found = found || c.at("channel_name") == channel;
-      return {t.at("depth").get<int64_t>(), found};
-    }
+    nlohmann::json j = nlohmann::json::parse(resp.body());
+    j.at("topics");  // throws when the reply has none
+    return j;
   } catch (const std::exception& e) {
     ADD_FAILURE() << "stats from " << http_address << ": " << e.what();
+  }
+  return nullptr;
+}
+
+// The channel's {depth, in_flight_count}, or {-1, -1}.
+std::pair<int64_t, int64_t> ChannelCounts(const std::string& http_address, const std::string& topic,
+                                          const std::string& channel) {
+  const nlohmann::json j = TopicStats(http_address, topic);
+  if (j.is_null()) return {-1, -1};
+  for (const auto& t : j.at("topics")) {
+    for (const auto& c : t.at("channels")) {
+      if (c.at("channel_name") == channel) {
+        return {c.at("depth").get<int64_t>(), c.at("in_flight_count").get<int64_t>()};
+      }
+    }
+  }
+  return {-1, -1};
+}
+
+// The topic's own depth (messages not yet copied to a channel) and whether `channel` exists;
+// {-1, false} when the topic is not there.
+std::pair<int64_t, bool> TopicState(const std::string& http_address, const std::string& topic,
+                                    const std::string& channel) {
+  const nlohmann::json j = TopicStats(http_address, topic);
+  if (j.is_null()) return {-1, false};
+  for (const auto& t : j.at("topics")) {
+    if (t.at("topic_name") != topic) continue;
+    bool found = false;
+    for (const auto& c : t.at("channels")) found = found || c.at("channel_name") == channel;
+    return {t.at("depth").get<int64_t>(), found};
   }
   return {-1, false};
 }
@@ -468,7 +459,7 @@ TEST(NsqDriverTest, AKilledConsumersMessagesAreRedeliveredAfterTheLease) {
   }
   const std::string marker = testing::MakeTempDir("hold") + "/held";
   auto child = testing::ChildProcess::Start(
-      {"drivers/nsq/nsq_hold_consumer", nsqd->tcp_address(), q, "5", "2000", marker});
+      {"tests/testing/nsq_hold_consumer", nsqd->tcp_address(), q, "5", "2000", marker});
   ASSERT_TRUE(child.ok()) << child.status();
   const absl::Time deadline = absl::Now() + kPatience;
   while (!std::filesystem::exists(marker) && absl::Now() < deadline && (*child)->Running()) {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "bus/clock.h"
+#include "bus/driver.h"
 #include "bus/logger.h"
 
 namespace bus {
@@ -75,8 +76,9 @@ struct NsqOptions {
   // connection on one goroutine, so more than one lets it use more cores. Default 2; >= 1.
   int publish_connections = 2;
   // Largest application message accepted by SendToQueue / SendToTopic (nsqd's --max-msg-size,
-  // less the driver's wrapper). Default 1 MiB - 512.
-  size_t max_message_bytes = (1 << 20) - 512;
+  // less the driver's wrapper). Default kDefaultMaxMessageBytes - 512 (nsqd's default limit
+  // of 1 MiB counts the wrapper too).
+  size_t max_message_bytes = kDefaultMaxMessageBytes - 512;
   // Largest MPUB command body (nsqd's --max-body-size); bigger batches are split. Default 5 MiB.
   size_t max_batch_bytes = 5 << 20;
   // How long closing a consumer waits for nsqd to confirm CLS (CLOSE_WAIT) on its connections

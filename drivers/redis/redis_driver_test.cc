@@ -2,6 +2,9 @@
 // itself: crash recovery, server restarts, client clock skew, large delayed backlogs, failures
 // of the server or the network, authentication, and idle consumers that do not busy-poll.
 //
+// Over 600 lines: each case starts its own redis-server (or fake server) and drives it
+// through a fault; the cases share that set-up, so they stay in one file.
+//
 // The binary doubles as the crashing consumer: run with --child-consumer PORT QUEUE N FILE it
 // leases N messages, writes their data to FILE and waits to be killed.
 

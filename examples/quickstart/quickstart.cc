@@ -55,7 +55,7 @@
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 #include "url/open.h"
 #include "url/url.h"
 

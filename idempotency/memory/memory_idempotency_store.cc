@@ -40,8 +40,10 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
-    if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("Acquire: lease <= 0");
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
     Sweep(now);
@@ -57,9 +59,9 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
-    if (retention <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("MarkDone: retention <= 0");
+    if (absl::Status st = ValidateIdempotencyCall("MarkDone", key, owner, "retention", retention);
+        !st.ok()) {
+      return st;
     }
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
@@ -75,7 +77,9 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
+    if (absl::Status st = ValidateIdempotencyCall("Release", key, owner, "", {}); !st.ok()) {
+      return st;
+    }
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
     auto it = Owned(key, owner, now);
@@ -91,12 +95,6 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
   }
 
  private:
-  static absl::Status Check(absl::string_view key, absl::string_view owner) {
-    if (key.empty()) return absl::InvalidArgumentError("idempotency key is empty");
-    if (owner.empty()) return absl::InvalidArgumentError("idempotency owner is empty");
-    return absl::OkStatus();
-  }
-
   static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));

@@ -44,32 +44,6 @@ int64_t Millis(absl::Duration d) {
   return std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
 }
 
-absl::Status Check(absl::string_view key, absl::string_view owner) {
-  if (key.empty()) return absl::InvalidArgumentError("idempotency key is empty");
-  if (owner.empty()) return absl::InvalidArgumentError("idempotency owner is empty");
-  return absl::OkStatus();
-}
-
-// Checks the entries of a batched call as the single call `call` would (key, owner, and the
-// duration `what` > 0). Returns the positions of the valid ones; the others get their error.
-template <typename Result>
-std::vector<size_t> ValidEntries(absl::string_view call, absl::string_view what,
-                                 absl::Span<const absl::string_view> keys,
-                                 absl::Span<const absl::string_view> owners,
-                                 absl::Duration duration, absl::Span<Result> results) {
-  std::vector<size_t> valid;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status st = Check(keys[i], owners[i]); !st.ok()) {
-      results[i] = st;
-    } else if (duration <= absl::ZeroDuration()) {
-      results[i] = absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " <= 0"));
-    } else {
-      valid.push_back(i);
-    }
-  }
-  return valid;
-}
-
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   explicit RedisIdempotencyStore(RedisOptions options)
@@ -77,8 +51,10 @@ class RedisIdempotencyStore final : public IdempotencyStore {
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
-    if (lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("Acquire: lease <= 0");
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
     absl::StatusOr<Reply> r = client_.conn().Command(
         {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
         options_.request_timeout);
@@ -89,9 +65,9 @@ class RedisIdempotencyStore final : public IdempotencyStore {
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
-    if (retention <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("MarkDone: retention <= 0");
+    if (absl::Status st = ValidateIdempotencyCall("MarkDone", key, owner, "retention", retention);
+        !st.ok()) {
+      return st;
     }
     absl::StatusOr<int64_t> r = Run(MarkDoneScript(), key, owner, Millis(retention));
     if (!r.ok()) return r.status();
@@ -103,7 +79,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                    absl::Span<const absl::string_view> owners, absl::Duration lease,
                    absl::Span<absl::StatusOr<bool>> results) override {
     // The SETs are pipelined in one round trip; Redis runs them in order.
-    const std::vector<size_t> sent = ValidEntries("Acquire", "lease", keys, owners, lease, results);
+    const std::vector<size_t> sent =
+        ValidIdempotencyEntries("Acquire", "lease", keys, owners, lease, results);
     std::vector<std::vector<std::string>> commands;
     const std::string ms = absl::StrCat(Millis(lease));
     for (size_t i : sent) {
@@ -132,7 +109,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     // One script call per key (the keys may live in different cluster slots), pipelined in
     // one round trip.
     const std::vector<size_t> sent =
-        ValidEntries("MarkDone", "retention", keys, owners, retention, results);
+        ValidIdempotencyEntries("MarkDone", "retention", keys, owners, retention, results);
     std::vector<std::vector<std::string>> calls;
     const std::string ms = absl::StrCat(Millis(retention));
     for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
@@ -156,7 +133,9 @@ class RedisIdempotencyStore final : public IdempotencyStore {
   }
 
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
-    if (absl::Status st = Check(key, owner); !st.ok()) return st;
+    if (absl::Status st = ValidateIdempotencyCall("Release", key, owner, "", {}); !st.ok()) {
+      return st;
+    }
     absl::StatusOr<int64_t> r = Run(ReleaseScript(), key, owner, -1);
     if (!r.ok()) return r.status();
     if (*r == 0) return NotOwner("Release", key);

@@ -5,20 +5,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/sql.h"
+#include "idempotency/sqlite/idempotency_sql.h"
 
 namespace bus {
 namespace {
 
 using sqlite_internal::Connection;
 using sqlite_internal::ScopedStatement;
-
-absl::Status CheckKeyAndOwner(absl::string_view call, absl::string_view key,
-                              absl::string_view owner) {
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty key"));
-  if (owner.empty()) return absl::InvalidArgumentError(absl::StrCat(call, ": empty owner"));
-  return absl::OkStatus();
-}
 
 absl::Status NotOwner(absl::string_view call, absl::string_view key) {
   return absl::FailedPreconditionError(
@@ -57,35 +50,14 @@ absl::StatusOr<bool> RunMarkDone(Connection& conn, absl::Time now, absl::string_
   return conn.Changes() == 1;
 }
 
-// Checks the entries of a batched call as the single call `call` would (key, owner, and the
-// duration `what` > 0). Returns the positions of the valid ones; the others get their error.
-template <typename Result>
-std::vector<size_t> ValidEntries(absl::string_view call, absl::string_view what,
-                                 absl::Span<const absl::string_view> keys,
-                                 absl::Span<const absl::string_view> owners,
-                                 absl::Duration duration, absl::Span<Result> results) {
-  std::vector<size_t> valid;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (absl::Status s = CheckKeyAndOwner(call, keys[i], owners[i]); !s.ok()) {
-      results[i] = s;
-    } else if (duration <= absl::ZeroDuration()) {
-      results[i] = absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " must be > 0"));
-    } else {
-      valid.push_back(i);
-    }
-  }
-  return valid;
-}
-
 class SqliteIdempotencyStore final : public IdempotencyStore {
  public:
   explicit SqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
-    if (absl::Status s = CheckKeyAndOwner("Acquire", key, owner); !s.ok()) return s;
-    if (lease <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("Acquire: lease must be > 0");
+    if (absl::Status s = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease); !s.ok()) {
+      return s;
     }
     bool acquired = false;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
@@ -100,9 +72,9 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override {
-    if (absl::Status s = CheckKeyAndOwner("MarkDone", key, owner); !s.ok()) return s;
-    if (retention <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("MarkDone: retention must be > 0");
+    if (absl::Status s = ValidateIdempotencyCall("MarkDone", key, owner, "retention", retention);
+        !s.ok()) {
+      return s;
     }
     return db_->Write([&](Connection& conn) -> absl::Status {
       absl::StatusOr<bool> marked = RunMarkDone(conn, db_->clock()->Now(), key, owner, retention);
@@ -119,7 +91,7 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
                    absl::Span<const absl::string_view> owners, absl::Duration lease,
                    absl::Span<absl::StatusOr<bool>> results) override {
     const std::vector<size_t> valid =
-        ValidEntries("Acquire", "lease", keys, owners, lease, results);
+        ValidIdempotencyEntries("Acquire", "lease", keys, owners, lease, results);
     if (valid.empty()) return;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();
@@ -139,7 +111,7 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
                     absl::Span<const absl::string_view> owners, absl::Duration retention,
                     absl::Span<absl::Status> results) override {
     const std::vector<size_t> valid =
-        ValidEntries("MarkDone", "retention", keys, owners, retention, results);
+        ValidIdempotencyEntries("MarkDone", "retention", keys, owners, retention, results);
     if (valid.empty()) return;
     const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();
@@ -156,7 +128,7 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
   }
 
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
-    if (absl::Status s = CheckKeyAndOwner("Release", key, owner); !s.ok()) return s;
+    if (absl::Status s = ValidateIdempotencyCall("Release", key, owner, "", {}); !s.ok()) return s;
     return db_->Write([&](Connection& conn) -> absl::Status {
       const absl::Time now = db_->clock()->Now();
       absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kReleaseKeySql);
@@ -177,15 +149,45 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
 
 }  // namespace
 
+absl::Status ValidateSqliteIdempotencyOptions(const SqliteIdempotencyOptions& options) {
+  if (options.cleanup_batch < 1) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch must be >= 1");
+  }
+  if (options.cleanup_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_interval must be > 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
-    const SqliteOptions& options) {
+    const SqliteOptions& options, const SqliteIdempotencyOptions& idempotency) {
+  if (absl::Status s = ValidateSqliteIdempotencyOptions(idempotency); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
   if (!db.ok()) return db.status();
-  return NewSqliteIdempotencyStore(*std::move(db));
+  return NewSqliteIdempotencyStore(*std::move(db), idempotency);
+}
+
+absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
+    std::shared_ptr<SqliteDatabase> db, const SqliteIdempotencyOptions& options) {
+  if (absl::Status s = ValidateSqliteIdempotencyOptions(options); !s.ok()) return s;
+  // Cleanup rides along with the database's writes (SqliteDatabase::AddHousekeeping): expired
+  // rows, oldest first, cleanup_batch per transaction, so it never holds the lock for long.
+  db->AddHousekeeping(options.cleanup_interval,
+                      [clock = db->clock(),
+                       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
+                        absl::StatusOr<ScopedStatement> stmt =
+                            conn.Prepare(sqlite_internal::kCleanupKeysSql);
+                        if (!stmt.ok()) return stmt.status();
+                        stmt->BindInt64(1, absl::ToUnixMillis(clock->Now()));
+                        stmt->BindInt64(2, batch);
+                        if (absl::Status s = stmt->Run(); !s.ok()) return s;
+                        return conn.Changes() >= batch;
+                      });
+  return std::shared_ptr<IdempotencyStore>(std::make_shared<SqliteIdempotencyStore>(std::move(db)));
 }
 
 std::shared_ptr<IdempotencyStore> NewSqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) {
-  return std::make_shared<SqliteIdempotencyStore>(std::move(db));
+  return *NewSqliteIdempotencyStore(std::move(db), SqliteIdempotencyOptions{});
 }
 
 }  // namespace bus

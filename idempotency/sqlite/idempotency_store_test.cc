@@ -19,9 +19,9 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/sqlite/sqlite_store_harness.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sqlite_store_harness.h"
 
 namespace bus::testing {
 namespace {
@@ -102,14 +102,35 @@ TEST_F(SqliteIdempotencyStoreTest, BatchedCallsAreOneTransactionEach) {
   EXPECT_FALSE(*store->Acquire("k7", "later", absl::Minutes(1)));
 }
 
+TEST_F(SqliteIdempotencyStoreTest, BadOptionsAreInvalidArgumentNamingTheField) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  const struct {
+    SqliteIdempotencyOptions options;
+    const char* field;
+  } cases[] = {
+      {{.cleanup_batch = 0}, "cleanup_batch"},
+      {{.cleanup_interval = absl::ZeroDuration()}, "cleanup_interval"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<std::shared_ptr<IdempotencyStore>> store =
+        NewSqliteIdempotencyStore(*db, c.options);
+    EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << c.field;
+    EXPECT_THAT(store.status().message(), ::testing::HasSubstr(c.field));
+    store = NewSqliteIdempotencyStore(options_, c.options);
+    EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << c.field;
+  }
+}
+
 TEST_F(SqliteIdempotencyStoreTest, ExpiredEntriesAreCleanedUpInBoundedBatches) {
   auto clock = std::make_shared<FakeClock>();
   options_.clock = clock;
-  options_.cleanup_batch = 100;
-  options_.cleanup_interval = absl::Minutes(1);
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  std::shared_ptr<IdempotencyStore> store = NewSqliteIdempotencyStore(*db);
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> opened =
+      NewSqliteIdempotencyStore(*db, {.cleanup_batch = 100, .cleanup_interval = absl::Minutes(1)});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::shared_ptr<IdempotencyStore> store = *opened;
   // 250 done keys whose retention runs out, 50 abandoned leases, and 10 keys that stay live.
   for (int i = 0; i < 250; ++i) {
     const std::string key = absl::StrCat("done-", i);

@@ -4,7 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/sql.h"
+#include "storage/sqlite/dead_letter_sql.h"
 
 namespace bus {
 namespace {
@@ -24,7 +24,8 @@ absl::StatusOr<int64_t> ParseId(absl::string_view id, absl::string_view what) {
 
 class SqliteDeadLetterStore final : public DeadLetterStore {
  public:
-  explicit SqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
+  SqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db, SqliteDeadLetterOptions options)
+      : db_(std::move(db)), options_(options) {}
 
   absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
@@ -162,7 +163,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
       return absl::OkStatus();
     });
     if (!s.ok() || max_id == 0) return s;
-    const int batch = db_->options().cleanup_batch;
+    const int batch = options_.purge_batch;
     while (true) {
       int64_t deleted = 0;
       s = db_->Write([&](Connection& conn) -> absl::Status {
@@ -184,19 +185,35 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
 
  private:
   const std::shared_ptr<SqliteDatabase> db_;
+  const SqliteDeadLetterOptions options_;
 };
 
 }  // namespace
 
+absl::Status ValidateSqliteDeadLetterOptions(const SqliteDeadLetterOptions& options) {
+  if (options.purge_batch < 1) {
+    return absl::InvalidArgumentError("SqliteDeadLetterOptions.purge_batch must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<DeadLetterStore>> NewSqliteDeadLetterStore(
-    const SqliteOptions& options) {
+    const SqliteOptions& options, const SqliteDeadLetterOptions& dead_letters) {
+  if (absl::Status s = ValidateSqliteDeadLetterOptions(dead_letters); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
   if (!db.ok()) return db.status();
-  return NewSqliteDeadLetterStore(*std::move(db));
+  return NewSqliteDeadLetterStore(*std::move(db), dead_letters);
+}
+
+absl::StatusOr<std::shared_ptr<DeadLetterStore>> NewSqliteDeadLetterStore(
+    std::shared_ptr<SqliteDatabase> db, const SqliteDeadLetterOptions& options) {
+  if (absl::Status s = ValidateSqliteDeadLetterOptions(options); !s.ok()) return s;
+  return std::shared_ptr<DeadLetterStore>(
+      std::make_shared<SqliteDeadLetterStore>(std::move(db), options));
 }
 
 std::shared_ptr<DeadLetterStore> NewSqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db) {
-  return std::make_shared<SqliteDeadLetterStore>(std::move(db));
+  return *NewSqliteDeadLetterStore(std::move(db), SqliteDeadLetterOptions{});
 }
 
 }  // namespace bus

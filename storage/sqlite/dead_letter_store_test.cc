@@ -17,10 +17,10 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/sqlite/sqlite_store_harness.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/letters.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sqlite_store_harness.h"
 
 namespace bus::testing {
 namespace {
@@ -40,8 +40,9 @@ class SqliteDeadLetterStoreTest : public ::testing::Test {
   }
   void TearDown() override { RemoveTree(dir_); }
 
-  std::shared_ptr<DeadLetterStore> Open() {
-    absl::StatusOr<std::shared_ptr<DeadLetterStore>> store = NewSqliteDeadLetterStore(options_);
+  std::shared_ptr<DeadLetterStore> Open(const SqliteDeadLetterOptions& dead_letters = {}) {
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> store =
+        NewSqliteDeadLetterStore(options_, dead_letters);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *store : nullptr;
   }
@@ -102,14 +103,24 @@ TEST_F(SqliteDeadLetterStoreTest, IdsAreNeverReused) {
 }
 
 TEST_F(SqliteDeadLetterStoreTest, PurgeDeletesInBatchesAndLeavesOtherQueues) {
-  options_.cleanup_batch = 3;
-  auto store = Open();
+  auto store = Open({.purge_batch = 3});
   ASSERT_NE(store, nullptr);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(store->Store(Letter("a", absl::StrCat(i), "r")).ok());
   ASSERT_TRUE(store->Store(Letter("b", "keep", "r")).ok());
   ASSERT_TRUE(store->Purge("a").ok());
   EXPECT_EQ(*store->Count("a"), 0);
   EXPECT_THAT(Datas(*store->Fetch("b", 10)), ElementsAre("keep"));
+}
+
+TEST_F(SqliteDeadLetterStoreTest, BadOptionsAreInvalidArgumentNamingTheField) {
+  absl::StatusOr<std::shared_ptr<DeadLetterStore>> store =
+      NewSqliteDeadLetterStore(options_, {.purge_batch = 0});
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status()));
+  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("purge_batch"));
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  store = NewSqliteDeadLetterStore(*db, {.purge_batch = 0});
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status()));
 }
 
 TEST_F(SqliteDeadLetterStoreTest, IdsThatThisStoreNeverHandsOutAreInvalidArgument) {

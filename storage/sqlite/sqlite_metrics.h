@@ -20,7 +20,7 @@
 #include <string>
 
 #include "bus/metrics.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 
 namespace bus {
 

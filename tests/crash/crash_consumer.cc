@@ -25,7 +25,7 @@
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 #include "tests/crash/mark_done_log.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");

@@ -1,6 +1,8 @@
 // SqliteDatabase: one SQLite database file shared by the SQLite dead-letter store
 // (storage/sqlite/dead_letter_store.h) and the SQLite idempotency store
 // (idempotency/sqlite/idempotency_store.h). It is the embedded default: no server, one file.
+// This layer owns the file (connections, group commit, checkpoints, the schema and its
+// migrations, storage/sqlite/db/schema.h); each store owns its statements and housekeeping.
 //
 //   bus::SqliteOptions options;
 //   options.path = "/var/lib/orders/bus.db";
@@ -32,12 +34,13 @@
 // Thread-safety: safe for concurrent use from any number of threads. The object must outlive
 // every call on it; the stores created from it hold a shared_ptr to it.
 
-#ifndef STORAGE_SQLITE_SQLITE_DB_H_
-#define STORAGE_SQLITE_SQLITE_DB_H_
+#ifndef STORAGE_SQLITE_DB_SQLITE_DB_H_
+#define STORAGE_SQLITE_DB_SQLITE_DB_H_
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,7 +53,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bus/clock.h"
-#include "storage/sqlite/connection.h"
+#include "storage/sqlite/db/connection.h"
 
 namespace bus {
 
@@ -70,14 +73,6 @@ struct SqliteOptions {
   // Time for leases, retention and stored_at. Default (nullptr): RealClock(). Expiry times are
   // stored as wall-clock values, so processes sharing a file must agree on the time.
   std::shared_ptr<Clock> clock;
-
-  // Expired idempotency entries deleted per cleanup step; >= 1. A cleanup step rides along with
-  // a write transaction at most every `cleanup_interval`, and again with the next write as long
-  // as a step finds a full batch, so cleanup keeps up without ever holding the lock for long.
-  int cleanup_batch = 1000;
-
-  // How often writes look for expired idempotency entries; > 0.
-  absl::Duration cleanup_interval = absl::Seconds(10);
 
   // Group commit: most operations committed in one transaction; >= 1. 1 gives every operation a
   // transaction of its own.
@@ -140,6 +135,16 @@ class SqliteDatabase {
   // call back into this object.
   absl::Status Write(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
+  // For the store implementations: a housekeeping step (deleting expired rows, say), run by
+  // the leader of a write batch before its batch, in a transaction of its own, at most every
+  // `interval` on the database's clock, and again before the next batch as long as it returns
+  // true (it left work undone). An error (the lock was busy) is tried again after `interval`;
+  // housekeeping never fails or delays a caller's operation beyond its own run. `step` must make
+  // its changes with INSERT, UPDATE and DELETE (their count goes into Stats::cleaned_up) and
+  // must not call back into this object. Steps stay registered as long as the database.
+  using HousekeepingStep = std::function<absl::StatusOr<bool>(sqlite_internal::Connection&)>;
+  void AddHousekeeping(absl::Duration interval, HousekeepingStep step);
+
   // Checkpoints the WAL now, after any background checkpoint in progress: copies into the
   // database file every page committed before the call that no reader of another connection
   // still needs, so that the file holds that data without its WAL (before a backup of the file
@@ -160,7 +165,7 @@ class SqliteDatabase {
     int64_t transactions = 0;
     // Operations passed to Write().
     int64_t operations = 0;
-    // Expired idempotency entries deleted by cleanup.
+    // Rows deleted (or changed) by housekeeping steps: expired idempotency entries.
     int64_t cleaned_up = 0;
     // Checkpoint rounds run by the background helper (background_checkpoints).
     int64_t background_checkpoints = 0;
@@ -193,8 +198,8 @@ class SqliteDatabase {
   bool RunBatchWithSavepoints();
   // Runs one operation in a transaction of its own.
   absl::Status RunAlone(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
-  // Deletes up to cleanup_batch expired idempotency entries, if a cleanup step is due.
-  void MaybeCleanup();
+  // Runs the housekeeping steps that are due.
+  void MaybeHousekeep();
 
   // Background checkpoints. The WAL hook (on the writer connection, in place of SQLite's
   // autocheckpoint) asks the helper for a checkpoint when the WAL holds kCheckpointFrames pages.
@@ -237,8 +242,14 @@ class SqliteDatabase {
   // Used only by the current leader, which is exclusive by construction.
   std::unique_ptr<sqlite_internal::Connection> writer_conn_;
   std::vector<Writer*> batch_;
-  absl::Time next_cleanup_ = absl::InfinitePast();
-  int64_t cleaned_up_ = 0;
+  struct Housekeeping {
+    absl::Duration interval;
+    HousekeepingStep step;
+    absl::Time next = absl::InfinitePast();
+  };
+  absl::Mutex housekeeping_mu_;
+  std::vector<Housekeeping> housekeeping_ ABSL_GUARDED_BY(housekeeping_mu_);
+  std::atomic<int64_t> cleaned_up_{0};
 
   // Background checkpoints (background_checkpoints). The helper thread owns ckpt_conn_.
   std::unique_ptr<sqlite_internal::Connection> ckpt_conn_;
@@ -261,4 +272,4 @@ class SqliteDatabase {
 
 }  // namespace bus
 
-#endif  // STORAGE_SQLITE_SQLITE_DB_H_
+#endif  // STORAGE_SQLITE_DB_SQLITE_DB_H_

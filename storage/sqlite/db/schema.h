@@ -1,13 +1,14 @@
-// Internal to the SQLite stores: the schema, its migrations and every statement the stores run.
-// All SQL is here, as constants; values are only ever bound as parameters. The benchmark's raw
-// sqlite3 loop runs these same statements.
+// Internal to the SQLite stores: the schema of the file (every table, one version number), its
+// migrations, and the transaction statements of the database layer. The statements each store
+// runs live with the store (storage/sqlite/dead_letter_sql.h,
+// idempotency/sqlite/idempotency_sql.h). Values are only ever bound as parameters.
 //
 // Times are absolute wall-clock values (Unix milliseconds for idempotency expiry, microseconds
 // for a letter's stored_at), read from the store's Clock, so several processes on one file agree
 // on when a lease runs out.
 
-#ifndef STORAGE_SQLITE_SQL_H_
-#define STORAGE_SQLITE_SQL_H_
+#ifndef STORAGE_SQLITE_DB_SCHEMA_H_
+#define STORAGE_SQLITE_DB_SCHEMA_H_
 
 namespace bus::sqlite_internal {
 
@@ -87,69 +88,6 @@ inline constexpr char kRollbackToSql[] = "ROLLBACK TO bus_op";
 
 inline constexpr char kJournalModeWalSql[] = "PRAGMA journal_mode = WAL";
 
-// ---- Dead letters ----
-
-// ?1 queue, ?2 data, ?3 reason, ?4 stored_at_us, ?5 kind, ?6 attempts, ?7 first_failed_us,
-// ?8 last_failed_us, ?9 replays, ?10 message_id (NULL when malformed). Returns the id, or no
-// row when the queue already has a letter of that message with those attempts.
-inline constexpr char kStoreLetterSql[] =
-    "INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind, attempts, "
-    "first_failed_us, last_failed_us, replays, message_id) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
-    "ON CONFLICT (queue, message_id, attempts) WHERE message_id IS NOT NULL DO NOTHING "
-    "RETURNING id";
-// ?1 queue, ?2 message_id, ?3 attempts.
-inline constexpr char kLetterOfMessageSql[] =
-    "SELECT id FROM dead_letters WHERE queue = ?1 AND message_id = ?2 AND attempts = ?3";
-#define BUS_SQLITE_LETTER_COLUMNS                                                              \
-  "id, data, reason, stored_at_us, kind, attempts, first_failed_us, last_failed_us, replays, " \
-  "message_id"
-// ?1 queue, ?2 after id, ?3 limit, ?4 kind mask (bit k: kind k).
-inline constexpr char kFetchLettersSql[] =
-    "SELECT " BUS_SQLITE_LETTER_COLUMNS
-    " FROM dead_letters WHERE queue = ?1 AND id > ?2 AND ((1 << kind) & ?4) != 0 "
-    "ORDER BY id LIMIT ?3";
-// ?1 queue, ?2 after id, ?3 limit, ?4 kind. One kind, through dead_letters_by_kind.
-inline constexpr char kFetchLettersOfKindSql[] =
-    "SELECT " BUS_SQLITE_LETTER_COLUMNS
-    " FROM dead_letters WHERE queue = ?1 AND kind = ?4 AND id > ?2 ORDER BY id LIMIT ?3";
-#undef BUS_SQLITE_LETTER_COLUMNS
-// ?1 queue, ?2 id.
-inline constexpr char kRemoveLetterSql[] = "DELETE FROM dead_letters WHERE queue = ?1 AND id = ?2";
-// ?1 queue, ?2 kind mask.
-inline constexpr char kCountLettersSql[] =
-    "SELECT count(*) FROM dead_letters WHERE queue = ?1 AND ((1 << kind) & ?2) != 0";
-// ?1 queue.
-inline constexpr char kMaxLetterIdSql[] = "SELECT max(id) FROM dead_letters WHERE queue = ?1";
-// ?1 queue, ?2 highest id to delete, ?3 batch size, ?4 kind mask.
-inline constexpr char kPurgeLettersSql[] =
-    "DELETE FROM dead_letters WHERE id IN "
-    "(SELECT id FROM dead_letters WHERE queue = ?1 AND id <= ?2 AND ((1 << kind) & ?4) != 0 "
-    "ORDER BY id LIMIT ?3)";
-
-// ---- Idempotency keys ----
-//
-// A row is live while expires_at_ms > now. Acquire takes a key that has no row or whose row
-// expired (a lease that ran out, or a done marker past its retention).
-
-// ?1 key, ?2 owner, ?3 lease expiry, ?4 now. One row changed: acquired.
-inline constexpr char kAcquireSql[] =
-    "INSERT INTO idempotency_keys (key, owner, done, expires_at_ms) VALUES (?1, ?2, 0, ?3) "
-    "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = 0, "
-    "expires_at_ms = excluded.expires_at_ms WHERE idempotency_keys.expires_at_ms <= ?4";
-// ?1 key, ?2 owner, ?3 retention expiry, ?4 now. One row changed: done.
-inline constexpr char kMarkDoneSql[] =
-    "UPDATE idempotency_keys SET done = 1, expires_at_ms = ?3 "
-    "WHERE key = ?1 AND owner = ?2 AND done = 0 AND expires_at_ms > ?4";
-// ?1 key, ?2 owner, ?3 now. One row changed: released.
-inline constexpr char kReleaseKeySql[] =
-    "DELETE FROM idempotency_keys "
-    "WHERE key = ?1 AND owner = ?2 AND done = 0 AND expires_at_ms > ?3";
-// ?1 now, ?2 batch size.
-inline constexpr char kCleanupKeysSql[] =
-    "DELETE FROM idempotency_keys WHERE key IN "
-    "(SELECT key FROM idempotency_keys WHERE expires_at_ms <= ?1 ORDER BY expires_at_ms LIMIT ?2)";
-
 }  // namespace bus::sqlite_internal
 
-#endif  // STORAGE_SQLITE_SQL_H_
+#endif  // STORAGE_SQLITE_DB_SCHEMA_H_

@@ -1,4 +1,4 @@
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 
 #include <atomic>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "bus/retry.h"
-#include "storage/sqlite/sql.h"
+#include "storage/sqlite/db/schema.h"
 
 namespace bus {
 
@@ -140,12 +140,6 @@ absl::Status ValidateSqliteOptions(const SqliteOptions& options) {
   }
   if (options.busy_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("SqliteOptions.busy_timeout must be >= 0");
-  }
-  if (options.cleanup_batch < 1) {
-    return absl::InvalidArgumentError("SqliteOptions.cleanup_batch must be >= 1");
-  }
-  if (options.cleanup_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("SqliteOptions.cleanup_interval must be > 0");
   }
   if (options.max_batch < 1) {
     return absl::InvalidArgumentError("SqliteOptions.max_batch must be >= 1");
@@ -372,7 +366,7 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
   }
   // This caller leads: it runs its own operation and those queued behind it, and those that
   // queue while it runs them (see RunBatch).
-  MaybeCleanup();
+  MaybeHousekeep();
   MaybeFinishCheckpoint();
   LeadBatch();
   // batch_ belongs to whoever leads next as soon as mu_ is released (a caller arriving while
@@ -382,7 +376,6 @@ absl::Status SqliteDatabase::Write(absl::FunctionRef<absl::Status(Connection&)> 
   {
     absl::MutexLock lock(&mu_);
     ++stats_.transactions;
-    stats_.cleaned_up = cleaned_up_;
     for (Writer* x : batch_) {
       writers_.pop_front();
       if (x != &w) finished.push_back(x);
@@ -518,25 +511,32 @@ bool SqliteDatabase::RunBatchWithSavepoints() {
   return true;
 }
 
-void SqliteDatabase::MaybeCleanup() {
+void SqliteDatabase::AddHousekeeping(absl::Duration interval, HousekeepingStep step) {
+  absl::MutexLock lock(&housekeeping_mu_);
+  housekeeping_.push_back({interval, std::move(step)});
+}
+
+void SqliteDatabase::MaybeHousekeep() {
+  absl::MutexLock lock(&housekeeping_mu_);
+  if (housekeeping_.empty()) return;
   const absl::Time now = options_.clock->Now();
-  if (now < next_cleanup_) return;
-  int64_t deleted = 0;
-  auto cleanup = [&](Connection& conn) -> absl::Status {
-    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCleanupKeysSql);
-    if (!stmt.ok()) return stmt.status();
-    stmt->BindInt64(1, absl::ToUnixMillis(now));
-    stmt->BindInt64(2, options_.cleanup_batch);
-    if (absl::Status s = stmt->Run(); !s.ok()) return s;
-    deleted = conn.Changes();
-    return absl::OkStatus();
-  };
-  const absl::Status s = RunAlone(cleanup);
-  if (s.ok()) cleaned_up_ += deleted;
-  // A full batch means more may be waiting: go on with the next write. A failure (the lock was
-  // busy) is retried at the next interval; cleanup is housekeeping and never fails a caller.
-  next_cleanup_ =
-      (s.ok() && deleted >= options_.cleanup_batch) ? now : now + options_.cleanup_interval;
+  for (Housekeeping& h : housekeeping_) {
+    if (now < h.next) continue;
+    bool more = false;
+    int64_t changed = 0;
+    const absl::Status s = RunAlone([&](Connection& conn) -> absl::Status {
+      const int64_t before = conn.TotalChanges();
+      absl::StatusOr<bool> r = h.step(conn);
+      if (!r.ok()) return r.status();
+      more = *r;
+      changed = conn.TotalChanges() - before;
+      return absl::OkStatus();
+    });
+    if (s.ok()) cleaned_up_.fetch_add(changed, std::memory_order_relaxed);
+    // Work left undone goes on with the next write; a failure (the lock was busy) waits for the
+    // next interval.
+    h.next = (s.ok() && more) ? now : now + h.interval;
+  }
 }
 
 absl::Status SqliteDatabase::Read(absl::FunctionRef<absl::Status(Connection&)> op) {
@@ -609,6 +609,7 @@ SqliteDatabase::Stats SqliteDatabase::stats() const {
     absl::MutexLock lock(&mu_);
     stats = stats_;
   }
+  stats.cleaned_up = cleaned_up_.load(std::memory_order_relaxed);
   absl::MutexLock lock(&ckpt_mu_);
   stats.background_checkpoints = ckpt_rounds_;
   return stats;

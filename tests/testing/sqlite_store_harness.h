@@ -3,14 +3,14 @@
 // connections (as another process would), or, with `shared_database`, all stores share one
 // SqliteDatabase (as one process's stores should).
 
-#ifndef STORAGE_SQLITE_SQLITE_STORE_HARNESS_H_
-#define STORAGE_SQLITE_SQLITE_STORE_HARNESS_H_
+#ifndef TESTS_TESTING_SQLITE_STORE_HARNESS_H_
+#define TESTS_TESTING_SQLITE_STORE_HARNESS_H_
 
 #include <memory>
 #include <string>
 
 #include "bus/clock.h"
-#include "storage/sqlite/sqlite_db.h"
+#include "storage/sqlite/db/sqlite_db.h"
 #include "tests/store_conformance.h"
 
 namespace bus::testing {
@@ -44,4 +44,4 @@ std::vector<StoreConformanceParam> SqliteConformanceParams();
 
 }  // namespace bus::testing
 
-#endif  // STORAGE_SQLITE_SQLITE_STORE_HARNESS_H_
+#endif  // TESTS_TESTING_SQLITE_STORE_HARNESS_H_

@@ -1,4 +1,4 @@
-#include "storage/sqlite/connection.h"
+#include "storage/sqlite/db/connection.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

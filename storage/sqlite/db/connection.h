@@ -17,8 +17,8 @@
 // Thread-safety: none. A Connection (and its statements) is used by one thread at a time; the
 // callers (SqliteDatabase) arrange that with their own locks.
 
-#ifndef STORAGE_SQLITE_CONNECTION_H_
-#define STORAGE_SQLITE_CONNECTION_H_
+#ifndef STORAGE_SQLITE_DB_CONNECTION_H_
+#define STORAGE_SQLITE_DB_CONNECTION_H_
 
 #include <sqlite3.h>
 
@@ -182,4 +182,4 @@ class Connection {
 }  // namespace sqlite_internal
 }  // namespace bus
 
-#endif  // STORAGE_SQLITE_CONNECTION_H_
+#endif  // STORAGE_SQLITE_DB_CONNECTION_H_

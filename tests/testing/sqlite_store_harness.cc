@@ -1,4 +1,4 @@
-#include "storage/sqlite/sqlite_store_harness.h"
+#include "tests/testing/sqlite_store_harness.h"
 
 #include <cstdlib>
 
