@@ -43,9 +43,9 @@ struct AdminServerOptions {
   // Port; 0 (the default) picks a free one (see AdminServer::port()). In [0, 65535].
   int port = 0;
   // Served at /metrics; null: /metrics answers 404.
-  std::shared_ptr<MetricsRegistry> metrics;
+  std::shared_ptr<MetricsRegistry> metrics{};
   // Probed by /healthz and /readyz; not null. With none, both answer 200.
-  std::vector<const Handler*> handlers;
+  std::vector<const Handler*> handlers{};
   // Bound on each Ping of /readyz; > 0. Default 1s.
   absl::Duration ping_timeout = absl::Seconds(1);
   // A connection that has not sent a whole request for this long is closed; > 0. Default 10s.

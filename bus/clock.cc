@@ -60,6 +60,16 @@ int FakeClock::parked() const {
   return static_cast<int>(std::distance(deadlines_.upper_bound(now), deadlines_.end()));
 }
 
+absl::Time FakeClock::NextDeadline() const {
+  const int64_t now = now_ns_.load(std::memory_order_acquire);
+  absl::MutexLock lock(&waiters_mu_);
+  auto it = deadlines_.upper_bound(now);
+  if (it == deadlines_.end() || *it == std::numeric_limits<int64_t>::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromUnixNanos(*it);
+}
+
 void FakeClock::Register(absl::Mutex* mu, absl::Time deadline) const {
   absl::MutexLock lock(&waiters_mu_);
   ++waiters_[mu];

@@ -69,6 +69,11 @@ class FakeClock final : public Clock {
   // has done its work and waits again.
   int parked() const;
 
+  // The earliest deadline of a parked waiter (one still ahead of Now()), or InfiniteFuture()
+  // when none is parked or all wait without a deadline: how far time must move for the next
+  // waiter to wake on its own.
+  absl::Time NextDeadline() const;
+
  private:
   void Register(absl::Mutex* mu, absl::Time deadline) const;
   void Unregister(absl::Mutex* mu, absl::Time deadline) const;

@@ -64,6 +64,42 @@ TEST(FakeClockTest, ParkedCountsTheWaitersWhoseDeadlineIsAhead) {
   EXPECT_EQ(clock.waiters(), 0);
 }
 
+TEST(FakeClockTest, NextDeadlineIsTheEarliestParkedWaitersDeadline) {
+  FakeClock clock;
+  const absl::Time t0 = clock.Now();
+  EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());
+  absl::Mutex mu;
+  bool never = false;
+  std::thread forever([&] {
+    absl::MutexLock lock(&mu);
+    clock.AwaitWithDeadline(&mu, absl::Condition(&never), absl::InfiniteFuture());
+  });
+  while (clock.waiters() < 1) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());  // no deadline to advance to
+  std::thread late([&] {
+    absl::MutexLock lock(&mu);
+    clock.AwaitWithDeadline(&mu, absl::Condition(&never), t0 + absl::Hours(1));
+  });
+  std::thread soon([&] {
+    absl::MutexLock lock(&mu);
+    clock.AwaitWithDeadline(&mu, absl::Condition(&never), t0 + absl::Seconds(3));
+  });
+  while (clock.waiters() < 3) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(clock.NextDeadline(), t0 + absl::Seconds(3));
+  clock.Advance(absl::Seconds(3));
+  // The passed deadline no longer counts, even before its waiter has left.
+  EXPECT_EQ(clock.NextDeadline(), t0 + absl::Hours(1));
+  soon.join();
+  clock.Advance(absl::Hours(1));
+  late.join();
+  {
+    absl::MutexLock lock(&mu);
+    never = true;
+  }
+  forever.join();
+  EXPECT_EQ(clock.NextDeadline(), absl::InfiniteFuture());
+}
+
 TEST(FakeClockTest, TheConditionStillWakesAWaiter) {
   FakeClock clock;
   absl::Mutex mu;

@@ -55,10 +55,10 @@ inline constexpr size_t kDefaultMaxMessageBytes = size_t{1} << 20;
 // One leased message.
 struct Delivery {
   // The message bytes as sent.
-  std::string data;
+  std::string data{};
   // The driver's handle for settling this delivery (opaque; only meaningful to the consumer
   // that returned it).
-  std::string receipt;
+  std::string receipt{};
   // How many times the broker has delivered this message, 1 on the first delivery; 0 when the
   // broker does not track it.
   int attempts = 0;
@@ -66,7 +66,7 @@ struct Delivery {
   // counter written by a foreign producer that is not a number): then it says what is wrong,
   // and the pipeline dead-letters `data` as malformed with this reason and settles the
   // delivery, instead of handling it or leaving it to loop.
-  std::string corrupt;
+  std::string corrupt{};
 };
 
 struct ConsumerOptions {

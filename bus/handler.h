@@ -90,34 +90,34 @@ using HandleFn = std::function<absl::Status(const Message& msg)>;
 using EnsureFn = std::function<Ensure(const Message& msg)>;
 
 struct Subscription {
-  std::string topic;
+  std::string topic{};
   // Binding key (AMQP topic rules); empty matches every route key.
-  std::string route_key;
+  std::string route_key{};
 };
 
 struct HandlerOptions {
   // Required: the queue to consume (bus/names.h rules).
-  std::string queue;
+  std::string queue{};
   // Per-queue delivery delay given to CreateQueue; >= 0.
   absl::Duration queue_delay = absl::ZeroDuration();
   // Optional: bind the queue to a topic.
-  std::optional<Subscription> subscribe;
+  std::optional<Subscription> subscribe{};
   // Required.
-  std::shared_ptr<Driver> driver;
+  std::shared_ptr<Driver> driver{};
   // Default: StderrLogger().
-  std::shared_ptr<Logger> logger;
+  std::shared_ptr<Logger> logger{};
   // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
-  std::shared_ptr<DeadLetterStore> dead_letters;
+  std::shared_ptr<DeadLetterStore> dead_letters{};
   // Default: NullIdempotencyStore() (grants every key: no deduplication).
-  std::shared_ptr<IdempotencyStore> idempotency;
+  std::shared_ptr<IdempotencyStore> idempotency{};
   // Required.
-  HandleFn handle;
+  HandleFn handle{};
   // Default: always kAlreadyHandled (a key held by another owner or done means "skip"). A user
   // ensure is also asked when the idempotency store fails (it knows the business state); the
   // default then gives the delivery back instead.
-  EnsureFn ensure;
+  EnsureFn ensure{};
   // Default: always NoRetry() (a failure goes straight to dead letters).
-  RetryDelayFn retry_delay;
+  RetryDelayFn retry_delay{};
   // Handlers running at once; >= 1.
   int concurrency = 1;
   // Deliveries held at once (prefetch); 0 means equal to concurrency, else >= concurrency.
@@ -154,12 +154,12 @@ struct HandlerOptions {
   absl::Duration infra_backoff_base = absl::Milliseconds(100);
   absl::Duration infra_backoff_max = absl::Seconds(30);
   // Default: the driver's clock.
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   // Optional: the registry this handler's metrics are added to (bus/metrics.h, listed in
   // docs/operations.md), labelled with the queue, from Create until the Handler is destroyed.
   // They are read from the Handler's own counters when the registry renders: nothing is added
   // to the pipeline's work. Default: none.
-  std::shared_ptr<MetricsRegistry> metrics;
+  std::shared_ptr<MetricsRegistry> metrics{};
 };
 
 // Which dead letters Handler::ReplayDeadLetters(filter) takes.
@@ -167,7 +167,7 @@ struct ReplayFilter {
   // Kinds to replay; must not be empty.
   DeadLetterKinds kinds = AllDeadLetterKinds();
   // Only these letter ids (empty: any).
-  std::vector<std::string> ids;
+  std::vector<std::string> ids{};
   // At most this many letters taken (0: no limit); >= 0.
   int limit = 0;
 };

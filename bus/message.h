@@ -17,23 +17,23 @@ namespace bus {
 
 struct Message {
   // Unique id, generated when the message is first published. Retries keep it.
-  std::string id;
+  std::string id{};
   // Business key. The idempotency key is `queue + "." + biz_uid`; an empty biz_uid falls back
   // to `id`.
-  std::string biz_uid;
+  std::string biz_uid{};
   // Arbitrary bytes; binary-safe.
-  std::string payload;
+  std::string payload{};
   // Free-form metadata (`traceparent` and the like). Order is preserved on the wire; keys are
   // expected to be unique. Headers survive retries and dead-lettering.
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers{};
   // Failed attempts so far.
   int32_t retried = 0;
   // When the message was first published.
   absl::Time created_at = absl::UnixEpoch();
   // Why the latest attempt failed; empty until one did.
-  std::string last_error;
+  std::string last_error{};
   // The route key a topic message was published with; empty for queue messages.
-  std::string route_key;
+  std::string route_key{};
 
   // Returns the value of header `key`, or nullptr.
   const std::string* FindHeader(std::string_view key) const {

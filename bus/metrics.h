@@ -57,8 +57,8 @@ absl::Status ValidateLabelName(absl::string_view name);
 // bounds.size() + 1 entries, counts[i] the observations in bucket i alone (not cumulative; the
 // last one is everything above the last bound); `sum` the sum of all observations.
 struct HistogramValue {
-  std::vector<double> bounds;
-  std::vector<uint64_t> counts;
+  std::vector<double> bounds{};
+  std::vector<uint64_t> counts{};
   double sum = 0;
 };
 

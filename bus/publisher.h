@@ -27,9 +27,9 @@ namespace bus {
 
 struct Outgoing {
   // Business key for idempotency; empty: the generated id is used.
-  std::string biz_uid;
-  std::string payload;
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::string biz_uid{};
+  std::string payload{};
+  std::vector<std::pair<std::string, std::string>> headers{};
 };
 
 // Returns a new message id: 32 lowercase hex characters, unique per process run.

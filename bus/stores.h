@@ -76,15 +76,15 @@ constexpr DeadLetterKinds AllDeadLetterKinds() {
 struct DeadLetter {
   // Store-assigned id, unique within the store. Opaque to callers, except that within one queue
   // ids of later letters sort after earlier ones as Fetch() returns them. Ignored by Store().
-  std::string id;
-  std::string queue;
+  std::string id{};
+  std::string queue{};
   // The message exactly as it was delivered (an envelope, or raw bytes when it was malformed).
-  std::string data;
+  std::string data{};
   // The message's id (empty when it was malformed). With `attempts`, it makes Store()
   // idempotent: see there.
-  std::string message_id;
+  std::string message_id{};
   // Why it was dead-lettered (the last error, or why the envelope could not be decoded).
-  std::string reason;
+  std::string reason{};
   DeadLetterKind kind = DeadLetterKind::kExhausted;
   // Failed attempts of the message (its `retried` when it was stored); 0 when malformed.
   int attempts = 0;

@@ -46,7 +46,7 @@ class DriverHarness {
 };
 
 struct DriverConformanceParam {
-  std::string name;
+  std::string name{};
   std::function<std::unique_ptr<DriverHarness>()> make;
 };
 

@@ -285,6 +285,28 @@ TEST_P(DeadLetterStoreConformanceTest, StoringALetterOfTheSameMessageAndAttempts
   EXPECT_EQ(*store_->Count(q), 1);
 }
 
+// A topic message reaches several queues with one message id: each queue's letter of it is a
+// letter of its own, however the store indexes letters by message.
+TEST_P(DeadLetterStoreConformanceTest, TheSameMessageInTwoQueuesIsTwoLetters) {
+  const std::string a = Unique("a");
+  const std::string b = Unique("b");
+  DeadLetter letter = Letter(a, "copy", "r");
+  letter.message_id = "m-shared";
+  letter.attempts = 3;
+  auto in_a = store_->Store(letter);
+  letter.queue = b;
+  auto in_b = store_->Store(letter);
+  ASSERT_TRUE(in_a.ok() && in_b.ok()) << in_a.status() << " " << in_b.status();
+  EXPECT_EQ(*store_->Count(a), 1);
+  EXPECT_EQ(*store_->Count(b), 1);
+  ASSERT_TRUE(store_->Remove(a, *in_a).ok());
+  EXPECT_EQ(*store_->Count(b), 1);
+  auto letters = store_->Fetch(b, 10);
+  ASSERT_TRUE(letters.ok());
+  ASSERT_EQ(letters->size(), 1u);
+  EXPECT_EQ((*letters)[0].message_id, "m-shared");
+}
+
 TEST_P(DeadLetterStoreConformanceTest, BadLettersAndFiltersAreRefused) {
   const std::string q = Unique("q");
   EXPECT_TRUE(absl::IsInvalidArgument(store_->Store(Letter("", "d", "r")).status()));

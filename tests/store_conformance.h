@@ -41,7 +41,7 @@ class StoreHarness {
 };
 
 struct StoreConformanceParam {
-  std::string name;
+  std::string name{};
   std::function<std::unique_ptr<StoreHarness>()> make;
 };
 

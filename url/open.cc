@@ -12,7 +12,6 @@
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 
 namespace bus {
 namespace {
@@ -41,14 +40,6 @@ absl::StatusOr<RedisOptions> Redis(const ParsedUrl& url, const OpenOverrides& o)
   if (o.clock != nullptr) redis->clock = o.clock;
   if (o.logger != nullptr) redis->logger = o.logger;
   return redis;
-}
-
-absl::StatusOr<std::shared_ptr<SqliteDatabase>> Sqlite(const ParsedUrl& url,
-                                                       const OpenOverrides& o) {
-  absl::StatusOr<SqliteOptions> sqlite = SqliteOptionsFromUrl(url);
-  if (!sqlite.ok()) return sqlite.status();
-  if (o.clock != nullptr) sqlite->clock = o.clock;
-  return SqliteDatabase::Open(*sqlite);
 }
 
 bool IsRedis(const ParsedUrl& url) {
@@ -103,10 +94,19 @@ absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o
     return s;
   }
   if (url->scheme == "sqlite") {
-    absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = Sqlite(*url, o);
+    absl::StatusOr<SqliteUrlOptions> sqlite = SqliteOptionsFromUrl(*url);
+    if (!sqlite.ok()) return sqlite.status();
+    if (o.clock != nullptr) sqlite->db.clock = o.clock;
+    absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(sqlite->db);
     if (!db.ok()) return db.status();
-    s.dead_letters = NewSqliteDeadLetterStore(*db);
-    s.idempotency = NewSqliteIdempotencyStore(*db);
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> dl =
+        NewSqliteDeadLetterStore(*db, sqlite->dead_letters);
+    if (!dl.ok()) return dl.status();
+    absl::StatusOr<std::shared_ptr<IdempotencyStore>> idem =
+        NewSqliteIdempotencyStore(*db, sqlite->idempotency);
+    if (!idem.ok()) return idem.status();
+    s.dead_letters = *std::move(dl);
+    s.idempotency = *std::move(idem);
     return s;
   }
   return UnknownScheme(*url, "memory, redis, sqlite");

@@ -31,11 +31,11 @@ namespace bus {
 // What a URL cannot say: objects passed in. Every field is optional.
 struct OpenOverrides {
   // Clock for the driver or store (each factory's default: RealClock()).
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   // Logger for drivers (each driver's default when null).
-  std::shared_ptr<Logger> logger;
+  std::shared_ptr<Logger> logger{};
   // Where REDIS_PASSWORD and NSQ_AUTH_SECRET are read from. Default: the process environment.
-  GetEnv env;
+  GetEnv env{};
 };
 
 absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view url,
@@ -48,8 +48,8 @@ absl::StatusOr<std::shared_ptr<IdempotencyStore>> OpenIdempotencyStore(
     absl::string_view url, const OpenOverrides& overrides = {});
 
 struct Stores {
-  std::shared_ptr<DeadLetterStore> dead_letters;
-  std::shared_ptr<IdempotencyStore> idempotency;
+  std::shared_ptr<DeadLetterStore> dead_letters{};
+  std::shared_ptr<IdempotencyStore> idempotency{};
 };
 
 // Both stores from one URL, sharing the SQLite database when it is sqlite://.

@@ -427,30 +427,39 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   return o;
 }
 
-absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
+absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
   if (url.scheme != "sqlite") {
     return Bad("scheme", absl::StrCat("want sqlite://, got ", url.scheme));
   }
   if (url.path.empty()) return Bad("path", "sqlite:// needs a file (sqlite:///abs/path.db)");
-  SqliteOptions o;
-  o.path = url.path;
+  SqliteUrlOptions o;
+  o.db.path = url.path;
   Params p(url);
-  p.Duration("busy_timeout", &o.busy_timeout);
+  p.Duration("busy_timeout", &o.db.busy_timeout);
   if (auto s = p.Take("synchronous")) {
     if (*s == "normal") {
-      o.synchronous = SqliteSynchronous::kNormal;
+      o.db.synchronous = SqliteSynchronous::kNormal;
     } else if (*s == "full") {
-      o.synchronous = SqliteSynchronous::kFull;
+      o.db.synchronous = SqliteSynchronous::kFull;
     } else {
       return Bad("parameter synchronous", "want normal or full");
     }
   }
-  p.Integer("max_batch", &o.max_batch);
-  p.Integer("max_idle_readers", &o.max_idle_readers);
-  p.Duration("spin_wait", &o.spin_wait);
-  p.Bool("background_checkpoints", &o.background_checkpoints);
+  p.Integer("max_batch", &o.db.max_batch);
+  p.Integer("max_idle_readers", &o.db.max_idle_readers);
+  p.Duration("spin_wait", &o.db.spin_wait);
+  p.Bool("background_checkpoints", &o.db.background_checkpoints);
+  p.Integer("purge_batch", &o.dead_letters.purge_batch);
+  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
+  p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateSqliteOptions(o); !st.ok()) return Prefixed(st);
+  if (absl::Status st = ValidateSqliteOptions(o.db); !st.ok()) return Prefixed(st);
+  if (absl::Status st = ValidateSqliteDeadLetterOptions(o.dead_letters); !st.ok()) {
+    return Prefixed(st);
+  }
+  if (absl::Status st = ValidateSqliteIdempotencyOptions(o.idempotency); !st.ok()) {
+    return Prefixed(st);
+  }
   return o;
 }
 

@@ -35,24 +35,25 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "drivers/nsq/nsq_options.h"
-#include "drivers/redis/redis_driver.h"  // RedisOptions
-#include "storage/sqlite/db/sqlite_db.h"
+#include "drivers/redis/redis_driver.h"            // RedisOptions
+#include "idempotency/sqlite/idempotency_store.h"  // SqliteIdempotencyOptions
+#include "storage/sqlite/dead_letter_store.h"      // SqliteOptions, SqliteDeadLetterOptions
 
 namespace bus {
 
 struct UrlHost {
-  std::string host;  // without brackets: "::1"
-  int port = 0;      // 0: none given
+  std::string host{};  // without brackets: "::1"
+  int port = 0;        // 0: none given
 };
 
 struct ParsedUrl {
-  std::string scheme;  // lower case
-  std::string user;
-  std::optional<std::string> password;  // set when the URL had ":" after the user
-  std::vector<UrlHost> hosts;
-  std::string path;  // after the authority, without its leading '/'; decoded
+  std::string scheme{};  // lower case
+  std::string user{};
+  std::optional<std::string> password{};  // set when the URL had ":" after the user
+  std::vector<UrlHost> hosts{};
+  std::string path{};  // after the authority, without its leading '/'; decoded
   // Query parameters in order, decoded.
-  std::vector<std::pair<std::string, std::string>> params;
+  std::vector<std::pair<std::string, std::string>> params{};
 };
 
 // Splits and decodes `url`. InvalidArgument naming the bad part.
@@ -84,11 +85,19 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
-// sqlite:// → SqliteOptions. "sqlite:///abs.db" is the absolute path /abs.db,
+// What a sqlite:// URL sets: the database and each store's own options.
+struct SqliteUrlOptions {
+  SqliteOptions db{};
+  SqliteDeadLetterOptions dead_letters{};
+  SqliteIdempotencyOptions idempotency{};
+};
+
+// sqlite:// → SqliteUrlOptions. "sqlite:///abs.db" is the absolute path /abs.db,
 // "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
-// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true,
-// false). Validated (ValidateSqliteOptions).
-absl::StatusOr<SqliteOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
+// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true, false)
+// for the database; purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for
+// the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
+absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
 // memory:// for the memory driver: its one parameter, max_message_bytes.
 struct MemoryUrlOptions {

@@ -33,7 +33,7 @@ absl::StatusOr<NsqOptions> Nsq(absl::string_view text, GetEnv env = Env({})) {
   if (!url.ok()) return url.status();
   return NsqOptionsFromUrl(*url, env);
 }
-absl::StatusOr<SqliteOptions> Sqlite(absl::string_view text) {
+absl::StatusOr<SqliteUrlOptions> Sqlite(absl::string_view text) {
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
   return SqliteOptionsFromUrl(*url);
@@ -241,29 +241,32 @@ TEST(NsqUrl, Errors) {
 }
 
 TEST(SqliteUrl, AbsoluteAndRelativePaths) {
-  absl::StatusOr<SqliteOptions> o = Sqlite("sqlite:///var/lib/bus.db");
+  absl::StatusOr<SqliteUrlOptions> o = Sqlite("sqlite:///var/lib/bus.db");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->path, "/var/lib/bus.db");
+  EXPECT_EQ(o->db.path, "/var/lib/bus.db");
   o = Sqlite("sqlite://data/bus.db");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->path, "data/bus.db");
+  EXPECT_EQ(o->db.path, "data/bus.db");
   o = Sqlite("sqlite:///tmp/with%20space.db");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->path, "/tmp/with space.db");
-  EXPECT_EQ(o->busy_timeout, SqliteOptions().busy_timeout);
+  EXPECT_EQ(o->db.path, "/tmp/with space.db");
+  EXPECT_EQ(o->db.busy_timeout, SqliteOptions().busy_timeout);
 }
 
 TEST(SqliteUrl, EveryParameter) {
-  absl::StatusOr<SqliteOptions> o = Sqlite(
-      "sqlite:///x.db?busy_timeout=1s&synchronous=full&"
-      "max_batch=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false");
+  absl::StatusOr<SqliteUrlOptions> o = Sqlite(
+      "sqlite:///x.db?busy_timeout=1s&synchronous=full&cleanup_batch=5&cleanup_interval=2s&"
+      "max_batch=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false&purge_batch=9");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->busy_timeout, absl::Seconds(1));
-  EXPECT_EQ(o->synchronous, SqliteSynchronous::kFull);
-  EXPECT_EQ(o->max_batch, 7);
-  EXPECT_EQ(o->max_idle_readers, 1);
-  EXPECT_EQ(o->spin_wait, absl::ZeroDuration());
-  EXPECT_FALSE(o->background_checkpoints);
+  EXPECT_EQ(o->db.busy_timeout, absl::Seconds(1));
+  EXPECT_EQ(o->db.synchronous, SqliteSynchronous::kFull);
+  EXPECT_EQ(o->idempotency.cleanup_batch, 5);
+  EXPECT_EQ(o->idempotency.cleanup_interval, absl::Seconds(2));
+  EXPECT_EQ(o->db.max_batch, 7);
+  EXPECT_EQ(o->db.max_idle_readers, 1);
+  EXPECT_EQ(o->db.spin_wait, absl::ZeroDuration());
+  EXPECT_FALSE(o->db.background_checkpoints);
+  EXPECT_EQ(o->dead_letters.purge_batch, 9);
 }
 
 TEST(SqliteUrl, Errors) {
@@ -273,6 +276,8 @@ TEST(SqliteUrl, Errors) {
   ExpectBad(Sqlite("sqlite:///x.db?background_checkpoints=maybe").status(),
             "parameter background_checkpoints");
   ExpectBad(Sqlite("sqlite:///x.db?max_batch=0").status(), "max_batch");
+  ExpectBad(Sqlite("sqlite:///x.db?purge_batch=0").status(), "purge_batch");
+  ExpectBad(Sqlite("sqlite:///x.db?cleanup_interval=0s").status(), "cleanup_interval");
   ExpectBad(Sqlite("sqlite:///x.db?journal=wal").status(), "unknown: journal");
   ExpectBad(Sqlite("sqlite:///bad%zz.db").status(), "path");
 }

@@ -24,7 +24,7 @@ namespace bus {
 
 struct MemoryDriverOptions {
   // Default: RealClock().
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   // Largest message accepted by Send*; larger ones are InvalidArgument. Default
   // kDefaultMaxMessageBytes (1 MiB), as the Handler's.
   size_t max_message_bytes = kDefaultMaxMessageBytes;

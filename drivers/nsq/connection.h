@@ -48,10 +48,10 @@ namespace bus::nsq {
 
 struct ConnectionOptions {
   // "host:port" of nsqd (or "[v6]:port").
-  std::string address;
-  IdentifyRequest identify;
+  std::string address{};
+  IdentifyRequest identify{};
   // Sent with AUTH when nsqd requires it. Never logged and never in a Status.
-  std::string auth_secret;
+  std::string auth_secret{};
   // Bound on TCP connect plus handshake (IDENTIFY and AUTH included).
   absl::Duration connect_timeout = absl::Seconds(5);
   // Bound on each Request's response, counted from the call: when the oldest pending request
@@ -147,8 +147,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The socket's descriptor once the loops run, -1 before and after (see WriteNowLocked).
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   struct Pending {
-    ResponseFn done;
-    std::chrono::steady_clock::time_point deadline;
+    ResponseFn done{};
+    std::chrono::steady_clock::time_point deadline{};
   };
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);

@@ -100,15 +100,15 @@ class ConsumerState : public Connection::Listener,
 
  private:
   struct Sub {
-    std::string topic;
-    std::string channel;
-    bool filter;  // topic binding: FIN messages whose route key matches no key
-    std::set<std::string> keys;
+    std::string topic{};
+    std::string channel{};
+    bool filter{};  // topic binding: FIN messages whose route key matches no key
+    std::set<std::string> keys{};
   };
   struct Slot {
-    std::string address;
+    std::string address{};
     int sub = 0;
-    std::shared_ptr<Connection> conn;
+    std::shared_ptr<Connection> conn{};
     bool connecting = false;
     bool ever_connected = false;
     int failures = 0;
@@ -126,7 +126,7 @@ class ConsumerState : public Connection::Listener,
     int in_flight = 0;
     // FINs not yet handed to the connection: acks are written in batches (at the next
     // Receive, at the next tick, or every 4 KiB) to spare a write per message.
-    std::string pending;
+    std::string pending{};
     absl::Time last_message = absl::InfinitePast();
     absl::Time rdy_since = absl::InfinitePast();
   };
@@ -134,13 +134,13 @@ class ConsumerState : public Connection::Listener,
     uint64_t conn_id = 0;
     MessageId id{};
     int attempts = 0;
-    std::string payload;
-    absl::Time leased_at;
+    std::string payload{};
+    absl::Time leased_at{};
   };
   struct Held {
-    uint64_t conn_id;
-    MessageId id;
-    absl::Time lease_deadline;
+    uint64_t conn_id{};
+    MessageId id{};
+    absl::Time lease_deadline{};
   };
   using SlotKey = std::pair<std::string, int>;  // nsqd address, subscription index
 

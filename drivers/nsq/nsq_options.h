@@ -26,19 +26,19 @@ namespace bus {
 struct NsqOptions {
   // nsqd TCP addresses ("host:port"). Publishing needs at least one; consumers connect to them
   // directly as well. At least one of this and `lookupd_http_addresses` is required.
-  std::vector<std::string> nsqd_tcp_addresses;
+  std::vector<std::string> nsqd_tcp_addresses{};
   // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
   // connect to the union of the producers.
-  std::vector<std::string> lookupd_http_addresses;
+  std::vector<std::string> lookupd_http_addresses{};
   // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
   // from. Empty: every nsqd that the nsqlookupds list (/nodes), and each of
   // `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's default layout, 4150 and
   // 4151).
-  std::vector<std::string> nsqd_http_addresses;
+  std::vector<std::string> nsqd_http_addresses{};
   // Secret for nsqd's AUTH (only sent when nsqd says auth_required). Never logged.
-  std::string auth_secret;
+  std::string auth_secret{};
   // IDENTIFY client_id and hostname; empty: the machine's host name.
-  std::string client_id;
+  std::string client_id{};
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";
   // TCP connect plus handshake (IDENTIFY, AUTH) bound. Default 5s; > 0.
@@ -86,14 +86,14 @@ struct NsqOptions {
   // >= 0 (zero: close at once).
   absl::Duration close_timeout = absl::Seconds(2);
   // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
-  std::shared_ptr<Logger> logger;
+  std::shared_ptr<Logger> logger{};
   // The time that the driver's logic reads: reconnect and retry-allowed times, leases of held
   // messages, RDY demand and idleness, lookupd poll schedule, a long delay's due time, how long
   // Receive and closing a consumer wait. Network pacing (connect, request and heartbeat
   // deadlines, the RDY tick and lookupd poll timers' steps) stays on the steady clock. A
   // long delay's due time travels in the message, so producers and consumers of a queue should
   // share a clock. Default RealClock().
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
 };
 
 // OK, or InvalidArgument naming the first field that is out of range.

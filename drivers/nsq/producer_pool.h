@@ -61,7 +61,7 @@ class ProducerPool {
 
  private:
   struct Slot {
-    std::string address;
+    std::string address{};
     size_t nsqd = 0;  // index in nsqd_tcp_addresses
     absl::Mutex mu;   // serialises connecting
     std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);

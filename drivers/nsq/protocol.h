@@ -66,8 +66,8 @@ size_t MpubBodyOverhead(size_t n);
 enum class FrameType : int32_t { kResponse = 0, kError = 1, kMessage = 2 };
 
 struct Frame {
-  FrameType type;
-  std::string data;
+  FrameType type{};
+  std::string data{};
 };
 
 // Splits a byte stream from nsqd into frames: [size:4][type:4][data:size-4].
@@ -94,7 +94,7 @@ struct Message {
   int64_t timestamp_ns = 0;
   uint16_t attempts = 0;
   MessageId id{};
-  std::string body;
+  std::string body{};
 };
 
 absl::StatusOr<Message> ParseMessage(absl::string_view data);
@@ -103,8 +103,8 @@ absl::StatusOr<Message> ParseMessage(std::string&& data);
 
 // An error frame: "E_CODE description".
 struct ErrorFrame {
-  std::string code;
-  std::string text;
+  std::string code{};
+  std::string text{};
 };
 ErrorFrame ParseError(absl::string_view data);
 
@@ -120,9 +120,9 @@ absl::Status ErrorToStatus(absl::string_view context, const ErrorFrame& error);
 
 // ---- IDENTIFY ----
 struct IdentifyRequest {
-  std::string client_id;
-  std::string hostname;
-  std::string user_agent;
+  std::string client_id{};
+  std::string hostname{};
+  std::string user_agent{};
   int64_t heartbeat_interval_ms = 30000;
   int64_t msg_timeout_ms = 0;            // 0: server default
   int64_t output_buffer_timeout_ms = 0;  // 0: server default
@@ -135,7 +135,7 @@ struct IdentifyResponse {
   int64_t msg_timeout_ms = 60000;
   int64_t max_msg_timeout_ms = 0;
   bool auth_required = false;
-  std::string version;
+  std::string version{};
 };
 // Parses the JSON IDENTIFY response (or a plain "OK" from a server that does not negotiate).
 absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data);
@@ -172,9 +172,9 @@ absl::StatusOr<std::vector<ChannelStats>> ParseStatsResponse(absl::string_view b
 // [unix micros:8, big-endian]. Bodies that do not start with the magic are foreign (published by
 // another client) and are delivered as they are.
 struct Wrapped {
-  std::optional<std::string> route_key;
-  std::optional<absl::Time> not_before;
-  absl::string_view payload;  // points into the unwrapped body
+  std::optional<std::string> route_key{};
+  std::optional<absl::Time> not_before{};
+  absl::string_view payload{};  // points into the unwrapped body
 };
 void AppendWrapped(absl::string_view payload, const std::string* route_key,
                    std::optional<absl::Time> not_before, std::string* out);

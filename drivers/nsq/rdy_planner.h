@@ -47,7 +47,7 @@ struct RdyLimits {
   int64_t max_in_flight = 1;
   // One RDY redistribution interval: how long a holder must be idle to give its RDY up, and
   // (twice it) how long demand lingers after the last Receive.
-  absl::Duration idle;
+  absl::Duration idle{};
   int waiting = 0;                                // threads inside Receive
   absl::Time last_demand = absl::InfinitePast();  // when a Receive last started or ended
 };
@@ -59,8 +59,8 @@ struct RdyPlan {
     // is `now`.
     bool restarted = false;
   };
-  std::vector<Connection> connections;  // one per input connection, same order
-  bool demand = false;                  // RDY is granted (false: every connection is at 0)
+  std::vector<Connection> connections{};  // one per input connection, same order
+  bool demand = false;                    // RDY is granted (false: every connection is at 0)
 };
 
 RdyPlan PlanRdy(absl::Span<const RdyConnection> connections, const RdyLimits& limits,

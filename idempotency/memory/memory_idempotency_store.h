@@ -17,7 +17,7 @@ namespace bus {
 
 struct MemoryIdempotencyOptions {
   // Default: RealClock().
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   // Expired entries removed per operation, at most.
   int sweep_batch = 16;
 };

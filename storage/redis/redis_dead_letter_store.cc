@@ -288,6 +288,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
            base + "reason",
            base + "time",
            base + "meta",
+           base + "msg",
+           base + "bymsg",
            {}};
     for (DeadLetterKind kind : kKinds) {
       k.kind[static_cast<int>(kind)] = absl::StrCat(base, "ids:", DeadLetterKindName(kind));

@@ -22,15 +22,15 @@ namespace bus::testing {
 
 struct NsqdConfig {
   // nsqlookupd TCP address to register with; empty: none.
-  std::string lookupd_tcp_address;
+  std::string lookupd_tcp_address{};
   // --mem-queue-size; 0 writes every message to disk (survives SIGKILL). -1: nsqd's default.
   int mem_queue_size = -1;
   // --max-req-timeout / --max-msg-size / --msg-timeout when set.
-  std::string max_req_timeout;
+  std::string max_req_timeout{};
   int max_msg_size = 0;
   // --auth-http-address when set.
-  std::string auth_http_address;
-  std::vector<std::string> extra_args;
+  std::string auth_http_address{};
+  std::vector<std::string> extra_args{};
 };
 
 class NsqdServer {

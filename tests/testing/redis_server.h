@@ -25,14 +25,14 @@ namespace bus::testing {
 
 struct RedisServerOptions {
   // requirepass for the default user; empty: none.
-  std::string password;
+  std::string password{};
   // An extra ACL user with every permission: "user" with password "user_password".
-  std::string user;
-  std::string user_password;
+  std::string user{};
+  std::string user_password{};
   // appendonly yes, appendfsync always (every acknowledged write survives a kill).
   bool append_only = false;
   // More "--name value" arguments.
-  std::vector<std::string> extra_args;
+  std::vector<std::string> extra_args{};
 };
 
 class RedisServer {

@@ -68,9 +68,9 @@ struct ConnectionOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
   // ACL user; empty: the default user (AUTH <password>).
-  std::string username;
+  std::string username{};
   // Password for AUTH; empty: no AUTH. Never logged or included in errors.
-  std::string password;
+  std::string password{};
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
   // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
@@ -107,7 +107,7 @@ class IoThread {
 // A Lua script run by SHA, with its source for SCRIPT LOAD.
 struct Script {
   explicit Script(std::string src) : source(std::move(src)) {}
-  std::string source;
+  std::string source{};
 };
 
 class Connection {

@@ -24,9 +24,9 @@ struct RedisOptions {
   std::string host = "127.0.0.1";
   int port = 6379;
   // ACL user name; empty: the default user. Only used with a password.
-  std::string username;
+  std::string username{};
   // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
-  std::string password;
+  std::string password{};
   // Database number for SELECT; default 0 (no SELECT).
   int db = 0;
   // Prefix of every key the driver or store writes. Default "bus:". Each queue's keys share one
@@ -53,9 +53,9 @@ struct RedisOptions {
   int64_t max_reply_elements = int64_t{1} << 20;
   // Clock for client-side waits only (how long Receive blocks). Delays and leases are measured
   // by the Redis server's clock (TIME), never this one. Default RealClock().
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
   // Where reconnects and failures are logged. Default: StderrLogger(kWarning).
-  std::shared_ptr<Logger> logger;
+  std::shared_ptr<Logger> logger{};
 };
 
 // InvalidArgument naming the first bad field.

@@ -22,9 +22,9 @@ namespace bus::redis {
 struct Reply {
   enum class Type { kString, kArray, kInteger, kNil, kStatus, kError };
   Type type = Type::kNil;
-  std::string str;  // kString, kStatus, kError
+  std::string str{};  // kString, kStatus, kError
   int64_t integer = 0;
-  std::vector<Reply> elements;  // kArray
+  std::vector<Reply> elements{};  // kArray
 
   bool is_error() const { return type == Type::kError; }
   bool is_nil() const { return type == Type::kNil; }

@@ -72,7 +72,7 @@ struct SqliteOptions {
 
   // Time for leases, retention and stored_at. Default (nullptr): RealClock(). Expiry times are
   // stored as wall-clock values, so processes sharing a file must agree on the time.
-  std::shared_ptr<Clock> clock;
+  std::shared_ptr<Clock> clock{};
 
   // Group commit: most operations committed in one transaction; >= 1. 1 gives every operation a
   // transaction of its own.
@@ -243,8 +243,8 @@ class SqliteDatabase {
   std::unique_ptr<sqlite_internal::Connection> writer_conn_;
   std::vector<Writer*> batch_;
   struct Housekeeping {
-    absl::Duration interval;
-    HousekeepingStep step;
+    absl::Duration interval{};
+    HousekeepingStep step{};
     absl::Time next = absl::InfinitePast();
   };
   absl::Mutex housekeeping_mu_;
