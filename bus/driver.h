@@ -118,7 +118,7 @@ class Consumer {
 // the counts are read without stopping producers or consumers, so they may be off by the
 // messages that moved while they were read.
 struct QueueCounts {
-  std::string queue;
+  std::string queue{};
   // Deliverable now: waiting for a consumer. A message whose delay has passed, or whose lease
   // ran out, counts here even when the broker has not moved it yet.
   int64_t ready = 0;
@@ -126,6 +126,10 @@ struct QueueCounts {
   int64_t delayed = 0;
   // Leased to a consumer and not yet settled (acked or nacked).
   int64_t in_flight = 0;
+  // When the earliest delayed message is due, on the driver's clock; InfiniteFuture() when none
+  // is delayed or the driver does not say (only the memory driver does: Redis measures delays
+  // on the server's clock, NSQ does not expose them).
+  absl::Time next_due = absl::InfiniteFuture();
 };
 
 // Counters a driver keeps across its connections.

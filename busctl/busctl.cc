@@ -74,8 +74,8 @@ Exit codes: 0 done, 1 error, 2 usage.
 )";
 
 struct CommandHelp {
-  const char* name;
-  const char* text;
+  const char* name = nullptr;
+  const char* text = nullptr;
 };
 
 constexpr CommandHelp kCommandHelp[] = {
@@ -126,8 +126,8 @@ Binds a temporary queue to TOPIC and prints each message as it arrives, until in
 // ---- Arguments ----
 
 struct Args {
-  std::vector<std::string> positional;
-  std::multimap<std::string, std::string> flags;
+  std::vector<std::string> positional{};
+  std::multimap<std::string, std::string> flags{};
 
   bool Has(const std::string& name) const { return flags.count(name) > 0; }
   std::optional<std::string> Get(const std::string& name) const {
@@ -144,7 +144,7 @@ struct Args {
 };
 
 struct UsageError {
-  std::string message;
+  std::string message{};
 };
 
 const std::set<std::string>& BoolFlags() {
@@ -261,9 +261,9 @@ class Progress {
 // ---- Context ----
 
 struct Context {
-  Args args;
-  std::string driver_url;
-  std::string stores_url;
+  Args args{};
+  std::string driver_url{};
+  std::string stores_url{};
 
   absl::StatusOr<std::shared_ptr<bus::Driver>> Driver() const {
     if (driver_url.empty()) {

@@ -47,8 +47,8 @@ std::string ReadFile(const std::string& path) {
 
 struct Result {
   int exit = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
+  std::string out{};  // stdout
+  std::string err{};  // stderr
 };
 
 // Runs busctl with `args` and `env` ("NAME=value") and waits for it.
@@ -266,8 +266,8 @@ TEST_F(BusctlRedisTest, ReplayByKindAndAllAndBinaryPayloadsAsHex) {
 
 TEST_F(BusctlRedisTest, UsageErrorsExitTwo) {
   struct Case {
-    std::vector<std::string> args;
-    std::string message;
+    std::vector<std::string> args{};
+    std::string message{};
   };
   for (const Case& c : std::vector<Case>{
            {{}, "Usage: busctl"},
@@ -291,8 +291,8 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
   absl::StatusOr<int> free_port = PickFreePort();
   ASSERT_TRUE(free_port.ok());
   struct Case {
-    std::vector<std::string> args;
-    std::string message;
+    std::vector<std::string> args{};
+    std::string message{};
   };
   for (const Case& c : std::vector<Case>{
            {{"--driver=redis://:hunter2@127.0.0.1:99999", "queues"}, "URL port"},

@@ -23,7 +23,7 @@ namespace bus::nsq {
 
 struct HttpResponse {
   int status = 0;
-  std::string body;
+  std::string body{};
 };
 
 // GET `target` ("/path?query") from `address` ("host:port" or "http://host:port"); `what`

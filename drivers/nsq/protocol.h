@@ -147,8 +147,8 @@ absl::StatusOr<std::vector<std::string>> ParseLookupResponse(absl::string_view b
 
 // One nsqd as nsqlookupd's /nodes lists it.
 struct LookupNode {
-  std::string tcp_address;   // "broadcast_address:tcp_port"
-  std::string http_address;  // "broadcast_address:http_port"
+  std::string tcp_address{};   // "broadcast_address:tcp_port"
+  std::string http_address{};  // "broadcast_address:http_port"
 };
 // Parses a /nodes response body (v1, or pre-1.0 wrapped in {"data":...}).
 absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view body);
@@ -156,8 +156,8 @@ absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view bod
 // ---- nsqd /stats ----
 // One channel of one topic in nsqd's /stats?format=json.
 struct ChannelStats {
-  std::string topic;
-  std::string channel;
+  std::string topic{};
+  std::string channel{};
   int64_t depth = 0;      // ready: memory plus disk
   int64_t deferred = 0;   // waiting for a DPUB or REQ delay
   int64_t in_flight = 0;  // sent to a client, not yet finished
