@@ -155,6 +155,7 @@ void ExpectMetricsMatchStats(const AdminServer& admin, const Handler& handler,
   EXPECT_EQ(value("bus_messages_redelivered_total", ql), s.redelivered);
   EXPECT_EQ(value("bus_store_errors_total", ql), s.store_errors);
   EXPECT_EQ(value("bus_callback_errors_total", ql), s.callback_errors);
+  EXPECT_EQ(value("bus_events_dropped_total", ql), s.events_dropped);
   EXPECT_EQ(value("bus_messages_in_flight", ql), s.in_flight);
   EXPECT_EQ(value("bus_driver_reconnects_total", {{"queue", q}, {"driver", driver_name}}),
             s.reconnects);

@@ -39,7 +39,8 @@
 // There is one implementation of these steps (a single message is a batch of one, and a replay
 // goes through it too). No exception of a user callback leaves the library: one from `handle`
 // is a retryable failure; one from `ensure` or `retry_delay` gives the delivery back with the
-// infrastructure backoff (counted in callback_errors); one from the logger is dropped.
+// infrastructure backoff (counted in callback_errors); one from the logger or the observer is
+// dropped.
 // docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
 // Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
@@ -62,6 +63,7 @@
 #include "absl/time/time.h"
 #include "bus/clock.h"
 #include "bus/driver.h"
+#include "bus/events.h"
 #include "bus/logger.h"
 #include "bus/message.h"
 #include "bus/metrics.h"
@@ -108,8 +110,15 @@ struct HandlerOptions {
   std::optional<Subscription> subscribe{};
   // Required.
   std::shared_ptr<Driver> driver{};
-  // Default: StderrLogger().
+  // Default: StderrLogger(). Gets LogRecords (bus/logger.h) with the queue and, for a record
+  // about a message, its id, biz_uid, trace id and attempt.
   std::shared_ptr<Logger> logger{};
+  // Optional: told what happens to messages and connections (bus/events.h), on a thread of its
+  // own through a queue of at most `observer_queue` events. When it falls behind, events are
+  // dropped and counted in Stats().events_dropped; the pipeline never waits for it.
+  EventObserverFn observer{};
+  // Events waiting for the observer; >= 1.
+  int observer_queue = 4096;
   // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
   std::shared_ptr<DeadLetterStore> dead_letters{};
   // Default: NullIdempotencyStore() (grants every key: no deduplication).
@@ -188,6 +197,8 @@ class Handler {
   // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
 
+  // Stops the handler and closes the observer's queue: waits for an observer call in progress
+  // (do not destroy the Handler from the observer), drops the events still queued.
   ~Handler();
   Handler(const Handler&) = delete;
   Handler& operator=(const Handler&) = delete;

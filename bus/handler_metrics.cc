@@ -34,6 +34,9 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
             q, s.store_errors);
   w.Counter("bus_callback_errors_total", "Exceptions thrown by ensure or retry_delay.", q,
             s.callback_errors);
+  w.Counter("bus_events_dropped_total",
+            "Observer events dropped because the observer's queue was full (bus/events.h).", q,
+            s.events_dropped);
   w.Gauge("bus_messages_in_flight", "Messages inside the pipeline now.", q,
           static_cast<double>(s.in_flight));
   w.Counter("bus_driver_reconnects_total",

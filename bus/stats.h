@@ -32,6 +32,7 @@ struct HandlerStats {
   uint64_t callback_errors = 0;  // exceptions thrown by ensure or retry_delay
   int64_t in_flight = 0;         // messages inside the pipeline right now
   uint64_t reconnects = 0;       // the driver's reconnects
+  uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
   bool running = false;          // Run() is in progress (setting up, consuming or draining)
   bool consuming = false;        // Run() has set up the queue and its consumer is running
   // Latency of handle() calls.

@@ -114,9 +114,15 @@ class Core {
   std::shared_ptr<Connection> NewConnection() {
     return Connection::Create(io_.get(), ToConnectionOptions(options_), [this] {
       const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
-      options_.logger->Log(LogLevel::kWarning,
-                           absl::StrCat("redis: reconnected to ", options_.host, ":", options_.port,
-                                        " (reconnects: ", n, ")"));
+      const std::string text = absl::StrCat("reconnected to ", options_.host, ":", options_.port,
+                                            " (reconnects: ", n, ")");
+      LogRecord r;
+      r.level = LogLevel::kWarning;
+      r.time = options_.clock->Now();
+      r.component = "redis";
+      r.event = "reconnected";
+      r.text = text;
+      options_.logger->Write(r);
     });
   }
 

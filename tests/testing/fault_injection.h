@@ -265,6 +265,53 @@ class CapturingLogger final : public Logger {
   std::vector<std::pair<LogLevel, std::string>> lines_ ABSL_GUARDED_BY(mu_);
 };
 
+// A LogRecord with its fields copied.
+struct CapturedRecord {
+  LogLevel level = LogLevel::kInfo;
+  absl::Time time{};
+  std::string component{}, queue{}, message_id{}, biz_uid{}, event{}, error{}, trace_id{}, text{};
+  int attempt = 0;
+};
+
+// Keeps every record (LogRecord, bus/logger.h) written to it.
+class CapturingRecordLogger final : public Logger {
+ public:
+  void Log(LogLevel level, absl::string_view line) override {
+    Write(LogRecord{.level = level, .text = line});
+  }
+  void Write(const LogRecord& r) override {
+    CapturedRecord c{r.level,
+                     r.time,
+                     std::string(r.component),
+                     std::string(r.queue),
+                     std::string(r.message_id),
+                     std::string(r.biz_uid),
+                     std::string(r.event),
+                     std::string(r.error),
+                     std::string(r.trace_id),
+                     std::string(r.text),
+                     r.attempt};
+    absl::MutexLock lock(&mu_);
+    records_.push_back(std::move(c));
+  }
+  std::vector<CapturedRecord> records() const {
+    absl::MutexLock lock(&mu_);
+    return records_;
+  }
+  // The records whose event is `event`.
+  std::vector<CapturedRecord> WithEvent(absl::string_view event) const {
+    std::vector<CapturedRecord> out;
+    for (CapturedRecord& r : records()) {
+      if (r.event == event) out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<CapturedRecord> records_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace bus::testing
 
 #endif  // TESTS_TESTING_FAULT_INJECTION_H_
