@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything the build, the tests and the benchmarks need on Debian 12: the compiler,
-# Bazel, the system libraries, clang-format, redis-server, and nsqd/nsqlookupd plus nsq's
-# bench_writer/bench_reader built from the Go module github.com/nsqio/nsq v1.3.0, curl, and a
-# Python venv with the official Prometheus client (its text-format parser checks /metrics in
-# the admin tests).
+# Bazel, CMake, Ninja and pkg-config (for the CMake build and tools/cmake_check.sh), the system
+# libraries, clang-format, redis-server, and nsqd/nsqlookupd plus nsq's bench_writer/bench_reader
+# built from the Go module github.com/nsqio/nsq v1.3.0, curl, and a Python venv with the
+# official Prometheus client (its text-format parser checks /metrics in the admin tests).
 # Idempotent: returns in about a second when everything is present.
 set -euo pipefail
 
 packages=(
-  bazel-bootstrap bazel-platforms g++ pkg-config clang-format
+  bazel-bootstrap bazel-platforms g++ cmake ninja-build pkg-config clang-format
   libabsl-dev libboost-dev libboost-system-dev libhiredis-dev libsqlite3-dev sqlite3
   nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   redis-server redis-tools golang-go curl python3-venv
