@@ -28,6 +28,10 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
   return absl::OkStatus();
 }
 
+absl::Status Driver::Ping(absl::Duration) {
+  return absl::UnimplementedError(absl::StrCat("driver ", name(), " has no Ping"));
+}
+
 absl::StatusOr<std::vector<std::string>> Driver::ListQueues() {
   return absl::UnimplementedError(absl::StrCat(name(), " driver: ListQueues not implemented"));
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bus/handler_metrics.h"
 #include "bus/names.h"
 #include "bus/pipeline.h"
 #include "bus/receive_loop.h"
@@ -100,6 +101,16 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
 Handler::Handler(HandlerOptions options, bool user_ensure)
     : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
   const HandlerOptions& o = shared_->options;
+  if (o.metrics != nullptr) {
+    // Weakly: the registry may outlive the Handler (the destructor removes the collector).
+    std::weak_ptr<internal::Pipeline> weak = shared_;
+    metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
+      if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
+        WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
+                            p->options.dead_letters.get(), w);
+      }
+    });
+  }
   if (o.observer != nullptr) {
     shared_->events = std::make_unique<internal::EventQueue>(
         o.observer, static_cast<size_t>(o.observer_queue), o.queue,
@@ -114,6 +125,29 @@ Handler::~Handler() {
   Stop();
   // Workers abandoned after the shutdown timeout may still run: their events are dropped.
   if (shared_->events != nullptr) shared_->events->Close();
+  if (metrics_collector_ != 0) shared_->options.metrics->RemoveCollector(metrics_collector_);
+}
+
+absl::Status Handler::Ready(absl::Duration timeout) const {
+  const HandlerOptions& o = shared_->options;
+  auto not_ready = [&](absl::string_view what, const absl::Status& st) {
+    return absl::UnavailableError(absl::StrCat("queue ", o.queue, ": ", what,
+                                               st.ok() ? "" : absl::StrCat(": ", st.ToString())));
+  };
+  {
+    absl::MutexLock lock(&shared_->mu);
+    if (!shared_->consuming) return not_ready("not consuming", absl::OkStatus());
+  }
+  if (absl::Status st = o.driver->Ping(timeout); !st.ok()) {
+    return not_ready(absl::StrCat("driver ", o.driver->name(), " does not answer"), st);
+  }
+  if (absl::Status st = o.dead_letters->Ping(timeout); !st.ok()) {
+    return not_ready("dead-letter store does not answer", st);
+  }
+  if (absl::Status st = o.idempotency->Ping(timeout); !st.ok()) {
+    return not_ready("idempotency store does not answer", st);
+  }
+  return absl::OkStatus();
 }
 
 void Handler::Stop() { shared_->stop.request_stop(); }
@@ -337,8 +371,10 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
   return removed;
 }
 
-HandlerStats Handler::Stats() const {
-  const internal::Pipeline& s = *shared_;
+HandlerStats Handler::Stats() const { return shared_->Stats(); }
+
+HandlerStats internal::Pipeline::Stats() const {
+  const internal::Pipeline& s = *this;
   HandlerStats out;
   out.received = s.received.load(std::memory_order_relaxed);
   out.succeeded = s.succeeded.load(std::memory_order_relaxed);
@@ -352,15 +388,18 @@ HandlerStats Handler::Stats() const {
   out.store_errors = s.store_errors.load(std::memory_order_relaxed);
   out.callback_errors = s.callback_errors.load(std::memory_order_relaxed);
   out.in_flight = s.in_flight.load(std::memory_order_relaxed);
-  out.reconnects = shared_->options.driver->Stats().reconnects;
+  out.reconnects = options.driver->Stats().reconnects;
   out.events_dropped = s.events != nullptr ? s.events->dropped() : 0;
   {
-    absl::MutexLock lock(&shared_->mu);
-    out.consuming = shared_->consuming;
+    absl::MutexLock lock(&mu);
+    out.running = running;
+    out.consuming = consuming;
   }
   out.latency_p50 = s.latency.Quantile(0.5);
   out.latency_p99 = s.latency.Quantile(0.99);
   out.latency_max = s.latency.Max();
+  out.latency_buckets = s.latency.Buckets();
+  out.latency_sum = s.latency.Sum();
   return out;
 }
 

@@ -46,8 +46,8 @@
 // Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
 // once) and on the replay thread; `msg` lives until the callback returns (copy what you keep).
 //
-// Thread-safety: Stop(), Stats(), WaitUntilRunning() and ReplayDeadLetters() may be called from
-// any thread while Run() blocks in another.
+// Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
+// called from any thread while Run() blocks in another.
 
 #ifndef BUS_HANDLER_H_
 #define BUS_HANDLER_H_
@@ -66,6 +66,7 @@
 #include "bus/events.h"
 #include "bus/logger.h"
 #include "bus/message.h"
+#include "bus/metrics.h"
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
@@ -174,6 +175,11 @@ struct HandlerOptions {
   absl::Duration infra_backoff_max = absl::Seconds(30);
   // Default: the driver's clock.
   std::shared_ptr<Clock> clock{};
+  // Optional: the registry this handler's metrics are added to (bus/metrics.h, listed in
+  // docs/operations.md), labelled with the queue, from Create until the Handler is destroyed.
+  // They are read from the Handler's own counters when the registry renders: nothing is added
+  // to the pipeline's work. Default: none.
+  std::shared_ptr<MetricsRegistry> metrics{};
 };
 
 // Which dead letters Handler::ReplayDeadLetters(filter) takes.
@@ -226,6 +232,12 @@ class Handler {
 
   HandlerStats Stats() const;
 
+  // Readiness (the admin server's /readyz): OK when Run() is consuming and the driver, the
+  // dead-letter store and the idempotency store each answer Ping within `timeout`; otherwise
+  // Unavailable with a short reason naming the queue and what did not answer. Blocks for up to
+  // three times `timeout`; it never holds anything the pipeline waits for.
+  absl::Status Ready(absl::Duration timeout) const;
+
   // The options after defaults were filled in.
   const HandlerOptions& options() const;
 
@@ -233,6 +245,8 @@ class Handler {
   Handler(HandlerOptions options, bool user_ensure);
 
   std::shared_ptr<internal::Pipeline> shared_;
+  // The id of this handler's collector in options().metrics (0: none).
+  uint64_t metrics_collector_ = 0;
 };
 
 }  // namespace bus

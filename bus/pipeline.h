@@ -105,10 +105,13 @@ struct Pipeline {
     return owner;
   }
 
-  absl::Mutex mu;
+  mutable absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
+
+  // Handler::Stats().
+  HandlerStats Stats() const;
 
   // Set when options.observer is; closed by ~Handler.
   std::unique_ptr<EventQueue> events;

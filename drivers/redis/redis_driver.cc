@@ -19,6 +19,7 @@
 #include "bus/names.h"
 #include "bus/retry.h"
 #include "bus/route_key.h"
+#include "drivers/redis/client/client.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 
@@ -530,6 +531,8 @@ class RedisDriver final : public Driver {
   }
 
   DriverStats Stats() const override { return {core_->reconnects()}; }
+
+  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(core_->conn(), timeout); }
 
   // Every queue has a meta hash (CreateQueue, Subscribe and every enqueue write it): SCAN for
   // them.

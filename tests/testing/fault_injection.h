@@ -91,6 +91,7 @@ class FaultyDriver final : public Driver {
 
   FaultSwitch send;   // SendToQueue, SendBatchToQueue, SendToTopic
   FaultSwitch setup;  // CreateQueue, Subscribe
+  FaultSwitch ping;   // Ping
   // Non-empty: consumers mark deliveries with exactly these bytes as corrupt. Set before
   // NewConsumer.
   std::string corrupt_data;
@@ -126,6 +127,10 @@ class FaultyDriver final : public Driver {
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
+  }
   absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
   absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
     return base_->InspectQueue(q);
@@ -142,6 +147,7 @@ class FaultyDeadLetterStore final : public DeadLetterStore {
   FaultSwitch store;
   FaultSwitch fetch;
   FaultSwitch remove;
+  FaultSwitch ping;
 
   using DeadLetterStore::Count;
   using DeadLetterStore::Fetch;
@@ -167,6 +173,10 @@ class FaultyDeadLetterStore final : public DeadLetterStore {
   absl::Status Purge(absl::string_view q, DeadLetterKinds kinds) override {
     return base_->Purge(q, kinds);
   }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
+  }
 
  private:
   std::shared_ptr<DeadLetterStore> base_;
@@ -180,6 +190,7 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   FaultSwitch acquire;
   FaultSwitch mark_done;
   FaultSwitch release;
+  FaultSwitch ping;
   // When set, an injected acquire failure is applied to the store first (the key is taken and
   // the reply "lost").
   std::atomic<bool> acquire_then_fail{false};
@@ -199,6 +210,10 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   absl::Status Release(absl::string_view k, absl::string_view o) override {
     if (absl::Status st = release.Check(); !st.ok()) return st;
     return base_->Release(k, o);
+  }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
   }
   // The batched forms run the single ones (so faults apply) and record the largest batch.
   void AcquireMany(absl::Span<const absl::string_view> keys,
