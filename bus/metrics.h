@@ -81,10 +81,10 @@ class MetricsWriter {
  private:
   enum class Type { kCounter, kGauge, kHistogram };
   struct Family {
-    std::string name;
-    std::string help;
-    Type type;
-    std::string samples;  // rendered sample lines
+    std::string name{};
+    std::string help{};
+    Type type{};
+    std::string samples{};  // rendered sample lines
   };
   // The family `name` of `type` (created with `help` if new), or null when it cannot be.
   Family* FamilyFor(absl::string_view name, absl::string_view help, Type type,
@@ -164,12 +164,12 @@ class MetricsRegistry {
 
  private:
   struct Owned {
-    std::string name;
-    std::string help;
-    MetricLabels labels;
-    std::shared_ptr<Counter> counter;
-    std::shared_ptr<Gauge> gauge;
-    std::shared_ptr<Histogram> histogram;
+    std::string name{};
+    std::string help{};
+    MetricLabels labels{};
+    std::shared_ptr<Counter> counter{};
+    std::shared_ptr<Gauge> gauge{};
+    std::shared_ptr<Histogram> histogram{};
   };
   absl::Status Register(Owned owned);
 

@@ -16,7 +16,7 @@ namespace bus::testing {
 
 struct HttpReply {
   int status = 0;
-  std::string body;
+  std::string body{};
 };
 
 // `curl -X method url`: the status and the body. Unavailable when curl could not get an answer
