@@ -128,6 +128,10 @@ struct QueueCounts {
   int64_t delayed = 0;
   // Leased to a consumer and not yet settled (acked or nacked).
   int64_t in_flight = 0;
+  // When the earliest delayed message is due, on the driver's clock; InfiniteFuture() when none
+  // is delayed or the driver does not say (only the memory driver does: Redis measures delays
+  // on the server's clock, NSQ does not expose them).
+  absl::Time next_due = absl::InfiniteFuture();
 };
 
 // Counters a driver keeps across its connections.

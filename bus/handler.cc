@@ -27,7 +27,18 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
     return Invalid("queue", st.message());
   }
   if (o.driver == nullptr) return Invalid("driver", "missing");
-  if (o.handle == nullptr) return Invalid("handle", "missing");
+  if (o.handle == nullptr && o.handle_in_transaction == nullptr) {
+    return Invalid("handle", "missing");
+  }
+  if (o.handle != nullptr && o.handle_in_transaction != nullptr) {
+    return Invalid("handle_in_transaction", "give either handle or handle_in_transaction");
+  }
+  if (o.handle_in_transaction != nullptr &&
+      dynamic_cast<TransactionalStore*>(o.idempotency.get()) == nullptr) {
+    return Invalid("handle_in_transaction",
+                   "needs an idempotency store that is a TransactionalStore (an inbox, such as "
+                   "NewSqliteInbox)");
+  }
   if (o.queue_delay < absl::ZeroDuration()) return Invalid("queue_delay", "must be >= 0");
   if (o.subscribe.has_value()) {
     if (absl::Status st = ValidateName("topic", o.subscribe->topic); !st.ok()) {
@@ -172,6 +183,21 @@ absl::Status Handler::Run() {
     });
   }
 
+  // The idempotency store's background work (an inbox's outbox relay), while consuming.
+  std::vector<std::thread> background;
+  if (shared_->transactional != nullptr) {
+    for (std::shared_ptr<BackgroundTask>& task :
+         shared_->transactional->BackgroundTasks(o.driver, o.logger)) {
+      background.emplace_back([this, task = std::move(task), stop] {
+        try {
+          task->Run(stop);
+        } catch (...) {
+          shared_->Log(LogLevel::kError, absl::StrCat(task->name(), " threw; it ends"));
+        }
+      });
+    }
+  }
+
   ReceiveOptions ro;
   ro.concurrency = o.concurrency;
   ro.max_in_flight = o.max_in_flight;
@@ -198,6 +224,7 @@ absl::Status Handler::Run() {
       });
   shared_->stop.request_stop();
   if (replay.joinable()) replay.join();
+  for (std::thread& t : background) t.join();
   return finish(st);
 }
 

@@ -67,6 +67,7 @@
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
+#include "bus/transactional.h"
 
 namespace bus {
 namespace internal {
@@ -87,6 +88,9 @@ enum class Ensure {
 
 using HandleFn = std::function<absl::Status(const Message& msg)>;
 using EnsureFn = std::function<Ensure(const Message& msg)>;
+// A handle function that makes its effect through the idempotency store's transaction (an
+// inbox, bus/transactional.h): the store's helper (SqliteInbox::Handle) builds one.
+using TransactionalHandleFn = std::function<absl::Status(const Message& msg, Transaction& tx)>;
 
 struct Subscription {
   std::string topic{};
@@ -109,8 +113,15 @@ struct HandlerOptions {
   std::shared_ptr<DeadLetterStore> dead_letters{};
   // Default: NullIdempotencyStore() (grants every key: no deduplication).
   std::shared_ptr<IdempotencyStore> idempotency{};
-  // Required.
+  // Required, unless handle_in_transaction is given (then it must be empty).
   HandleFn handle{};
+  // Instead of `handle`: an effect committed in one transaction with the key's mark-done (an
+  // inbox; docs/exactly-once.md). Requires an `idempotency` store that is a TransactionalStore
+  // (bus/transactional.h), such as NewSqliteInbox. A failure (error or exception) rolls the
+  // effect back before the usual retry or dead-letter step; with batch_size > 1 the batch's
+  // messages share one transaction, each in a savepoint of its own. The store's background
+  // tasks (an outbox relay) run while the Handler consumes.
+  TransactionalHandleFn handle_in_transaction{};
   // Default: always kAlreadyHandled (a key held by another owner or done means "skip"). A user
   // ensure is also asked when the idempotency store fails (it knows the business state); the
   // default then gives the delivery back instead.

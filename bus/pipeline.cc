@@ -42,6 +42,9 @@ struct BatchScratch {
   std::vector<absl::string_view> done_keys;
   std::vector<absl::string_view> done_owners;
   std::vector<absl::Status> done_results;
+  // With an inbox: the messages to handle in the batch's transaction, and under their key or not.
+  std::vector<size_t> pending;
+  std::vector<char> pending_acquired;
 };
 
 // Headers the pipeline keeps on a message that failed (docs/pipeline.md, "Reserved headers").
@@ -179,6 +182,8 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // 3 to 6, message by message.
   b.done_keys.clear();
   b.done_owners.clear();
+  b.pending.clear();
+  b.pending_acquired.clear();
   const std::stop_token token = stop.get_token();
   for (size_t j = 0; j < b.decoded.size(); ++j) {
     const size_t i = b.decoded[j];
@@ -192,11 +197,23 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       continue;
     }
     bool mark_done = false;
-    out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], b.acquired[j], &mark_done);
+    Deferred deferred;
+    out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], b.acquired[j], &mark_done,
+                          transactional != nullptr ? &deferred : nullptr);
+    if (deferred.handle) {
+      b.pending.push_back(i);
+      b.pending_acquired.push_back(deferred.acquired);
+    }
     if (mark_done) {
       b.done_keys.push_back(b.keys[i]);
       b.done_owners.push_back(b.owners[i]);
     }
+  }
+  if (!b.pending.empty()) {
+    // 4 and 5 (or 6) of every message to handle, in one transaction of the inbox.
+    HandleInTransaction(b.pending, absl::MakeSpan(b.msgs.data(), n),
+                        absl::MakeConstSpan(b.keys.data(), n),
+                        absl::MakeConstSpan(b.owners.data(), n), b.pending_acquired, out);
   }
 
   // 5. Mark the handled keys done, in one call.
@@ -218,10 +235,17 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
 }
 
 Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
-                                  const absl::StatusOr<bool>& acquired, bool* mark_done) {
+                                  const absl::StatusOr<bool>& acquired, bool* mark_done,
+                                  Deferred* deferred) {
+  auto handle = [&](bool under_key) {
+    if (deferred == nullptr) return HandleAndSettle(msg, key, owner, under_key, mark_done);
+    deferred->handle = true;
+    deferred->acquired = under_key;
+    return Settlement::Redeliver();
+  };
   if (acquired.ok()) {
     AcquireSucceeded();
-    if (*acquired) return HandleAndSettle(msg, key, owner, true, mark_done);
+    if (*acquired) return handle(true);
     // Taken: perhaps by an acquire of ours whose reply was lost.
     if (std::optional<std::string> ghost = TakeGhost(key);
         ghost.has_value() && options.idempotency->Release(key, *ghost).ok()) {
@@ -230,7 +254,7 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
       if (!again.ok()) {
         if (!has_user_ensure) return AcquireFailed(key, owner, again.status());
       } else if (*again) {
-        return HandleAndSettle(msg, key, owner, true, mark_done);
+        return handle(true);
       }
     }
   } else if (!has_user_ensure) {
@@ -257,24 +281,95 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
     duplicates.fetch_add(1, std::memory_order_relaxed);
     return Taken();
   }
-  return HandleAndSettle(msg, key, owner, false, mark_done);
+  return handle(false);
 }
 
 Settlement Pipeline::HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
                                      bool acquired, bool* mark_done) {
+  const absl::Status result = CallHandle(msg, nullptr);
+  return AfterHandle(msg, key, owner, acquired, result, mark_done);
+}
+
+absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   // 4. Handle. An exception is a retryable failure and never reaches the driver.
   const absl::Time start = options.clock->Now();
   absl::Status result;
   try {
-    result = options.handle(msg);
+    result = tx != nullptr ? options.handle_in_transaction(msg, *tx) : options.handle(msg);
   } catch (const std::exception& e) {
     result = absl::UnknownError(absl::StrCat("handler threw: ", e.what()));
   } catch (...) {
     result = absl::UnknownError("handler threw a non-std exception");
   }
-  const absl::Time end = options.clock->Now();
-  latency.Record(end - start);
+  latency.Record(options.clock->Now() - start);
+  return result;
+}
 
+void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
+                                   absl::Span<const std::string> keys,
+                                   absl::Span<const std::string> owners,
+                                   absl::Span<const char> acquired, absl::Span<Settlement> out) {
+  thread_local std::vector<TransactionalStore::Entry> entries;
+  thread_local std::vector<absl::Status> effects;
+  thread_local std::vector<absl::Status> results;
+  entries.clear();
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const size_t i = pending[k];
+    entries.push_back(acquired[k] ? TransactionalStore::Entry{keys[i], owners[i]}
+                                  : TransactionalStore::Entry{});
+  }
+  // An effect not run (the transaction could not start) stays OK here; its result says why.
+  effects.assign(pending.size(), absl::OkStatus());
+  results.assign(pending.size(), absl::OkStatus());
+  // The effect may run on another worker's thread (the group commit's leader), so it reaches
+  // this thread's buffers through references taken here, never by their thread_local names.
+  std::vector<absl::Status>& effect_results = effects;
+  transactional->RunAndMarkDone(
+      entries, options.idempotency_retention,
+      [&](size_t k, Transaction& tx) -> absl::Status {
+        effect_results[k] = CallHandle(msgs[pending[k]], &tx);
+        return effect_results[k];
+      },
+      absl::MakeSpan(results));
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const size_t i = pending[k];
+    const bool under_key = acquired[k] != 0;
+    if (!effects[k].ok()) {
+      // 6. The effect failed and was rolled back: the usual failure path.
+      bool unused = false;
+      out[i] = AfterHandle(msgs[i], keys[i], owners[i], under_key, effects[k], &unused);
+      continue;
+    }
+    if (results[k].ok()) {
+      // 5. Committed with its mark-done.
+      succeeded.fetch_add(1, std::memory_order_relaxed);
+      out[i] = Taken();
+      continue;
+    }
+    if (under_key && absl::IsFailedPrecondition(results[k])) {
+      // The lease ran out (another worker may hold the key now): the effect was rolled back, so
+      // the message goes back to the broker, to be handled or found done.
+      Log(LogLevel::kError, absl::StrCat("message ", msgs[i].id, ": ", results[k].message(),
+                                         "; its effect was rolled back and it is given back"));
+      redelivered.fetch_add(1, std::memory_order_relaxed);
+      out[i] = Settlement::Redeliver();
+      continue;
+    }
+    // The transaction failed (database locked beyond its busy timeout, I/O error): nothing of the
+    // message stands. Give the key back and the delivery with the infrastructure backoff.
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    Log(LogLevel::kError, absl::StrCat("inbox transaction failed for message ", msgs[i].id, ": ",
+                                       results[k].ToString(), "; its effect was rolled back"));
+    const bool released = !under_key || Release(keys[i], owners[i]);
+    out[i] = InfraFailure();
+    if (!released)
+      out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
+  }
+}
+
+Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::string_view owner,
+                                 bool acquired, const absl::Status& result, bool* mark_done) {
+  const absl::Time end = options.clock->Now();
   // 5. Success (the caller marks the key done).
   if (result.ok()) {
     succeeded.fetch_add(1, std::memory_order_relaxed);

@@ -27,6 +27,7 @@
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
+#include "bus/transactional.h"
 
 namespace bus::internal {
 
@@ -43,11 +44,18 @@ struct Input {
 // Run() when abandoned after the shutdown timeout).
 struct Pipeline {
   explicit Pipeline(HandlerOptions o, bool user_ensure)
-      : options(std::move(o)), has_user_ensure(user_ensure) {}
+      : options(std::move(o)),
+        has_user_ensure(user_ensure),
+        transactional(options.handle_in_transaction != nullptr
+                          ? dynamic_cast<TransactionalStore*>(options.idempotency.get())
+                          : nullptr) {}
 
   const HandlerOptions options;
   // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
   const bool has_user_ensure;
+  // The idempotency store as an inbox, when handle_in_transaction is set: steps 4 and 5 then run
+  // as one TransactionalStore::RunAndMarkDone per batch (ProcessBatch).
+  TransactionalStore* const transactional;
   std::stop_source stop;
 
   std::atomic<uint64_t> received{0};
@@ -125,15 +133,38 @@ struct Pipeline {
     key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
   }
 
+  // With an inbox (transactional != nullptr), step 4 is deferred to the batch's transaction:
+  // AfterAcquire only records that the message is to be handled, and under its key or not.
+  struct Deferred {
+    bool handle = false;
+    bool acquired = false;
+  };
+
   // Steps 3 to 6 for one message, once step 2 has acquired `key` (or not, or failed with
   // `acquire_error`). Sets `*mark_done` when the message was handled under the key: the caller
-  // then marks it done (step 5).
+  // then marks it done (step 5). With `deferred` (an inbox), a message to handle is recorded
+  // there instead of handled; the returned settlement is then meaningless.
   Settlement AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
-                          const absl::StatusOr<bool>& acquired, bool* mark_done);
+                          const absl::StatusOr<bool>& acquired, bool* mark_done,
+                          Deferred* deferred = nullptr);
 
   // Steps 4 to 6 (handle, then succeed or fail), with the key held when `acquired`.
   Settlement HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
                              bool acquired, bool* mark_done);
+
+  // Step 4: calls `handle` (or, with `tx`, handle_in_transaction), turning an exception into a
+  // retryable failure, and records the latency.
+  absl::Status CallHandle(const Message& msg, Transaction* tx);
+
+  // Steps 5 and 6 once `handle` returned `result`.
+  Settlement AfterHandle(Message& msg, const std::string& key, absl::string_view owner,
+                         bool acquired, const absl::Status& result, bool* mark_done);
+
+  // Steps 4 to 6 for the deferred messages of a batch (positions `pending` of `msgs`), in one
+  // TransactionalStore::RunAndMarkDone; sets out[i] for each.
+  void HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
+                           absl::Span<const std::string> keys, absl::Span<const std::string> owners,
+                           absl::Span<const char> acquired, absl::Span<Settlement> out);
 
   // Stores a dead letter; Done once stored, else the delivery goes back with the backoff.
   Settlement StoreDeadLetter(bus::DeadLetter letter);

@@ -1,5 +1,6 @@
 #include "bus/testing/harness.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -148,7 +149,10 @@ absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration re
           absl::StrCat("Harness: ", counts.delayed, " messages still delayed after ",
                        absl::FormatDuration(max_advance), " of fake time"));
     }
-    clock_->Advance(next - clock_->Now());
+    // Never past the earliest due message: a consumer that was not waiting yet when the
+    // deadlines were read would otherwise see time jump beyond it.
+    next = std::min(next, counts.next_due);
+    if (next > clock_->Now()) clock_->Advance(next - clock_->Now());
   }
 }
 

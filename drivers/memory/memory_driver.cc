@@ -226,7 +226,14 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     if (it == queues_.end()) return counts;
     const Queue& q = *it->second;
     counts.ready = static_cast<int64_t>(q.ready.size());
-    for (const Delayed& d : q.delayed) ++(d.at <= now ? counts.ready : counts.delayed);
+    for (const Delayed& d : q.delayed) {
+      if (d.at <= now) {
+        ++counts.ready;
+      } else {
+        ++counts.delayed;
+        counts.next_due = std::min(counts.next_due, d.at);
+      }
+    }
     for (const auto& [token, l] : q.leased) ++(l.deadline <= now ? counts.ready : counts.in_flight);
     return counts;
   }

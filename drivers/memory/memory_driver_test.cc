@@ -32,6 +32,21 @@ TEST(MemoryDriverTest, RejectsMessagesOverTheSizeLimit) {
   EXPECT_TRUE(driver->SendToQueue("q", std::string(10, 'x'), absl::ZeroDuration()).ok());
 }
 
+TEST(MemoryDriverTest, InspectQueueSaysWhenTheEarliestDelayedMessageIsDue) {
+  auto clock = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> d = NewMemoryDriver({.clock = clock});
+  const absl::Time t0 = clock->Now();
+  EXPECT_EQ(d->InspectQueue("q")->next_due, absl::InfiniteFuture());
+  ASSERT_TRUE(d->SendToQueue("q", "later", absl::Hours(2)).ok());
+  ASSERT_TRUE(d->SendToQueue("q", "sooner", absl::Minutes(5)).ok());
+  ASSERT_TRUE(d->SendToQueue("q", "now", absl::ZeroDuration()).ok());
+  EXPECT_EQ(d->InspectQueue("q")->next_due, t0 + absl::Minutes(5));
+  clock->Advance(absl::Minutes(5));  // due now: ready, no longer the next due
+  absl::StatusOr<QueueCounts> c = d->InspectQueue("q");
+  EXPECT_EQ(c->ready, 2);
+  EXPECT_EQ(c->next_due, t0 + absl::Hours(2));
+}
+
 TEST(MemoryDriverTest, AWaitingReceiveWakesWhenTheFakeClockMakesAMessageDue) {
   auto clock = std::make_shared<FakeClock>();
   auto driver = NewMemoryDriver({.clock = clock});

@@ -9,3 +9,8 @@ for run in 1 2; do
   echo "$out"
   grep -q "check .*: OK$" <<<"$out"
 done
+# The inbox mode: exactly one effect row per handled order, every invoice relayed.
+out=$("$bin" --orders=300 --db="$db" --inbox)
+echo "$out"
+grep -q "check           one effect row per handled order .*: OK$" <<<"$out"
+grep -q "check           handled + .*: OK$" <<<"$out"

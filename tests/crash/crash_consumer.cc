@@ -4,6 +4,11 @@
 // The idempotency store is wrapped in MarkDoneLog (--mark_done_log), so every mark-done that
 // returned OK is on record with this process's --incarnation.
 //
+// With --inbox the idempotency store is a SqliteInbox: the effect row goes into the table effects
+// of --stores_db inside the inbox's transaction (with the key's mark-done), and an invoice is
+// published to --invoices_queue through the outbox in the same transaction; the Handler relays
+// it.
+//
 // Runs until SIGTERM (a clean stop: in-flight handlers finish, exit 0) or until killed. Exits 2
 // when it cannot start.
 
@@ -24,8 +29,9 @@
 #include "bus/handler.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/dead_letter_store.h"
+#include "idempotency/sqlite/inbox.h"
 #include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/dead_letter_store.h"
 #include "tests/crash/mark_done_log.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
@@ -36,6 +42,11 @@ ABSL_FLAG(std::string, mark_done_log, "", "file the successful mark-done calls a
 ABSL_FLAG(int, incarnation, 0, "this run's number, recorded with every effect and mark-done");
 ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
 ABSL_FLAG(int, concurrency, 4, "HandlerOptions::concurrency");
+ABSL_FLAG(bool, inbox, false,
+          "exactly-once mode: the effect row goes into the table effects of --stores_db in the "
+          "inbox's transaction (SqliteInbox), with an invoice published to --invoices_queue "
+          "through the outbox; --effects_db and --mark_done_log are not used");
+ABSL_FLAG(std::string, invoices_queue, "crash-invoices", "queue of the invoices (--inbox)");
 
 namespace {
 
@@ -98,7 +109,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &term, nullptr);
 
   const int incarnation = absl::GetFlag(FLAGS_incarnation);
-  absl::StatusOr<std::unique_ptr<Effects>> effects = Effects::Open(absl::GetFlag(FLAGS_effects_db));
+  const bool inbox_mode = absl::GetFlag(FLAGS_inbox);
+  absl::StatusOr<std::unique_ptr<Effects>> effects =
+      inbox_mode ? absl::StatusOr<std::unique_ptr<Effects>>(nullptr)
+                 : Effects::Open(absl::GetFlag(FLAGS_effects_db));
   if (!effects.ok()) return Fail(effects.status());
 
   bus::RedisOptions redis;
@@ -110,17 +124,27 @@ int main(int argc, char** argv) {
   sqlite.path = absl::GetFlag(FLAGS_stores_db);
   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
   if (!db.ok()) return Fail(db.status());
-  absl::StatusOr<std::shared_ptr<bus::testing::MarkDoneLog>> idempotency =
-      bus::testing::MarkDoneLog::Open(bus::NewSqliteIdempotencyStore(*db),
-                                      absl::GetFlag(FLAGS_mark_done_log),
-                                      absl::StrCat(incarnation));
-  if (!idempotency.ok()) return Fail(idempotency.status());
+  std::shared_ptr<bus::IdempotencyStore> idempotency;
+  std::shared_ptr<bus::SqliteInbox> inbox;
+  if (inbox_mode) {
+    absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> opened = bus::NewSqliteInbox(*db);
+    if (!opened.ok()) return Fail(opened.status());
+    inbox = *opened;
+    idempotency = inbox;
+  } else {
+    absl::StatusOr<std::shared_ptr<bus::testing::MarkDoneLog>> logged =
+        bus::testing::MarkDoneLog::Open(bus::NewSqliteIdempotencyStore(*db),
+                                        absl::GetFlag(FLAGS_mark_done_log),
+                                        absl::StrCat(incarnation));
+    if (!logged.ok()) return Fail(logged.status());
+    idempotency = *logged;
+  }
 
   bus::HandlerOptions options;
   options.queue = absl::GetFlag(FLAGS_queue);
   options.driver = *driver;
   options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.idempotency = *idempotency;
+  options.idempotency = idempotency;
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.concurrency = absl::GetFlag(FLAGS_concurrency);
   options.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -131,9 +155,22 @@ int main(int argc, char** argv) {
   // so a dead run's key is free before its delivery returns.
   options.delivery_lease = absl::Seconds(4);
   options.idempotency_lease = absl::Milliseconds(1500);
-  options.handle = [&](const bus::Message& msg) -> absl::Status {
-    return (*effects)->Record(msg.biz_uid, incarnation);
-  };
+  if (inbox_mode) {
+    // The effect and the invoice commit with the key's mark-done, or not at all.
+    const std::string invoices = absl::GetFlag(FLAGS_invoices_queue);
+    options.handle_in_transaction =
+        inbox->Handle([&, invoices](const bus::Message& msg, bus::SqliteTransaction& tx) {
+          absl::StatusOr<int64_t> n =
+              tx.Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
+                         {msg.biz_uid, incarnation});
+          if (!n.ok()) return n.status();
+          return tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}}).status();
+        });
+  } else {
+    options.handle = [&](const bus::Message& msg) -> absl::Status {
+      return (*effects)->Record(msg.biz_uid, incarnation);
+    };
+  }
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
   if (!handler.ok()) return Fail(handler.status());
 

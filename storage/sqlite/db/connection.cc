@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bus/retry.h"
@@ -161,6 +162,11 @@ void ScopedStatement::BindBlob(int index, absl::string_view value) {
   if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
 }
 
+void ScopedStatement::BindDouble(int index, double value) {
+  const int rc = sqlite3_bind_double(stmt_, index, value);
+  if (bind_rc_ == SQLITE_OK) bind_rc_ = rc;
+}
+
 absl::StatusOr<bool> ScopedStatement::Step() {
   if (bind_rc_ != SQLITE_OK) return Error(bind_rc_);
   const int rc = sqlite3_step(stmt_);
@@ -175,6 +181,14 @@ absl::Status ScopedStatement::Run() {
     if (!row.ok()) return row.status();
     if (!*row) return absl::OkStatus();
   }
+}
+
+int ScopedStatement::ColumnCount() const { return sqlite3_column_count(stmt_); }
+
+int ScopedStatement::ColumnType(int index) const { return sqlite3_column_type(stmt_, index); }
+
+double ScopedStatement::ColumnDouble(int index) const {
+  return sqlite3_column_double(stmt_, index);
 }
 
 int64_t ScopedStatement::ColumnInt64(int index) const { return sqlite3_column_int64(stmt_, index); }
@@ -263,6 +277,58 @@ absl::Status Connection::Exec(const char* sql) {
   absl::StatusOr<ScopedStatement> stmt = Prepare(sql);
   if (!stmt.ok()) return stmt.status();
   return stmt->Run();
+}
+
+namespace {
+
+// Refuses transaction control in an application's statement (Connection::PrepareText).
+int DenyTransactionControl(void*, int action, const char*, const char*, const char*, const char*) {
+  switch (action) {
+    case SQLITE_TRANSACTION:
+    case SQLITE_SAVEPOINT:
+    case SQLITE_ATTACH:
+    case SQLITE_DETACH:
+      return SQLITE_DENY;
+    default:
+      return SQLITE_OK;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ScopedStatement> Connection::PrepareText(absl::string_view sql) {
+  auto it = text_cache_.find(sql);
+  if (it == text_cache_.end()) {
+    if (text_cache_.size() >= kMaxTextStatements) text_cache_.clear();
+    sqlite3_stmt* stmt = nullptr;
+    const char* tail = nullptr;
+    sqlite3_set_authorizer(db_.get(), &DenyTransactionControl, nullptr);
+    const int rc = sqlite3_prepare_v3(db_.get(), sql.data(), static_cast<int>(sql.size()),
+                                      SQLITE_PREPARE_PERSISTENT, &stmt, &tail);
+    sqlite3_set_authorizer(db_.get(), nullptr, nullptr);
+    std::unique_ptr<sqlite3_stmt, StatementFinalizer> owned(stmt);
+    if ((rc & 0xff) == SQLITE_AUTH) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_,
+                       ": statement refused (the library owns the transaction: no BEGIN, COMMIT, "
+                       "ROLLBACK, SAVEPOINT, RELEASE, ATTACH or DETACH): ",
+                       sql));
+    }
+    if (rc != SQLITE_OK) {
+      return SqliteStatus(rc, db_.get(), absl::StrCat(path_, ": preparing ", sql));
+    }
+    if (stmt == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": no statement in \"", sql, "\""));
+    }
+    const absl::string_view rest =
+        absl::StripAsciiWhitespace(absl::string_view(tail, sql.data() + sql.size() - tail));
+    if (!rest.empty() && rest != ";") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": more than one statement in \"", sql, "\""));
+    }
+    it = text_cache_.emplace(std::string(sql), std::move(owned)).first;
+  }
+  return ScopedStatement(it->second.get(), this);
 }
 
 }  // namespace bus::sqlite_internal

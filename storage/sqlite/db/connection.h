@@ -110,12 +110,17 @@ class ScopedStatement {
   void BindNull(int index);
   void BindText(int index, absl::string_view value);
   void BindBlob(int index, absl::string_view value);
+  void BindDouble(int index, double value);
 
   // Runs the statement one step: true when a result row is ready, false when it has finished.
   absl::StatusOr<bool> Step();
   // Steps until the statement finishes, ignoring result rows.
   absl::Status Run();
 
+  int ColumnCount() const;
+  // SQLITE_INTEGER, SQLITE_FLOAT, SQLITE_TEXT, SQLITE_BLOB or SQLITE_NULL.
+  int ColumnType(int index) const;
+  double ColumnDouble(int index) const;
   int64_t ColumnInt64(int index) const;
   bool ColumnIsNull(int index) const;
   // Valid until the next Step() or the end of this object.
@@ -148,6 +153,15 @@ class Connection {
   // duration, preparing it on first use.
   absl::StatusOr<ScopedStatement> Prepare(const char* sql);
 
+  // For an application's own statements (an inbox effect, docs/exactly-once.md): prepares
+  // `sql`, one statement given at run time, cached by its text (at most kMaxTextStatements; the
+  // cache starts over when full, so no statement from an earlier call may still be in use).
+  // While it is prepared, statements that begin, commit or roll back a transaction, take a
+  // savepoint, or attach a database are refused (the library owns the transaction):
+  // InvalidArgument, as for text holding more than one statement or none.
+  absl::StatusOr<ScopedStatement> PrepareText(absl::string_view sql);
+  static constexpr size_t kMaxTextStatements = 256;
+
   // Prepares (cached) and runs a statement without parameters, ignoring result rows.
   absl::Status Exec(const char* sql);
 
@@ -177,6 +191,7 @@ class Connection {
   // When the current wait for a lock began (BusyHandler).
   absl::Time busy_started_;
   absl::flat_hash_map<const char*, std::unique_ptr<sqlite3_stmt, StatementFinalizer>> cache_;
+  absl::flat_hash_map<std::string, std::unique_ptr<sqlite3_stmt, StatementFinalizer>> text_cache_;
 };
 
 }  // namespace sqlite_internal

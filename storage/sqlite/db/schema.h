@@ -74,6 +74,29 @@ inline constexpr const char* kMigrationV2[] = {
     "WHERE message_id IS NOT NULL",
 };
 
+// Migration to version 3: the outbox (storage/sqlite/outbox, docs/exactly-once.md). A message
+// published inside an inbox or outbox transaction is one row of `outbox`, its envelope encoded
+// (and its id fixed) when the row was written; `seq` (AUTOINCREMENT, never reused) is the order
+// the relay sends rows in, which is commit order, since one writer at a time appends. `kind` is
+// 0 for a queue (`destination` the queue, `delay_ms` its delay) and 1 for a topic
+// (`destination` the topic, `route_key`). `outbox_relay` holds the one relay lease of the file,
+// so that when several processes run a relay on it, one sends at a time and the order holds.
+inline constexpr const char* kMigrationV3[] = {
+    "CREATE TABLE outbox ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  kind INTEGER NOT NULL,"
+    "  destination TEXT NOT NULL,"
+    "  route_key TEXT NOT NULL,"
+    "  delay_ms INTEGER NOT NULL,"
+    "  message_id TEXT NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  created_at_us INTEGER NOT NULL)",
+    "CREATE TABLE outbox_relay ("
+    "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+    "  owner TEXT NOT NULL,"
+    "  expires_at_ms INTEGER NOT NULL)",
+};
+
 // ---- Transactions ----
 //
 // Writes take the write lock up front (IMMEDIATE), so a transaction never has to upgrade a read

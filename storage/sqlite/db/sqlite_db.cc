@@ -42,6 +42,7 @@ struct Migration {
 const Migration kMigrations[] = {
     {1, sqlite_internal::kMigrationV1},
     {2, sqlite_internal::kMigrationV2},
+    {3, sqlite_internal::kMigrationV3},
 };
 
 // The schema version recorded in the file; 0 when the file has no bus tables yet. On a file

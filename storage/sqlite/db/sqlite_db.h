@@ -13,7 +13,8 @@
 //
 // Opening switches the file to WAL mode, records the schema version in the table bus_meta and
 // migrates an older schema forward in one transaction. The file may hold an application's own
-// tables too; the stores only touch bus_meta, dead_letters and idempotency_keys.
+// tables too (an inbox's effects live there); the library only touches bus_meta, dead_letters,
+// idempotency_keys, outbox and outbox_relay.
 //
 // Writes use group commit: concurrent callers' operations are committed together in one
 // transaction (up to `max_batch`); one failing operation never fails or undoes another, and
@@ -116,7 +117,7 @@ class SqliteDatabase {
   static absl::StatusOr<std::shared_ptr<SqliteDatabase>> Open(SqliteOptions options);
 
   // The schema version this library writes and reads.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   ~SqliteDatabase();
   SqliteDatabase(const SqliteDatabase&) = delete;

@@ -188,7 +188,7 @@ TEST_F(SqliteDatabaseTest, AVersion1FileIsUpgradedInPlaceAndItsLettersGetKinds) 
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   EXPECT_EQ(RawQuery(options_.path, "SELECT value FROM bus_meta WHERE name = 'schema_version'"),
-            "2");
+            absl::StrCat(SqliteDatabase::kSchemaVersion));
   std::shared_ptr<DeadLetterStore> store = NewSqliteDeadLetterStore(*db);
   absl::StatusOr<std::vector<DeadLetter>> letters = store->Fetch("orders", 10);
   ASSERT_TRUE(letters.ok()) << letters.status();

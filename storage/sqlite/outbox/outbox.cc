@@ -1,0 +1,333 @@
+#include "storage/sqlite/outbox/outbox.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "bus/publisher.h"
+#include "bus/retry.h"
+#include "storage/sqlite/db/connection.h"
+#include "storage/sqlite/outbox/outbox_sql.h"
+
+namespace bus {
+
+using sqlite_internal::Connection;
+using sqlite_internal::ScopedStatement;
+
+namespace {
+
+struct Row {
+  int64_t seq = 0;
+  int kind = 0;
+  std::string destination;
+  std::string route_key;
+  int64_t delay_ms = 0;
+  std::string data;
+  int64_t created_at_us = 0;
+};
+
+class RelayTaskImpl final : public BackgroundTask {
+ public:
+  RelayTaskImpl(std::shared_ptr<SqliteOutbox> outbox, std::shared_ptr<Driver> driver,
+                std::shared_ptr<Logger> logger)
+      : outbox_(std::move(outbox)), driver_(std::move(driver)), logger_(std::move(logger)) {}
+  std::string name() const override { return "outbox relay"; }
+  void Run(std::stop_token stop) override { outbox_->RunRelay(*driver_, *logger_, stop); }
+
+ private:
+  std::shared_ptr<SqliteOutbox> outbox_;
+  std::shared_ptr<Driver> driver_;
+  std::shared_ptr<Logger> logger_;
+};
+
+}  // namespace
+
+absl::Status ValidateSqliteOutboxOptions(const SqliteOutboxOptions& o) {
+  auto bad = [](absl::string_view field, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("SqliteOutboxOptions.", field, " ", what));
+  };
+  if (o.relay_batch < 1) return bad("relay_batch", "must be >= 1");
+  if (o.poll_interval <= absl::ZeroDuration()) return bad("poll_interval", "must be > 0");
+  if (o.backoff_base <= absl::ZeroDuration()) return bad("backoff_base", "must be > 0");
+  if (o.backoff_max < o.backoff_base) return bad("backoff_max", "must be >= backoff_base");
+  if (o.relay_lease <= absl::ZeroDuration()) return bad("relay_lease", "must be > 0");
+  if (o.max_message_bytes < 64) return bad("max_message_bytes", "must be >= 64");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SqliteOutbox>> SqliteOutbox::Create(
+    std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options) {
+  if (db == nullptr) return absl::InvalidArgumentError("SqliteOutbox::Create: null database");
+  if (absl::Status s = ValidateSqliteOutboxOptions(options); !s.ok()) return s;
+  return std::shared_ptr<SqliteOutbox>(new SqliteOutbox(std::move(db), std::move(options)));
+}
+
+SqliteOutbox::SqliteOutbox(std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options)
+    : db_(std::move(db)), options_(std::move(options)), owner_(NewMessageId()) {}
+
+absl::Status SqliteOutbox::Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn) {
+  int runs = 0;
+  absl::Status result;
+  int published = 0;
+  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+    // The database layer may run an operation again (docs/exactly-once.md, "Decisions"); the
+    // application's function runs once, so a second run commits nothing.
+    if (++runs > 1) {
+      return absl::AbortedError("outbox transaction retried by the database layer; not rerun");
+    }
+    SqliteTransaction tx(conn, *db_->clock(), options_.max_message_bytes);
+    absl::Status lost = sqlite_internal::RunInSavepoint(
+        conn,
+        [&]() -> absl::Status {
+          try {
+            return fn(tx);
+          } catch (const std::exception& e) {
+            return absl::UnknownError(absl::StrCat("outbox transaction threw: ", e.what()));
+          } catch (...) {
+            return absl::UnknownError("outbox transaction threw a non-std exception");
+          }
+        },
+        &result);
+    published = tx.published();
+    return lost;
+  });
+  if (s.ok() && result.ok()) {
+    Committed(1, static_cast<uint64_t>(published));
+    return absl::OkStatus();
+  }
+  RolledBack(1);
+  return s.ok() ? result : s;
+}
+
+void SqliteOutbox::Committed(uint64_t transactions, uint64_t published) {
+  committed_.fetch_add(transactions, std::memory_order_relaxed);
+  if (published == 0) return;
+  published_.fetch_add(published, std::memory_order_relaxed);
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+void SqliteOutbox::RolledBack(uint64_t transactions) {
+  rolled_back_.fetch_add(transactions, std::memory_order_relaxed);
+}
+
+absl::StatusOr<bool> SqliteOutbox::HoldLease() {
+  const absl::Time now = db_->clock()->Now();
+  if (now + options_.relay_lease / 2 < lease_until_) return true;
+  const absl::Time until = now + options_.relay_lease;
+  bool held = false;
+  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kTakeRelayLeaseSql);
+    if (!stmt.ok()) return stmt.status();
+    stmt->BindText(1, owner_);
+    stmt->BindInt64(2, absl::ToUnixMillis(until));
+    stmt->BindInt64(3, absl::ToUnixMillis(now));
+    if (absl::Status run = stmt->Run(); !run.ok()) return run;
+    held = conn.Changes() == 1;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  lease_until_ = held ? until : absl::InfinitePast();
+  return held;
+}
+
+absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
+  absl::MutexLock lock(&relay_mu_);
+  absl::StatusOr<bool> held = HoldLease();
+  if (!held.ok()) return held.status();
+  if (!*held) return 0;
+  std::vector<Row> rows;
+  const absl::Status read = db_->Read([&](Connection& conn) -> absl::Status {
+    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchOutboxSql);
+    if (!stmt.ok()) return stmt.status();
+    stmt->BindInt64(1, options_.relay_batch);
+    while (true) {
+      absl::StatusOr<bool> more = stmt->Step();
+      if (!more.ok()) return more.status();
+      if (!*more) return absl::OkStatus();
+      Row& r = rows.emplace_back();
+      r.seq = stmt->ColumnInt64(0);
+      r.kind = static_cast<int>(stmt->ColumnInt64(1));
+      r.destination = std::string(stmt->ColumnText(2));
+      r.route_key = std::string(stmt->ColumnText(3));
+      r.delay_ms = stmt->ColumnInt64(4);
+      r.data = std::string(stmt->ColumnBlob(6));
+      r.created_at_us = stmt->ColumnInt64(7);
+    }
+  });
+  if (!read.ok()) {
+    relay_errors_.fetch_add(1, std::memory_order_relaxed);
+    return read;
+  }
+  if (rows.empty()) return 0;
+
+  // Send in order: runs of rows to one queue with no delay left go out in one batched call
+  // (which keeps their order), the others one at a time. The first failure ends the pass.
+  const absl::Time now = db_->clock()->Now();
+  auto delay_left = [&](const Row& r) {
+    const absl::Time due = absl::FromUnixMicros(r.created_at_us) + absl::Milliseconds(r.delay_ms);
+    return std::max(due - now, absl::ZeroDuration());
+  };
+  int64_t sent_upto = -1;
+  int sent = 0;
+  absl::Status failure;
+  std::vector<std::string> run;
+  for (size_t i = 0; i < rows.size();) {
+    const Row& r = rows[i];
+    size_t end = i + 1;
+    absl::Status s;
+    if (r.kind == 1) {
+      s = driver.SendToTopic(r.destination, r.data, r.route_key);
+    } else if (const absl::Duration d = delay_left(r); d > absl::ZeroDuration()) {
+      s = driver.SendToQueue(r.destination, r.data, d);
+    } else {
+      while (end < rows.size() && rows[end].kind == 0 && rows[end].destination == r.destination &&
+             delay_left(rows[end]) == absl::ZeroDuration()) {
+        ++end;
+      }
+      if (end == i + 1) {
+        s = driver.SendToQueue(r.destination, r.data, absl::ZeroDuration());
+      } else {
+        run.clear();
+        for (size_t k = i; k < end; ++k) run.push_back(std::move(rows[k].data));
+        s = driver.SendBatchToQueue(r.destination, run, absl::ZeroDuration());
+      }
+    }
+    if (!s.ok()) {
+      failure = absl::Status(s.code(), absl::StrCat("outbox relay: sending to ", r.destination,
+                                                    " failed: ", s.message()));
+      break;
+    }
+    sent += static_cast<int>(end - i);
+    sent_upto = rows[end - 1].seq;
+    i = end;
+  }
+  if (sent_upto >= 0) {
+    const absl::Status del = db_->Write([&](Connection& conn) -> absl::Status {
+      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
+      if (!stmt.ok()) return stmt.status();
+      stmt->BindInt64(1, sent_upto);
+      return stmt->Run();
+    });
+    if (!del.ok()) {
+      // Sent but still in the outbox: sent again by the next pass (same ids).
+      relay_errors_.fetch_add(1, std::memory_order_relaxed);
+      return absl::Status(del.code(),
+                          absl::StrCat("outbox relay: deleting sent rows failed (they will be "
+                                       "sent again): ",
+                                       del.message()));
+    }
+    relayed_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+  }
+  if (!failure.ok()) {
+    relay_errors_.fetch_add(1, std::memory_order_relaxed);
+    return failure;
+  }
+  return sent;
+}
+
+void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop) {
+  auto log = [&](LogLevel level, absl::string_view line) {
+    try {
+      logger.Log(level, line);
+    } catch (...) {
+    }
+  };
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = false;
+    wake_ = true;  // rows a crash left behind go out at once
+  }
+  std::stop_callback on_stop(stop, [this] {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = true;
+  });
+  absl::BitGen random;
+  const Clock& clock = *db_->clock();
+  int failures = 0;
+  while (!stop.stop_requested()) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      wake_ = false;
+    }
+    absl::StatusOr<int> sent = RelayOnce(driver);
+    absl::Duration wait = options_.poll_interval;
+    if (!sent.ok()) {
+      ++failures;
+      wait = FullJitterDelay(options_.backoff_base, options_.backoff_max, failures,
+                             absl::Uniform(random, 0.0, 1.0));
+      if (failures == 1) {
+        log(LogLevel::kError, absl::StrCat(sent.status().ToString(),
+                                           "; retrying with backoff until the broker accepts"));
+      }
+    } else {
+      if (failures > 0) log(LogLevel::kInfo, "outbox relay: the broker accepts again");
+      failures = 0;
+      if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
+    }
+    absl::MutexLock lock(&wake_mu_);
+    if (!sent.ok()) {
+      // A backoff is not cut short by new commits: the broker is the problem.
+      clock.AwaitWithDeadline(&wake_mu_, absl::Condition(&stopping_), clock.Now() + wait);
+    } else {
+      clock.AwaitWithDeadline(&wake_mu_, absl::Condition(this, &SqliteOutbox::Woken),
+                              clock.Now() + wait);
+    }
+  }
+  // A clean stop gives the lease up, so another process's relay need not wait for it.
+  absl::MutexLock lock(&relay_mu_);
+  if (lease_until_ != absl::InfinitePast()) {
+    db_->Write([&](Connection& conn) -> absl::Status {
+         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
+         if (!stmt.ok()) return stmt.status();
+         stmt->BindText(1, owner_);
+         return stmt->Run();
+       })
+        .IgnoreError();
+    lease_until_ = absl::InfinitePast();
+  }
+}
+
+std::shared_ptr<BackgroundTask> SqliteOutbox::RelayTask(std::shared_ptr<Driver> driver,
+                                                        std::shared_ptr<Logger> logger) {
+  if (logger == nullptr) logger = StderrLogger();
+  return std::make_shared<RelayTaskImpl>(shared_from_this(), std::move(driver), std::move(logger));
+}
+
+std::unique_ptr<SqliteOutbox::Relay> SqliteOutbox::StartRelay(std::shared_ptr<Driver> driver,
+                                                              std::shared_ptr<Logger> logger) {
+  std::unique_ptr<Relay> relay(new Relay());
+  std::shared_ptr<BackgroundTask> task = RelayTask(std::move(driver), std::move(logger));
+  relay->thread_ = std::thread([task, stop = relay->stop_.get_token()] { task->Run(stop); });
+  return relay;
+}
+
+absl::StatusOr<int64_t> SqliteOutbox::Pending() {
+  int64_t n = 0;
+  const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountOutboxSql);
+    if (!stmt.ok()) return stmt.status();
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    n = *row ? stmt->ColumnInt64(0) : 0;
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return n;
+}
+
+SqliteOutbox::Stats SqliteOutbox::stats() {
+  Stats s;
+  s.committed = committed_.load(std::memory_order_relaxed);
+  s.rolled_back = rolled_back_.load(std::memory_order_relaxed);
+  s.published = published_.load(std::memory_order_relaxed);
+  s.relayed = relayed_.load(std::memory_order_relaxed);
+  s.relay_errors = relay_errors_.load(std::memory_order_relaxed);
+  absl::StatusOr<int64_t> pending = Pending();
+  s.pending = pending.ok() ? *pending : -1;
+  return s;
+}
+
+}  // namespace bus
