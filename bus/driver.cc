@@ -37,6 +37,10 @@ absl::Status Driver::DeleteQueue(absl::string_view /*queue*/) {
   return absl::UnimplementedError(absl::StrCat(name(), " driver: DeleteQueue not implemented"));
 }
 
+absl::Status Driver::Ping(absl::Duration) {
+  return absl::UnimplementedError(absl::StrCat("driver ", name(), " has no Ping"));
+}
+
 absl::StatusOr<std::vector<std::string>> Driver::ListQueues() {
   return absl::UnimplementedError(absl::StrCat(name(), " driver: ListQueues not implemented"));
 }

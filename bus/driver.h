@@ -194,6 +194,13 @@ class Driver {
 
   virtual DriverStats Stats() const { return {}; }
 
+  // Health check: one cheap round trip to the broker (Redis PING, an NSQ handshake with every
+  // configured nsqd), bounded by `timeout` of real time. OK when the broker answered;
+  // Unavailable or DeadlineExceeded when it did not. It does not wait behind the driver's
+  // consumers, and they do not wait behind it. The default is Unimplemented (a driver that cannot
+  // tell is never taken for ready); every driver in this repository implements it.
+  virtual absl::Status Ping(absl::Duration timeout);
+
   // Read-only inspection, for operators (busctl) and queue-depth gauges. Neither call changes
   // the broker's state nor creates a queue.
 

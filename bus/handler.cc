@@ -6,8 +6,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bus/handler_metrics.h"
 #include "bus/names.h"
 #include "bus/pipeline.h"
 #include "bus/receive_loop.h"
@@ -77,29 +79,76 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   if (o.infra_backoff_base < absl::ZeroDuration() || o.infra_backoff_max < o.infra_backoff_base) {
     return Invalid("infra_backoff_base", "must be >= 0 and <= infra_backoff_max");
   }
+  if (o.observer_queue < 1) return Invalid("observer_queue", "must be >= 1");
 
   const bool user_ensure = o.ensure != nullptr;
   if (o.logger == nullptr) o.logger = StderrLogger();
-  if (o.dead_letters == nullptr) {
-    o.logger->Log(LogLevel::kWarning,
-                  absl::StrCat("bus handler [", o.queue,
-                               "] has no dead-letter store: messages that cannot be handled "
-                               "will be dropped"));
-    o.dead_letters = NullDeadLetterStore();
-  }
   if (o.idempotency == nullptr) o.idempotency = NullIdempotencyStore();
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };
   if (o.clock == nullptr) o.clock = o.driver->clock();
-  return std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
+  const bool no_dead_letters = o.dead_letters == nullptr;
+  if (no_dead_letters) o.dead_letters = NullDeadLetterStore();
+  auto handler = std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
+  if (no_dead_letters) {
+    handler->shared_->Log(LogLevel::kWarning, "no_dead_letter_store",
+                          "has no dead-letter store: messages that cannot be handled will be "
+                          "dropped");
+  }
+  return handler;
 }
 
 Handler::Handler(HandlerOptions options, bool user_ensure)
-    : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {}
+    : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
+  const HandlerOptions& o = shared_->options;
+  if (o.metrics != nullptr) {
+    // Weakly: the registry may outlive the Handler (the destructor removes the collector).
+    std::weak_ptr<internal::Pipeline> weak = shared_;
+    metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
+      if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
+        WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
+                            p->options.dead_letters.get(), w);
+      }
+    });
+  }
+  if (o.observer != nullptr) {
+    shared_->events = std::make_unique<internal::EventQueue>(
+        o.observer, static_cast<size_t>(o.observer_queue), o.queue,
+        [driver = o.driver] { return driver->Stats().reconnects; },
+        [clock = o.clock] { return clock->Now(); });
+  }
+}
 
 const HandlerOptions& Handler::options() const { return shared_->options; }
 
-Handler::~Handler() { Stop(); }
+Handler::~Handler() {
+  Stop();
+  // Workers abandoned after the shutdown timeout may still run: their events are dropped.
+  if (shared_->events != nullptr) shared_->events->Close();
+  if (metrics_collector_ != 0) shared_->options.metrics->RemoveCollector(metrics_collector_);
+}
+
+absl::Status Handler::Ready(absl::Duration timeout) const {
+  const HandlerOptions& o = shared_->options;
+  auto not_ready = [&](absl::string_view what, const absl::Status& st) {
+    return absl::UnavailableError(absl::StrCat("queue ", o.queue, ": ", what,
+                                               st.ok() ? "" : absl::StrCat(": ", st.ToString())));
+  };
+  {
+    absl::MutexLock lock(&shared_->mu);
+    if (!shared_->consuming) return not_ready("not consuming", absl::OkStatus());
+  }
+  if (absl::Status st = o.driver->Ping(timeout); !st.ok()) {
+    return not_ready(absl::StrCat("driver ", o.driver->name(), " does not answer"), st);
+  }
+  if (absl::Status st = o.dead_letters->Ping(timeout); !st.ok()) {
+    return not_ready("dead-letter store does not answer", st);
+  }
+  if (absl::Status st = o.idempotency->Ping(timeout); !st.ok()) {
+    return not_ready("idempotency store does not answer", st);
+  }
+  return absl::OkStatus();
+}
 
 void Handler::Stop() { shared_->stop.request_stop(); }
 
@@ -155,15 +204,18 @@ absl::Status Handler::Run() {
       setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
     }
     if (setup.ok()) break;
+    const std::string error = setup.ToString();
     if (Fatal(setup)) {
-      shared_->Log(LogLevel::kError, absl::StrCat("queue setup failed: ", setup.ToString()));
+      shared_->Log(LogLevel::kError, "setup_failed", absl::StrCat("queue setup failed: ", error),
+                   nullptr, error);
       return finish(setup);
     }
     const absl::Duration wait =
         ExponentialDelay(absl::Milliseconds(100), absl::Seconds(5), failures);
-    shared_->Log(LogLevel::kError,
-                 absl::StrCat("queue setup failed (attempt ", failures, "): ", setup.ToString(),
-                              "; retrying in ", absl::FormatDuration(wait)));
+    shared_->Log(LogLevel::kError, "setup_failed",
+                 absl::StrCat("queue setup failed (attempt ", failures, "): ", error,
+                              "; retrying in ", absl::FormatDuration(wait)),
+                 nullptr, error);
     if (SleepUnlessStopped(*o.clock, o.clock->Now() + wait, stop)) return finish(absl::OkStatus());
   }
 
@@ -177,7 +229,9 @@ absl::Status Handler::Run() {
         ReplayFilter filter;
         filter.kinds = {DeadLetterKind::kExhausted};
         if (absl::StatusOr<int> n = ReplayDeadLetters(filter); !n.ok()) {
-          shared_->Log(LogLevel::kError, absl::StrCat("replay failed: ", n.status().ToString()));
+          const std::string error = n.status().ToString();
+          shared_->Log(LogLevel::kError, "replay_failed", absl::StrCat("replay failed: ", error),
+                       nullptr, error);
         }
       }
     });
@@ -192,7 +246,8 @@ absl::Status Handler::Run() {
         try {
           task->Run(stop);
         } catch (...) {
-          shared_->Log(LogLevel::kError, absl::StrCat(task->name(), " threw; it ends"));
+          shared_->Log(LogLevel::kError, "task_threw",
+                       absl::StrCat(task->name(), " threw; it ends"));
         }
       });
     }
@@ -220,7 +275,15 @@ absl::Status Handler::Run() {
       },
       stop,
       [shared](const absl::Status& err) {
-        shared->Log(LogLevel::kError, absl::StrCat("driver: ", err.ToString()));
+        const std::string error = err.ToString();
+        // The receive loop reports a refused ack or nack as FailedPrecondition: the delivery's
+        // lease ran out, and the broker delivers the message again.
+        const bool lease_lost =
+            absl::IsFailedPrecondition(err) &&
+            (absl::StartsWith(err.message(), "ack:") || absl::StartsWith(err.message(), "nack:"));
+        shared->Log(LogLevel::kError, lease_lost ? "lease_lost" : "driver_error",
+                    absl::StrCat("driver: ", error), nullptr, error);
+        if (lease_lost) shared->Emit(EventType::kLeaseLost, nullptr, 0, err.message(), "delivery");
       });
   shared_->stop.request_stop();
   if (replay.joinable()) replay.join();
@@ -294,8 +357,10 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
         if (!settlements[i].done) continue;
         const DeadLetter& letter = chosen[start + i];
         if (absl::Status st = o.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
-          shared_->Log(LogLevel::kError, absl::StrCat("replay: removing dead letter ", letter.id,
-                                                      " failed: ", st.ToString()));
+          const std::string error = st.ToString();
+          shared_->Log(LogLevel::kError, "replay_remove_failed",
+                       absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error),
+                       nullptr, error);
           continue;
         }
         shared_->replayed.fetch_add(1, std::memory_order_relaxed);
@@ -306,8 +371,10 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
   return removed;
 }
 
-HandlerStats Handler::Stats() const {
-  const internal::Pipeline& s = *shared_;
+HandlerStats Handler::Stats() const { return shared_->Stats(); }
+
+HandlerStats internal::Pipeline::Stats() const {
+  const internal::Pipeline& s = *this;
   HandlerStats out;
   out.received = s.received.load(std::memory_order_relaxed);
   out.succeeded = s.succeeded.load(std::memory_order_relaxed);
@@ -321,14 +388,18 @@ HandlerStats Handler::Stats() const {
   out.store_errors = s.store_errors.load(std::memory_order_relaxed);
   out.callback_errors = s.callback_errors.load(std::memory_order_relaxed);
   out.in_flight = s.in_flight.load(std::memory_order_relaxed);
-  out.reconnects = shared_->options.driver->Stats().reconnects;
+  out.reconnects = options.driver->Stats().reconnects;
+  out.events_dropped = s.events != nullptr ? s.events->dropped() : 0;
   {
-    absl::MutexLock lock(&shared_->mu);
-    out.consuming = shared_->consuming;
+    absl::MutexLock lock(&mu);
+    out.running = running;
+    out.consuming = consuming;
   }
   out.latency_p50 = s.latency.Quantile(0.5);
   out.latency_p99 = s.latency.Quantile(0.99);
   out.latency_max = s.latency.Max();
+  out.latency_buckets = s.latency.Buckets();
+  out.latency_sum = s.latency.Sum();
   return out;
 }
 

@@ -39,14 +39,15 @@
 // There is one implementation of these steps (a single message is a batch of one, and a replay
 // goes through it too). No exception of a user callback leaves the library: one from `handle`
 // is a retryable failure; one from `ensure` or `retry_delay` gives the delivery back with the
-// infrastructure backoff (counted in callback_errors); one from the logger is dropped.
+// infrastructure backoff (counted in callback_errors); one from the logger or the observer is
+// dropped.
 // docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
 // Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
 // once) and on the replay thread; `msg` lives until the callback returns (copy what you keep).
 //
-// Thread-safety: Stop(), Stats(), WaitUntilRunning() and ReplayDeadLetters() may be called from
-// any thread while Run() blocks in another.
+// Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
+// called from any thread while Run() blocks in another.
 
 #ifndef BUS_HANDLER_H_
 #define BUS_HANDLER_H_
@@ -62,8 +63,10 @@
 #include "absl/time/time.h"
 #include "bus/clock.h"
 #include "bus/driver.h"
+#include "bus/events.h"
 #include "bus/logger.h"
 #include "bus/message.h"
+#include "bus/metrics.h"
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
@@ -107,8 +110,15 @@ struct HandlerOptions {
   std::optional<Subscription> subscribe{};
   // Required.
   std::shared_ptr<Driver> driver{};
-  // Default: StderrLogger().
+  // Default: StderrLogger(). Gets LogRecords (bus/logger.h) with the queue and, for a record
+  // about a message, its id, biz_uid, trace id and attempt.
   std::shared_ptr<Logger> logger{};
+  // Optional: told what happens to messages and connections (bus/events.h), on a thread of its
+  // own through a queue of at most `observer_queue` events. When it falls behind, events are
+  // dropped and counted in Stats().events_dropped; the pipeline never waits for it.
+  EventObserverFn observer{};
+  // Events waiting for the observer; >= 1.
+  int observer_queue = 4096;
   // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
   std::shared_ptr<DeadLetterStore> dead_letters{};
   // Default: NullIdempotencyStore() (grants every key: no deduplication).
@@ -165,6 +175,11 @@ struct HandlerOptions {
   absl::Duration infra_backoff_max = absl::Seconds(30);
   // Default: the driver's clock.
   std::shared_ptr<Clock> clock{};
+  // Optional: the registry this handler's metrics are added to (bus/metrics.h, listed in
+  // docs/operations.md), labelled with the queue, from Create until the Handler is destroyed.
+  // They are read from the Handler's own counters when the registry renders: nothing is added
+  // to the pipeline's work. Default: none.
+  std::shared_ptr<MetricsRegistry> metrics{};
 };
 
 // Which dead letters Handler::ReplayDeadLetters(filter) takes.
@@ -182,6 +197,8 @@ class Handler {
   // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
 
+  // Stops the handler and closes the observer's queue: waits for an observer call in progress
+  // (do not destroy the Handler from the observer), drops the events still queued.
   ~Handler();
   Handler(const Handler&) = delete;
   Handler& operator=(const Handler&) = delete;
@@ -215,6 +232,12 @@ class Handler {
 
   HandlerStats Stats() const;
 
+  // Readiness (the admin server's /readyz): OK when Run() is consuming and the driver, the
+  // dead-letter store and the idempotency store each answer Ping within `timeout`; otherwise
+  // Unavailable with a short reason naming the queue and what did not answer. Blocks for up to
+  // three times `timeout`; it never holds anything the pipeline waits for.
+  absl::Status Ready(absl::Duration timeout) const;
+
   // The options after defaults were filled in.
   const HandlerOptions& options() const;
 
@@ -222,6 +245,8 @@ class Handler {
   Handler(HandlerOptions options, bool user_ensure);
 
   std::shared_ptr<internal::Pipeline> shared_;
+  // The id of this handler's collector in options().metrics (0: none).
+  uint64_t metrics_collector_ = 0;
 };
 
 }  // namespace bus

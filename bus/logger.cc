@@ -3,33 +3,95 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 
 namespace bus {
 namespace {
+
+std::string Rfc3339Millis(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
+}
+
+// One fwrite per line keeps concurrent lines from interleaving.
+void WriteLine(std::FILE* out, const std::string& line) {
+  std::fwrite(line.data(), 1, line.size(), out);
+}
 
 class StderrLoggerImpl final : public Logger {
  public:
   explicit StderrLoggerImpl(LogLevel min_level) : min_level_(min_level) {}
 
-  void Log(LogLevel level, absl::string_view line) override {
-    if (level < min_level_) return;
-    // One fwrite per line keeps concurrent lines from interleaving.
-    const std::string out =
-        absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::Now(), absl::UTCTimeZone()),
-                     LogLevelName(level), " ", line, "\n");
-    std::fwrite(out.data(), 1, out.size(), stderr);
+  void Log(LogLevel level, absl::string_view line) override { Emit(level, absl::Now(), line); }
+
+  void Write(const LogRecord& r) override {
+    if (r.level < min_level_) return;
+    Emit(r.level, r.time, FormatLogLine(r));
   }
 
  private:
+  void Emit(LogLevel level, absl::Time time, absl::string_view line) {
+    if (level < min_level_) return;
+    WriteLine(stderr, absl::StrCat(Rfc3339Millis(time), " ", LogLevelName(level), " ", line, "\n"));
+  }
+
   const LogLevel min_level_;
+};
+
+class JsonLinesLoggerImpl final : public Logger {
+ public:
+  explicit JsonLinesLoggerImpl(JsonLinesLoggerOptions options) : options_(options) {}
+
+  void Log(LogLevel level, absl::string_view line) override {
+    if (level < options_.min_level) return;
+    nlohmann::json j = Base(level, absl::Now());
+    j["msg"] = std::string(line);
+    Emit(j);
+  }
+
+  void Write(const LogRecord& r) override {
+    if (r.level < options_.min_level) return;
+    nlohmann::json j = Base(r.level, r.time);
+    auto put = [&j](const char* key, absl::string_view v) {
+      if (!v.empty()) j[key] = std::string(v);
+    };
+    put("component", r.component);
+    put("queue", r.queue);
+    put("message_id", r.message_id);
+    put("biz_uid", r.biz_uid);
+    put("event", r.event);
+    put("error", r.error);
+    if (r.attempt != 0) j["attempt"] = r.attempt;
+    put("trace_id", r.trace_id);
+    put("msg", r.text);
+    Emit(j);
+  }
+
+ private:
+  static nlohmann::json Base(LogLevel level, absl::Time time) {
+    nlohmann::json j = nlohmann::json::object();
+    j["time"] = Rfc3339Millis(time);
+    j["level"] = absl::AsciiStrToLower(LogLevelName(level));
+    return j;
+  }
+
+  void Emit(const nlohmann::json& j) {
+    // Replace, not throw, on bytes that are not UTF-8 (an error text may carry any bytes).
+    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    line.push_back('\n');
+    WriteLine(options_.out, line);
+  }
+
+  const JsonLinesLoggerOptions options_;
 };
 
 class NullLoggerImpl final : public Logger {
  public:
   void Log(LogLevel, absl::string_view) override {}
+  void Write(const LogRecord&) override {}
 };
 
 }  // namespace
@@ -48,8 +110,22 @@ absl::string_view LogLevelName(LogLevel level) {
   return "?";
 }
 
+std::string FormatLogLine(const LogRecord& r) {
+  std::string line = absl::StrCat("bus ", r.component);
+  if (!r.queue.empty()) absl::StrAppend(&line, " [", r.queue, "]");
+  absl::StrAppend(&line, " ", r.text);
+  if (!r.trace_id.empty()) absl::StrAppend(&line, " trace_id=", r.trace_id);
+  return line;
+}
+
+void Logger::Write(const LogRecord& record) { Log(record.level, FormatLogLine(record)); }
+
 std::shared_ptr<Logger> StderrLogger(LogLevel min_level) {
   return std::make_shared<StderrLoggerImpl>(min_level);
+}
+
+std::shared_ptr<Logger> JsonLinesLogger(JsonLinesLoggerOptions options) {
+  return std::make_shared<JsonLinesLoggerImpl>(options);
 }
 
 std::shared_ptr<Logger> NullLogger() { return std::make_shared<NullLoggerImpl>(); }

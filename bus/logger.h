@@ -1,30 +1,91 @@
 // Logger: where the library writes what it sees (store failures, reconnects, poison messages).
-// Replace it to route lines into an application's logging. Lines never contain secrets
-// (passwords, auth tokens): the library redacts them before logging.
+// Replace it to route records into an application's logging.
+//
+// Each record is a LogRecord with fields (level, time, queue, message id, biz_uid, event,
+// error, attempt, trace id) and a sentence for people. The library calls Write(record); its
+// default formats the record as one text line (FormatLogLine) and calls Log(level, line), so
+// a logger that only implements Log(level, line) keeps working. A structured logger overrides
+// Write. StderrLogger writes the text form; JsonLinesLogger writes one JSON object per record.
+//
+// No field ever contains a secret (passwords, auth tokens): the library redacts them before
+// logging. The `error` of a failed handle call is the application's own status message.
 //
 // Thread-safety: implementations must be safe for concurrent calls.
 
 #ifndef BUS_LOGGER_H_
 #define BUS_LOGGER_H_
 
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace bus {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
+// "DEBUG", "INFO", "WARN", "ERROR".
 absl::string_view LogLevelName(LogLevel level);
+
+// One log record. The views point into the caller's data and are valid during Write only
+// (copy what you keep). Empty fields (and attempt 0) mean "not about that".
+struct LogRecord {
+  LogLevel level = LogLevel::kInfo;
+  // From the component's clock (the Handler's or the driver's).
+  absl::Time time = absl::UnixEpoch();
+  // Who logs: "handler", "redis", "nsq".
+  absl::string_view component{};
+  absl::string_view queue{};
+  absl::string_view message_id{};
+  absl::string_view biz_uid{};
+  // A stable name for what happened, e.g. "dead_lettered", "retry_send_failed",
+  // "store_failed", "reconnected" (docs/observability.md lists them).
+  absl::string_view event{};
+  // The error behind the record, if any (a status or the handler's failure message).
+  absl::string_view error{};
+  // The handle attempt the record is about (1 = the first); 0 when not about one.
+  int attempt = 0;
+  // The trace id of the message's `traceparent` (bus/trace.h).
+  absl::string_view trace_id{};
+  // The sentence for people.
+  absl::string_view text{};
+};
+
+// The text form: "bus <component> [<queue>] <text>", then " trace_id=<id>" when there is one.
+// (Message ids, attempts and errors are part of the text.)
+std::string FormatLogLine(const LogRecord& record);
 
 class Logger {
  public:
   virtual ~Logger() = default;
+
+  // A preformatted line.
   virtual void Log(LogLevel level, absl::string_view line) = 0;
+
+  // A record. Default: Log(record.level, FormatLogLine(record)).
+  virtual void Write(const LogRecord& record);
 };
 
-// Writes "<time> <LEVEL> <line>" to stderr for levels >= `min_level`.
+// Writes "<time> <LEVEL> <line>" to stderr for levels >= `min_level` (records: their time and
+// FormatLogLine).
 std::shared_ptr<Logger> StderrLogger(LogLevel min_level = LogLevel::kInfo);
+
+struct JsonLinesLoggerOptions {
+  // Where lines go; not owned, must outlive the logger. Default: stderr.
+  std::FILE* out = stderr;
+  // Records below this level are dropped.
+  LogLevel min_level = LogLevel::kInfo;
+};
+
+// Writes one JSON object per record and line (nlohmann/json), with one write per line:
+//   {"time":"2026-12-01T11:21:04.123Z","level":"warn","component":"handler","queue":"orders",
+//    "message_id":"…","biz_uid":"…","event":"dead_lettered","error":"…","attempt":4,
+//    "trace_id":"…","msg":"…"}
+// Empty fields (and attempt 0) are left out. Bytes that are not UTF-8 become U+FFFD. A
+// preformatted Log(level, line) becomes {"time","level","msg"} with the time of the call.
+std::shared_ptr<Logger> JsonLinesLogger(JsonLinesLoggerOptions options = {});
 
 // Discards everything.
 std::shared_ptr<Logger> NullLogger();

@@ -41,6 +41,7 @@ struct BatchScratch {
   std::vector<absl::StatusOr<bool>> acquired;
   std::vector<absl::string_view> done_keys;
   std::vector<absl::string_view> done_owners;
+  std::vector<size_t> done_msgs;  // batch positions of done_keys
   std::vector<absl::Status> done_results;
   // With an inbox: the messages to handle in the batch's transaction, and under their key or not.
   std::vector<size_t> pending;
@@ -112,28 +113,32 @@ bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
   }
   // A poison message becomes a dead letter and never blocks the queue.
   malformed.fetch_add(1, std::memory_order_relaxed);
-  Log(LogLevel::kWarning,
-      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()));
+  Log(LogLevel::kWarning, "malformed",
+      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()), nullptr,
+      st.message());
   bus::DeadLetter letter;
   letter.queue = options.queue;
   letter.data = std::string(in.data);
   letter.reason = absl::StrCat("malformed: ", st.message());
   letter.kind = DeadLetterKind::kMalformed;
   letter.first_failed_at = letter.last_failed_at = options.clock->Now();
-  *out = StoreDeadLetter(std::move(letter));
+  *out = StoreDeadLetter(std::move(letter), nullptr);
   return false;
 }
 
-Settlement Pipeline::StoreDeadLetter(bus::DeadLetter letter) {
+Settlement Pipeline::StoreDeadLetter(bus::DeadLetter letter, const Message* msg) {
   absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
   if (!id.ok()) {
     store_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError,
-        absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind),
-                     "): ", id.status().ToString()));
-    return InfraFailure();
+    const std::string error = id.status().ToString();
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind), "): ", error),
+        msg, error, letter.attempts);
+    return InfraFailure(msg, "store_error", error);
   }
   dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kDeadLettered, msg, letter.attempts, letter.reason,
+       DeadLetterKindName(letter.kind));
   return Taken();
 }
 
@@ -182,6 +187,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // 3 to 6, message by message.
   b.done_keys.clear();
   b.done_owners.clear();
+  b.done_msgs.clear();
   b.pending.clear();
   b.pending_acquired.clear();
   const std::stop_token token = stop.get_token();
@@ -207,6 +213,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
     if (mark_done) {
       b.done_keys.push_back(b.keys[i]);
       b.done_owners.push_back(b.owners[i]);
+      b.done_msgs.push_back(i);
     }
   }
   if (!b.pending.empty()) {
@@ -222,7 +229,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
     if (absl::Status st = options.idempotency->MarkDone(b.done_keys[0], b.done_owners[0],
                                                         options.idempotency_retention);
         !st.ok()) {
-      MarkDoneFailed(b.done_keys[0], st);
+      MarkDoneFailed(b.msgs[b.done_msgs[0]], b.done_keys[0], st);
     }
     return;
   }
@@ -230,7 +237,9 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   options.idempotency->MarkDoneMany(b.done_keys, b.done_owners, options.idempotency_retention,
                                     absl::MakeSpan(b.done_results));
   for (size_t k = 0; k < b.done_keys.size(); ++k) {
-    if (!b.done_results[k].ok()) MarkDoneFailed(b.done_keys[k], b.done_results[k]);
+    if (!b.done_results[k].ok()) {
+      MarkDoneFailed(b.msgs[b.done_msgs[k]], b.done_keys[k], b.done_results[k]);
+    }
   }
 }
 
@@ -252,7 +261,7 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
       absl::StatusOr<bool> again =
           options.idempotency->Acquire(key, owner, options.idempotency_lease);
       if (!again.ok()) {
-        if (!has_user_ensure) return AcquireFailed(key, owner, again.status());
+        if (!has_user_ensure) return AcquireFailed(msg, key, owner, again.status());
       } else if (*again) {
         return handle(true);
       }
@@ -260,12 +269,14 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
   } else if (!has_user_ensure) {
     // 2. A store error is not "not acquired": without a business re-check to decide, the
     // delivery goes back to the broker.
-    return AcquireFailed(key, owner, acquired.status());
+    return AcquireFailed(msg, key, owner, acquired.status());
   } else {
     RememberGhost(key, owner);
     store_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError, absl::StrCat("idempotency acquire failed for ", key, ": ",
-                                       acquired.status().ToString(), "; ensure decides"));
+    const std::string error = acquired.status().ToString();
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("idempotency acquire failed for ", key, ": ", error, "; ensure decides"), &msg,
+        error);
   }
 
   // 3. Not acquired (or the store failed and the user's ensure knows the business state).
@@ -279,6 +290,7 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
   }
   if (verdict == Ensure::kAlreadyHandled) {
     duplicates.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventType::kDuplicate, &msg);
     return Taken();
   }
   return handle(false);
@@ -343,14 +355,19 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     if (results[k].ok()) {
       // 5. Committed with its mark-done.
       succeeded.fetch_add(1, std::memory_order_relaxed);
+      Emit(EventType::kHandled, &msgs[i], msgs[i].retried + 1);
       out[i] = Taken();
       continue;
     }
     if (under_key && absl::IsFailedPrecondition(results[k])) {
       // The lease ran out (another worker may hold the key now): the effect was rolled back, so
       // the message goes back to the broker, to be handled or found done.
-      Log(LogLevel::kError, absl::StrCat("message ", msgs[i].id, ": ", results[k].message(),
-                                         "; its effect was rolled back and it is given back"));
+      Log(LogLevel::kError, "lease_lost",
+          absl::StrCat("message ", msgs[i].id, ": ", results[k].message(),
+                       "; its effect was rolled back and it is given back"),
+          &msgs[i], results[k].message(), msgs[i].retried + 1);
+      Emit(EventType::kLeaseLost, &msgs[i], msgs[i].retried + 1, results[k].message(),
+           "idempotency");
       redelivered.fetch_add(1, std::memory_order_relaxed);
       out[i] = Settlement::Redeliver();
       continue;
@@ -358,10 +375,13 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     // The transaction failed (database locked beyond its busy timeout, I/O error): nothing of the
     // message stands. Give the key back and the delivery with the infrastructure backoff.
     store_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError, absl::StrCat("inbox transaction failed for message ", msgs[i].id, ": ",
-                                       results[k].ToString(), "; its effect was rolled back"));
+    const std::string error = results[k].ToString();
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("inbox transaction failed for message ", msgs[i].id, ": ", error,
+                     "; its effect was rolled back"),
+        &msgs[i], error, msgs[i].retried + 1);
     const bool released = !under_key || Release(keys[i], owners[i]);
-    out[i] = InfraFailure();
+    out[i] = InfraFailure(&msgs[i], "store_error", error);
     if (!released)
       out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
   }
@@ -373,6 +393,7 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
   // 5. Success (the caller marks the key done).
   if (result.ok()) {
     succeeded.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventType::kHandled, &msg, msg.retried + 1);
     *mark_done = acquired;
     return Taken();
   }
@@ -393,6 +414,7 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
     SetHeader(msg, kFirstFailedHeader, absl::StrCat(absl::ToUnixMicros(end)));
   }
   const bool permanent = IsPermanent(result);
+  Emit(EventType::kFailed, &msg, msg.retried, msg.last_error, permanent ? "permanent" : "");
   absl::Duration delay = NoRetry();
   if (!permanent) {
     try {
@@ -416,21 +438,25 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
         absl::FromUnixMicros(HeaderInt(msg, kFirstFailedHeader, absl::ToUnixMicros(end)));
     letter.last_failed_at = end;
     letter.replays = static_cast<int>(HeaderInt(msg, kReplaysHeader, 0));
-    Settlement s = after_lease(StoreDeadLetter(std::move(letter)));
+    Settlement s = after_lease(StoreDeadLetter(std::move(letter), &msg));
     if (s.done) {
-      Log(LogLevel::kWarning,
+      Log(LogLevel::kWarning, "dead_lettered",
           absl::StrCat(
               "message ", msg.id, " dead-lettered after ", msg.retried,
-              permanent ? " attempt(s), permanent failure: " : " attempt(s): ", msg.last_error));
+              permanent ? " attempt(s), permanent failure: " : " attempt(s): ", msg.last_error),
+          &msg, msg.last_error, msg.retried);
     }
     return s;
   }
   if (!released) delay = std::max(delay, options.idempotency_lease);
   if (absl::Status st = options.driver->SendToQueue(options.queue, wire, delay); !st.ok()) {
-    Log(LogLevel::kError, absl::StrCat("re-send of ", msg.id, " failed: ", st.ToString()));
-    return after_lease(InfraFailure());
+    const std::string error = st.ToString();
+    Log(LogLevel::kError, "retry_send_failed",
+        absl::StrCat("re-send of ", msg.id, " failed: ", error), &msg, error, msg.retried);
+    return after_lease(InfraFailure(&msg, "resend_failed", error));
   }
   retried.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kRetried, &msg, msg.retried);
   return Taken();
 }
 

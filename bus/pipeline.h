@@ -21,12 +21,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "bus/event_queue.h"
+#include "bus/events.h"
 #include "bus/handler.h"
 #include "bus/message.h"
 #include "bus/receive_loop.h"
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
+#include "bus/trace.h"
 #include "bus/transactional.h"
 
 namespace bus::internal {
@@ -102,17 +105,50 @@ struct Pipeline {
     return owner;
   }
 
-  absl::Mutex mu;
+  mutable absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
-  // Never throws: a logger's exception is swallowed, as every user callback's is.
-  void Log(LogLevel level, absl::string_view line) const {
+  // Handler::Stats().
+  HandlerStats Stats() const;
+
+  // Set when options.observer is; closed by ~Handler.
+  std::unique_ptr<EventQueue> events;
+
+  // Writes a record about `msg` (if any) to the logger. `event` names what happened, `text`
+  // says it in a sentence; `attempt` is the handle attempt it is about (0: none). Never throws:
+  // a logger's exception is swallowed, as every user callback's is.
+  void Log(LogLevel level, absl::string_view event, absl::string_view text,
+           const Message* msg = nullptr, absl::string_view error = {}, int attempt = 0) const {
+    LogRecord r;
+    r.level = level;
+    r.component = "handler";
+    r.queue = options.queue;
+    r.event = event;
+    r.text = text;
+    r.error = error;
+    r.attempt = attempt;
+    if (msg != nullptr) {
+      r.message_id = msg->id;
+      r.biz_uid = msg->biz_uid;
+      r.trace_id = TraceIdOf(*msg);
+    }
     try {
-      options.logger->Log(level, absl::StrCat("bus handler [", options.queue, "] ", line));
+      r.time = options.clock->Now();
+      options.logger->Write(r);
     } catch (...) {
     }
+  }
+
+  // Queues an event for the observer, if there is one; never waits for it.
+  void Emit(EventType type, const Message* msg, int attempt = 0, absl::string_view error = {},
+            absl::string_view detail = {}) {
+    if (events == nullptr) return;
+    const absl::Time now = options.clock->Now();
+    const absl::string_view trace_id = msg != nullptr ? TraceIdOf(*msg) : absl::string_view();
+    events->Push(type, now, attempt, msg != nullptr ? absl::string_view(msg->id) : "",
+                 msg != nullptr ? absl::string_view(msg->biz_uid) : "", trace_id, error, detail);
   }
 
   // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
@@ -166,14 +202,21 @@ struct Pipeline {
                            absl::Span<const std::string> keys, absl::Span<const std::string> owners,
                            absl::Span<const char> acquired, absl::Span<Settlement> out);
 
-  // Stores a dead letter; Done once stored, else the delivery goes back with the backoff.
-  Settlement StoreDeadLetter(bus::DeadLetter letter);
+  // Stores a dead letter (of `msg`, when it decoded); Done once stored, else the delivery goes
+  // back with the backoff.
+  Settlement StoreDeadLetter(bus::DeadLetter letter, const Message* msg);
 
-  void MarkDoneFailed(absl::string_view key, const absl::Status& st) {
+  void MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st) {
     // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
     store_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError,
-        absl::StrCat("idempotency mark-done failed for ", key, ": ", st.ToString()));
+    const std::string error = st.ToString();
+    Log(LogLevel::kError, "mark_done_failed",
+        absl::StrCat("idempotency mark-done failed for ", key, ": ", error), &msg, error,
+        msg.retried + 1);
+    // FailedPrecondition: the key's lease ran out and it is no longer ours.
+    if (absl::IsFailedPrecondition(st)) {
+      Emit(EventType::kLeaseLost, &msg, msg.retried + 1, st.message(), "idempotency");
+    }
   }
 
   // False when the store could not release the key: the key stays leased until its lease runs
@@ -182,35 +225,41 @@ struct Pipeline {
     absl::Status st = options.idempotency->Release(key, owner);
     if (st.ok()) return true;
     if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError,
-        absl::StrCat("idempotency release failed for ", key, ": ", st.ToString()));
+    const std::string error = st.ToString();
+    Log(LogLevel::kError, "release_failed",
+        absl::StrCat("idempotency release failed for ", key, ": ", error), nullptr, error);
     return false;
   }
 
   void AcquireSucceeded() {
     if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
-      Log(LogLevel::kInfo, "idempotency store answers again");
+      Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
     }
   }
 
   // Step 2 failed and no user ensure can decide: give the delivery back.
-  Settlement AcquireFailed(absl::string_view key, absl::string_view owner, const absl::Status& st) {
+  Settlement AcquireFailed(const Message& msg, absl::string_view key, absl::string_view owner,
+                           const absl::Status& st) {
     RememberGhost(key, owner);
     store_errors.fetch_add(1, std::memory_order_relaxed);
+    const std::string error = st.ToString();
     if (!acquire_failing.exchange(true)) {
-      Log(LogLevel::kError,
-          absl::StrCat("idempotency acquire failed for ", key, ": ", st.ToString(),
-                       "; deliveries are given back to the broker until the store answers"));
+      Log(LogLevel::kError, "store_failed",
+          absl::StrCat("idempotency acquire failed for ", key, ": ", error,
+                       "; deliveries are given back to the broker until the store answers"),
+          &msg, error);
     }
-    return InfraFailure();
+    return InfraFailure(&msg, "store_error", error);
   }
 
   // A user callback other than `handle` threw: give the delivery back, as for a store error.
   Settlement CallbackThrew(absl::string_view callback, const Message& msg, absl::string_view what) {
     callback_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError, absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
-                                       "; the delivery is given back"));
-    return InfraFailure();
+    Log(LogLevel::kError, "callback_threw",
+        absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
+                     "; the delivery is given back"),
+        &msg, what);
+    return InfraFailure(&msg, "callback_error", what);
   }
 
   // The streak grows by one per batch that had an infrastructure failure (not per message, so
@@ -219,10 +268,13 @@ struct Pipeline {
     thread_local bool failed = false;
     return failed;
   }
-  Settlement InfraFailure() {
+  // Gives the delivery (of `msg`, when it decoded) back to the broker with the backoff; `why`
+  // and `error` go to the kRedelivered event.
+  Settlement InfraFailure(const Message* msg, absl::string_view why, absl::string_view error) {
     InfraFailedInBatch() = true;
     const int n = infra_failures.load(std::memory_order_relaxed) + 1;
     redelivered.fetch_add(1, std::memory_order_relaxed);
+    Emit(EventType::kRedelivered, msg, 0, error, why);
     if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
     return Settlement::Redeliver(
         ExponentialDelay(options.infra_backoff_base, options.infra_backoff_max, n));

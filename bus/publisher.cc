@@ -6,6 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
+#include "bus/trace.h"
 
 namespace bus {
 
@@ -19,6 +20,16 @@ std::string NewMessageId() {
   return absl::StrCat(absl::Hex(prefix, absl::kZeroPad16), absl::Hex(n, absl::kZeroPad16));
 }
 
+namespace {
+
+// A message without a traceparent starts a trace.
+void EnsureTraceParent(Message& msg) {
+  if (msg.FindHeader(kTraceParentHeader) != nullptr) return;
+  msg.headers.emplace_back(kTraceParentHeader, NewTraceParent().ToString());
+}
+
+}  // namespace
+
 Publisher::Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock)
     : driver_(std::move(driver)), clock_(clock != nullptr ? std::move(clock) : driver_->clock()) {}
 
@@ -28,6 +39,7 @@ Message Publisher::Build(Outgoing out) const {
   msg.biz_uid = std::move(out.biz_uid);
   msg.payload = std::move(out.payload);
   msg.headers = std::move(out.headers);
+  EnsureTraceParent(msg);
   msg.created_at = clock_->Now();
   return msg;
 }

@@ -29,6 +29,8 @@ struct Outgoing {
   // Business key for idempotency; empty: the generated id is used.
   std::string biz_uid{};
   std::string payload{};
+  // For a message caused by the one a handler is handling, start from bus::ChildOf(msg)
+  // (bus/trace.h) to keep its trace.
   std::vector<std::pair<std::string, std::string>> headers{};
 };
 
@@ -40,7 +42,10 @@ class Publisher {
   // `clock` defaults to the driver's clock.
   explicit Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock = nullptr);
 
-  // Builds a Message (new id, created_at = now) from `out`.
+  // Builds a Message (new id, created_at = now) from `out`. A message without a `traceparent`
+  // header gets a new one (the root of a new trace, bus/trace.h). One given in `out` is kept
+  // as it is, even when it is not valid: the library does not rewrite an application's
+  // headers (an invalid one has no trace id in logs and events).
   Message Build(Outgoing out) const;
 
   // Sends to a queue with an extra delay; returns the message id. Errors as Driver::SendToQueue.

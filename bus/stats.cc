@@ -9,11 +9,13 @@ namespace bus {
 
 void LatencyHistogram::Record(absl::Duration d) {
   const int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(d));
-  // Bucket i holds durations up to 2^i microseconds.
-  const uint64_t us = static_cast<uint64_t>(ns / 1000);
+  // Bucket i holds durations up to 2^i microseconds: whole microseconds rounded up, so that a
+  // duration is never counted below its bucket's bound (1.5 us goes to the 2 us bucket).
+  const uint64_t us = static_cast<uint64_t>((ns + 999) / 1000);
   int bucket = us == 0 ? 0 : static_cast<int>(std::bit_width(us - 1));
   bucket = std::min(bucket, kBuckets - 1);
   buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(ns, std::memory_order_relaxed);
   int64_t prev = max_ns_.load(std::memory_order_relaxed);
   while (ns > prev && !max_ns_.compare_exchange_weak(prev, ns, std::memory_order_relaxed)) {
   }
@@ -36,6 +38,16 @@ absl::Duration LatencyHistogram::Quantile(double q) const {
   return Max();
 }
 
+std::array<uint64_t, LatencyHistogram::kBuckets> LatencyHistogram::Buckets() const {
+  std::array<uint64_t, kBuckets> out;
+  for (int i = 0; i < kBuckets; ++i) out[i] = buckets_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+absl::Duration LatencyHistogram::Sum() const {
+  return absl::Nanoseconds(sum_ns_.load(std::memory_order_relaxed));
+}
+
 absl::Duration LatencyHistogram::Max() const {
   return absl::Nanoseconds(max_ns_.load(std::memory_order_relaxed));
 }
@@ -44,10 +56,11 @@ std::string HandlerStats::ToString() const {
   return absl::StrFormat(
       "received=%d succeeded=%d failed=%d retried=%d dead_lettered=%d duplicates=%d "
       "malformed=%d replayed=%d redelivered=%d store_errors=%d callback_errors=%d in_flight=%d "
-      "reconnects=%d consuming=%s latency_p50=%s latency_p99=%s latency_max=%s",
+      "reconnects=%d events_dropped=%d running=%s consuming=%s latency_p50=%s latency_p99=%s "
+      "latency_max=%s",
       received, succeeded, failed, retried, dead_lettered, duplicates, malformed, replayed,
-      redelivered, store_errors, callback_errors, in_flight, reconnects,
-      consuming ? "true" : "false", absl::FormatDuration(latency_p50),
+      redelivered, store_errors, callback_errors, in_flight, reconnects, events_dropped,
+      running ? "true" : "false", consuming ? "true" : "false", absl::FormatDuration(latency_p50),
       absl::FormatDuration(latency_p99), absl::FormatDuration(latency_max));
 }
 

@@ -32,28 +32,43 @@ struct HandlerStats {
   uint64_t callback_errors = 0;  // exceptions thrown by ensure or retry_delay
   int64_t in_flight = 0;         // messages inside the pipeline right now
   uint64_t reconnects = 0;       // the driver's reconnects
+  uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
+  bool running = false;          // Run() is in progress (setting up, consuming or draining)
   bool consuming = false;        // Run() has set up the queue and its consumer is running
   // Latency of handle() calls.
   absl::Duration latency_p50 = absl::ZeroDuration();
   absl::Duration latency_p99 = absl::ZeroDuration();
   absl::Duration latency_max = absl::ZeroDuration();
+  // Every bucket of the latency histogram (LatencyHistogram::Buckets).
+  std::array<uint64_t, 33> latency_buckets{};
+  // The sum of the latencies recorded.
+  absl::Duration latency_sum = absl::ZeroDuration();
 
   std::string ToString() const;
 };
 
-// A fixed log2-bucket histogram of durations: bucket i holds up to 2^i us (1 us to 2^32 us,
-// about 72 min; longer ones go to the last bucket). Quantiles are bucket upper bounds, capped
-// by the largest duration recorded.
+// A fixed log2-bucket histogram of durations: bucket 0 holds durations up to 1 us, bucket i
+// (1 <= i < kBuckets - 1) those above 2^(i-1) us and up to 2^i us, and the last bucket every
+// duration above 2^31 us (about 36 min). Quantiles are bucket upper bounds, capped by the
+// largest duration recorded.
 class LatencyHistogram {
  public:
+  static constexpr int kBuckets = 33;
+  // The upper bound of bucket i, for i < kBuckets - 1 (the last bucket has none).
+  static absl::Duration BucketUpperBound(int i) { return absl::Microseconds(int64_t{1} << i); }
+
   void Record(absl::Duration d);
   absl::Duration Quantile(double q) const;
   absl::Duration Max() const;
+  // The count of each bucket (not cumulative), each read on its own (relaxed).
+  std::array<uint64_t, kBuckets> Buckets() const;
+  // The sum of every duration recorded.
+  absl::Duration Sum() const;
 
  private:
-  static constexpr int kBuckets = 33;
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<int64_t> max_ns_{0};
+  std::atomic<int64_t> sum_ns_{0};
 };
 
 }  // namespace bus

@@ -46,6 +46,14 @@ void IdempotencyStore::MarkDoneMany(absl::Span<const absl::string_view> keys,
   for (size_t i = 0; i < keys.size(); ++i) results[i] = MarkDone(keys[i], owners[i], retention);
 }
 
+absl::Status DeadLetterStore::Ping(absl::Duration) {
+  return absl::UnimplementedError("this dead-letter store has no Ping");
+}
+
+absl::Status IdempotencyStore::Ping(absl::Duration) {
+  return absl::UnimplementedError("this idempotency store has no Ping");
+}
+
 namespace {
 
 class NullDeadLetterStoreImpl final : public DeadLetterStore {
@@ -63,6 +71,7 @@ class NullDeadLetterStoreImpl final : public DeadLetterStore {
   absl::Status Remove(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
   absl::StatusOr<int64_t> Count(absl::string_view, DeadLetterKinds) override { return 0; }
   absl::Status Purge(absl::string_view, DeadLetterKinds) override { return absl::OkStatus(); }
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 };
 
 class NullIdempotencyStoreImpl final : public IdempotencyStore {
@@ -74,6 +83,7 @@ class NullIdempotencyStoreImpl final : public IdempotencyStore {
     return absl::OkStatus();
   }
   absl::Status Release(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 };
 
 }  // namespace

@@ -136,6 +136,12 @@ class DeadLetterStore {
   // meanwhile may stay).
   virtual absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) = 0;
   absl::Status Purge(absl::string_view queue) { return Purge(queue, AllDeadLetterKinds()); }
+
+  // Health check: one cheap round trip to the store (Redis PING, SQLite SELECT 1), bounded by
+  // `timeout` of real time where the store has a network. OK when it answered; Unavailable or
+  // DeadlineExceeded when it did not. The default is Unimplemented (never taken for ready);
+  // every store in this repository implements it.
+  virtual absl::Status Ping(absl::Duration timeout);
 };
 
 // Checks the fields of a letter given to Store(); for the implementations.
@@ -208,6 +214,9 @@ class IdempotencyStore {
   virtual void MarkDoneMany(absl::Span<const absl::string_view> keys,
                             absl::Span<const absl::string_view> owners, absl::Duration retention,
                             absl::Span<absl::Status> results);
+
+  // Health check, as DeadLetterStore::Ping.
+  virtual absl::Status Ping(absl::Duration timeout);
 };
 
 // The defaults the Handler uses when none is configured (as the seed does): a dead-letter store

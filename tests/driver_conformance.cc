@@ -112,6 +112,10 @@ TEST_P(DriverConformanceTest, CreateQueueIsIdempotent) {
   AckAll(c.get(), got);
 }
 
+TEST_P(DriverConformanceTest, PingAnswers) {
+  EXPECT_TRUE(driver_->Ping(absl::Seconds(5)).ok()) << driver_->Ping(absl::Seconds(5));
+}
+
 // Waits until InspectQueue(queue) reports exactly `want` (brokers may update their counts a
 // moment after a call returns); fails with the last counts seen.
 void ExpectCounts(Driver* driver, const std::string& queue, int64_t ready, int64_t delayed,

@@ -49,6 +49,10 @@ namespace {
 
 // ---- DeadLetterStore ----
 
+TEST_P(DeadLetterStoreConformanceTest, PingAnswers) {
+  EXPECT_TRUE(store_->Ping(absl::Seconds(5)).ok()) << store_->Ping(absl::Seconds(5));
+}
+
 TEST_P(DeadLetterStoreConformanceTest, StoreFetchRemoveCount) {
   const std::string q = Unique("q");
   const std::string binary("\0\x01\xff payload \0", 13);
@@ -317,6 +321,10 @@ TEST_P(DeadLetterStoreConformanceTest, BadLettersAndFiltersAreRefused) {
 }
 
 // ---- IdempotencyStore ----
+
+TEST_P(IdempotencyStoreConformanceTest, PingAnswers) {
+  EXPECT_TRUE(store_->Ping(absl::Seconds(5)).ok()) << store_->Ping(absl::Seconds(5));
+}
 
 TEST_P(IdempotencyStoreConformanceTest, OnlyOneOwnerHoldsAKey) {
   const std::string key = Unique("k");

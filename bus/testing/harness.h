@@ -17,8 +17,9 @@
 // Time moves only there, so a retry scheduled 5 minutes ahead is handled after exactly that
 // much fake time, and a test never sleeps for it.
 //
-// Dead letters are not replayed by RunUntilIdle() (the replay loop runs every replay_interval,
-// forever, which would never be idle): call ReplayDeadLetters(), then RunUntilIdle().
+// The periodic replay of dead letters is off (HandlerOptions::replay_interval is set to zero: it
+// would replay letters at moments that depend on how far RunUntilIdle() moved time): a test
+// replays with ReplayDeadLetters(), which runs the letters through the pipeline.
 //
 // Thread-safety: the harness's own calls are for the test's thread; the recorded outcomes are
 // written by the Handler's workers and safe to read at any time.

@@ -102,6 +102,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
 
   absl::string_view name() const override { return "memory"; }
   std::shared_ptr<Clock> clock() const override { return options_.clock; }
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
   absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;

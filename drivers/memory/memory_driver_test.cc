@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/driver_conformance.h"
+#include "tests/handler_trace_conformance.h"
 
 namespace bus::testing {
 namespace {
@@ -21,6 +22,11 @@ class MemoryHarness final : public DriverHarness {
 };
 
 INSTANTIATE_TEST_SUITE_P(Memory, DriverConformanceTest,
+                         ::testing::Values(DriverConformanceParam{
+                             "memory", [] { return std::make_unique<MemoryHarness>(); }}),
+                         DriverParamName);
+
+INSTANTIATE_TEST_SUITE_P(Memory, HandlerTraceTest,
                          ::testing::Values(DriverConformanceParam{
                              "memory", [] { return std::make_unique<MemoryHarness>(); }}),
                          DriverParamName);

@@ -246,8 +246,10 @@ void ConsumerState::OnMessages(Connection* conn, std::vector<Message>& batch) {
 }
 
 void ConsumerState::OnNonFatalError(Connection* conn, const ErrorFrame& error) {
-  core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": nsqd ", conn->address(),
-                                              " ", error.code, " ", error.text));
+  core_->Log(LogLevel::kWarning, "nsqd_error",
+             absl::StrCat("consumer of ", queue_, ": nsqd ", conn->address(), " ", error.code, " ",
+                          error.text),
+             absl::StrCat(error.code, " ", error.text));
 }
 
 void ConsumerState::OnClose(Connection* conn, const absl::Status& why) {
@@ -273,9 +275,11 @@ void ConsumerState::OnClose(Connection* conn, const absl::Status& why) {
   if (subs_[slot.sub].removed) return;  // closed on purpose (RemoveBinding)
   last_error_ = why;
   poll_now_ = true;
-  core_->Log(LogLevel::kWarning, absl::StrCat("consumer of ", queue_, ": lost nsqd ",
-                                              conn->address(), " (", subs_[slot.sub].topic, "/",
-                                              subs_[slot.sub].channel, "): ", why.message()));
+  core_->Log(
+      LogLevel::kWarning, "connection_lost",
+      absl::StrCat("consumer of ", queue_, ": lost nsqd ", conn->address(), " (",
+                   subs_[slot.sub].topic, "/", subs_[slot.sub].channel, "): ", why.message()),
+      why.message());
 }
 
 void ConsumerState::OnMessage(Slot& slot, absl::Time now, Message& m, std::string* cmds) {
@@ -487,9 +491,10 @@ void ConsumerState::Subscribed(const SlotKey& key, const std::shared_ptr<Connect
     slot.next_attempt = core_->Now() + wait;
     last_error_ = s;
     conn->Close(s);
-    core_->Log(LogLevel::kWarning,
+    core_->Log(LogLevel::kWarning, "connect_failed",
                absl::StrCat("consumer of ", queue_, ": connecting to nsqd ", what,
-                            " failed: ", s.message(), "; retry in ", absl::FormatDuration(wait)));
+                            " failed: ", s.message(), "; retry in ", absl::FormatDuration(wait)),
+               s.message());
     return;
   }
   if (conn->closed()) return;  // closed between SUB and here; OnClose already ran or will
@@ -506,7 +511,7 @@ void ConsumerState::Subscribed(const SlotKey& key, const std::shared_ptr<Connect
   last_error_ = absl::OkStatus();
   if (slot.ever_connected) {
     core_->CountReconnect();
-    core_->Log(LogLevel::kInfo,
+    core_->Log(LogLevel::kInfo, "reconnected",
                absl::StrCat("consumer of ", queue_, ": reconnected to nsqd ", what));
   }
   slot.ever_connected = true;
@@ -582,8 +587,9 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
         absl::StatusOr<std::vector<std::string>> r =
             co_await LookupProducers(core_->io(), lookupd, topic, o.connect_timeout);
         if (!r.ok()) {
-          core_->Log(LogLevel::kWarning,
-                     absl::StrCat("consumer of ", queue_, ": ", r.status().message()));
+          core_->Log(LogLevel::kWarning, "lookup_failed",
+                     absl::StrCat("consumer of ", queue_, ": ", r.status().message()),
+                     r.status().message());
           continue;
         }
         found[topic].insert(r->begin(), r->end());
@@ -596,7 +602,7 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
         auto& known = discovered_[topic];
         for (const std::string& a : addrs) {
           if (known.insert(a).second) {
-            core_->Log(LogLevel::kInfo,
+            core_->Log(LogLevel::kInfo, "nsqd_discovered",
                        absl::StrCat("consumer of ", queue_, ": lookupd lists nsqd ", a,
                                     " for topic ", topic));
           }

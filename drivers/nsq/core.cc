@@ -24,8 +24,16 @@ Core::~Core() {
   for (auto& t : threads_) t.join();
 }
 
-void Core::Log(LogLevel level, absl::string_view line) {
-  options_.logger->Log(level, absl::StrCat("nsq: ", line));
+void Core::Log(LogLevel level, absl::string_view event, absl::string_view text,
+               absl::string_view error) {
+  LogRecord r;
+  r.level = level;
+  r.time = options_.clock->Now();
+  r.component = "nsq";
+  r.event = event;
+  r.error = error;
+  r.text = text;
+  options_.logger->Write(r);
 }
 
 double Core::Uniform() {

@@ -61,7 +61,9 @@ class Core {
   const Clock& clock() const { return *options_.clock; }
   absl::Time Now() const { return options_.clock->Now(); }
 
-  void Log(LogLevel level, absl::string_view line);
+  // A record (bus/logger.h) of component "nsq"; `event` names what happened.
+  void Log(LogLevel level, absl::string_view event, absl::string_view text,
+           absl::string_view error = {});
   void CountReconnect() { reconnects_.fetch_add(1); }
   uint64_t reconnects() const { return reconnects_.load(); }
 

@@ -6,6 +6,7 @@
 #include "drivers/nsq/nsq_driver.h"
 #include "gtest/gtest.h"
 #include "tests/driver_conformance.h"
+#include "tests/handler_trace_conformance.h"
 #include "tests/testing/nsq_server.h"
 
 namespace bus::testing {
@@ -42,6 +43,11 @@ class NsqHarness final : public DriverHarness {
 };
 
 INSTANTIATE_TEST_SUITE_P(Nsq, DriverConformanceTest,
+                         ::testing::Values(DriverConformanceParam{
+                             "nsq", [] { return std::make_unique<NsqHarness>(); }}),
+                         DriverParamName);
+
+INSTANTIATE_TEST_SUITE_P(Nsq, HandlerTraceTest,
                          ::testing::Values(DriverConformanceParam{
                              "nsq", [] { return std::make_unique<NsqHarness>(); }}),
                          DriverParamName);

@@ -8,6 +8,7 @@
 #include "drivers/nsq/nsq_driver.h"
 
 #include <algorithm>
+#include <future>
 #include <map>
 #include <optional>
 #include <set>
@@ -22,6 +23,7 @@
 #include "boost/asio/use_future.hpp"
 #include "bus/names.h"
 #include "bus/route_key.h"
+#include "drivers/nsq/connection.h"
 #include "drivers/nsq/consumer.h"
 #include "drivers/nsq/core.h"
 #include "drivers/nsq/lookup.h"
@@ -252,6 +254,47 @@ class NsqDriver final : public Driver {
     DriverStats s;
     s.reconnects = core_->reconnects();
     return s;
+  }
+
+  // A fresh connection's handshake (magic, IDENTIFY and its response, AUTH when required) with
+  // every nsqd TCP address (NSQ has no command with a response that leaves no trace: NOP has
+  // none; a new connection does not wait behind the consumers' traffic), then GET /ping on
+  // every nsqd and nsqlookupd HTTP address.
+  absl::Status Ping(absl::Duration timeout) override {
+    namespace asio = boost::asio;
+    for (const std::string& address : core_->options().nsqd_tcp_addresses) {
+      nsq::ConnectionOptions co = core_->ConnOptions(address, absl::ZeroDuration());
+      co.connect_timeout = timeout;
+      std::shared_ptr<nsq::Connection> conn = nsq::Connection::Create(core_->io(), co, {});
+      std::future<absl::Status> f = asio::co_spawn(
+          conn->io(),
+          [conn]() -> asio::awaitable<absl::Status> { co_return co_await conn->Handshake(); },
+          asio::use_future);
+      absl::Status st = f.get();
+      conn->Close(absl::CancelledError("ping done"));
+      if (!st.ok())
+        return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
+    }
+    // GET /ping (nsqd's and nsqlookupd's health endpoint, "OK") on every HTTP address.
+    auto http_ping = [&](const std::string& address, absl::string_view what) -> absl::Status {
+      std::future<absl::StatusOr<nsq::HttpResponse>> f =
+          asio::co_spawn(core_->io(), nsq::HttpGet(core_->io(), address, "/ping", what, timeout),
+                         asio::use_future);
+      absl::StatusOr<nsq::HttpResponse> r = f.get();
+      if (!r.ok()) return r.status();
+      if (r->status != 200) {
+        return absl::UnavailableError(
+            absl::StrCat(what, " ", address, ": /ping answered HTTP ", r->status));
+      }
+      return absl::OkStatus();
+    };
+    for (const std::string& address : core_->options().nsqd_http_addresses) {
+      if (absl::Status st = http_ping(address, "nsqd"); !st.ok()) return st;
+    }
+    for (const std::string& address : core_->options().lookupd_http_addresses) {
+      if (absl::Status st = http_ping(address, "nsqlookupd"); !st.ok()) return st;
+    }
+    return absl::OkStatus();
   }
 
  private:

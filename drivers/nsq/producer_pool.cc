@@ -96,9 +96,10 @@ absl::Status ProducerPool::EnsureChannelEverywhere(absl::string_view topic,
   }
   if (!made) return unavailable;
   if (!unavailable.ok()) {
-    core_->Log(LogLevel::kWarning,
+    core_->Log(LogLevel::kWarning, "channel_deferred",
                absl::StrCat(absl::StripPrefix(unavailable.message(), "nsq: "),
-                            "; the channel is made there before the first publish"));
+                            "; the channel is made there before the first publish"),
+               unavailable.message());
   }
   return absl::OkStatus();
 }
@@ -120,15 +121,17 @@ absl::StatusOr<std::shared_ptr<Connection>> ProducerPool::SlotConnection(Slot& s
     ++slot.failures;
     slot.next_attempt = core_->Now() + wait;
     slot.last_error = s;
-    core_->Log(LogLevel::kWarning,
+    core_->Log(LogLevel::kWarning, "connect_failed",
                absl::StrCat("producer connection to nsqd ", slot.address, " failed: ", s.message(),
-                            "; retry allowed in ", absl::FormatDuration(wait)));
+                            "; retry allowed in ", absl::FormatDuration(wait)),
+               s.message());
     // Unavailable stays Unavailable; configuration errors (AUTH, IDENTIFY) keep their code.
     return s;
   }
   if (slot.ever_connected) {
     core_->CountReconnect();
-    core_->Log(LogLevel::kInfo, absl::StrCat("producer reconnected to nsqd ", slot.address));
+    core_->Log(LogLevel::kInfo, "reconnected",
+               absl::StrCat("producer reconnected to nsqd ", slot.address));
     // nsqd may have restarted without its data: make the channels again before publishing.
     ForgetChannels(slot.nsqd);
   }

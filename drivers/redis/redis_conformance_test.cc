@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "drivers/redis/redis_driver.h"
 #include "tests/driver_conformance.h"
+#include "tests/handler_trace_conformance.h"
 #include "tests/testing/redis_server.h"
 
 namespace bus::testing {
@@ -35,6 +36,11 @@ class RedisHarness final : public DriverHarness {
 };
 
 INSTANTIATE_TEST_SUITE_P(Redis, DriverConformanceTest,
+                         ::testing::Values(DriverConformanceParam{
+                             "redis", [] { return std::make_unique<RedisHarness>(); }}),
+                         DriverParamName);
+
+INSTANTIATE_TEST_SUITE_P(Redis, HandlerTraceTest,
                          ::testing::Values(DriverConformanceParam{
                              "redis", [] { return std::make_unique<RedisHarness>(); }}),
                          DriverParamName);

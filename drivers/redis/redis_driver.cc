@@ -19,6 +19,7 @@
 #include "bus/names.h"
 #include "bus/retry.h"
 #include "bus/route_key.h"
+#include "drivers/redis/client/client.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 
@@ -117,9 +118,15 @@ class Core {
   std::shared_ptr<Connection> NewConnection() {
     return Connection::Create(io_.get(), ToConnectionOptions(options_), [this] {
       const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
-      options_.logger->Log(LogLevel::kWarning,
-                           absl::StrCat("redis: reconnected to ", options_.host, ":", options_.port,
-                                        " (reconnects: ", n, ")"));
+      const std::string text = absl::StrCat("reconnected to ", options_.host, ":", options_.port,
+                                            " (reconnects: ", n, ")");
+      LogRecord r;
+      r.level = LogLevel::kWarning;
+      r.time = options_.clock->Now();
+      r.component = "redis";
+      r.event = "reconnected";
+      r.text = text;
+      options_.logger->Write(r);
     });
   }
 
@@ -553,6 +560,8 @@ class RedisDriver final : public Driver {
   }
 
   DriverStats Stats() const override { return {core_->reconnects()}; }
+
+  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(core_->conn(), timeout); }
 
   // Every queue has a meta hash (CreateQueue, Subscribe and every enqueue write it): SCAN for
   // them.

@@ -74,6 +74,8 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     return absl::OkStatus();
   }
 
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
+
   absl::Status Release(absl::string_view key, absl::string_view owner) override {
     if (absl::Status st = ValidateIdempotencyCall("Release", key, owner, "", {}); !st.ok()) {
       return st;

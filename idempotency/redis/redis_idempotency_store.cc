@@ -142,6 +142,10 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     return absl::OkStatus();
   }
 
+  absl::Status Ping(absl::Duration timeout) override {
+    return redis::Ping(client_.conn(), timeout);
+  }
+
  private:
   static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
     return absl::FailedPreconditionError(

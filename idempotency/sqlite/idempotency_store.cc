@@ -141,6 +141,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
     });
   }
 
+  absl::Status Ping(absl::Duration) override { return db_->Ping(); }
+
  private:
   const std::shared_ptr<SqliteDatabase> db_;
 };

@@ -79,6 +79,8 @@ class MemoryDeadLetterStore final : public DeadLetterStore {
     return n;
   }
 
+  absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
+
   absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) override {
     absl::MutexLock lock(&mu_);
     auto q = queues_.find(queue);

@@ -271,6 +271,10 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     return absl::OkStatus();
   }
 
+  absl::Status Ping(absl::Duration timeout) override {
+    return redis::Ping(client_.conn(), timeout);
+  }
+
  private:
   struct Keys {
     std::string seq, ids, data, reason, time, meta, msg, bymsg;

@@ -181,6 +181,8 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     }
   }
 
+  absl::Status Ping(absl::Duration) override { return db_->Ping(); }
+
  private:
   const std::shared_ptr<SqliteDatabase> db_;
   const SqliteDeadLetterOptions options_;

@@ -41,6 +41,7 @@ class MarkDoneLog final : public IdempotencyStore {
   void MarkDoneMany(absl::Span<const absl::string_view> keys,
                     absl::Span<const absl::string_view> owners, absl::Duration retention,
                     absl::Span<absl::Status> results) override;
+  absl::Status Ping(absl::Duration timeout) override { return base_->Ping(timeout); }
 
  private:
   MarkDoneLog(std::shared_ptr<IdempotencyStore> base, int fd, std::string tag)

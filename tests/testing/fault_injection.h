@@ -91,6 +91,7 @@ class FaultyDriver final : public Driver {
 
   FaultSwitch send;   // SendToQueue, SendBatchToQueue, SendToTopic
   FaultSwitch setup;  // CreateQueue, Subscribe, Unsubscribe, DeleteQueue
+  FaultSwitch ping;   // Ping
   // Non-empty: consumers mark deliveries with exactly these bytes as corrupt. Set before
   // NewConsumer.
   std::string corrupt_data;
@@ -134,6 +135,10 @@ class FaultyDriver final : public Driver {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->DeleteQueue(q);
   }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
+  }
   absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
   absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
     return base_->InspectQueue(q);
@@ -150,6 +155,7 @@ class FaultyDeadLetterStore final : public DeadLetterStore {
   FaultSwitch store;
   FaultSwitch fetch;
   FaultSwitch remove;
+  FaultSwitch ping;
 
   using DeadLetterStore::Count;
   using DeadLetterStore::Fetch;
@@ -175,6 +181,10 @@ class FaultyDeadLetterStore final : public DeadLetterStore {
   absl::Status Purge(absl::string_view q, DeadLetterKinds kinds) override {
     return base_->Purge(q, kinds);
   }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
+  }
 
  private:
   std::shared_ptr<DeadLetterStore> base_;
@@ -188,6 +198,7 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   FaultSwitch acquire;
   FaultSwitch mark_done;
   FaultSwitch release;
+  FaultSwitch ping;
   // When set, an injected acquire failure is applied to the store first (the key is taken and
   // the reply "lost").
   std::atomic<bool> acquire_then_fail{false};
@@ -207,6 +218,10 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   absl::Status Release(absl::string_view k, absl::string_view o) override {
     if (absl::Status st = release.Check(); !st.ok()) return st;
     return base_->Release(k, o);
+  }
+  absl::Status Ping(absl::Duration timeout) override {
+    if (absl::Status st = ping.Check(); !st.ok()) return st;
+    return base_->Ping(timeout);
   }
   // The batched forms run the single ones (so faults apply) and record the largest batch.
   void AcquireMany(absl::Span<const absl::string_view> keys,
@@ -256,6 +271,53 @@ class CapturingLogger final : public Logger {
  private:
   mutable absl::Mutex mu_;
   std::vector<std::pair<LogLevel, std::string>> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+// A LogRecord with its fields copied.
+struct CapturedRecord {
+  LogLevel level = LogLevel::kInfo;
+  absl::Time time{};
+  std::string component{}, queue{}, message_id{}, biz_uid{}, event{}, error{}, trace_id{}, text{};
+  int attempt = 0;
+};
+
+// Keeps every record (LogRecord, bus/logger.h) written to it.
+class CapturingRecordLogger final : public Logger {
+ public:
+  void Log(LogLevel level, absl::string_view line) override {
+    Write(LogRecord{.level = level, .text = line});
+  }
+  void Write(const LogRecord& r) override {
+    CapturedRecord c{r.level,
+                     r.time,
+                     std::string(r.component),
+                     std::string(r.queue),
+                     std::string(r.message_id),
+                     std::string(r.biz_uid),
+                     std::string(r.event),
+                     std::string(r.error),
+                     std::string(r.trace_id),
+                     std::string(r.text),
+                     r.attempt};
+    absl::MutexLock lock(&mu_);
+    records_.push_back(std::move(c));
+  }
+  std::vector<CapturedRecord> records() const {
+    absl::MutexLock lock(&mu_);
+    return records_;
+  }
+  // The records whose event is `event`.
+  std::vector<CapturedRecord> WithEvent(absl::string_view event) const {
+    std::vector<CapturedRecord> out;
+    for (CapturedRecord& r : records()) {
+      if (r.event == event) out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<CapturedRecord> records_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bus::testing

@@ -8,11 +8,17 @@
 
 #include <memory>
 
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/client/redis_options.h"
 
 namespace bus {
 namespace redis {
+
+// Health check over `conn`: PING within `timeout`; OK when the server answered PONG, else the
+// transport error (Unavailable, DeadlineExceeded) or the error reply's status.
+absl::Status Ping(Connection& conn, absl::Duration timeout);
 
 // An IoThread with one pipelined Connection, for the stores. Requests time out after
 // options.request_timeout.

@@ -593,6 +593,17 @@ absl::Status SqliteDatabase::RunOnReader(absl::FunctionRef<absl::Status(Connecti
   return s;
 }
 
+absl::Status SqliteDatabase::Ping() {
+  return Read([](sqlite_internal::Connection& conn) -> absl::Status {
+    absl::StatusOr<sqlite_internal::ScopedStatement> stmt = conn.Prepare("SELECT 1");
+    if (!stmt.ok()) return stmt.status();
+    absl::StatusOr<bool> row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (!*row || stmt->ColumnInt64(0) != 1) return absl::InternalError("SELECT 1 returned no 1");
+    return absl::OkStatus();
+  });
+}
+
 SqliteDatabase::Stats SqliteDatabase::stats() const {
   Stats stats;
   {

@@ -158,6 +158,9 @@ class SqliteDatabase {
   // connection. `op` must only read.
   absl::Status Read(absl::FunctionRef<absl::Status(sqlite_internal::Connection&)> op);
 
+  // Health check: runs SELECT 1 on a connection (as Read does). OK, or the SQLite error.
+  absl::Status Ping();
+
   struct Stats {
     // Write transactions committed (or attempted).
     int64_t transactions = 0;

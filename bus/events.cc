@@ -1,0 +1,27 @@
+#include "bus/events.h"
+
+namespace bus {
+
+absl::string_view EventTypeName(EventType type) {
+  switch (type) {
+    case EventType::kHandled:
+      return "handled";
+    case EventType::kFailed:
+      return "failed";
+    case EventType::kRetried:
+      return "retried";
+    case EventType::kDeadLettered:
+      return "dead_lettered";
+    case EventType::kDuplicate:
+      return "duplicate";
+    case EventType::kRedelivered:
+      return "redelivered";
+    case EventType::kLeaseLost:
+      return "lease_lost";
+    case EventType::kReconnect:
+      return "reconnect";
+  }
+  return "?";
+}
+
+}  // namespace bus

@@ -1,0 +1,86 @@
+// Events: what happens to messages and connections inside a Handler, for an application that
+// wants to watch (counters of its own, a live view, tracing spans). Optional and lossy: set
+// HandlerOptions::observer, and the Handler delivers events to it from a bounded queue on a
+// thread of its own. When the observer falls behind and the queue is full, new events are
+// dropped and counted (HandlerStats::events_dropped); the pipeline never waits for the
+// observer. Events are for observation, not for audit or business decisions.
+//
+//   options.observer = [](const bus::Event& e) {
+//     if (e.type == bus::EventType::kDeadLettered) dead_letter_counter.Increment();
+//   };
+//
+// Order: one message's events are delivered in the order they happened (a failure's kFailed
+// before its kRetried or kDeadLettered); events of messages handled at once on several workers
+// interleave. The observer is called on one thread, one event at a time, never after the
+// Handler is destroyed; an exception it throws is dropped.
+//
+// Thread-safety: Event is a plain value; the observer is only ever called from one thread.
+
+#ifndef BUS_EVENTS_H_
+#define BUS_EVENTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace bus {
+
+enum class EventType {
+  // handle() returned OK.
+  kHandled,
+  // handle() failed (retryable or permanent); a kRetried or kDeadLettered follows when the
+  // failure was settled.
+  kFailed,
+  // A failed message was re-sent to the queue with its retry delay.
+  kRetried,
+  // A message was stored as a dead letter (detail: its kind, malformed, permanent or
+  // exhausted).
+  kDeadLettered,
+  // A message was skipped because `ensure` said it was already handled.
+  kDuplicate,
+  // A delivery was given back to the broker unsettled because a store, a re-send or a
+  // callback failed (detail: why).
+  kRedelivered,
+  // A lease ran out under the Handler: detail "idempotency" (mark-done found the key taken
+  // back; the handler ran longer than idempotency_lease) or "delivery" (the broker refused
+  // an ack or nack: the message will be delivered again).
+  kLeaseLost,
+  // The driver reconnected to its broker (reconnects: the driver's total). Seen within about
+  // a second.
+  kReconnect,
+};
+
+// "handled", "failed", "retried", "dead_lettered", "duplicate", "redelivered", "lease_lost",
+// "reconnect".
+absl::string_view EventTypeName(EventType type);
+
+struct Event {
+  EventType type = EventType::kHandled;
+  // From the Handler's clock.
+  absl::Time time = absl::UnixEpoch();
+  std::string queue{};
+  // The message's; empty when the event is not about one decoded message (a malformed
+  // delivery, a reconnect, a delivery lease).
+  std::string message_id{};
+  std::string biz_uid{};
+  // The trace id of the message's traceparent (bus/trace.h); empty without a valid one.
+  std::string trace_id{};
+  // The handle attempt (1 = the first) for kHandled, kFailed, kRetried and kDeadLettered.
+  int attempt = 0;
+  // kFailed: the handler's failure message; kDeadLettered: the reason; kRedelivered and
+  // kLeaseLost: the error.
+  std::string error{};
+  // See EventType.
+  std::string detail{};
+  // kReconnect: the driver's reconnects so far.
+  uint64_t reconnects = 0;
+};
+
+using EventObserverFn = std::function<void(const Event& event)>;
+
+}  // namespace bus
+
+#endif  // BUS_EVENTS_H_

@@ -1,0 +1,93 @@
+#include "bus/handler_metrics.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/time/time.h"
+
+namespace bus {
+
+void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver& driver,
+                         DeadLetterStore* dead_letters, MetricsWriter& w) {
+  const MetricLabels q = {{"queue", std::string(queue)}};
+  w.Counter("bus_messages_received_total",
+            "Deliveries taken from the driver, replayed dead letters included.", q, s.received);
+  w.Counter("bus_messages_succeeded_total", "Messages whose handle() returned OK.", q, s.succeeded);
+  w.Counter("bus_messages_failed_total",
+            "handle() calls that failed (retryable or permanent, exceptions included).", q,
+            s.failed);
+  w.Counter("bus_messages_retried_total", "Failed messages re-sent with a retry delay.", q,
+            s.retried);
+  w.Counter("bus_messages_dead_lettered_total",
+            "Messages stored in the dead-letter store (malformed included).", q, s.dead_lettered);
+  w.Counter("bus_messages_duplicates_total",
+            "Messages skipped because their idempotency key was already handled.", q, s.duplicates);
+  w.Counter("bus_messages_malformed_total", "Deliveries that were not a valid envelope.", q,
+            s.malformed);
+  w.Counter("bus_messages_replayed_total",
+            "Dead letters removed after the replay took them back into the pipeline.", q,
+            s.replayed);
+  w.Counter("bus_messages_redelivered_total",
+            "Deliveries given back to the broker unsettled (infrastructure failures).", q,
+            s.redelivered);
+  w.Counter("bus_store_errors_total", "Failed calls of the idempotency or the dead-letter store.",
+            q, s.store_errors);
+  w.Counter("bus_callback_errors_total", "Exceptions thrown by ensure or retry_delay.", q,
+            s.callback_errors);
+  w.Counter("bus_events_dropped_total",
+            "Observer events dropped because the observer's queue was full (bus/events.h).", q,
+            s.events_dropped);
+  w.Gauge("bus_messages_in_flight", "Messages inside the pipeline now.", q,
+          static_cast<double>(s.in_flight));
+  w.Counter("bus_driver_reconnects_total",
+            "Connections the queue's driver re-established (the driver's count; handlers "
+            "sharing a driver show the same value).",
+            {{"queue", std::string(queue)}, {"driver", std::string(driver.name())}}, s.reconnects);
+  w.Gauge("bus_handler_running", "1 while the handler's Run() is in progress.", q,
+          s.running ? 1 : 0);
+  w.Gauge("bus_handler_consuming", "1 while the handler's consumer is running.", q,
+          s.consuming ? 1 : 0);
+
+  HistogramValue h;
+  h.bounds.reserve(LatencyHistogram::kBuckets - 1);
+  for (int i = 0; i < LatencyHistogram::kBuckets - 1; ++i) {
+    h.bounds.push_back(absl::ToDoubleSeconds(LatencyHistogram::BucketUpperBound(i)));
+  }
+  h.counts.assign(s.latency_buckets.begin(), s.latency_buckets.end());
+  h.sum = absl::ToDoubleSeconds(s.latency_sum);
+  w.Histogram("bus_handle_duration_seconds", "Duration of handle() calls.", q, h);
+
+  absl::StatusOr<QueueCounts> depth = driver.InspectQueue(queue);
+  if (depth.ok()) {
+    const char* help = "Messages in the queue now, as the broker counts them, by state.";
+    for (const auto& [state, n] : {std::pair<const char*, int64_t>{"ready", depth->ready},
+                                   {"delayed", depth->delayed},
+                                   {"in_flight", depth->in_flight}}) {
+      w.Gauge("bus_queue_messages", help, {{"queue", std::string(queue)}, {"state", state}},
+              static_cast<double>(n));
+    }
+  }
+  w.Gauge("bus_queue_inspect_errors",
+          "1 when bus_queue_messages was left off this page because inspecting the queue failed.",
+          q, depth.ok() ? 0 : 1);
+
+  if (dead_letters == nullptr) return;
+  int failed = 0;
+  for (DeadLetterKind kind :
+       {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted}) {
+    absl::StatusOr<int64_t> n = dead_letters->Count(queue, {kind});
+    if (!n.ok()) {
+      ++failed;
+      continue;
+    }
+    w.Gauge("bus_dead_letters", "Letters in the dead-letter store now, by kind.",
+            {{"queue", std::string(queue)}, {"kind", std::string(DeadLetterKindName(kind))}},
+            static_cast<double>(*n));
+  }
+  w.Gauge("bus_dead_letters_count_errors",
+          "Kinds whose bus_dead_letters was left off this page because the store's Count "
+          "failed.",
+          q, failed);
+}
+
+}  // namespace bus

@@ -1,0 +1,189 @@
+// Structured logs and events against a real redis-server with a password: while the server is
+// stopped and started again, the Handler, the Redis driver and the Redis stores write records
+// (JSON lines, parsed back here) and the observer sees the reconnect; the password appears in
+// no field of any record or event.
+
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/events.h"
+#include "bus/handler.h"
+#include "bus/logger.h"
+#include "bus/publisher.h"
+#include "drivers/redis/redis_driver.h"
+#include "gtest/gtest.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "nlohmann/json.hpp"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/redis_server.h"
+#include "tests/testing/wait.h"
+
+namespace bus::testing {
+namespace {
+
+constexpr char kPassword[] = "hunter2-Pa55word";
+constexpr absl::Duration kPatience = absl::Seconds(60);
+
+// A FILE* backed by memory, read back as lines.
+class MemFile {
+ public:
+  MemFile() : file_(open_memstream(&buf_, &size_)) {}
+  ~MemFile() {
+    std::fclose(file_);
+    std::free(buf_);
+  }
+  std::FILE* get() { return file_; }
+  // The lines written so far. Only while no one writes (open_memstream's buffer moves).
+  std::vector<std::string> Lines() {
+    std::fflush(file_);
+    return absl::StrSplit(std::string(buf_, size_), '\n', absl::SkipEmpty());
+  }
+
+ private:
+  char* buf_ = nullptr;
+  size_t size_ = 0;
+  std::FILE* file_;
+};
+
+// Fails the test if any string in `j` contains the password.
+void ExpectNoSecret(const nlohmann::json& j, const std::string& where) {
+  if (j.is_string()) {
+    EXPECT_FALSE(absl::StrContains(j.get<std::string>(), kPassword)) << where;
+  } else if (j.is_structured()) {
+    for (const auto& [key, value] : j.items()) {
+      EXPECT_FALSE(absl::StrContains(key, kPassword)) << where;
+      ExpectNoSecret(value, where);
+    }
+  }
+}
+
+// Forwards to another logger and counts the records of each event.
+class CountingLogger final : public Logger {
+ public:
+  explicit CountingLogger(std::shared_ptr<Logger> next) : next_(std::move(next)) {}
+  void Log(LogLevel level, absl::string_view line) override { next_->Log(level, line); }
+  void Write(const LogRecord& r) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++counts_[std::string(r.event)];
+    }
+    next_->Write(r);
+  }
+  int Count(absl::string_view event) const {
+    absl::MutexLock lock(&mu_);
+    auto it = counts_.find(std::string(event));
+    return it == counts_.end() ? 0 : it->second;
+  }
+
+ private:
+  const std::shared_ptr<Logger> next_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({.password = kPassword});
+  ASSERT_TRUE(server.ok()) << server.status();
+  MemFile out;
+  // One logger for the driver, the stores and the handler; the stream is read once all of them
+  // are gone.
+  auto logger = std::make_shared<CountingLogger>(
+      JsonLinesLogger({.out = out.get(), .min_level = LogLevel::kDebug}));
+
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.password = kPassword;
+  options.logger = logger;
+  options.connect_timeout = absl::Milliseconds(500);
+  options.request_timeout = absl::Milliseconds(500);
+  auto driver = NewRedisDriver(options);
+  auto dead_letters = NewRedisDeadLetterStore(options);
+  auto idempotency = NewRedisIdempotencyStore(options);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE(dead_letters.ok() && idempotency.ok());
+
+  absl::Mutex mu;
+  std::vector<Event> events;
+  HandlerOptions h;
+  h.queue = "orders";
+  h.driver = *driver;
+  h.dead_letters = *dead_letters;
+  h.idempotency = *idempotency;
+  h.logger = logger;
+  h.replay_interval = absl::ZeroDuration();
+  h.infra_backoff_base = absl::Milliseconds(10);
+  h.infra_backoff_max = absl::Milliseconds(100);
+  h.retry_delay = FixedBackoff(absl::ZeroDuration());
+  h.handle = [](const Message& m) -> absl::Status {
+    if (m.retried == 0) return absl::UnavailableError("first attempt fails");
+    return absl::OkStatus();
+  };
+  h.observer = [&](const Event& e) {
+    absl::MutexLock lock(&mu);
+    events.push_back(e);
+  };
+  auto handler = Handler::Create(h);
+  ASSERT_TRUE(handler.ok()) << handler.status();
+  auto run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
+  auto count = [&](EventType type) {
+    absl::MutexLock lock(&mu);
+    int n = 0;
+    for (const Event& e : events) n += e.type == type ? 1 : 0;
+    return n;
+  };
+
+  Publisher publisher(*driver);
+  ASSERT_TRUE(publisher.SendToQueue("orders", {"order-1", "x", {}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return count(EventType::kHandled) == 1; }, kPatience));
+
+  // An outage: the receive loop and the driver log their errors, then the reconnect.
+  (*server)->Stop();
+  ASSERT_TRUE(WaitUntil([&] { return logger->Count("driver_error") >= 1; }, kPatience));
+  ASSERT_TRUE((*server)->Restart().ok());
+  ASSERT_TRUE(WaitUntil([&] { return count(EventType::kReconnect) >= 1; }, kPatience))
+      << (*handler)->Stats().ToString();
+  ASSERT_TRUE(publisher.SendToQueue("orders", {"order-2", "x", {}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return count(EventType::kHandled) == 2; }, kPatience));
+  (*handler)->Stop();
+  ASSERT_TRUE(run.get().ok());
+  handler->reset();
+
+  {
+    absl::MutexLock lock(&mu);
+    for (const Event& e : events) {
+      for (const std::string* f :
+           {&e.queue, &e.message_id, &e.biz_uid, &e.trace_id, &e.error, &e.detail}) {
+        EXPECT_FALSE(absl::StrContains(*f, kPassword)) << EventTypeName(e.type);
+      }
+    }
+  }
+  // Every record parses, none carries the password; the reconnect and the failed attempts are
+  // there with their fields.
+  driver->reset();
+  dead_letters->reset();
+  idempotency->reset();
+  const std::vector<std::string> lines = out.Lines();
+  int reconnected = 0, failed_attempts = 0;
+  for (const std::string& line : lines) {
+    EXPECT_FALSE(absl::StrContains(line, kPassword)) << line;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    ExpectNoSecret(j, line);
+    if (j.value("component", "") == "redis" && j.value("event", "") == "reconnected") {
+      ++reconnected;
+    }
+    if (j.value("event", "") == "driver_error") ++failed_attempts;
+  }
+  EXPECT_GE(reconnected, 1) << lines.size() << " lines";
+  EXPECT_GE(failed_attempts, 1) << lines.size() << " lines";
+}
+
+}  // namespace
+}  // namespace bus::testing
