@@ -28,6 +28,15 @@ absl::Status Driver::SendBatchToQueue(absl::string_view queue, absl::Span<const 
   return absl::OkStatus();
 }
 
+absl::Status Driver::Unsubscribe(absl::string_view /*topic*/, absl::string_view /*queue*/,
+                                 absl::string_view /*binding_key*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: Unsubscribe not implemented"));
+}
+
+absl::Status Driver::DeleteQueue(absl::string_view /*queue*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: DeleteQueue not implemented"));
+}
+
 absl::Status Driver::Ping(absl::Duration) {
   return absl::UnimplementedError(absl::StrCat("driver ", name(), " has no Ping"));
 }

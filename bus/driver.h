@@ -8,6 +8,8 @@
 //    and adds to a per-message delay. Calling it again updates the delay.
 //  - Subscribe(topic, queue, binding_key): idempotent binding; SendToTopic delivers a copy to
 //    every bound queue whose binding key matches the route key (bus/route_key.h).
+//    Unsubscribe removes a binding; DeleteQueue removes a queue with its messages (both
+//    idempotent; busctl tail binds a temporary queue and removes both on exit).
 //  - SendToQueue / SendToTopic: OK only once the broker has accepted the message. Sending to a
 //    queue that was never created creates it with no delay.
 //  - NewConsumer(queue, options) leases messages (at-least-once): a delivery that is not acked
@@ -153,6 +155,27 @@ class Driver {
 
   virtual absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
                                  absl::string_view binding_key) = 0;
+
+  // Removes the binding of `queue` to `topic` with `binding_key` that Subscribe made: from now
+  // on SendToTopic(topic, ...) no longer reaches `queue` through it (other bindings of the
+  // queue, to this topic with other keys or to other topics, stay). Messages already in the
+  // queue stay there. Idempotent: removing a binding that does not exist is OK. Bindings are
+  // shared by every client of the broker (NSQ: the binding's channel is deleted on every nsqd,
+  // and the binding is forgotten by this driver instance). InvalidArgument for a bad name or
+  // key (before any I/O); Unavailable when the broker cannot be reached; Unimplemented for a
+  // driver without it (the default).
+  virtual absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+                                   absl::string_view binding_key);
+
+  // Deletes `queue` and every message it holds (ready, delayed and in flight) with its
+  // per-queue delay: afterwards ListQueues does not list it and InspectQueue counts zero. Its
+  // bindings are not removed (Unsubscribe them first): a topic send through a binding that is
+  // left re-creates the queue, as a send to it does. Close the queue's consumers first: a
+  // settle of a delivery from before the delete is FailedPrecondition, and an NSQ consumer
+  // still open re-creates its channel. Idempotent: deleting a queue that does not exist is OK.
+  // InvalidArgument for a bad name (before any I/O); Unavailable when the broker cannot be
+  // reached; Unimplemented for a driver without it (the default).
+  virtual absl::Status DeleteQueue(absl::string_view queue);
 
   virtual absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
                                    absl::Duration delay) = 0;

@@ -6,11 +6,12 @@
 //
 // Exit codes: 0 done, 1 error (the Status text on stderr), 2 usage.
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -18,10 +19,12 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -30,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -117,8 +121,10 @@ kind.
       letters by kind
 )"},
     {"tail", R"(Usage: busctl tail TOPIC [--route-key=K]
-Binds a temporary queue to TOPIC and prints each message as it arrives, until interrupted
-(Ctrl-C); the temporary queue's messages are acked.
+Binds a temporary queue (tail-<random>) to TOPIC and prints each message as it arrives, one per
+line (created time, id, route key, payload as text when printable, else hex; --json: one
+object per line), until interrupted (Ctrl-C, SIGTERM); then removes the binding and the queue
+and exits 0. The temporary queue's messages are acked.
   --route-key=K    binding key (default: "", every message)
 )"},
 };
@@ -408,6 +414,26 @@ absl::Status Stats(const Context& ctx) {
   return QueueRows(ctx, {ctx.args.positional[1]}, **driver);
 }
 
+// payload_encoding ("text" when printable, else "hex") and payload.
+void AddPayload(absl::string_view payload, Json* j) {
+  if (Printable(payload)) {
+    (*j)["payload_encoding"] = "text";
+    (*j)["payload"] = std::string(payload);
+  } else {
+    (*j)["payload_encoding"] = "hex";
+    (*j)["payload"] = absl::BytesToHexString(payload);
+  }
+}
+
+Json HeadersJson(const bus::Message& msg) {
+  Json headers = Json::object();
+  for (const auto& [k, v] : msg.headers) {
+    headers[Printable(k) ? k : absl::BytesToHexString(k)] =
+        Printable(v) ? v : absl::BytesToHexString(v);
+  }
+  return headers;
+}
+
 Json LetterJson(const bus::DeadLetter& l, bool full) {
   Json j = {{"id", l.id},
             {"queue", l.queue},
@@ -427,23 +453,12 @@ Json LetterJson(const bus::DeadLetter& l, bool full) {
     j["created_at"] = Time(msg->created_at);
     j["route_key"] = msg->route_key;
     j["last_error"] = msg->last_error;
-    Json headers = Json::object();
-    for (const auto& [k, v] : msg->headers) {
-      headers[Printable(k) ? k : absl::BytesToHexString(k)] =
-          Printable(v) ? v : absl::BytesToHexString(v);
-    }
-    j["headers"] = headers;
+    j["headers"] = HeadersJson(*msg);
     payload = msg->payload;
   } else {
     j["envelope_error"] = std::string(msg.status().message());
   }
-  if (Printable(payload)) {
-    j["payload_encoding"] = "text";
-    j["payload"] = std::string(payload);
-  } else {
-    j["payload_encoding"] = "hex";
-    j["payload"] = absl::BytesToHexString(payload);
-  }
+  AddPayload(payload, &j);
   return j;
 }
 
@@ -675,10 +690,117 @@ absl::Status DeadCount(const Context& ctx) {
   return absl::OkStatus();
 }
 
+// One line for a message that `tail` received: the decoded envelope (a body that is not one,
+// from a foreign producer, is shown as the payload with id "-").
+void PrintTailed(absl::string_view data) {
+  absl::StatusOr<bus::Message> msg = bus::DecodeEnvelope(data, data.size() + 1);
+  Json j = Json::object();
+  absl::string_view payload = data;
+  if (msg.ok()) {
+    j["id"] = msg->id;
+    j["biz_uid"] = msg->biz_uid;
+    j["created_at"] = Time(msg->created_at);
+    j["route_key"] = msg->route_key;
+    j["headers"] = HeadersJson(*msg);
+    payload = msg->payload;
+  } else {
+    j["envelope_error"] = std::string(msg.status().message());
+  }
+  AddPayload(payload, &j);
+  if (g_json) {
+    PrintJson(j);
+  } else {
+    // One line per message: line breaks in a text payload are shown escaped.
+    std::string shown = j["payload"].get<std::string>();
+    if (j["payload_encoding"] == "hex") {
+      shown = "hex:" + shown;
+    } else {
+      shown = absl::StrReplaceAll(shown, {{"\n", "\\n"}, {"\r", "\\r"}});
+    }
+    auto field = [&](const char* k) {
+      const std::string v = j.contains(k) ? j[k].get<std::string>() : "";
+      return v.empty() ? std::string("-") : v;
+    };
+    std::cout << absl::StrFormat("%-24s  %-32s  %-12s  %s\n", field("created_at"), field("id"),
+                                 field("route_key"), shown);
+  }
+  std::cout << std::flush;
+}
+
+// Binds a temporary queue, prints what arrives until SIGINT or SIGTERM, then removes the
+// binding and the queue. The signals are blocked in every thread (the mask is inherited by the
+// driver's threads, made after this) and taken by one thread with sigwait, which stops the
+// receive; so cleanup runs on the main thread, outside any signal handler.
 absl::Status Tail(const Context& ctx) {
-  (void)ctx;
-  return absl::UnimplementedError(
-      "tail needs a way to remove a binding, which the Driver interface does not have yet");
+  const std::string& topic = ctx.args.positional[1];
+  const std::string key = ctx.args.Get("route-key").value_or("");
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::stop_source stop;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    stop.request_stop();
+  });
+  // Ends the waiter when tail ends for another reason (an error).
+  struct Join {
+    std::thread& t;
+    std::stop_source& stop;
+    ~Join() {
+      if (!stop.stop_requested()) pthread_kill(t.native_handle(), SIGTERM);
+      t.join();
+    }
+  } join{waiter, stop};
+
+  absl::StatusOr<std::shared_ptr<bus::Driver>> driver = ctx.Driver();
+  if (!driver.ok()) return driver.status();
+  absl::BitGen gen;
+  const std::string queue =
+      absl::StrCat("tail-", absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
+  if (absl::Status st = (*driver)->Subscribe(topic, queue, key); !st.ok()) return st;
+  absl::Status result;
+  {
+    absl::StatusOr<std::unique_ptr<bus::Consumer>> consumer =
+        (*driver)->NewConsumer(queue, {.max_in_flight = 64, .lease = absl::Seconds(30)});
+    if (!consumer.ok()) {
+      result = consumer.status();
+    } else {
+      std::cerr << "tailing topic " << topic << " (binding key \"" << key << "\") through queue "
+                << queue << "; Ctrl-C to stop\n";
+      if (!g_json) {
+        std::cout << absl::StrFormat("%-24s  %-32s  %-12s  %s\n", "CREATED_AT", "ID", "ROUTE_KEY",
+                                     "PAYLOAD")
+                  << std::flush;
+      }
+      std::vector<bus::Delivery> got;
+      while (!stop.stop_requested()) {
+        got.clear();
+        absl::Status st = (*consumer)->Receive(64, absl::Seconds(10), stop.get_token(), &got);
+        if (!st.ok()) {
+          result = st;
+          break;
+        }
+        for (const bus::Delivery& d : got) {
+          PrintTailed(d.data);
+          (*consumer)->Ack(d.receipt).IgnoreError();  // an unacked copy goes with the queue
+        }
+      }
+    }
+    // The consumer closes here, before its queue goes.
+  }
+  // Both even when one fails; the first error is the result.
+  absl::Status unbound = (*driver)->Unsubscribe(topic, queue, key);
+  absl::Status deleted = (*driver)->DeleteQueue(queue);
+  for (absl::Status* st : {&unbound, &deleted}) {
+    if (result.ok() && !st->ok()) {
+      result = absl::Status(st->code(),
+                            absl::StrCat("removing temporary queue ", queue, ": ", st->message()));
+    }
+  }
+  return result;
 }
 
 // Returns the exit code.

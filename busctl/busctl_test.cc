@@ -313,7 +313,10 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
            {{stores_, "dead-letters", "list", "q", "--limit=0"}, "--limit"},
            {{stores_, "dead-letters", "list", "q", "--since=yesterday"}, "--since"},
            {{driver_, stores_, "dead-letters", "replay", "q"}, "exactly one of"},
-           {{driver_, "tail", "t"}, "UNIMPLEMENTED"},
+           {{driver_, "tail", "bad topic"}, "INVALID_ARGUMENT"},
+           {{absl::StrCat("--driver=redis://127.0.0.1:", *free_port, "?timeout=500ms"), "tail",
+             "t"},
+            "UNAVAILABLE"},
        }) {
     Result r = Busctl(c.args);
     EXPECT_EQ(r.exit, 1) << absl::StrJoin(c.args, " ") << ": " << r.err;
@@ -338,6 +341,11 @@ TEST(BusctlHelp, ListsEveryCommandAndFlagWithItsDefault) {
     EXPECT_THAT(r.out, HasSubstr(s));
   }
   EXPECT_THAT(r.out, HasSubstr("default: 0s"));
+  r = Busctl({"tail", "--help"});
+  ASSERT_EQ(r.exit, 0);
+  for (const char* s : {"--route-key=K", "default: \"\"", "SIGTERM", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
   r = Busctl({"dead-letters", "--help"});
   ASSERT_EQ(r.exit, 0);
   for (const char* s :
@@ -375,6 +383,144 @@ TEST(BusctlNsq, PublishStatsAndQueuesOverNsqdStats) {
     Result q = Busctl({via_lookupd, "stats", "jobs", "--json"});
     return q.exit == 0 && JsonLines(q.out).size() == 1 && JsonLines(q.out)[0]["ready"] == 1;
   }));
+}
+
+// `busctl tail` running as a child process: its stdout and stderr in files.
+struct Tail {
+  std::unique_ptr<ChildProcess> child{};
+  std::string dir{}, out{}, err{};
+  std::string queue{};  // the temporary queue, from its stderr line
+  ~Tail() { RemoveTree(dir); }
+};
+
+// Starts `busctl tail` with `args` and waits until it says that it is bound (so what is
+// published from then on reaches it).
+std::unique_ptr<Tail> StartTail(const std::vector<std::string>& args) {
+  auto t = std::make_unique<Tail>();
+  t->dir = MakeTempDir("busctl-tail");
+  t->out = t->dir + "/out";
+  t->err = t->dir + "/err";
+  std::vector<std::string> argv = {"/bin/sh", "-c",
+                                   "exec \"$0\" \"$@\" 2>\"$BUSCTL_ERR\" </dev/null",
+                                   Runfile("busctl/busctl"), "tail"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::Start(argv, t->out, {"BUSCTL_ERR=" + t->err});
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return t;
+  t->child = *std::move(child);
+  static const std::regex bound("through queue (tail-[0-9a-f]{16})");
+  std::smatch m;
+  std::string err;
+  EXPECT_TRUE(WaitUntil([&] {
+    err = ReadFile(t->err);
+    return std::regex_search(err, m, bound) || !t->child->Running();
+  })) << err;
+  if (std::regex_search(err, m, bound)) t->queue = m[1];
+  EXPECT_FALSE(t->queue.empty()) << "busctl tail did not bind: " << err;
+  return t;
+}
+
+// Sends `signal` to the tail and returns its exit code (-1 if it did not exit normally).
+int StopTail(Tail& t, int signal) {
+  t.child->Signal(signal);
+  absl::StatusOr<int> status = t.child->Wait(absl::Seconds(60));
+  EXPECT_TRUE(status.ok()) << status.status();
+  return status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
+// After the tail exited: the broker holds no trace of its queue, and a topic message matching
+// its binding key reaches no queue.
+void ExpectTailQueueGone(const std::string& driver_url, const std::string& topic,
+                         const std::string& route_key, const std::string& queue) {
+  absl::StatusOr<std::shared_ptr<Driver>> driver = OpenDriver(driver_url);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  ASSERT_TRUE((*driver)->SendToTopic(topic, "after", route_key).ok());
+  absl::StatusOr<std::vector<std::string>> queues = (*driver)->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_THAT(*queues, Not(::testing::Contains(queue)));
+  absl::StatusOr<QueueCounts> counts = (*driver)->InspectQueue(queue);
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
+}
+
+TEST_F(BusctlRedisTest, TailPrintsMatchingMessagesAndRemovesItsQueueOnSigint) {
+  std::unique_ptr<Tail> t = StartTail({driver_, "events", "--route-key=order.*"});
+  ASSERT_NE(t->child, nullptr);
+  ASSERT_FALSE(t->queue.empty());
+  // While it runs, its queue is bound and listed.
+  Result r = Busctl({driver_, "queues", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(t->queue));
+
+  // Not matching first, then matching: once the second is printed, the first would have been.
+  r = Busctl({driver_, "publish", "--topic", "events", "--route-key", "payment.x", "--data=nope"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver_, "publish", "--topic", "events", "--route-key", "order.created",
+              "--data=hello\nworld", "--biz-uid=o-1"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const std::string id(absl::StripTrailingAsciiWhitespace(r.out));
+  ASSERT_TRUE(WaitUntil([&] { return absl::StrContains(ReadFile(t->out), "hello"); }))
+      << ReadFile(t->out) << ReadFile(t->err);
+
+  EXPECT_EQ(StopTail(*t, SIGINT), 0) << ReadFile(t->err);
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(t->out), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << ReadFile(t->out);
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex("CREATED_AT +ID +ROUTE_KEY +PAYLOAD")))
+      << lines[0];
+  EXPECT_TRUE(std::regex_match(
+      lines[1], std::regex(absl::StrCat("\\S+Z +", id, " +order\\.created +hello\\\\nworld"))))
+      << lines[1];
+  ExpectTailQueueGone(DriverUrl(), "events", "order.created", t->queue);
+}
+
+TEST_F(BusctlRedisTest, TailJsonShowsBinaryPayloadsAsHexAndStopsOnSigterm) {
+  std::unique_ptr<Tail> t = StartTail({driver_, "--json", "events"});
+  ASSERT_FALSE(t->queue.empty());
+  Result r = Busctl({driver_, "publish", "--topic=events", "--route-key=a.b",
+                     std::string("--data=\x01\x02\xff"), "--header=trace=t1"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const std::string id(absl::StripTrailingAsciiWhitespace(r.out));
+  ASSERT_TRUE(WaitUntil([&] { return absl::StrContains(ReadFile(t->out), "0102ff"); }))
+      << ReadFile(t->err);
+  EXPECT_EQ(StopTail(*t, SIGTERM), 0) << ReadFile(t->err);
+  std::vector<nlohmann::json> lines = JsonLines(ReadFile(t->out));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["id"], id);
+  EXPECT_EQ(lines[0]["route_key"], "a.b");
+  EXPECT_EQ(lines[0]["headers"]["trace"], "t1");
+  EXPECT_EQ(lines[0]["payload_encoding"], "hex");
+  EXPECT_EQ(lines[0]["payload"], "0102ff");
+  ExpectTailQueueGone(DriverUrl(), "events", "a.b", t->queue);
+}
+
+TEST(BusctlNsq, TailOverNsqdRemovesItsChannelsOnSigint) {
+  absl::StatusOr<std::unique_ptr<NsqlookupdServer>> lookupd = NsqlookupdServer::Start();
+  ASSERT_TRUE(lookupd.ok()) << lookupd.status();
+  absl::StatusOr<std::unique_ptr<NsqdServer>> nsqd =
+      NsqdServer::Start({.lookupd_tcp_address = (*lookupd)->tcp_address()});
+  ASSERT_TRUE(nsqd.ok()) << nsqd.status();
+  const std::string url =
+      absl::StrCat("nsq://", (*nsqd)->tcp_address(), "?lookupd=", (*lookupd)->http_address(),
+                   "&nsqd_http=", (*nsqd)->http_address());
+  const std::string driver = "--driver=" + url;
+  std::unique_ptr<Tail> t = StartTail({driver, "events", "--route-key=order.#"});
+  ASSERT_FALSE(t->queue.empty());
+  Result r = Busctl({driver, "publish", "--topic=events", "--route-key=payment.x", "--data=nope"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "publish", "--topic=events", "--route-key=order.created.eu", "--data=hi"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  ASSERT_TRUE(WaitUntil([&] { return absl::StrContains(ReadFile(t->out), " hi"); }))
+      << ReadFile(t->out) << ReadFile(t->err);
+  // While it runs, the queue is listed (channel tail-... of topic events, and its own topic).
+  r = Busctl({driver, "queues", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(t->queue));
+
+  EXPECT_EQ(StopTail(*t, SIGINT), 0) << ReadFile(t->err);
+  EXPECT_THAT(ReadFile(t->out), Not(HasSubstr("nope")));
+  EXPECT_THAT(ReadFile(t->out), HasSubstr("order.created.eu"));
+  ExpectTailQueueGone(url, "events", "order.created.eu", t->queue);
 }
 
 // docs/busctl.md's transcript: every "$ busctl ..." line in its ```console blocks is run

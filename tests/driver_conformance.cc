@@ -199,7 +199,13 @@ TEST_P(DriverConformanceTest, BadNamesAreInvalidArgumentUpFront) {
     EXPECT_TRUE(absl::IsInvalidArgument(driver_->Subscribe(Unique("t"), name, "")));
     EXPECT_TRUE(absl::IsInvalidArgument(
         driver_->NewConsumer(name, ConsumerOptions{1, harness_->ShortLease()}).status()));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->Unsubscribe(name, Unique("q"), "")));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->Unsubscribe(Unique("t"), name, "")));
+    EXPECT_TRUE(absl::IsInvalidArgument(driver_->DeleteQueue(name)));
   }
+  // A bad binding key too (a NUL byte).
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver_->Unsubscribe(Unique("t"), Unique("q"), std::string("a\0", 2))));
   // The edges of the rule are accepted.
   std::string longest = Unique("e");
   longest.resize(kMaxNameLength, 'x');
@@ -371,6 +377,104 @@ TEST_P(DriverConformanceTest, SubscribeIsIdempotent) {
   harness_->Advance(harness_->ShortLease() / 2);
   EXPECT_THAT(Poll(c.get()), IsEmpty());
   AckAll(c.get(), got);
+}
+
+TEST_P(DriverConformanceTest, UnsubscribeStopsTopicCopiesAndIsIdempotent) {
+  const std::string t = Unique("t");
+  const std::string q = Unique("q"), keep = Unique("keep");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->CreateQueue(keep, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->Subscribe(t, q, "a.*").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, q, "b.#").ok());
+  ASSERT_TRUE(driver_->Subscribe(t, keep, "").ok());
+  auto cq = NewConsumer(q), ck = NewConsumer(keep);
+
+  // One of two keys removed (twice: idempotent): the other key still routes to the queue.
+  ASSERT_TRUE(driver_->Unsubscribe(t, q, "a.*").ok());
+  ASSERT_TRUE(driver_->Unsubscribe(t, q, "a.*").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "a1", "a.x").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "b1", "b.x").ok());
+  auto got_keep = Collect(ck.get(), 2);
+  auto got_q = Collect(cq.get(), 1);
+  EXPECT_THAT(Datas(got_keep), UnorderedElementsAre("a1", "b1"));
+  EXPECT_THAT(Datas(got_q), ElementsAre("b1"));
+  AckAll(ck.get(), got_keep);
+  AckAll(cq.get(), got_q);
+
+  // The last key removed: no topic copy reaches the queue; a message sent to it directly does,
+  // and the other queue's binding is untouched. A binding never made is OK to remove.
+  ASSERT_TRUE(driver_->Unsubscribe(t, q, "b.#").ok());
+  ASSERT_TRUE(driver_->Unsubscribe(t, q, "b.#").ok());
+  ASSERT_TRUE(driver_->Unsubscribe(Unique("t"), q, "never").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "b2", "b.y").ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "direct", absl::ZeroDuration()).ok());
+  got_keep = Collect(ck.get(), 1);
+  got_q = Collect(cq.get(), 1);
+  EXPECT_THAT(Datas(got_keep), ElementsAre("b2"));
+  EXPECT_THAT(Datas(got_q), ElementsAre("direct"));
+  AckAll(ck.get(), got_keep);
+  AckAll(cq.get(), got_q);
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(cq.get()), IsEmpty());
+
+  // Subscribing again routes again.
+  ASSERT_TRUE(driver_->Subscribe(t, q, "c").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "c1", "c").ok());
+  got_q = Collect(cq.get(), 1);
+  EXPECT_THAT(Datas(got_q), ElementsAre("c1"));
+  AckAll(cq.get(), got_q);
+  got_keep = Collect(ck.get(), 1);
+  AckAll(ck.get(), got_keep);
+}
+
+TEST_P(DriverConformanceTest, DeleteQueueRemovesItsMessagesAndDelayAndIsIdempotent) {
+  const std::string q = Unique("del");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "ready", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "later", absl::Hours(1)).ok());
+  ExpectCounts(driver_.get(), q, 1, 1, 0);
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::Hours(1)).ok());
+
+  ASSERT_TRUE(driver_->DeleteQueue(q).ok());
+  ASSERT_TRUE(driver_->DeleteQueue(q).ok());
+  ASSERT_TRUE(driver_->DeleteQueue(Unique("never")).ok());
+  absl::StatusOr<std::vector<std::string>> queues = driver_->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_THAT(*queues, ::testing::Not(::testing::Contains(q)));
+  ExpectCounts(driver_.get(), q, 0, 0, 0);
+
+  // Sent to again, the queue starts afresh: no old message, no per-queue delay.
+  ASSERT_TRUE(driver_->SendToQueue(q, "fresh", absl::ZeroDuration()).ok());
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("fresh"));
+  AckAll(c.get(), got);
+  harness_->Advance(harness_->ShortLease() / 2);
+  EXPECT_THAT(Poll(c.get()), IsEmpty());
+}
+
+TEST_P(DriverConformanceTest, UnsubscribeThenDeleteQueueLeavesNothingBehind) {
+  const std::string t = Unique("t");
+  const std::string q = Unique("tmp");
+  ASSERT_TRUE(driver_->Subscribe(t, q, "k.#").ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "x", "k.1").ok());
+  ExpectCounts(driver_.get(), q, 1, 0, 0);
+
+  ASSERT_TRUE(driver_->Unsubscribe(t, q, "k.#").ok());
+  ASSERT_TRUE(driver_->DeleteQueue(q).ok());
+  ASSERT_TRUE(driver_->SendToTopic(t, "y", "k.2").ok());
+  harness_->Advance(harness_->ShortLease() / 2);
+  absl::StatusOr<std::vector<std::string>> queues = driver_->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_THAT(*queues, ::testing::Not(::testing::Contains(q)));
+  // Another client (another process) sees the same.
+  std::shared_ptr<Driver> other = harness_->NewDriver();
+  absl::StatusOr<std::vector<std::string>> seen = other->ListQueues();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_THAT(*seen, ::testing::Not(::testing::Contains(q)));
+  absl::StatusOr<QueueCounts> counts = other->InspectQueue(q);
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
 }
 
 TEST_P(DriverConformanceTest, NackRedeliversAndCountsAttempts) {

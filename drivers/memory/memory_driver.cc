@@ -48,6 +48,9 @@ struct Queue {
   // Min-heap of (lease deadline, token). Entries go stale when a lease is settled or extended
   // and are skipped when they surface; the heap is rebuilt when stale entries dominate.
   std::vector<Timed> lease_heap;
+  // False once DeleteQueue emptied it (the object stays: consumers hold it); a send, binding or
+  // consumer makes it listed again.
+  bool listed = true;
 };
 
 struct Binding {
@@ -86,7 +89,7 @@ class MemoryConsumer final : public Consumer {
 
  private:
   const std::shared_ptr<MemoryDriver> driver_;
-  Queue* const queue_;  // owned by the driver; queues are never deleted
+  Queue* const queue_;  // owned by the driver; never freed (DeleteQueue empties it)
   const uint64_t id_;
   const ConsumerOptions options_;
 };
@@ -121,6 +124,36 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
       if (b.queue == queue && b.key == binding_key) return absl::OkStatus();
     }
     bindings.push_back(Binding{std::string(queue), std::string(binding_key)});
+    return absl::OkStatus();
+  }
+
+  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+                           absl::string_view binding_key) override {
+    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
+    absl::MutexLock lock(&mu_);
+    auto it = topics_.find(topic);
+    if (it == topics_.end()) return absl::OkStatus();
+    std::erase_if(it->second,
+                  [&](const Binding& b) { return b.queue == queue && b.key == binding_key; });
+    if (it->second.empty()) topics_.erase(it);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteQueue(absl::string_view queue) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end()) return absl::OkStatus();
+    Queue& q = *it->second;
+    for (const auto& [token, l] : q.leased) Unhold(l.consumer);
+    q.delay = absl::ZeroDuration();
+    q.ready.clear();
+    q.delayed.clear();
+    q.leased.clear();
+    q.lease_heap.clear();
+    q.listed = false;
     return absl::OkStatus();
   }
 
@@ -177,7 +210,9 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     {
       absl::MutexLock lock(&mu_);
       names.reserve(queues_.size());
-      for (const auto& [name, q] : queues_) names.push_back(name);
+      for (const auto& [name, q] : queues_) {
+        if (q->listed) names.push_back(name);
+      }
     }
     std::sort(names.begin(), names.end());
     return names;
@@ -225,6 +260,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   Queue* GetQueue(absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto& q = queues_[name];
     if (q == nullptr) q = std::make_unique<Queue>();
+    q->listed = true;
     return q.get();
   }
 

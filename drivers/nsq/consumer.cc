@@ -62,11 +62,35 @@ void ConsumerState::AddBinding(const std::string& topic, const std::string& key)
   for (Sub& s : subs_) {
     if (s.filter && s.topic == topic) {
       s.keys.insert(key);
+      if (s.removed) {
+        s.removed = false;
+        poll_now_ = true;
+      }
       return;
     }
   }
   subs_.push_back(Sub{topic, queue_, true, {key}});
   poll_now_ = true;
+}
+
+void ConsumerState::RemoveBinding(const std::string& topic, const std::string& key) {
+  std::vector<std::shared_ptr<Connection>> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < static_cast<int>(subs_.size()); ++i) {
+      Sub& s = subs_[i];
+      if (!s.filter || s.topic != topic) continue;
+      s.keys.erase(key);
+      if (!s.keys.empty() || s.removed) return;
+      s.removed = true;
+      for (auto& [slot_key, slot] : slots_) {
+        if (slot_key.second == i && slot.conn) closing.push_back(slot.conn);
+      }
+      break;
+    }
+  }
+  // Outside the lock: closing runs OnClose, which takes it.
+  for (auto& c : closing) c->Close(absl::CancelledError("binding removed"));
 }
 
 absl::Status ConsumerState::Receive(int max, absl::Duration wait, std::stop_token stop,
@@ -248,6 +272,7 @@ void ConsumerState::OnClose(Connection* conn, const absl::Status& why) {
   if (now - slot.connected_at > absl::Seconds(10)) slot.failures = 0;
   slot.next_attempt = now + core_->Backoff(slot.failures);
   ++slot.failures;
+  if (subs_[slot.sub].removed) return;  // closed on purpose (RemoveBinding)
   last_error_ = why;
   poll_now_ = true;
   core_->Log(
@@ -390,6 +415,7 @@ void ConsumerState::EnsureConnections() {
   const absl::Time now = core_->Now();
   std::set<SlotKey> wanted;
   for (int i = 0; i < static_cast<int>(subs_.size()); ++i) {
+    if (subs_[i].removed) continue;
     for (const std::string& a : core_->options().nsqd_tcp_addresses) wanted.insert({a, i});
     auto it = discovered_.find(subs_[i].topic);
     if (it != discovered_.end()) {
@@ -453,6 +479,10 @@ void ConsumerState::Subscribed(const SlotKey& key, const std::shared_ptr<Connect
   }
   Slot& slot = it->second;
   slot.connecting = false;
+  if (subs_[key.second].removed) {
+    conn->Close(absl::CancelledError("binding removed"));
+    return;
+  }
   const std::string what =
       absl::StrCat(key.first, " (", subs_[key.second].topic, "/", subs_[key.second].channel, ")");
   if (!s.ok()) {
@@ -546,7 +576,9 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
     {
       absl::MutexLock lock(&mu_);
       if (stopped_) co_return;
-      for (const Sub& s : subs_) topics.push_back(s.topic);
+      for (const Sub& s : subs_) {
+        if (!s.removed) topics.push_back(s.topic);
+      }
       poll_now_ = false;
     }
     std::map<std::string, std::set<std::string>> found;

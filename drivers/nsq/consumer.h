@@ -14,7 +14,7 @@
 // the Core alive and calls Stop() before letting go of it.
 //
 // Thread-safety: driven from the I/O threads (connections, RDY, discovery) and from user threads
-// (Receive, Settle, AckMany, AddBinding, Stop); safe for concurrent use.
+// (Receive, Settle, AckMany, AddBinding, RemoveBinding, Stop); safe for concurrent use.
 
 #ifndef DRIVERS_NSQ_CONSUMER_H_
 #define DRIVERS_NSQ_CONSUMER_H_
@@ -74,6 +74,10 @@ class ConsumerState : public Connection::Listener,
   // Subscribes to topic/queue too (or adds `key` to that subscription's keys).
   void AddBinding(const std::string& topic, const std::string& key);
 
+  // Drops `key` from topic/queue's keys; with none left, the subscription ends: its
+  // connections are closed and not remade (AddBinding starts it again).
+  void RemoveBinding(const std::string& topic, const std::string& key);
+
   // Bus::Consumer::Receive: up to `max` deliveries, waiting up to `wait` (on the core's clock)
   // for the first. OK (possibly none); InvalidArgument for max < 1; the last connection error
   // when nothing was received and no connection is up.
@@ -104,6 +108,7 @@ class ConsumerState : public Connection::Listener,
     std::string channel{};
     bool filter{};  // topic binding: FIN messages whose route key matches no key
     std::set<std::string> keys{};
+    bool removed = false;  // binding removed (RemoveBinding): no connections
   };
   struct Slot {
     std::string address{};

@@ -21,9 +21,12 @@ using asio::awaitable;
 using asio::use_awaitable;
 using boost::system::error_code;
 
-awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::string address,
-                                                std::string target, absl::string_view what,
-                                                absl::Duration timeout) {
+namespace {
+
+awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::verb verb,
+                                                    std::string address, std::string target,
+                                                    absl::string_view what,
+                                                    absl::Duration timeout) {
   absl::string_view hostport = address;
   if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
   if (const size_t slash = hostport.find('/'); slash != absl::string_view::npos) {
@@ -57,7 +60,7 @@ awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::strin
   co_await asio::async_connect(socket, endpoints, asio::redirect_error(use_awaitable, ec));
   if (ec) co_return unavailable("connect", ec);
 
-  http::request<http::empty_body> req(http::verb::get, target, 11);
+  http::request<http::empty_body> req(verb, target, 11);
   req.set(http::field::host, std::string(hostport));
   req.set(http::field::accept, "application/vnd.nsq; version=1.0");
   req.set(http::field::user_agent, "msgbus-nsq");
@@ -74,6 +77,32 @@ awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::strin
   socket.close(ignored);
   co_return HttpResponse{static_cast<int>(parser.get().result_int()),
                          std::move(parser.get().body())};
+}
+
+// An nsqd action (POST `target`): OK for 200, and for 404 (the topic or channel is not there).
+awaitable<absl::Status> NsqdAction(asio::io_context& io, std::string address, std::string target,
+                                   absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> res = co_await HttpPost(io, address, target, "nsqd", timeout);
+  if (!res.ok()) co_return res.status();
+  if (res->status == 200 || res->status == 404) co_return absl::OkStatus();
+  co_return absl::UnavailableError(
+      absl::StrCat("nsqd ", address, ": ", target, " answered ", res->status, " ", res->body));
+}
+
+}  // namespace
+
+awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::string address,
+                                                std::string target, absl::string_view what,
+                                                absl::Duration timeout) {
+  co_return co_await HttpRequest(io, http::verb::get, std::move(address), std::move(target), what,
+                                 timeout);
+}
+
+awaitable<absl::StatusOr<HttpResponse>> HttpPost(asio::io_context& io, std::string address,
+                                                 std::string target, absl::string_view what,
+                                                 absl::Duration timeout) {
+  co_return co_await HttpRequest(io, http::verb::post, std::move(address), std::move(target), what,
+                                 timeout);
 }
 
 awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_context& io,
@@ -114,6 +143,22 @@ awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(asio::io_context&
         absl::StrCat("nsqd ", address, ": /stats answered ", res->status));
   }
   co_return ParseStatsResponse(res->body);
+}
+
+// Topic and channel names are [.a-zA-Z0-9_-] (bus/names.h; NSQ's own rule, plus "#ephemeral"
+// which the driver never makes): nothing in them needs percent-encoding in a query string.
+awaitable<absl::Status> NsqdDeleteChannel(asio::io_context& io, std::string address,
+                                          std::string topic, std::string channel,
+                                          absl::Duration timeout) {
+  co_return co_await NsqdAction(io, std::move(address),
+                                absl::StrCat("/channel/delete?topic=", topic, "&channel=", channel),
+                                timeout);
+}
+
+awaitable<absl::Status> NsqdDeleteTopic(asio::io_context& io, std::string address,
+                                        std::string topic, absl::Duration timeout) {
+  co_return co_await NsqdAction(io, std::move(address), absl::StrCat("/topic/delete?topic=", topic),
+                                timeout);
 }
 
 }  // namespace bus::nsq

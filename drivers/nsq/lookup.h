@@ -1,5 +1,5 @@
-// HTTP to nsqlookupd and nsqd (Boost.Beast): one GET, and over it nsqlookupd discovery
-// (/lookup, /nodes) and nsqd's /stats.
+// HTTP to nsqlookupd and nsqd (Boost.Beast): one GET or POST, and over it nsqlookupd discovery
+// (/lookup, /nodes), nsqd's /stats and nsqd's topic and channel deletion.
 //
 //   absl::StatusOr<std::vector<std::string>> nsqds =
 //       co_await LookupProducers(io, "127.0.0.1:4161", "orders", absl::Seconds(5));
@@ -36,6 +36,14 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpGet(boost::asio::io_con
                                                              absl::string_view what,
                                                              absl::Duration timeout);
 
+// The same as HttpGet with POST and an empty body (nsqd's /topic/... and /channel/... actions
+// take their arguments in the query string).
+boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpPost(boost::asio::io_context& io,
+                                                              std::string address,
+                                                              std::string target,
+                                                              absl::string_view what,
+                                                              absl::Duration timeout);
+
 // Asks one nsqlookupd (`address` is "host:port" or "http://host:port") which nsqd hold `topic`.
 // Returns their TCP addresses ("broadcast_address:tcp_port"); an empty list when nsqlookupd
 // does not know the topic (HTTP 404). Unavailable when nsqlookupd cannot be reached, answers
@@ -52,6 +60,19 @@ boost::asio::awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(
 // /stats?format=json. Errors as LookupProducers.
 boost::asio::awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(
     boost::asio::io_context& io, std::string address, absl::Duration timeout);
+
+// Deletes channel `channel` of `topic` on one nsqd (`address` is its HTTP "host:port"), with
+// the messages it holds; nsqd closes the channel's client connections. OK when nsqd deleted it
+// or does not have it (HTTP 404: topic or channel not found). Errors as LookupProducers.
+boost::asio::awaitable<absl::Status> NsqdDeleteChannel(boost::asio::io_context& io,
+                                                       std::string address, std::string topic,
+                                                       std::string channel, absl::Duration timeout);
+
+// Deletes `topic` on one nsqd with every channel and message of it. OK when nsqd deleted it or
+// does not have it (HTTP 404). Errors as LookupProducers.
+boost::asio::awaitable<absl::Status> NsqdDeleteTopic(boost::asio::io_context& io,
+                                                     std::string address, std::string topic,
+                                                     absl::Duration timeout);
 
 }  // namespace bus::nsq
 

@@ -94,6 +94,51 @@ class NsqDriver final : public Driver {
     return producers_.EnsureChannelEverywhere(topic, queue);
   }
 
+  // Forgets the key here; the last key of queue Q on topic T gone (or none known here), channel
+  // Q of topic T is deleted on every nsqd that inspection reads (the binding is that channel).
+  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+                           absl::string_view binding_key) override {
+    if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
+    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
+    if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
+    const std::string t(topic), q(queue);
+    if (RemoveBinding(t, q, std::string(binding_key))) return absl::OkStatus();
+    producers_.ForgetChannel(t, q);
+    return OnEveryNsqd([t, q](std::shared_ptr<Core> core,
+                              std::string http) -> boost::asio::awaitable<absl::Status> {
+      co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), t, q,
+                                                core->options().request_timeout);
+    });
+  }
+
+  // Queue Q is channel `queue_channel` of topic Q: on every nsqd that inspection reads, topic Q
+  // is deleted when it has no other channel (none is a binding of another queue to a topic
+  // named Q), else that one channel.
+  absl::Status DeleteQueue(absl::string_view queue) override {
+    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
+    const std::string q(queue);
+    {
+      absl::MutexLock lock(&mu_);
+      queue_delays_.erase(q);
+    }
+    producers_.ForgetChannel(q, core_->options().queue_channel);
+    return OnEveryNsqd([q](std::shared_ptr<Core> core,
+                           std::string http) -> boost::asio::awaitable<absl::Status> {
+      const NsqOptions& o = core->options();
+      absl::StatusOr<std::vector<nsq::ChannelStats>> stats =
+          co_await nsq::NsqdStats(core->io(), http, o.request_timeout);
+      if (!stats.ok()) co_return stats.status();
+      const bool shared = std::any_of(stats->begin(), stats->end(), [&](const auto& c) {
+        return c.topic == q && c.channel != o.queue_channel;
+      });
+      if (shared) {
+        co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), q, o.queue_channel,
+                                                  o.request_timeout);
+      }
+      co_return co_await nsq::NsqdDeleteTopic(core->io(), std::move(http), q, o.request_timeout);
+    });
+  }
+
   absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
                            absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
@@ -258,33 +303,11 @@ class NsqDriver final : public Driver {
   absl::StatusOr<std::vector<nsq::ChannelStats>> AllChannelStats() {
     auto gather = [](std::shared_ptr<Core> core)
         -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
-      const NsqOptions& o = core->options();
-      const absl::Duration timeout = o.request_timeout;
-      std::vector<std::string> http = o.nsqd_http_addresses;
-      if (http.empty()) {
-        std::set<std::string> listed_tcp;
-        for (const std::string& lookupd : o.lookupd_http_addresses) {
-          absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
-              co_await nsq::LookupNodes(core->io(), lookupd, timeout);
-          if (!nodes.ok()) co_return nodes.status();
-          for (nsq::LookupNode& n : *nodes) {
-            if (!listed_tcp.insert(n.tcp_address).second) continue;
-            http.push_back(std::move(n.http_address));
-          }
-        }
-        for (const std::string& tcp : o.nsqd_tcp_addresses) {
-          if (listed_tcp.contains(tcp)) continue;
-          std::string host, port;
-          int p = 0;
-          if (!nsq::SplitHostPort(tcp, &host, &port).ok() || !absl::SimpleAtoi(port, &p)) {
-            continue;
-          }
-          http.push_back(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", p + 1)
-                                                             : absl::StrCat(host, ":", p + 1));
-        }
-      }
+      const absl::Duration timeout = core->options().request_timeout;
+      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
-      for (const std::string& address : http) {
+      for (const std::string& address : *http) {
         absl::StatusOr<std::vector<nsq::ChannelStats>> one =
             co_await nsq::NsqdStats(core->io(), address, timeout);
         if (!one.ok()) co_return one.status();
@@ -293,6 +316,55 @@ class NsqDriver final : public Driver {
       co_return all;
     };
     return boost::asio::co_spawn(core_->io(), gather(core_), boost::asio::use_future).get();
+  }
+
+  // The HTTP addresses of the nsqds that inspection reads and deletion changes:
+  // NsqOptions::nsqd_http_addresses, else every nsqd the lookupds list and each of
+  // nsqd_tcp_addresses they do not list at its port + 1.
+  static boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> NsqdHttpAddresses(
+      std::shared_ptr<Core> core) {
+    const NsqOptions& o = core->options();
+    std::vector<std::string> http = o.nsqd_http_addresses;
+    if (!http.empty()) co_return http;
+    std::set<std::string> listed_tcp;
+    for (const std::string& lookupd : o.lookupd_http_addresses) {
+      absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
+          co_await nsq::LookupNodes(core->io(), lookupd, o.request_timeout);
+      if (!nodes.ok()) co_return nodes.status();
+      for (nsq::LookupNode& n : *nodes) {
+        if (!listed_tcp.insert(n.tcp_address).second) continue;
+        http.push_back(std::move(n.http_address));
+      }
+    }
+    for (const std::string& tcp : o.nsqd_tcp_addresses) {
+      if (listed_tcp.contains(tcp)) continue;
+      std::string host, port;
+      int p = 0;
+      if (!nsq::SplitHostPort(tcp, &host, &port).ok() || !absl::SimpleAtoi(port, &p)) continue;
+      http.push_back(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", p + 1)
+                                                         : absl::StrCat(host, ":", p + 1));
+    }
+    co_return http;
+  }
+
+  // Runs `action` (core, nsqd HTTP address) on every nsqd of NsqdHttpAddresses, one after
+  // another, all of them even when one fails; the first error.
+  template <typename Action>
+  absl::Status OnEveryNsqd(Action action) {
+    auto run = [](std::shared_ptr<Core> core,
+                  Action action) -> boost::asio::awaitable<absl::Status> {
+      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      if (!http.ok()) co_return http.status();
+      absl::Status first;
+      for (const std::string& address : *http) {
+        absl::Status s = co_await action(core, address);
+        if (first.ok()) first = s;
+      }
+      co_return first;
+    };
+    return boost::asio::co_spawn(core_->io(), run(core_, std::move(action)),
+                                 boost::asio::use_future)
+        .get();
   }
 
   absl::Status CheckSize(absl::string_view data) const {
@@ -351,6 +423,37 @@ class NsqDriver final : public Driver {
       }
     }
     for (auto& c : live) c->AddBinding(topic, key);
+  }
+
+  // Forgets `key` of the binding of `queue` to `topic`, here and in the queue's live
+  // consumers. True when the queue keeps other keys on the topic (the channel stays).
+  bool RemoveBinding(const std::string& topic, const std::string& queue, const std::string& key) {
+    std::vector<std::shared_ptr<ConsumerState>> live;
+    bool keeps = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto q = bindings_.find(queue); q != bindings_.end()) {
+        if (auto t = q->second.find(topic); t != q->second.end()) {
+          t->second.erase(key);
+          keeps = !t->second.empty();
+          if (!keeps) q->second.erase(t);
+        }
+        if (q->second.empty()) bindings_.erase(q);
+      }
+      if (!keeps) {
+        if (auto t = topic_queues_.find(topic); t != topic_queues_.end()) {
+          t->second.erase(queue);
+          if (t->second.empty()) topic_queues_.erase(t);
+        }
+      }
+      if (auto c = consumers_.find(queue); c != consumers_.end()) {
+        for (auto& w : c->second) {
+          if (auto state = w.lock()) live.push_back(std::move(state));
+        }
+      }
+    }
+    for (auto& c : live) c->RemoveBinding(topic, key);
+    return keeps;
   }
 
   // The queues bound to `topic` in this driver instance (the channels a topic message is for).

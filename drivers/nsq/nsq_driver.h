@@ -12,6 +12,9 @@
 //  - Subscribe(T, Q, key) creates channel Q on topic T; a consumer of Q also subscribes to T/Q
 //    and FINs, without delivering, topic messages whose route key does not match its binding
 //    keys. Bindings live in the driver instance: every process that consumes Q calls Subscribe.
+//  - Unsubscribe(T, Q, key) forgets the key here; once Q has no key on T left here, channel Q
+//    of topic T is deleted on every nsqd (nsqd_http_addresses, else those the lookupds list).
+//    DeleteQueue(Q) deletes topic Q there (only its queue channel when the topic has others).
 //  - per-queue delays live in the driver instance too (CreateQueue): every producer of a
 //    delayed queue calls CreateQueue with the same delay.
 //  - delays use DPUB; a delay longer than `max_defer` (nsqd's --max-req-timeout) is carried in

@@ -148,6 +148,16 @@ bool ProducerPool::ChannelEnsured(size_t nsqd, absl::string_view topic, absl::st
   return it != topics.end() && it->second.contains(channel);
 }
 
+void ProducerPool::ForgetChannel(absl::string_view topic, absl::string_view channel) {
+  absl::MutexLock lock(&ensured_mu_);
+  for (auto& topics : ensured_) {
+    auto it = topics.find(topic);
+    if (it == topics.end()) continue;
+    it->second.erase(channel);
+    if (it->second.empty()) topics.erase(it);
+  }
+}
+
 void ProducerPool::ForgetChannels(size_t nsqd) {
   absl::MutexLock lock(&ensured_mu_);
   ensured_[nsqd].clear();

@@ -59,6 +59,10 @@ class ProducerPool {
   // up; nsqd's mapped error otherwise.
   absl::Status EnsureChannelEverywhere(absl::string_view topic, absl::string_view channel);
 
+  // Forgets that topic/channel was made on any nsqd (it was deleted), so that the next
+  // EnsureChannelEverywhere or publish that needs it makes it again.
+  void ForgetChannel(absl::string_view topic, absl::string_view channel);
+
  private:
   struct Slot {
     std::string address{};

@@ -218,6 +218,13 @@ return {redis.call('LLEN', KEYS[1]) + due + expired,
         redis.call('ZCARD', KEYS[3]) - expired}
 )lua";
 
+// KEYS: ready, delayed, inflight, msgs, attempts, meta, notify, seen (every key of one
+// queue). Deletes them all at once, so no consumer sees half a queue (a reserve between two
+// DELs could lease an id whose body is gone). Returns how many of the keys existed.
+inline constexpr char kDeleteQueue[] = R"lua(
+return redis.call('DEL', unpack(KEYS))
+)lua";
+
 #undef BUS_REDIS_HOLDS
 #undef BUS_REDIS_NOW
 

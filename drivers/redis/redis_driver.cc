@@ -55,6 +55,10 @@ const Script& InspectScript() {
   static const Script* s = new Script(redis_scripts::kInspect);
   return *s;
 }
+const Script& DeleteQueueScript() {
+  static const Script* s = new Script(redis_scripts::kDeleteQueue);
+  return *s;
+}
 const Script& ExtendScript() {
   static const Script* s = new Script(redis_scripts::kExtend);
   return *s;
@@ -467,6 +471,31 @@ class RedisDriver final : public Driver {
       if (r.is_error()) return redis::ReplyStatus(r);
     }
     return absl::OkStatus();
+  }
+
+  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+                           absl::string_view binding_key) override {
+    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
+    absl::StatusOr<Reply> r = core_->conn().Command(
+        {"SREM", TopicKey(prefix(), topic), absl::StrCat(queue, "\n", binding_key)},
+        core_->options().request_timeout);
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return redis::ReplyStatus(*r);
+    return absl::OkStatus();
+  }
+
+  absl::Status DeleteQueue(absl::string_view queue) override {
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    const QueueKeys k(prefix(), queue);
+    absl::StatusOr<std::vector<Reply>> r = core_->conn().Eval(
+        DeleteQueueScript(),
+        {{"8", k.ready, k.delayed, k.inflight, k.msgs, k.attempts, k.meta, k.notify, k.seen}},
+        core_->options().request_timeout);
+    if (!r.ok()) return r.status();
+    absl::StatusOr<int64_t> n = IntReply(r->at(0));
+    return n.status();
   }
 
   absl::Status SendToQueue(absl::string_view queue, absl::string_view data,

@@ -90,7 +90,7 @@ class FaultyDriver final : public Driver {
   explicit FaultyDriver(std::shared_ptr<Driver> base) : base_(std::move(base)) {}
 
   FaultSwitch send;   // SendToQueue, SendBatchToQueue, SendToTopic
-  FaultSwitch setup;  // CreateQueue, Subscribe
+  FaultSwitch setup;  // CreateQueue, Subscribe, Unsubscribe, DeleteQueue
   FaultSwitch ping;   // Ping
   // Non-empty: consumers mark deliveries with exactly these bytes as corrupt. Set before
   // NewConsumer.
@@ -127,6 +127,14 @@ class FaultyDriver final : public Driver {
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
+  absl::Status Unsubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+    if (absl::Status st = setup.Check(); !st.ok()) return st;
+    return base_->Unsubscribe(t, q, k);
+  }
+  absl::Status DeleteQueue(absl::string_view q) override {
+    if (absl::Status st = setup.Check(); !st.ok()) return st;
+    return base_->DeleteQueue(q);
+  }
   absl::Status Ping(absl::Duration timeout) override {
     if (absl::Status st = ping.Check(); !st.ok()) return st;
     return base_->Ping(timeout);
