@@ -282,15 +282,9 @@ class RedisDeadLetterStore final : public DeadLetterStore {
   };
   Keys KeysOf(absl::string_view queue) const {
     const std::string base = absl::StrCat(options_.key_prefix, "dlq:{", queue, "}:");
-    Keys k{base + "seq",
-           base + "ids",
-           base + "data",
-           base + "reason",
-           base + "time",
-           base + "meta",
-           base + "msg",
-           base + "bymsg",
-           {}};
+    Keys k{base + "seq",    base + "ids",   base + "data",
+           base + "reason", base + "time",  base + "meta",
+           base + "msg",    base + "bymsg", {}};
     for (DeadLetterKind kind : kKinds) {
       k.kind[static_cast<int>(kind)] = absl::StrCat(base, "ids:", DeadLetterKindName(kind));
     }
