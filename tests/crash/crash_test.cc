@@ -33,6 +33,7 @@
 #include "bus/publisher.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
+#include "tests/crash/crash_files.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
@@ -43,61 +44,6 @@ namespace {
 constexpr int kMessages = 3000;
 constexpr int kKills = 6;
 constexpr char kQueue[] = "crash";
-
-std::string ConsumerBinary() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/tests/crash/crash_consumer");
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// A read connection to the effects file, opened while the children write to it (WAL).
-class EffectsReader {
- public:
-  explicit EffectsReader(const std::string& path) {
-    sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
-    sqlite3_busy_timeout(db_, 10000);
-  }
-  ~EffectsReader() { sqlite3_close(db_); }
-
-  bool Exec(const char* sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) == 0; }
-
-  int64_t Count(const char* sql) {
-    sqlite3_stmt* stmt = nullptr;
-    int64_t n = -1;
-    if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) == SQLITE_OK &&
-        sqlite3_step(stmt) == SQLITE_ROW) {
-      n = sqlite3_column_int64(stmt, 0);
-    }
-    sqlite3_finalize(stmt);
-    return n;
-  }
-  int64_t Rows() { return Count("SELECT count(*) FROM effects"); }
-  int64_t DistinctMessages() { return Count("SELECT count(DISTINCT biz_uid) FROM effects"); }
-
-  // biz_uid -> the incarnations of its effects, oldest first.
-  std::map<std::string, std::vector<int>> All() {
-    std::map<std::string, std::vector<int>> out;
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db_, "SELECT biz_uid, incarnation FROM effects ORDER BY id", -1, &stmt,
-                           nullptr) == SQLITE_OK) {
-      while (sqlite3_step(stmt) == SQLITE_ROW) {
-        out[reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0))].push_back(
-            sqlite3_column_int(stmt, 1));
-      }
-    }
-    sqlite3_finalize(stmt);
-    return out;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
 
 class CrashTest : public ::testing::TestWithParam<int> {};
 

@@ -34,6 +34,7 @@
 #include "bus/publisher.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
+#include "tests/crash/crash_files.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
@@ -45,56 +46,6 @@ constexpr int kMessages = 3000;
 constexpr int kKills = 6;
 constexpr char kQueue[] = "crash";
 constexpr char kInvoices[] = "crash-invoices";
-
-std::string ConsumerBinary() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/tests/crash/crash_consumer");
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-class Effects {
- public:
-  explicit Effects(const std::string& path) {
-    sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
-    sqlite3_busy_timeout(db_, 10000);
-  }
-  ~Effects() { sqlite3_close(db_); }
-  bool Exec(const char* sql) { return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) == 0; }
-  int64_t Count(const char* sql) {
-    sqlite3_stmt* stmt = nullptr;
-    int64_t n = -1;
-    if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) == SQLITE_OK &&
-        sqlite3_step(stmt) == SQLITE_ROW) {
-      n = sqlite3_column_int64(stmt, 0);
-    }
-    sqlite3_finalize(stmt);
-    return n;
-  }
-  int64_t Rows() { return Count("SELECT count(*) FROM effects"); }
-  int64_t Distinct() { return Count("SELECT count(DISTINCT biz_uid) FROM effects"); }
-  std::map<std::string, int> PerMessage() {
-    std::map<std::string, int> out;
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db_, "SELECT biz_uid, count(*) FROM effects GROUP BY biz_uid", -1, &stmt,
-                           nullptr) == SQLITE_OK) {
-      while (sqlite3_step(stmt) == SQLITE_ROW) {
-        out[reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0))] =
-            sqlite3_column_int(stmt, 1);
-      }
-    }
-    sqlite3_finalize(stmt);
-    return out;
-  }
-
- private:
-  sqlite3* db_ = nullptr;
-};
 
 struct Mode {
   int batch_size;
@@ -119,7 +70,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   const std::string stores_db = dir + "/stores.db";
   // With the inbox the effects live in the stores' file; without it, in a file of their own.
   const std::string effects_db = mode.inbox ? stores_db : dir + "/effects.db";
-  Effects effects(effects_db);
+  EffectsReader effects(effects_db);
   ASSERT_TRUE(effects.Exec("PRAGMA journal_mode = WAL"));
   ASSERT_TRUE(
       effects.Exec("CREATE TABLE effects (id INTEGER PRIMARY KEY, biz_uid TEXT NOT NULL, "
@@ -178,10 +129,11 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
 
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = start(kKills);
   ASSERT_TRUE(child.ok()) << child.status();
-  EXPECT_TRUE(WaitUntil([&] { return effects.Distinct() >= kMessages || !(*child)->Running(); },
-                        absl::Seconds(90)) &&
-              (*child)->Running())
-      << effects.Distinct() << " of " << kMessages << ":\n"
+  EXPECT_TRUE(
+      WaitUntil([&] { return effects.DistinctMessages() >= kMessages || !(*child)->Running(); },
+                absl::Seconds(90)) &&
+      (*child)->Running())
+      << effects.DistinctMessages() << " of " << kMessages << ":\n"
       << child_log(kKills);
 
   // With the inbox: every invoice reaches its queue (the last run's relay sends what the
@@ -211,7 +163,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit << "\n" << child_log(kKills);
 
-  const std::map<std::string, int> per_message = effects.PerMessage();
+  const std::map<std::string, std::vector<int>> per_message = effects.All();
   int missing = 0, repeated = 0, extra = 0;
   for (int i = 0; i < kMessages; ++i) {
     auto it = per_message.find(absl::StrCat("m-", i));
@@ -219,9 +171,9 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
       ++missing;
       continue;
     }
-    if (it->second > 1) {
+    if (it->second.size() > 1) {
       ++repeated;
-      extra += it->second - 1;
+      extra += static_cast<int>(it->second.size()) - 1;
     }
   }
   EXPECT_EQ(missing, 0);

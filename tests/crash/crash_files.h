@@ -1,0 +1,44 @@
+// What both crash tests (crash_test, inbox_crash_test) read: the consumer child's path, its log
+// files, and the effects table the children write (one row per effect: biz_uid, incarnation).
+
+#ifndef TESTS_CRASH_CRASH_FILES_H_
+#define TESTS_CRASH_CRASH_FILES_H_
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace bus::testing {
+
+// The crash_consumer binary in the test's runfiles.
+std::string ConsumerBinary();
+
+// The whole file, or "" when it cannot be read.
+std::string ReadFile(const std::string& path);
+
+// A connection to the effects file, opened while the children write to it (WAL).
+class EffectsReader {
+ public:
+  explicit EffectsReader(const std::string& path);
+  ~EffectsReader();
+  EffectsReader(const EffectsReader&) = delete;
+  EffectsReader& operator=(const EffectsReader&) = delete;
+
+  bool Exec(const char* sql);
+  // The first column of the first row of `sql`, or -1.
+  int64_t Count(const char* sql);
+  int64_t Rows() { return Count("SELECT count(*) FROM effects"); }
+  int64_t DistinctMessages() { return Count("SELECT count(DISTINCT biz_uid) FROM effects"); }
+  // biz_uid -> the incarnations of its effects, oldest first.
+  std::map<std::string, std::vector<int>> All();
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace bus::testing
+
+#endif  // TESTS_CRASH_CRASH_FILES_H_
