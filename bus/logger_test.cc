@@ -10,29 +10,12 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/mem_file.h"
 
 namespace bus {
 namespace {
 
-// Collects what a logger writes into a FILE*.
-class MemFile {
- public:
-  MemFile() : file_(open_memstream(&buf_, &size_)) {}
-  ~MemFile() {
-    std::fclose(file_);
-    std::free(buf_);
-  }
-  std::FILE* get() { return file_; }
-  std::vector<std::string> Lines() {
-    std::fflush(file_);
-    return absl::StrSplit(std::string(buf_, size_), '\n', absl::SkipEmpty());
-  }
-
- private:
-  char* buf_ = nullptr;
-  size_t size_ = 0;
-  std::FILE* file_;
-};
+using ::bus::testing::MemFile;
 
 LogRecord Full() {
   LogRecord r;

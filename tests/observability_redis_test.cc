@@ -22,6 +22,7 @@
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "nlohmann/json.hpp"
 #include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/mem_file.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
 
@@ -30,27 +31,6 @@ namespace {
 
 constexpr char kPassword[] = "hunter2-Pa55word";
 constexpr absl::Duration kPatience = absl::Seconds(60);
-
-// A FILE* backed by memory, read back as lines.
-class MemFile {
- public:
-  MemFile() : file_(open_memstream(&buf_, &size_)) {}
-  ~MemFile() {
-    std::fclose(file_);
-    std::free(buf_);
-  }
-  std::FILE* get() { return file_; }
-  // The lines written so far. Only while no one writes (open_memstream's buffer moves).
-  std::vector<std::string> Lines() {
-    std::fflush(file_);
-    return absl::StrSplit(std::string(buf_, size_), '\n', absl::SkipEmpty());
-  }
-
- private:
-  char* buf_ = nullptr;
-  size_t size_ = 0;
-  std::FILE* file_;
-};
 
 // Fails the test if any string in `j` contains the password.
 void ExpectNoSecret(const nlohmann::json& j, const std::string& where) {
