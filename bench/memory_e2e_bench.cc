@@ -51,7 +51,7 @@ ABSL_FLAG(int, max_in_flight_per_worker, 64, "prefetch per worker");
 ABSL_FLAG(int, runs, 3, "runs per level; the best is reported");
 ABSL_FLAG(std::string, stores, "memory", "memory or sqlite");
 ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its database file");
-ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
+ABSL_FLAG(int, batch_size, 0, "HandlerOptions::batch_size (0: the default, chosen by the Handler)");
 ABSL_FLAG(std::string, modes, "off",
           "comma-separated: off, json, json_observer, metrics, json_metrics, "
           "json_observer_metrics");

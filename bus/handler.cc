@@ -51,11 +51,11 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
     }
   }
   if (o.concurrency < 1) return Invalid("concurrency", "must be >= 1");
-  if (o.max_in_flight == 0) o.max_in_flight = o.concurrency;
+  if (o.max_in_flight == 0) o.max_in_flight = o.concurrency * kAutoInFlightPerWorker;
   if (o.max_in_flight < o.concurrency) {
     return Invalid("max_in_flight", "must be 0 or >= concurrency");
   }
-  if (o.batch_size < 1) return Invalid("batch_size", "must be >= 1");
+  if (o.batch_size < 0) return Invalid("batch_size", "must be 0 (chosen by the Handler) or >= 1");
   if (o.replay_interval < absl::ZeroDuration() ||
       (o.replay_interval > absl::ZeroDuration() && o.replay_interval < absl::Milliseconds(1))) {
     return Invalid("replay_interval", "must be zero (disabled) or >= 1ms");
@@ -258,13 +258,17 @@ absl::Status Handler::Run() {
   ro.max_in_flight = o.max_in_flight;
   ro.lease = o.delivery_lease;
   ro.shutdown_timeout = o.shutdown_timeout;
-  ro.batch_size = o.batch_size;
+  if (o.batch_size > 0) {
+    ro.batch_size = o.batch_size;
+  } else {
+    ro.batch_size = kMaxAutoBatch;
+    ro.batch_limit = [shared = shared_] { return shared->AutoBatchLimit(); };
+  }
   std::shared_ptr<internal::Pipeline> shared = shared_;
   ro.on_consuming = [shared] {
     absl::MutexLock lock(&shared->mu);
     shared->consuming = true;
   };
-  if (shared->events != nullptr) ro.on_idle = [shared] { shared->FlushEvents(); };
   absl::Status st = ReceiveBatches(
       *o.driver, o.queue, ro,
       [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
@@ -274,6 +278,7 @@ absl::Status Handler::Run() {
           inputs[i] = internal::Input{ds[i].data, ds[i].corrupt, -1};
         shared->StageEvents();
         shared->ProcessBatch(inputs, out);
+        shared->FlushEvents();
       },
       stop,
       [shared](const absl::Status& err) {
@@ -345,8 +350,10 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
       chosen.push_back(std::move(letter));
     }
     // Through the pipeline in batches of batch_size, as deliveries would go.
-    for (size_t start = 0; start < chosen.size() && !stop.stop_requested(); start += o.batch_size) {
-      size_t n = std::min(chosen.size() - start, static_cast<size_t>(o.batch_size));
+    size_t n = 0;
+    for (size_t start = 0; start < chosen.size() && !stop.stop_requested(); start += n) {
+      const int batch = o.batch_size > 0 ? o.batch_size : shared_->AutoBatchLimit();
+      n = std::min(chosen.size() - start, static_cast<size_t>(batch));
       if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
       if (n == 0) break;
       inputs.clear();

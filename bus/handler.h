@@ -101,6 +101,11 @@ struct Subscription {
   std::string route_key{};
 };
 
+// HandlerOptions::max_in_flight 0: this many deliveries per worker.
+inline constexpr int kAutoInFlightPerWorker = 64;
+// HandlerOptions::batch_size 0: batches of at most this many.
+inline constexpr int kMaxAutoBatch = 64;
+
 struct HandlerOptions {
   // Required: the queue to consume (bus/names.h rules).
   std::string queue{};
@@ -140,16 +145,20 @@ struct HandlerOptions {
   RetryDelayFn retry_delay{};
   // Handlers running at once; >= 1.
   int concurrency = 1;
-  // Deliveries held at once (prefetch); 0 means equal to concurrency, else >= concurrency.
+  // Deliveries held at once (prefetch); 0 (the default) means kAutoInFlightPerWorker (64) per
+  // worker, else >= concurrency.
   int max_in_flight = 0;
-  // Messages a worker takes at once; >= 1. With more than one, a worker acquires the batch's
-  // idempotency keys in one store call, runs the pipeline for each message in turn, marks the
-  // handled keys done in one call and acks the batch together: a few round trips per batch
-  // instead of three per message on a networked store and broker (docs/pipeline.md). The keys
-  // are leased from the start of the batch, so idempotency_lease must cover the handling time
-  // of the whole batch, not of one message. A batch is never waited for: a worker takes what
-  // is buffered, up to this many.
-  int batch_size = 1;
+  // Messages a worker takes at once; 0 (the default) lets the Handler choose, else >= 1. With
+  // more than one, a worker acquires the batch's idempotency keys in one store call, runs the
+  // pipeline for each message in turn, marks the handled keys done in one call and acks the
+  // batch together: a few round trips per batch instead of three per message on a networked
+  // store and broker (docs/pipeline.md, "Batches"). A batch is never waited for: a worker takes
+  // what is buffered. A message of a batch is started only while its key has at least half of
+  // idempotency_lease left; the rest are given back and delivered again. Chosen by the Handler
+  // (0): up to the worker's share of what is buffered (buffered / concurrency, rounded up), at
+  // most kMaxAutoBatch (64), and at most as many as a quarter of idempotency_lease holds at the
+  // handle time measured so far (a moving average; 1 until the first message was handled).
+  int batch_size = 0;
   // How often dead letters are replayed; zero disables; else >= 1ms.
   absl::Duration replay_interval = absl::Minutes(1);
   // Dead letters fetched per replay batch; >= 1.

@@ -187,6 +187,11 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
     b.owner_views.push_back(b.owners[i]);
   }
   if (b.decoded.empty()) return;
+  // A message of the batch starts only while its key has half its lease left (the inbox handles
+  // its batch in one transaction after this loop, so it takes the batch whole).
+  const bool check_lease = b.decoded.size() > 1 && transactional == nullptr;
+  const absl::Time half_lease_at =
+      check_lease ? options.clock->Now() + options.idempotency_lease / 2 : absl::InfiniteFuture();
   if (b.decoded.size() == 1) {
     b.acquired.resize(1);
     b.acquired[0] =
@@ -206,8 +211,10 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   const std::stop_token token = stop.get_token();
   for (size_t j = 0; j < b.decoded.size(); ++j) {
     const size_t i = b.decoded[j];
-    if (token.stop_requested() && in[i].replays < 0) {
-      // Not started: give the key back and let the broker deliver the message again.
+    const bool late = check_lease && j > 0 && options.clock->Now() >= half_lease_at;
+    if ((token.stop_requested() && in[i].replays < 0) || late) {
+      // Not started: give the key back and let the broker deliver the message again (a
+      // replayed letter stays in the store for the next replay).
       out[i] = Settlement::Redeliver();
       if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
       if (b.acquired[j].ok() && *b.acquired[j] && !Release(b.keys[i], b.owners[i])) {
@@ -326,7 +333,13 @@ absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   } catch (...) {
     result = absl::UnknownError("handler threw a non-std exception");
   }
-  latency.Record(options.clock->Now() - start);
+  const absl::Duration took = options.clock->Now() - start;
+  latency.Record(took);
+  // Weight 1/8: a few slow calls move the batch size within a batch or two. Racing updates
+  // from several workers may lose one sample; the average stays an average.
+  const int64_t ns = std::max<int64_t>(1, absl::ToInt64Nanoseconds(took));
+  const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
+  handle_nanos.store(avg == 0 ? ns : avg + (ns - avg) / 8, std::memory_order_relaxed);
   return result;
 }
 

@@ -8,6 +8,7 @@
 #ifndef BUS_PIPELINE_H_
 #define BUS_PIPELINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <stop_token>
@@ -74,6 +75,16 @@ struct Pipeline {
   std::atomic<uint64_t> callback_errors{0};
   std::atomic<int64_t> in_flight{0};
   LatencyHistogram latency;
+  // A moving average of handle() durations (ns; 0 until the first), for AutoBatchLimit.
+  std::atomic<int64_t> handle_nanos{0};
+
+  // HandlerOptions::batch_size 0: the batch a worker takes now (see there).
+  int AutoBatchLimit() const {
+    const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
+    if (avg == 0) return 1;
+    const int64_t fit = absl::ToInt64Nanoseconds(options.idempotency_lease / 4) / avg;
+    return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxAutoBatch));
+  }
   // Consecutive infrastructure failures (a store or re-send that failed); sets the redelivery
   // delay.
   std::atomic<int> infra_failures{0};
@@ -162,8 +173,7 @@ struct Pipeline {
 
   // From now on, the events this thread emits wait in a stage of its own and reach the
   // observer's queue in batches: when the stage is full, or at FlushEvents. For the receive
-  // loop's workers, which flush before they go idle (ReceiveOptions::on_idle); one lock per
-  // batch instead of one per event.
+  // loop's workers, which flush after each batch: one lock per batch instead of one per event.
   void StageEvents();
   void FlushEvents();
 

@@ -63,14 +63,14 @@ struct ReceiveOptions {
   // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the
   // ones in the prefetch buffer.
   int batch_size = 1;
+  // Optional: instead of batch_size, asked each time a worker takes deliveries: the most it may
+  // take now (>= 1; called under the loop's lock, so it must be quick). The worker then also
+  // leaves the other workers their share: it takes at most ceil(buffered / concurrency).
+  std::function<int()> batch_limit;
   // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
   // exists (after any wait for an unreachable broker), before the first delivery reaches the
   // callback. Optional.
   std::function<void()> on_consuming;
-  // Called on a worker thread, without the loop's lock, when the worker has settled what it
-  // took and finds no delivery waiting (before it fetches or waits), and when it exits: the
-  // point to hand on what the callbacks gathered in batches. Optional.
-  std::function<void()> on_idle;
 };
 
 // The callback. It runs on one of the worker threads and must not throw (an escaping exception

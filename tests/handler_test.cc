@@ -191,7 +191,7 @@ TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
        [](HandlerOptions& o) { o.idempotency_retention = absl::ZeroDuration(); }},
       {"max_message_bytes", [](HandlerOptions& o) { o.max_message_bytes = 10; }},
       {"infra_backoff_base", [](HandlerOptions& o) { o.infra_backoff_base = absl::Seconds(-1); }},
-      {"batch_size", [](HandlerOptions& o) { o.batch_size = 0; }},
+      {"batch_size", [](HandlerOptions& o) { o.batch_size = -1; }},
   };
   for (const Case& c : cases) {
     HandlerOptions o = Options(ok);
@@ -216,7 +216,8 @@ TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
   EXPECT_NE(filled.idempotency, nullptr);
   EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
   EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
-  EXPECT_EQ(filled.max_in_flight, 1);
+  EXPECT_EQ(filled.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
+  EXPECT_EQ(filled.batch_size, 0);                          // chosen by the Handler
   EXPECT_EQ(filled.idempotency_lease, absl::Seconds(15));
   EXPECT_EQ(filled.clock, driver_->clock());
 }
@@ -1051,6 +1052,65 @@ TEST_F(HandlerTest, ABatchTakesEveryBranchOfThePipelineWithBatchedKeyCalls) {
   std::multiset<std::string> payloads;
   for (const Message& m : rec.seen()) payloads.insert(m.payload);
   EXPECT_EQ(payloads, (std::multiset<std::string>{"ok", "dup-1", "fail", "perm", "held"}));
+}
+
+// batch_size 0 (the default): with a handler that takes no time, workers take batches (of at
+// most kMaxAutoBatch), and every message is handled once.
+TEST_F(HandlerTest, TheDefaultBatchGrowsWhenHandlingIsFast) {
+  auto counting = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.idempotency = counting;
+  o.concurrency = 2;
+  for (int i = 0; i < 300; ++i) Publish(absl::StrCat("k", i), "x");
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 300; })) << h->Stats().ToString();
+  EXPECT_GT(counting->largest_acquire_many.load(), 1u);
+  EXPECT_LE(counting->largest_acquire_many.load(), static_cast<size_t>(kMaxAutoBatch));
+  EXPECT_EQ(rec.size(), 300u);
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+}
+
+// batch_size 0: when one handle takes a quarter of the key's lease, a batch is one message.
+TEST_F(HandlerTest, TheDefaultBatchIsOneMessageWhenHandlingIsSlow) {
+  auto counting = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  HandlerOptions o = Options([&](const Message&) {
+    clock_->Advance(absl::Seconds(15) / 4);  // the idempotency lease is 15 s
+    return absl::OkStatus();
+  });
+  o.idempotency = counting;
+  for (int i = 0; i < 10; ++i) Publish(absl::StrCat("k", i), "x");
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 10; })) << h->Stats().ToString();
+  EXPECT_EQ(counting->largest_acquire_many.load(), 0u);  // every acquire was of one key
+  EXPECT_EQ(h->Stats().store_errors, 0u);
+}
+
+// A message of a batch starts only while its key has half its lease left; the others give
+// their keys back and come again. Here each handle takes a third of the lease: without the rule
+// the fourth would start as the keys run out, and the batch's mark-done would fail.
+TEST_F(HandlerTest, AMessageOfABatchStartsOnlyWithHalfItsLeaseLeft) {
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    clock_->Advance(absl::Seconds(15) / 3);
+    return absl::OkStatus();
+  });
+  o.batch_size = 4;
+  o.max_in_flight = 4;
+  for (const char* k : {"a", "b", "c", "d"}) Publish(k, k);
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 4; })) << h->Stats().ToString();
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.store_errors, 0u);  // every mark-done found its key still leased
+  EXPECT_EQ(s.duplicates, 0u);    // the keys given back were free for the second delivery
+  EXPECT_EQ(s.received, 6u);      // c and d twice: given back once, then handled
+  std::vector<std::string> order;
+  for (const Message& m : rec.seen()) order.push_back(m.payload);
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c", "d"}));
 }
 
 TEST_F(HandlerTest, ABatchWithAFailingKeyStoreLetsEnsureDecideEachMessage) {

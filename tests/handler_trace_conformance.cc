@@ -119,7 +119,12 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
   EXPECT_EQ(HeaderOr(stored, kTraceStateHeader), kTraceState);
   EXPECT_EQ(HeaderOr(stored, "tenant"), "eu");
 
-  // The replay goes through the pipeline again, and succeeds.
+  // The replay goes through the pipeline again, and succeeds. (Once the worker's events have
+  // reached the observer: events from two threads, the worker's and this one's, interleave.)
+  ASSERT_TRUE(WaitUntil([&] {
+    absl::MutexLock lock(&mu);
+    return !events.empty() && events.back().type == EventType::kDeadLettered;
+  }));
   fail.store(false);
   absl::StatusOr<int> replayed = h->ReplayDeadLetters();
   ASSERT_TRUE(replayed.ok()) << replayed.status();
