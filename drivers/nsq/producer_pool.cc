@@ -297,12 +297,11 @@ absl::StatusOr<std::shared_ptr<Connection>> ProducerPool::SlotConnection(Nsqd& n
   absl::Status s = HandshakeBlocking(conn);
   if (!s.ok()) {
     // Unavailable stays Unavailable; configuration errors (AUTH, IDENTIFY) keep their code.
-    if (absl::IsUnavailable(s)) {
-      MarkFailed(n, s, "connect_failed");
-      if (core_->Now() >= deadline) {
-        return DeadlinePassed(core_->options().publish_timeout,
-                              absl::StrCat("connecting to nsqd ", n.address, ": ", s.message()));
-      }
+    // Either way the nsqd backs off, so a wrong secret costs one attempt per backoff step.
+    MarkFailed(n, s, "connect_failed");
+    if (absl::IsUnavailable(s) && core_->Now() >= deadline) {
+      return DeadlinePassed(core_->options().publish_timeout,
+                            absl::StrCat("connecting to nsqd ", n.address, ": ", s.message()));
     }
     return s;
   }
