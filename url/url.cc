@@ -406,6 +406,13 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   }
   p.String("client_id", &o.client_id);
   p.String("queue_channel", &o.queue_channel);
+  if (auto policy = p.Take("publish_policy")) {
+    absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
+    if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
+    o.publish_policy = *parsed;
+  }
+  p.Duration("publish_timeout", &o.publish_timeout);
+  p.Bool("publish_discovery", &o.publish_discovery);
   p.Duration("connect_timeout", &o.connect_timeout);
   p.Duration("request_timeout", &o.request_timeout);
   p.Duration("heartbeat_interval", &o.heartbeat_interval);

@@ -78,7 +78,8 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with
 // `lookupd`. Parameters: lookupd, nsqd_http, auth_secret (else NSQ_AUTH_SECRET in `env`),
-// client_id, queue_channel, connect_timeout, request_timeout, heartbeat_interval,
+// client_id, queue_channel, publish_policy (prefer or spread), publish_timeout,
+// publish_discovery, connect_timeout, request_timeout, heartbeat_interval,
 // output_buffer_timeout, output_buffer_size, lookupd_poll_interval, lookupd_poll_jitter,
 // max_defer, reconnect_backoff_base, reconnect_backoff_max, rdy_redistribute_interval,
 // io_threads, publish_connections, max_message_bytes, max_batch_bytes, close_timeout.

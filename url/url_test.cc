@@ -217,6 +217,24 @@ TEST(NsqUrl, EveryParameter) {
   EXPECT_EQ(o->close_timeout, absl::Seconds(8));
 }
 
+TEST(NsqUrl, SeveralNsqdAndThePublishPolicy) {
+  absl::StatusOr<NsqOptions> o =
+      Nsq("nsq://n1,n2:4250?publish_policy=spread&publish_timeout=5s&lookupd=l1&"
+          "publish_discovery=true");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_THAT(o->nsqd_tcp_addresses, ElementsAre("n1:4150", "n2:4250"));
+  EXPECT_EQ(o->publish_policy, NsqPublishPolicy::kSpread);
+  EXPECT_EQ(o->publish_timeout, absl::Seconds(5));
+  EXPECT_TRUE(o->publish_discovery);
+  o = Nsq("nsq://n1,n2?publish_policy=prefer");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->publish_policy, NsqPublishPolicy::kPrefer);
+  EXPECT_FALSE(o->publish_discovery);
+  ExpectBad(Nsq("nsq://n1,n2?publish_policy=roundrobin").status(), "parameter publish_policy");
+  ExpectBad(Nsq("nsq://n1?publish_timeout=0s").status(), "publish_timeout");
+  ExpectBad(Nsq("nsq://n1?publish_discovery=true").status(), "publish_discovery");
+}
+
 TEST(NsqUrl, LookupdOnlyAndSecretFromTheEnvironment) {
   absl::StatusOr<NsqOptions> o =
       Nsq("nsq://?lookupd=[::1]:4161", Env({{"NSQ_AUTH_SECRET", "envsecret"}}));

@@ -6,6 +6,7 @@
 //
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150 --topic=ours --size=200 --batch_size=200
 //   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=ours
+//   nsq_bench --mode=write --nsqd=127.0.0.1:4150,127.0.0.1:4250 --publish_policy=spread
 
 #include <atomic>
 #include <cstdio>
@@ -15,11 +16,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "drivers/nsq/nsq_driver.h"
 
 ABSL_FLAG(std::string, mode, "write", "write or read");
-ABSL_FLAG(std::string, nsqd, "127.0.0.1:4150", "nsqd TCP address");
+ABSL_FLAG(std::string, nsqd, "127.0.0.1:4150", "nsqd TCP addresses, comma-separated");
+ABSL_FLAG(std::string, publish_policy, "prefer", "NsqOptions.publish_policy: prefer or spread");
 ABSL_FLAG(std::string, topic, "ours", "queue (NSQ topic) to use");
 ABSL_FLAG(int, size, 200, "message size in bytes");
 ABSL_FLAG(int, batch_size, 200, "messages per SendBatchToQueue");
@@ -37,7 +40,14 @@ ABSL_FLAG(int64_t, count, 0, "write: stop after this many messages (0: run for -
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   bus::NsqOptions options;
-  options.nsqd_tcp_addresses = {absl::GetFlag(FLAGS_nsqd)};
+  options.nsqd_tcp_addresses = absl::StrSplit(absl::GetFlag(FLAGS_nsqd), ',');
+  absl::StatusOr<bus::NsqPublishPolicy> policy =
+      bus::ParseNsqPublishPolicy(absl::GetFlag(FLAGS_publish_policy));
+  if (!policy.ok()) {
+    std::fprintf(stderr, "%s\n", policy.status().ToString().c_str());
+    return 1;
+  }
+  options.publish_policy = *policy;
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.io_threads = absl::GetFlag(FLAGS_io_threads);
   options.output_buffer_size = absl::GetFlag(FLAGS_output_buffer_size);

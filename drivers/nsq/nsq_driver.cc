@@ -80,7 +80,7 @@ class NsqDriver final : public Driver {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
     }
     SetQueueDelay(queue, delay);
-    if (core_->options().nsqd_tcp_addresses.empty()) return absl::OkStatus();
+    if (!producers_.configured()) return absl::OkStatus();
     return producers_.EnsureChannelEverywhere(queue, core_->options().queue_channel);
   }
 
@@ -90,7 +90,7 @@ class NsqDriver final : public Driver {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
     AddBinding(std::string(topic), std::string(queue), std::string(binding_key));
-    if (core_->options().nsqd_tcp_addresses.empty()) return absl::OkStatus();
+    if (!producers_.configured()) return absl::OkStatus();
     return producers_.EnsureChannelEverywhere(topic, queue);
   }
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "gtest/gtest.h"
+#include "tests/testing/nsq_server.h"
 #include "tests/testing/wait.h"
 
 namespace bus {
@@ -57,6 +59,11 @@ class FakeNsqd {
     // Answers IDENTIFY and SUB; from the first RDY on, sends 64 KiB messages as fast as the
     // client reads them, whatever the RDY, until the client closes or 256 MiB are sent.
     kFloodIgnoringRdy,
+    // Answers IDENTIFY and SUB; refuses every PUB, MPUB and DPUB with E_PUB_FAILED (as an
+    // nsqd that is exiting does), after which nsqd closes the connection.
+    kRefusePublish,
+    // Reads IDENTIFY and never answers it (nor anything else).
+    kNoIdentifyResponse,
   };
   static constexpr int64_t kFloodCap = int64_t{256} << 20;
 
@@ -178,7 +185,9 @@ class FakeNsqd {
                            uint32_t{static_cast<uint8_t>(size[3])};
         if (!ReadExact(fd, buf, n, &body)) break;
       }
-      if (cmd == "IDENTIFY") {
+      if (cmd == "IDENTIFY" && mode_ == Mode::kNoIdentifyResponse) {
+        continue;
+      } else if (cmd == "IDENTIFY") {
         WriteAll(fd, &write_mu,
                  Frame(0, R"({"max_rdy_count":2500,"version":"1.3.0","max_msg_timeout":900000,)"
                           R"("msg_timeout":60000,"auth_required":false})"));
@@ -194,6 +203,10 @@ class FakeNsqd {
         if (mode_ != Mode::kNoSubResponse) WriteAll(fd, &write_mu, Frame(0, "OK"));
       } else if (cmd == "PUB" || cmd == "MPUB" || cmd == "DPUB") {
         publishes_.fetch_add(1);
+        if (mode_ == Mode::kRefusePublish) {
+          WriteAll(fd, &write_mu, Frame(1, "E_" + cmd + "_FAILED " + cmd + " failed exiting"));
+          break;
+        }
       } else if (cmd == "RDY" && mode_ == Mode::kFloodIgnoringRdy && !writer.joinable()) {
         writer = std::thread([&] { Flood(fd, &write_mu, done); });
       } else if (cmd == "CLS") {
@@ -288,6 +301,88 @@ TEST(NsqHostileServerTest, OptionsRefuseANonPositiveRequestTimeout) {
   auto d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
   EXPECT_TRUE(absl::StrContains(d.status().message(), "request_timeout")) << d.status();
+}
+
+// Two nsqd, the first of which refuses every publish (E_PUB_FAILED, E_MPUB_FAILED,
+// E_DPUB_FAILED): each kind of send is refused there and goes to the second, a real nsqd,
+// where every message arrives.
+TEST(NsqHostileServerTest, ARefusedPublishGoesToTheNextNsqd) {
+  auto refusing = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kRefusePublish);
+  auto real = testing::NsqdServer::Start();
+  ASSERT_TRUE(real.ok()) << real.status();
+  NsqOptions options;
+  options.nsqd_tcp_addresses = {refusing->address(), (*real)->tcp_address()};
+  options.publish_policy = NsqPublishPolicy::kPrefer;
+  options.logger = StderrLogger(LogLevel::kError);
+  auto d = NewNsqDriver(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::shared_ptr<Driver> driver = *d;
+  ASSERT_TRUE(driver->Subscribe("refused-topic", "refused", "#").ok());
+  const std::vector<std::string> two = {"batch-a", "batch-b"};
+  const std::vector<std::function<absl::Status()>> calls = {
+      [&] { return driver->SendToQueue("refused", "pub", absl::ZeroDuration()); },
+      [&] { return driver->SendBatchToQueue("refused", two, absl::ZeroDuration()); },
+      [&] { return driver->SendToQueue("refused", "dpub", absl::Milliseconds(1)); },
+      [&] { return driver->SendToTopic("refused-topic", "topic", "k"); },
+  };
+  for (size_t i = 0; i < calls.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("call ", i));
+    absl::Status st = CallWithin(refusing, calls[i]);
+    EXPECT_TRUE(st.ok()) << st;
+    if (refusing == nullptr) return;
+  }
+  // Prefer: each was offered to the refusing nsqd first.
+  EXPECT_EQ(refusing->publishes(), 4);
+  auto c = driver->NewConsumer("refused", ConsumerOptions{16, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::set<std::string> seen;
+  const std::set<std::string> want = {"pub", "batch-a", "batch-b", "dpub", "topic"};
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] {
+        std::vector<Delivery> got;
+        (void)(*c)->Receive(16, absl::Milliseconds(100), {}, &got);
+        for (const Delivery& del : got) {
+          seen.insert(del.data);
+          (void)(*c)->Ack(del.receipt);
+        }
+        return seen == want;
+      },
+      kPatience))
+      << seen.size() << " of 5 arrived";
+}
+
+// Every nsqd accepts the connection and never answers IDENTIFY, and connect_timeout is longer
+// than the patience: the send ends when publish_timeout passes, with DeadlineExceeded. The
+// same for an nsqd that never answers the PUB while request_timeout is longer than the
+// patience (the message may have been accepted, and the error says so).
+TEST(NsqHostileServerTest, ASendWhoseDeadlinePassesWithEveryNsqdSilentIsDeadlineExceeded) {
+  auto silent_a = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoIdentifyResponse);
+  auto silent_b = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoIdentifyResponse);
+  NsqOptions options;
+  options.nsqd_tcp_addresses = {silent_a->address(), silent_b->address()};
+  options.publish_policy = NsqPublishPolicy::kSpread;
+  options.connect_timeout = 2 * kPatience;
+  options.publish_timeout = absl::Milliseconds(300);
+  options.logger = StderrLogger(LogLevel::kError);
+  auto d = NewNsqDriver(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::Status st =
+      CallWithin(silent_a, [&] { return (*d)->SendToQueue("q", "x", absl::ZeroDuration()); });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "publish_timeout")) << st;
+
+  auto mute = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoPublishResponse);
+  options.nsqd_tcp_addresses = {mute->address()};
+  options.connect_timeout = absl::Seconds(5);
+  options.request_timeout = 2 * kPatience;
+  d = NewNsqDriver(options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  st = CallWithin(mute, [&] { return (*d)->SendToQueue("q", "x", absl::ZeroDuration()); });
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "may have accepted")) << st;
+  if (mute) {
+    EXPECT_EQ(mute->publishes(), 1);
+  }
 }
 
 // The nsqd answers heartbeats (so the connection looks alive) but never a publish: each of

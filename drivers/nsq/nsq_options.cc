@@ -19,6 +19,23 @@ std::string HostName() {
 
 }  // namespace
 
+absl::StatusOr<NsqPublishPolicy> ParseNsqPublishPolicy(absl::string_view name) {
+  if (name == "prefer") return NsqPublishPolicy::kPrefer;
+  if (name == "spread") return NsqPublishPolicy::kSpread;
+  return absl::InvalidArgumentError(
+      absl::StrCat("publish_policy \"", name, "\" is neither prefer nor spread"));
+}
+
+absl::string_view NsqPublishPolicyName(NsqPublishPolicy policy) {
+  switch (policy) {
+    case NsqPublishPolicy::kPrefer:
+      return "prefer";
+    case NsqPublishPolicy::kSpread:
+      return "spread";
+  }
+  return "unknown";
+}
+
 absl::Status ValidateNsqOptions(const NsqOptions& o) {
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return absl::InvalidArgumentError(
@@ -44,6 +61,15 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
           absl::StrCat("NsqOptions.lookupd_http_addresses: ", s.message()));
     }
   }
+  if (o.publish_policy != NsqPublishPolicy::kPrefer &&
+      o.publish_policy != NsqPublishPolicy::kSpread) {
+    return absl::InvalidArgumentError(absl::StrCat("NsqOptions.publish_policy has no such value (",
+                                                   static_cast<int>(o.publish_policy),
+                                                   "); want kPrefer or kSpread"));
+  }
+  if (o.publish_discovery && o.lookupd_http_addresses.empty()) {
+    return absl::InvalidArgumentError("NsqOptions.publish_discovery needs lookupd_http_addresses");
+  }
   if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
   auto positive = [](absl::Duration d, const char* name) -> absl::Status {
     if (d <= absl::ZeroDuration()) {
@@ -53,6 +79,7 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
   };
   for (auto [d, name] : {std::pair{o.connect_timeout, "connect_timeout"},
                          std::pair{o.request_timeout, "request_timeout"},
+                         std::pair{o.publish_timeout, "publish_timeout"},
                          std::pair{o.lookupd_poll_interval, "lookupd_poll_interval"},
                          std::pair{o.reconnect_backoff_base, "reconnect_backoff_base"},
                          std::pair{o.reconnect_backoff_max, "reconnect_backoff_max"},

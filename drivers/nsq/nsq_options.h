@@ -16,12 +16,23 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 
 namespace bus {
+
+// Which nsqd a publish goes to (docs/nsq.md, "Publishing to several nsqd").
+enum class NsqPublishPolicy {
+  // The first nsqd that is up, in the order of nsqd_tcp_addresses (then discovered ones): the
+  // others take only what it refuses or cannot take.
+  kPrefer,
+  // Round robin over the nsqd that are up.
+  kSpread,
+};
 
 struct NsqOptions {
   // nsqd TCP addresses ("host:port"). Publishing needs at least one; consumers connect to them
@@ -30,6 +41,18 @@ struct NsqOptions {
   // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
   // connect to the union of the producers.
   std::vector<std::string> lookupd_http_addresses{};
+  // How a publish picks among the nsqd (see NsqPublishPolicy). Whatever the policy, an nsqd
+  // that refuses a publish (E_PUB_FAILED and the like), cannot be reached, resets or times out
+  // is skipped with backoff and the publish goes to the next one. Default kPrefer.
+  NsqPublishPolicy publish_policy = NsqPublishPolicy::kPrefer;
+  // Bound on one publishing command (PUB, MPUB, DPUB) over every nsqd it is tried on: no nsqd
+  // is tried once it has passed, and the wait for a connection or an answer ends with it
+  // (DeadlineExceeded). Default 30s; > 0.
+  absl::Duration publish_timeout = absl::Seconds(30);
+  // Also publish to the nsqd that the nsqlookupds of `lookupd_http_addresses` list (/nodes),
+  // asked again every `lookupd_poll_interval`; they come after `nsqd_tcp_addresses` in the
+  // prefer order. Needs lookupd_http_addresses. Default false.
+  bool publish_discovery = false;
   // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
   // from. Empty: every nsqd that the nsqlookupds list (/nodes), and each of
   // `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's default layout, 4150 and
@@ -95,6 +118,10 @@ struct NsqOptions {
   // share a clock. Default RealClock().
   std::shared_ptr<Clock> clock{};
 };
+
+// "prefer" / "spread" (as in the nsq:// URL's publish_policy); InvalidArgument otherwise.
+absl::StatusOr<NsqPublishPolicy> ParseNsqPublishPolicy(absl::string_view name);
+absl::string_view NsqPublishPolicyName(NsqPublishPolicy policy);
 
 // OK, or InvalidArgument naming the first field that is out of range.
 absl::Status ValidateNsqOptions(const NsqOptions& options);

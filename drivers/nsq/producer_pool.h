@@ -1,18 +1,29 @@
-// The NSQ driver's publishing side: `publish_connections` connections per nsqd in
-// `nsqd_tcp_addresses`, made on first use and remade with backoff after a failure, and the
-// channels it has made sure exist on each nsqd (channel pre-creation, docs/nsq.md).
+// The NSQ driver's publishing side: the nsqd it publishes to (`nsqd_tcp_addresses`, then those
+// that nsqlookupd lists when `publish_discovery` is on), `publish_connections` connections per
+// nsqd made on first use, the health of each nsqd (backoff after a failure), and the channels
+// it has made sure exist on each nsqd (channel pre-creation, docs/nsq.md).
 //
 //   nsq::ProducerPool pool(core.get());
 //   absl::Status s = pool.Publish(pub_command, "orders", channels);
 //
-// Publishing goes to the first nsqd that is up, in order. Before a command goes to an nsqd, the
-// given channels of its topic are made there (a SUB on a short-lived connection), so a message
-// sent before the first consumer is kept for that channel rather than for whichever channel is
-// opened first. An nsqd that reconnects may have restarted without its data: its channels are
-// made again.
+// Failover (docs/nsq.md, "Publishing to several nsqd"): each command is tried on the nsqd that
+// are up, in the order that `publish_policy` gives (drivers/nsq/publish_planner.h), each at
+// most once, until one answers OK or `publish_timeout` passes. An nsqd that refuses (an error
+// nsqd maps to Unavailable: E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED), resets the
+// connection or does not answer within `request_timeout` makes the command go to the next
+// one; its connection is closed, and the next publish through it connects again. An nsqd that
+// cannot be connected to is down: it is skipped with backoff and tried again when the backoff
+// has passed, so it takes publishes again once it is back. A command written to an nsqd that
+// then gave no answer may have been accepted there; it is sent to the next nsqd all the same
+// (at-least-once: it may then exist twice).
+//
+// Before a command goes to an nsqd, the given channels of its topic are made there (a SUB on a
+// short-lived connection), so a message sent before the first consumer is kept for that
+// channel rather than for whichever channel is opened first. An nsqd that reconnects may have
+// restarted without its data: its channels are made again.
 //
 // Ownership: holds a Core* that must outlive the pool. Thread-safety: safe for concurrent use;
-// the calls block the calling (user) thread until nsqd answers or `request_timeout`.
+// the calls block the calling (user) thread, never an I/O thread of the Core.
 
 #ifndef DRIVERS_NSQ_PRODUCER_POOL_H_
 #define DRIVERS_NSQ_PRODUCER_POOL_H_
@@ -45,11 +56,17 @@ class ProducerPool {
   ProducerPool(const ProducerPool&) = delete;
   ProducerPool& operator=(const ProducerPool&) = delete;
 
-  // Sends one command with a response to the first producer nsqd that is up, after making
-  // sure that `channels` of `topic` exist on that nsqd (so the message is kept for them).
-  // OK; FailedPrecondition without nsqd_tcp_addresses; Unavailable when no nsqd is up (without
-  // trying the next nsqd once the command was written: it may have been accepted); nsqd's
-  // mapped error otherwise.
+  // True when there is somewhere to publish: nsqd_tcp_addresses or publish_discovery.
+  bool configured() const;
+
+  // Sends one command with a response (PUB, MPUB, DPUB) to an nsqd that is up, as the policy
+  // orders them, failing over to the next one (see the header comment), after making sure
+  // that `channels` of `topic` exist on that nsqd (so the message is kept for them).
+  // OK once an nsqd answered OK; FailedPrecondition without anywhere to publish; Unavailable
+  // when every nsqd is down, backing off or refused it (the message names each);
+  // DeadlineExceeded when publish_timeout passed first (the command may have been accepted by
+  // the nsqd it was waiting on); nsqd's mapped error otherwise (InvalidArgument,
+  // PermissionDenied ...: the same on every nsqd, so not tried elsewhere).
   absl::Status Publish(std::string command, absl::string_view topic,
                        absl::Span<const std::string> channels);
 
@@ -65,32 +82,65 @@ class ProducerPool {
 
  private:
   struct Slot {
-    std::string address{};
-    size_t nsqd = 0;  // index in nsqd_tcp_addresses
-    absl::Mutex mu;   // serialises connecting
+    absl::Mutex mu;  // serialises connecting
     std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
     bool ever_connected ABSL_GUARDED_BY(mu) = false;
+  };
+  // One nsqd; never removed once known (an nsqd that lookupd stops listing is unlisted), so
+  // pointers to it stay valid for the pool's life.
+  struct Nsqd {
+    std::string address{};
+    bool discovered = false;  // from lookupd, not nsqd_tcp_addresses
+    std::vector<std::unique_ptr<Slot>> slots{};
+    std::atomic<uint64_t> next_slot{0};
+
+    absl::Mutex mu;
+    bool listed ABSL_GUARDED_BY(mu) = true;
     int failures ABSL_GUARDED_BY(mu) = 0;
-    absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    absl::Time retry_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     absl::Status last_error ABSL_GUARDED_BY(mu);
+
+    absl::Mutex ensured_mu;
+    // topic -> channels known to exist there (made by this instance).
+    absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> ensured
+        ABSL_GUARDED_BY(ensured_mu);
   };
 
-  absl::StatusOr<std::shared_ptr<Connection>> SlotConnection(Slot& slot);
-  bool ChannelEnsured(size_t nsqd, absl::string_view topic, absl::string_view channel);
-  void ForgetChannels(size_t nsqd);
-  absl::Status EnsureChannelsOn(size_t nsqd, absl::string_view topic,
-                                absl::Span<const std::string> channels);
-  absl::Status CreateChannel(size_t nsqd, absl::string_view topic, absl::string_view channel);
+  std::unique_ptr<Nsqd> NewNsqd(std::string address, bool discovered) const;
+  // The nsqd known now (discovery refreshed first when due).
+  std::vector<Nsqd*> Known();
+  // Asks the lookupds for /nodes when `lookupd_poll_interval` has passed since the last time
+  // (one thread at a time; the others go on with what is known, unless nothing is).
+  void DiscoverIfDue();
+  absl::StatusOr<std::shared_ptr<Connection>> SlotConnection(Nsqd& nsqd, Slot& slot,
+                                                             absl::Time deadline);
+  // Starts (or lengthens) the backoff of `nsqd` after `why`.
+  void MarkFailed(Nsqd& nsqd, const absl::Status& why, absl::string_view event);
+  void MarkHealthy(Nsqd& nsqd);
+  bool ChannelEnsured(Nsqd& nsqd, absl::string_view topic, absl::string_view channel);
+  void ForgetChannels(Nsqd& nsqd);
+  absl::Status EnsureChannelsOn(Nsqd& nsqd, absl::string_view topic,
+                                absl::Span<const std::string> channels, absl::Time deadline);
+  absl::Status CreateChannel(Nsqd& nsqd, absl::string_view topic, absl::string_view channel,
+                             absl::Time deadline);
+  // Connection settings for `address` with the connect bound cut to what is left of
+  // `deadline`.
+  ConnectionOptions ConnOptionsWithin(const std::string& address, absl::Time deadline) const;
+  // Request on `conn`, waiting no longer than `deadline` (DeadlineExceeded then).
+  absl::StatusOr<std::string> RequestWithin(const std::shared_ptr<Connection>& conn,
+                                            std::string command, absl::Time deadline);
 
   Core* const core_;
-  // Per nsqd address, `publish_connections` slots.
-  std::vector<std::vector<std::unique_ptr<Slot>>> slots_;
+  const bool spread_;
   std::atomic<uint64_t> next_publish_{0};
 
-  absl::Mutex ensured_mu_;
-  // Per producer nsqd: topic -> channels known to exist there (made by this instance).
-  std::vector<absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>>> ensured_
-      ABSL_GUARDED_BY(ensured_mu_);
+  absl::Mutex nodes_mu_;
+  std::vector<std::unique_ptr<Nsqd>> nodes_ ABSL_GUARDED_BY(nodes_mu_);
+
+  // Held by the thread asking lookupd (taken before nodes_mu_).
+  absl::Mutex discovery_mu_;
+  absl::Time next_discovery_ ABSL_GUARDED_BY(discovery_mu_) = absl::InfinitePast();
+  absl::Status discovery_error_ ABSL_GUARDED_BY(discovery_mu_);
 };
 
 }  // namespace bus::nsq
