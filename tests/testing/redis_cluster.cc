@@ -1,5 +1,7 @@
 #include "tests/testing/redis_cluster.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -196,6 +198,14 @@ absl::Status RedisCluster::Restart(int node) {
   if (absl::Status st = nodes_[node]->Restart(); !st.ok()) return st;
   down_[node] = false;
   return absl::OkStatus();
+}
+
+void RedisCluster::Pause(int node) {
+  if (nodes_[node]->pid() > 0) kill(nodes_[node]->pid(), SIGSTOP);
+}
+
+void RedisCluster::Resume(int node) {
+  if (nodes_[node]->pid() > 0) kill(nodes_[node]->pid(), SIGCONT);
 }
 
 absl::Status RedisCluster::Takeover(int node) {

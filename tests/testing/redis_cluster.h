@@ -70,6 +70,10 @@ class RedisCluster {
   void Kill(int node);
   // Starts a killed node again on its port and directory; it rejoins with its old identity.
   absl::Status Restart(int node);
+  // SIGSTOP / SIGCONT a node: a stopped replica takes no replication stream (a lagging or cut
+  // off replica). Resume before asking it anything.
+  void Pause(int node);
+  void Resume(int node);
   // CLUSTER FAILOVER TAKEOVER on replica `node`: it becomes master at once, without its
   // master's agreement (which a killed master cannot give).
   absl::Status Takeover(int node);
