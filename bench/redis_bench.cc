@@ -6,10 +6,17 @@
 //  3. e2e:    a Handler with a no-op handle function, Redis dead-letter and idempotency stores,
 //             draining a pre-filled queue (one consumer process)
 //
-// Each rate is printed with its ratio to the limit. The program starts its own redis-server
-// (persistence off) on a free loopback port, or uses --port.
+// Each rate is printed with its ratio to the limit, and once more as a machine-readable line
+// `ours=redis mode=send|e2e msgs=N secs=S rate=R` (bench/peers/run.sh reads those). The program
+// starts its own redis-server (persistence off) on a free loopback port, or uses --port.
+// --steps picks the measurements; --send_single sends one message per Publisher::SendToQueue
+// call instead of batches (the pre-fill of the e2e queue is always batched).
 //
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
+//   # the defaults of HandlerOptions (batch_size 1, max in flight = concurrency), concurrency 8:
+//   redis_bench --port=P --steps=e2e --handler_batch_size=1 --max_in_flight=0
+//   # one message per call from 8 threads:
+//   redis_bench --port=P --steps=sends --send_single --producers=8 --messages=50000
 
 #include <sys/wait.h>
 
@@ -47,8 +54,14 @@ ABSL_FLAG(int, e2e_messages, 100000, "Messages for the end-to-end benchmark");
 ABSL_FLAG(int, payload, 100, "Payload bytes per message");
 ABSL_FLAG(int, batch, 100, "Messages per SendBatchToQueue call");
 ABSL_FLAG(int, producers, 2, "Producer threads");
+ABSL_FLAG(bool, send_single, false,
+          "sends step: one message per Publisher::SendToQueue call (not SendBatchToQueue)");
+ABSL_FLAG(std::string, steps, "limit,sends,e2e,limit_after",
+          "comma-separated measurements to run, in this order: limit (redis-benchmark LPUSH), "
+          "sends, e2e (with --memory_baseline also the baselines), limit_after");
 ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
-ABSL_FLAG(int, max_in_flight, 1024, "Handler max in flight (prefetch)");
+ABSL_FLAG(int, max_in_flight, 1024,
+          "Handler max in flight (prefetch); 0: the default (equal to --concurrency)");
 ABSL_FLAG(int, handler_batch_size, 128,
           "HandlerOptions::batch_size for the e2e runs (1: one message per store call)");
 ABSL_FLAG(bool, memory_baseline, false,
@@ -87,9 +100,12 @@ std::vector<bus::Outgoing> Batch(int n, int payload) {
   return out;
 }
 
-double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queue, int messages) {
+// Messages per second; with `single`, one Publisher::SendToQueue call per message (else
+// SendBatchToQueue of --batch). Sets *sent and *took when given.
+double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queue, int messages,
+             bool single = false, int* sent_out = nullptr, absl::Duration* took_out = nullptr) {
   const int producers = absl::GetFlag(FLAGS_producers);
-  const int batch = absl::GetFlag(FLAGS_batch);
+  const int batch = single ? 1 : absl::GetFlag(FLAGS_batch);
   const int payload = absl::GetFlag(FLAGS_payload);
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
@@ -99,9 +115,14 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queu
     threads.emplace_back([&] {
       bus::Publisher publisher(driver);
       while (next.fetch_add(batch) < messages) {
-        auto ids = publisher.SendBatchToQueue(queue, Batch(batch, payload));
-        if (!ids.ok()) {
-          std::fprintf(stderr, "send failed: %s\n", ids.status().ToString().c_str());
+        absl::Status status;
+        if (single) {
+          status = publisher.SendToQueue(queue, {.payload = std::string(payload, 'x')}).status();
+        } else {
+          status = publisher.SendBatchToQueue(queue, Batch(batch, payload)).status();
+        }
+        if (!status.ok()) {
+          std::fprintf(stderr, "send failed: %s\n", status.ToString().c_str());
           failed = true;
           return;
         }
@@ -112,12 +133,15 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queu
   const absl::Duration took = absl::Now() - start;
   if (failed) return 0;
   const int sent = (messages + batch - 1) / batch * batch;
+  if (sent_out != nullptr) *sent_out = sent;
+  if (took_out != nullptr) *took_out = took;
   return sent / absl::ToDoubleSeconds(took);
 }
 
 double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
                 std::shared_ptr<bus::DeadLetterStore> dead_letters,
-                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages) {
+                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages,
+                const char* label) {
   static int run = 0;
   const std::string queue = absl::StrCat("bench-e2e-", run++);
   if (Sends(driver, queue, messages) <= 0) return 0;
@@ -156,7 +180,12 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   const bus::HandlerStats s = (*handler)->Stats();
   std::printf("e2e stats: %s\n", s.ToString().c_str());
   if (done == start) return 0;
-  return total / absl::ToDoubleSeconds(done - start);
+  const double secs = absl::ToDoubleSeconds(done - start);
+  std::printf(
+      "ours=%s mode=e2e concurrency=%d max_in_flight=%d batch_size=%d msgs=%d secs=%.3f "
+      "rate=%.0f\n",
+      label, h.concurrency, h.max_in_flight, h.batch_size, total, secs, total / secs);
+  return total / secs;
 }
 
 }  // namespace
@@ -243,38 +272,70 @@ int main(int argc, char** argv) {
     conn->Shutdown();
     return 0;
   }
-  const double limit = RedisBenchmarkLpush(port);
-  std::printf("limit  redis-benchmark -P 16 -t lpush: %.0f requests/s\n", limit);
-  const double sends = Sends(*driver, "bench-send", absl::GetFlag(FLAGS_messages));
-  std::printf(
-      "sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s"
-      "  ratio %.2f\n",
-      absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload),
-      sends, limit > 0 ? sends / limit : 0);
-  auto dead_letters = bus::NewRedisDeadLetterStore(options);
-  auto idempotency = bus::NewRedisIdempotencyStore(options);
-  if (!dead_letters.ok() || !idempotency.ok()) return 1;
-  const double e2e =
-      EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages));
-  std::printf(
-      "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d): "
-      "%.0f msg/s  ratio %.2f\n",
-      absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
-      absl::GetFlag(FLAGS_handler_batch_size), e2e, limit > 0 ? e2e / limit : 0);
-  if (absl::GetFlag(FLAGS_memory_baseline)) {
-    const double mixed =
-        EndToEnd(*driver, bus::NewMemoryDeadLetterStore(), bus::NewMemoryIdempotencyStore(),
-                 absl::GetFlag(FLAGS_e2e_messages));
-    std::printf(
-        "e2e    (baseline) same Handler on the Redis driver with memory stores: %.0f msg/s\n",
-        mixed);
-    const double mem =
-        EndToEnd(bus::NewMemoryDriver(), bus::NewMemoryDeadLetterStore(),
-                 bus::NewMemoryIdempotencyStore(), absl::GetFlag(FLAGS_e2e_messages));
-    std::printf(
-        "e2e    (baseline) same Handler on the memory driver and memory stores: %.0f msg/s\n", mem);
+  std::vector<std::string> steps = absl::StrSplit(absl::GetFlag(FLAGS_steps), ',');
+  for (const std::string& step : steps) {
+    if (step != "limit" && step != "sends" && step != "e2e" && step != "limit_after") {
+      std::fprintf(stderr, "unknown step %s\n", step.c_str());
+      return 2;
+    }
   }
-  const double limit_after = RedisBenchmarkLpush(port);
-  std::printf("limit  (again, after): %.0f requests/s\n", limit_after);
+  double limit = 0;
+  for (const std::string& step : steps) {
+    if (step == "limit") {
+      limit = RedisBenchmarkLpush(port);
+      std::printf("limit  redis-benchmark -P 16 -t lpush: %.0f requests/s\n", limit);
+    } else if (step == "sends") {
+      const bool single = absl::GetFlag(FLAGS_send_single);
+      int sent = 0;
+      absl::Duration took;
+      const double sends =
+          Sends(*driver, "bench-send", absl::GetFlag(FLAGS_messages), single, &sent, &took);
+      if (single) {
+        std::printf("sends  SendToQueue (one per call, %d producers, %d-byte payload): %.0f msg/s",
+                    absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload), sends);
+      } else {
+        std::printf("sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s",
+                    absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers),
+                    absl::GetFlag(FLAGS_payload), sends);
+      }
+      if (limit > 0) std::printf("  ratio %.2f", sends / limit);
+      std::printf("\n");
+      if (sends <= 0) return 1;
+      std::printf("ours=redis mode=send per_call=%d producers=%d msgs=%d secs=%.3f rate=%.0f\n",
+                  single ? 1 : absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers), sent,
+                  absl::ToDoubleSeconds(took), sends);
+    } else if (step == "e2e") {
+      auto dead_letters = bus::NewRedisDeadLetterStore(options);
+      auto idempotency = bus::NewRedisIdempotencyStore(options);
+      if (!dead_letters.ok() || !idempotency.ok()) return 1;
+      const double e2e = EndToEnd(*driver, *dead_letters, *idempotency,
+                                  absl::GetFlag(FLAGS_e2e_messages), "redis");
+      std::printf(
+          "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d): "
+          "%.0f msg/s",
+          absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
+          absl::GetFlag(FLAGS_handler_batch_size), e2e);
+      if (limit > 0) std::printf("  ratio %.2f", e2e / limit);
+      std::printf("\n");
+      if (e2e <= 0) return 1;
+      if (absl::GetFlag(FLAGS_memory_baseline)) {
+        const double mixed =
+            EndToEnd(*driver, bus::NewMemoryDeadLetterStore(), bus::NewMemoryIdempotencyStore(),
+                     absl::GetFlag(FLAGS_e2e_messages), "redis-driver-memory-stores");
+        std::printf(
+            "e2e    (baseline) same Handler on the Redis driver with memory stores: %.0f msg/s\n",
+            mixed);
+        const double mem =
+            EndToEnd(bus::NewMemoryDriver(), bus::NewMemoryDeadLetterStore(),
+                     bus::NewMemoryIdempotencyStore(), absl::GetFlag(FLAGS_e2e_messages), "memory");
+        std::printf(
+            "e2e    (baseline) same Handler on the memory driver and memory stores: %.0f msg/s\n",
+            mem);
+      }
+    } else if (step == "limit_after") {
+      const double limit_after = RedisBenchmarkLpush(port);
+      std::printf("limit  (again, after): %.0f requests/s\n", limit_after);
+    }
+  }
   return 0;
 }

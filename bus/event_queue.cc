@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "bus/trace.h"
 
 namespace bus {
 
@@ -56,6 +57,26 @@ void EventQueue::Unpack(const Slot& s, Event* e) const {
     fields[i]->assign(s.text, at, s.sizes[i]);
     at += s.sizes[i];
   }
+  // Packed as the whole traceparent: validated here, off the producer's path.
+  if (IsValidTraceParent(e->trace_id)) {
+    e->trace_id.erase(0, 3).resize(32);
+  } else {
+    e->trace_id.clear();
+  }
+}
+
+void EventQueue::Flush(Stage* stage) {
+  if (stage->size_ == 0) return;
+  absl::MutexLock lock(&mu_);
+  size_t i = 0;
+  if (!closed_.load(std::memory_order_relaxed)) {
+    for (; i < stage->size_ && pending_size_ < pending_.size(); ++i) {
+      std::swap(pending_[pending_size_++], stage->slots_[i]);
+    }
+    if (i > 0 && waiting_) cv_.Signal();
+  }
+  dropped_.fetch_add(stage->size_ - i, std::memory_order_relaxed);
+  stage->size_ = 0;
 }
 
 void EventQueue::Deliver(const Event& e) {

@@ -28,6 +28,16 @@
 namespace bus::internal {
 
 class EventQueue {
+  static constexpr int kParts = 5;
+  // One packed event: message id, biz_uid, trace id, error and detail, one after the other.
+  struct Slot {
+    EventType type = EventType::kHandled;
+    int attempt = 0;
+    absl::Time time{};
+    size_t sizes[kParts] = {};
+    std::string text{};
+  };
+
  public:
   // Starts the delivery thread. `reconnects` (optional) is read about once a second; each
   // increase is delivered as a kReconnect event with `queue` and the time of `now`.
@@ -38,28 +48,50 @@ class EventQueue {
   EventQueue(const EventQueue&) = delete;
   EventQueue& operator=(const EventQueue&) = delete;
 
-  // Queues one event (the Event fields of the same names; `queue` is the queue's). Never
+  // One producer thread's events not yet in the queue: Push with a stage packs into it without
+  // the lock; Flush moves the staged events into the queue under one lock (swapping slots, so
+  // neither side allocates). A stage holds at most kStageLimit events: the Push that fills it
+  // flushes it. Events still staged are not delivered: the owner flushes before it goes idle.
+  // Thread-safety: one thread at a time.
+  class Stage {
+   public:
+    Stage() = default;
+    Stage(const Stage&) = delete;
+    Stage& operator=(const Stage&) = delete;
+    bool empty() const { return size_ == 0; }
+
+   private:
+    friend class EventQueue;
+    std::vector<Slot> slots_ = std::vector<Slot>(kStageLimit);
+    size_t size_ = 0;
+  };
+  static constexpr size_t kStageLimit = 64;
+
+  // Queues one event (the Event fields of the same names; `queue` is the queue's), into `stage`
+  // when given, else straight into the queue. `traceparent` is the message's header (empty
+  // without one); the delivered event carries its trace id, or none when it is not valid. Never
   // waits for the observer; dropped (and counted) when full or closed.
-  void Push(EventType type, absl::Time time, int attempt, absl::string_view message_id,
-            absl::string_view biz_uid, absl::string_view trace_id, absl::string_view error,
-            absl::string_view detail) {
+  void Push(Stage* stage, EventType type, absl::Time time, int attempt,
+            absl::string_view message_id, absl::string_view biz_uid, absl::string_view traceparent,
+            absl::string_view error, absl::string_view detail) {
+    if (stage != nullptr) {
+      Pack(&stage->slots_[stage->size_++], type, time, attempt,
+           {message_id, biz_uid, traceparent, error, detail});
+      if (stage->size_ == kStageLimit) Flush(stage);
+      return;
+    }
     absl::MutexLock lock(&mu_);
     if (closed_.load(std::memory_order_relaxed) || pending_size_ == pending_.size()) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    Slot& s = pending_[pending_size_++];
-    s.type = type;
-    s.time = time;
-    s.attempt = attempt;
-    s.text.clear();
-    const absl::string_view parts[kParts] = {message_id, biz_uid, trace_id, error, detail};
-    for (int i = 0; i < kParts; ++i) {
-      s.sizes[i] = parts[i].size();
-      s.text.append(parts[i].data(), parts[i].size());
-    }
+    Pack(&pending_[pending_size_++], type, time, attempt,
+         {message_id, biz_uid, traceparent, error, detail});
     if (waiting_) cv_.Signal();
   }
+
+  // Moves `stage`'s events into the queue (what does not fit is dropped and counted).
+  void Flush(Stage* stage);
 
   // Events dropped so far (a full queue, or queued when Close came).
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
@@ -70,15 +102,17 @@ class EventQueue {
   void Close();
 
  private:
-  static constexpr int kParts = 5;
-  // One packed event: message id, biz_uid, trace id, error and detail, one after the other.
-  struct Slot {
-    EventType type = EventType::kHandled;
-    int attempt = 0;
-    absl::Time time{};
-    size_t sizes[kParts] = {};
-    std::string text{};
-  };
+  static void Pack(Slot* s, EventType type, absl::Time time, int attempt,
+                   const absl::string_view (&parts)[kParts]) {
+    s->type = type;
+    s->time = time;
+    s->attempt = attempt;
+    s->text.clear();
+    for (int i = 0; i < kParts; ++i) {
+      s->sizes[i] = parts[i].size();
+      s->text.append(parts[i].data(), parts[i].size());
+    }
+  }
   void Unpack(const Slot& s, Event* e) const;
   void Deliver(const Event& e);
   void PollReconnects();

@@ -264,6 +264,7 @@ absl::Status Handler::Run() {
     absl::MutexLock lock(&shared->mu);
     shared->consuming = true;
   };
+  if (shared->events != nullptr) ro.on_idle = [shared] { shared->FlushEvents(); };
   absl::Status st = ReceiveBatches(
       *o.driver, o.queue, ro,
       [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
@@ -271,6 +272,7 @@ absl::Status Handler::Run() {
         inputs.resize(ds.size());
         for (size_t i = 0; i < ds.size(); ++i)
           inputs[i] = internal::Input{ds[i].data, ds[i].corrupt, -1};
+        shared->StageEvents();
         shared->ProcessBatch(inputs, out);
       },
       stop,

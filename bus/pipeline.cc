@@ -102,6 +102,19 @@ bool IsPermanent(const absl::Status& status) {
 
 namespace internal {
 
+thread_local EventQueue::Stage* Pipeline::staged_events_ = nullptr;
+
+void Pipeline::StageEvents() {
+  if (events == nullptr || staged_events_ != nullptr) return;
+  // One per thread, for the thread's life: a worker thread serves one Handler.
+  thread_local EventQueue::Stage stage;
+  staged_events_ = &stage;
+}
+
+void Pipeline::FlushEvents() {
+  if (events != nullptr && staged_events_ != nullptr) events->Flush(staged_events_);
+}
+
 bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
   absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
                                        : absl::DataLossError(in.corrupt);

@@ -115,6 +115,8 @@ struct Pipeline {
 
   // Set when options.observer is; closed by ~Handler.
   std::unique_ptr<EventQueue> events;
+  // This thread's stage (StageEvents), or null.
+  static thread_local EventQueue::Stage* staged_events_;
 
   // Writes a record about `msg` (if any) to the logger. `event` names what happened, `text`
   // says it in a sentence; `attempt` is the handle attempt it is about (0: none). Never throws:
@@ -141,15 +143,29 @@ struct Pipeline {
     }
   }
 
-  // Queues an event for the observer, if there is one; never waits for it.
+  // Queues an event for the observer, if there is one; never waits for it. On a thread that
+  // called StageEvents, into that thread's stage (EventQueue::Stage) until FlushEvents.
   void Emit(EventType type, const Message* msg, int attempt = 0, absl::string_view error = {},
             absl::string_view detail = {}) {
     if (events == nullptr) return;
     const absl::Time now = options.clock->Now();
-    const absl::string_view trace_id = msg != nullptr ? TraceIdOf(*msg) : absl::string_view();
-    events->Push(type, now, attempt, msg != nullptr ? absl::string_view(msg->id) : "",
-                 msg != nullptr ? absl::string_view(msg->biz_uid) : "", trace_id, error, detail);
+    absl::string_view id, biz_uid, traceparent;
+    if (msg != nullptr) {
+      id = msg->id;
+      biz_uid = msg->biz_uid;
+      if (const std::string* v = msg->FindHeader(kTraceParentHeader); v != nullptr) {
+        traceparent = *v;
+      }
+    }
+    events->Push(staged_events_, type, now, attempt, id, biz_uid, traceparent, error, detail);
   }
+
+  // From now on, the events this thread emits wait in a stage of its own and reach the
+  // observer's queue in batches: when the stage is full, or at FlushEvents. For the receive
+  // loop's workers, which flush before they go idle (ReceiveOptions::on_idle); one lock per
+  // batch instead of one per event.
+  void StageEvents();
+  void FlushEvents();
 
   // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
   // message, acquire the keys of those that decoded (one store call), then steps 3 to 6 for

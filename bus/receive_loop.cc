@@ -112,10 +112,18 @@ void Loop::Worker(size_t index, std::stop_token stop) {
   std::vector<Delivery> settling;
   std::vector<Settlement> settlements;
   SettleScratch scratch;
+  bool idle_due = false;  // took deliveries since on_idle was last called
+  auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    idle_due = false;
+    mu.Unlock();
+    options.on_idle();
+    mu.Lock();
+  };
   absl::MutexLock lock(&mu);
   Slot& slot = slots[index];
   while (!stopping) {
     if (!buffer.empty()) {
+      idle_due = options.on_idle != nullptr;
       const size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
       for (size_t i = 0; i < n; ++i) {
         slot.deliveries.push_back(std::move(buffer.front().delivery));
@@ -148,6 +156,10 @@ void Loop::Worker(size_t index, std::stop_token stop) {
         slot.renewed_at.clear();
       }
       held -= static_cast<int>(n);
+      continue;
+    }
+    if (idle_due) {
+      idle();
       continue;
     }
     const int room = options.max_in_flight - held;
@@ -185,6 +197,7 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
     held += static_cast<int>(fetched.size());
   }
+  if (idle_due) idle();
   --running_workers;
 }
 

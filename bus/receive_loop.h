@@ -67,6 +67,10 @@ struct ReceiveOptions {
   // exists (after any wait for an unreachable broker), before the first delivery reaches the
   // callback. Optional.
   std::function<void()> on_consuming;
+  // Called on a worker thread, without the loop's lock, when the worker has settled what it
+  // took and finds no delivery waiting (before it fetches or waits), and when it exits: the
+  // point to hand on what the callbacks gathered in batches. Optional.
+  std::function<void()> on_idle;
 };
 
 // The callback. It runs on one of the worker threads and must not throw (an escaping exception

@@ -716,6 +716,47 @@ TEST_P(DriverConformanceTest, ReceiveBatchesSaysOnceWhenItConsumes) {
   EXPECT_EQ(consuming.load(), 1);
 }
 
+// on_idle comes after the worker settled what it took and finds nothing waiting, and not
+// before anything was taken: the last call saw every delivery handled, and a loop that never
+// got a delivery never calls it.
+TEST_P(DriverConformanceTest, ReceiveLoopCallsOnIdleOnlyAfterItTookDeliveries) {
+  const std::string q = Unique("q");
+  std::atomic<int> handled{0};
+  std::atomic<int> idle_calls{0};
+  std::atomic<int> handled_at_idle{-1};
+  ReceiveOptions options;
+  options.lease = harness_->ShortLease() * 10;
+  options.poll_wait = harness_->ShortLease();
+  options.on_idle = [&] {
+    idle_calls.fetch_add(1);
+    handled_at_idle.store(handled.load());
+  };
+  {
+    ReceiveLoop empty(driver_.get(), Unique("empty"), options,
+                      [&](const Delivery&) { return Settlement::Done(); });
+    auto& result = empty.Stop();
+    ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_TRUE(result.get().ok());
+  }
+  EXPECT_EQ(idle_calls.load(), 0);
+  std::vector<std::string> batch;
+  for (int i = 0; i < 20; ++i) batch.push_back(absl::StrCat(i));
+  ASSERT_TRUE(driver_->SendBatchToQueue(q, batch, absl::ZeroDuration()).ok());
+  {
+    ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) {
+      handled.fetch_add(1);
+      return Settlement::Done();
+    });
+    ASSERT_TRUE(WaitUntil([&] { return handled_at_idle.load() == 20; }));
+    const int calls = idle_calls.load();
+    EXPECT_GE(calls, 1);
+    auto& result = loop.Stop();
+    ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    EXPECT_TRUE(result.get().ok());
+    EXPECT_EQ(idle_calls.load(), calls);  // nothing taken since the last one
+  }
+}
+
 TEST_P(DriverConformanceTest, ReceiveMessageHandsEachMessageToTheCallbackUntilStopped) {
   const std::string q = Unique("q");
   absl::Mutex mu;

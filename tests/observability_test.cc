@@ -278,6 +278,43 @@ TEST_F(ObservabilityTest, EachOutcomeIsAnEventWithTheMessagesFields) {
   EXPECT_EQ(h->Stats().events_dropped, 0u);
 }
 
+// A worker stages its events and hands them on in batches (when its stage is full, or when it
+// goes idle); a burst longer than one stage arrives whole and in order, none dropped.
+TEST_F(ObservabilityTest, ABurstOfEventsArrivesWholeAndInOrder) {
+  constexpr int kMessages = 300;  // several stages' worth
+  HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
+  o.observer_queue = 4 * kMessages;
+  std::vector<std::string> ids;
+  std::vector<std::string> batch;
+  for (int i = 0; i < kMessages; ++i) {
+    Message m = publisher_.Build(Outgoing{absl::StrCat("b", i), "x", {}});
+    ids.push_back(m.id);
+    batch.push_back(EncodeEnvelope(m));
+  }
+  ASSERT_TRUE(driver_->SendBatchToQueue("orders", batch, absl::ZeroDuration()).ok());
+  Handler* h = Start(std::move(o));
+  ASSERT_TRUE(WaitUntil([&] { return events_.Count(EventType::kHandled) == kMessages; }));
+  std::vector<std::string> seen;
+  for (const Event& e : events_.Of(EventType::kHandled)) seen.push_back(e.message_id);
+  EXPECT_EQ(seen, ids);  // one worker: in the order of the queue
+  EXPECT_EQ(h->Stats().events_dropped, 0u);
+}
+
+// The trace id is taken from a valid traceparent only; an invalid one gives none.
+TEST_F(ObservabilityTest, AnEventOfAMessageWithAnInvalidTraceparentHasNoTraceId) {
+  Handler* h = Start(Options([](const Message&) { return absl::OkStatus(); }));
+  ASSERT_NE(h, nullptr);
+  Message m = publisher_.Build(Outgoing{"t", "x", {}});
+  for (auto& [k, v] : m.headers) {
+    if (k == "traceparent") v = "00-not-a-trace-parent";
+  }
+  ASSERT_TRUE(driver_->SendToQueue("orders", EncodeEnvelope(m), absl::ZeroDuration()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return events_.Count(EventType::kHandled) == 1; }));
+  const Event e = events_.Of(EventType::kHandled)[0];
+  EXPECT_EQ(e.message_id, m.id);
+  EXPECT_EQ(e.trace_id, "");
+}
+
 TEST_F(ObservabilityTest, LostLeasesAreEvents) {
   absl::Notification started, release;
   std::atomic<int> calls{0};

@@ -28,6 +28,7 @@
 #include "boost/beast/http.hpp"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/nsq_auth_server.h"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/wait.h"
@@ -35,6 +36,7 @@
 namespace bus {
 namespace {
 
+using testing::NsqAuthServer;
 using testing::NsqdConfig;
 using testing::NsqdServer;
 using testing::NsqlookupdServer;
@@ -508,58 +510,8 @@ TEST(NsqDriverTest, OversizedMessageIsAClearErrorWithoutAReconnectStorm) {
   EXPECT_TRUE(absl::IsInvalidArgument(driver->SendToTopic("bad topic", "x", "k")));
 }
 
-// A minimal nsqd auth server: GET /auth?secret=... grants everything to "right", 403 otherwise.
-class AuthServer {
- public:
-  AuthServer() : acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~AuthServer() {
-    stop_ = true;
-    boost::system::error_code ec;
-    boost::asio::ip::tcp::socket s(io_);
-    s.connect(acceptor_.local_endpoint(), ec);  // unblocks accept()
-    thread_.join();
-  }
-  std::string address() const {
-    return absl::StrCat("127.0.0.1:", acceptor_.local_endpoint().port());
-  }
-  int requests() const { return requests_.load(); }
-
- private:
-  void Run() {
-    namespace http = boost::beast::http;
-    while (!stop_) {
-      boost::asio::ip::tcp::socket socket(io_);
-      boost::system::error_code ec;
-      acceptor_.accept(socket, ec);
-      if (ec || stop_) continue;
-      boost::beast::flat_buffer buffer;
-      http::request<http::string_body> req;
-      http::read(socket, buffer, req, ec);
-      if (ec) continue;
-      requests_.fetch_add(1);
-      const bool ok = absl::StrContains(std::string(req.target()), "secret=right");
-      http::response<http::string_body> res(ok ? http::status::ok : http::status::forbidden, 11);
-      res.set(http::field::content_type, "application/json");
-      res.body() =
-          ok ? R"({"ttl":3600,"identity":"test","authorizations":[)"
-               R"({"topic":".*","channels":[".*"],"permissions":["subscribe","publish"]}]})"
-             : R"({"message":"NOT_AUTHORIZED"})";
-      res.prepare_payload();
-      http::write(socket, res, ec);
-    }
-  }
-
-  boost::asio::io_context io_;
-  boost::asio::ip::tcp::acceptor acceptor_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> requests_{0};
-};
-
 TEST(NsqDriverTest, AuthWithTheRightSecretWorksAndAWrongOneFailsClearlyWithoutAStorm) {
-  AuthServer auth;
+  NsqAuthServer auth("right");
   auto nsqd = StartNsqd({.auth_http_address = auth.address()});
   ASSERT_NE(nsqd, nullptr);
 
