@@ -42,9 +42,13 @@
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/redis_cluster.h"
 #include "tests/testing/redis_server.h"
 
 ABSL_FLAG(int, port, 0, "Use the redis-server on 127.0.0.1:port (0: start one)");
+ABSL_FLAG(bool, cluster, false,
+          "Start a Redis Cluster (3 masters, 1 replica each) and run on it; the limit is one "
+          "master's");
 ABSL_FLAG(int, messages, 300000, "Messages for the send benchmark");
 ABSL_FLAG(int, e2e_messages, 100000, "Messages for the end-to-end benchmark");
 ABSL_FLAG(int, payload, 100, "Payload bytes per message");
@@ -189,8 +193,17 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::unique_ptr<bus::testing::RedisServer> server;
+  std::unique_ptr<bus::testing::RedisCluster> cluster;
   int port = absl::GetFlag(FLAGS_port);
-  if (port == 0) {
+  if (absl::GetFlag(FLAGS_cluster)) {
+    auto started = bus::testing::RedisCluster::Start({});
+    if (!started.ok()) {
+      std::fprintf(stderr, "redis cluster: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    cluster = std::move(*started);
+    port = cluster->port(0);
+  } else if (port == 0) {
     auto started = bus::testing::RedisServer::Start({});
     if (!started.ok()) {
       std::fprintf(stderr, "redis-server: %s\n", started.status().ToString().c_str());
@@ -201,6 +214,7 @@ int main(int argc, char** argv) {
   }
   bus::RedisOptions options;
   options.port = port;
+  if (cluster != nullptr) options.seeds = cluster->Seeds();
   options.logger = bus::NullLogger();
   auto driver = bus::NewRedisDriver(options);
   if (!driver.ok()) return 1;

@@ -43,8 +43,8 @@ absl::StatusOr<RedisOptions> Redis(const ParsedUrl& url, const OpenOverrides& o)
 }
 
 bool IsRedis(const ParsedUrl& url) {
-  return url.scheme == "redis" || url.scheme == "rediss" || url.scheme == "unix" ||
-         url.scheme == "redis+unix";
+  return url.scheme == "redis" || url.scheme == "redis+cluster" || url.scheme == "rediss" ||
+         url.scheme == "unix" || url.scheme == "redis+unix";
 }
 
 }  // namespace

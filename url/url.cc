@@ -336,10 +336,17 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   if (url.scheme == "unix" || url.scheme == "redis+unix") {
     return Bad("scheme", "unix sockets are not supported; use redis://host:port");
   }
-  if (url.scheme != "redis") return Bad("scheme", absl::StrCat("want redis://, got ", url.scheme));
+  const bool cluster = url.scheme == "redis+cluster";
+  if (url.scheme != "redis" && !cluster) {
+    return Bad("scheme", absl::StrCat("want redis:// or redis+cluster://, got ", url.scheme));
+  }
   RedisOptions o;
-  if (url.hosts.size() > 1) return Bad("host", "redis:// takes one host");
-  if (!url.hosts.empty()) {
+  if (cluster) {
+    if (url.hosts.empty()) return Bad("host", "redis+cluster:// needs at least one seed node");
+    for (const UrlHost& h : url.hosts) o.seeds.push_back(JoinHost(h, 6379));
+  } else if (url.hosts.size() > 1) {
+    return Bad("host", "redis:// takes one host (a cluster's nodes: redis+cluster://h1,h2)");
+  } else if (!url.hosts.empty()) {
     o.host = url.hosts[0].host;
     if (url.hosts[0].port != 0) o.port = url.hosts[0].port;
   }
@@ -375,6 +382,8 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   p.Integer("script_batch", &o.script_batch);
   p.Integer("max_reply_bytes", &o.max_reply_bytes);
   p.Integer("max_reply_elements", &o.max_reply_elements);
+  p.Integer("wait_replicas", &o.wait_replicas);
+  p.Duration("wait_timeout", &o.wait_timeout);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
   return o;

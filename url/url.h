@@ -3,6 +3,7 @@
 //
 //   memory://
 //   redis://[user[:password]@]host[:port][/db][?key_prefix=..&request_timeout=..]
+//   redis+cluster://[user[:password]@]host1[:port][,host2[:port]...][?...]   (seed nodes)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //
@@ -72,8 +73,9 @@ GetEnv ProcessEnv();
 // redis:// → RedisOptions. Port default 6379, db from the path ("/2"), password from the URL
 // or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, connect_timeout,
 // request_timeout, timeout (both), reconnect_backoff_base, reconnect_backoff_max,
-// script_batch, max_reply_bytes, max_reply_elements, db. The result is validated
-// (ValidateRedisOptions).
+// script_batch, max_reply_bytes, max_reply_elements, db, wait_replicas, wait_timeout.
+// redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0). The
+// result is validated (ValidateRedisOptions).
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with

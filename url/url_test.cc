@@ -119,6 +119,20 @@ TEST(RedisUrl, PasswordFromTheEnvironmentOnlyWhenTheUrlHasNone) {
   ExpectBad(Redis("redis://bob@h").status(), "password");
 }
 
+TEST(RedisUrl, ClusterSeeds) {
+  absl::StatusOr<RedisOptions> o =
+      Redis("redis+cluster://:pw@10.0.0.1:7000,[::1]:7001,h3?wait_replicas=1&wait_timeout=250ms");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->seeds, (std::vector<std::string>{"10.0.0.1:7000", "[::1]:7001", "h3:6379"}));
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_EQ(o->wait_replicas, 1);
+  EXPECT_EQ(o->wait_timeout, absl::Milliseconds(250));
+  ExpectBad(Redis("redis+cluster://").status(), "host");
+  ExpectBad(Redis("redis+cluster://h1:7000/2").status(), "db");
+  ExpectBad(Redis("redis://h1:7000,h2:7001").status(), "host");
+  ExpectBad(Redis("redis://h1?wait_replicas=17").status(), "wait_replicas");
+}
+
 TEST(RedisUrl, Ipv6Host) {
   absl::StatusOr<RedisOptions> o = Redis("redis://[::1]:6390/1");
   ASSERT_TRUE(o.ok()) << o.status();

@@ -20,14 +20,11 @@
 #include "bus/retry.h"
 #include "bus/route_key.h"
 #include "drivers/redis/client/client.h"
-#include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 
 namespace bus {
 namespace {
 
-using redis::Connection;
-using redis::IoThread;
 using redis::Reply;
 using redis::Script;
 
@@ -105,21 +102,13 @@ std::string NewId(absl::BitGen& gen) {
                       absl::Hex(absl::Uniform<uint64_t>(gen), absl::kZeroPad16));
 }
 
-// Shared by the driver and its consumers: the IoThread and the pipelined connection.
+// Shared by the driver and its consumers: the client (one server or a cluster).
 class Core {
  public:
-  explicit Core(RedisOptions options) : options_(std::move(options)) { conn_ = NewConnection(); }
-  ~Core() {
-    conn_->Shutdown();
-    conn_.reset();
-    // io_ (declared first) is destroyed last, after every connection on it shut down.
-  }
-
-  std::shared_ptr<Connection> NewConnection() {
-    return Connection::Create(io_.get(), ToConnectionOptions(options_), [this] {
+  explicit Core(RedisOptions options) : options_(std::move(options)) {
+    client_ = redis::NewClient(options_, [this](const std::string& address) {
       const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
-      const std::string text = absl::StrCat("reconnected to ", options_.host, ":", options_.port,
-                                            " (reconnects: ", n, ")");
+      const std::string text = absl::StrCat("reconnected to ", address, " (reconnects: ", n, ")");
       LogRecord r;
       r.level = LogLevel::kWarning;
       r.time = options_.clock->Now();
@@ -131,7 +120,7 @@ class Core {
   }
 
   const RedisOptions& options() const { return options_; }
-  Connection& conn() { return *conn_; }
+  redis::Client& client() { return *client_; }
   uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
 
   std::string NewMessageId() {
@@ -145,8 +134,9 @@ class Core {
     const absl::Time deadline = absl::Now() + options_.request_timeout;
     absl::BitGen gen;
     for (int attempt = 1;; ++attempt) {
-      absl::StatusOr<std::vector<Reply>> replies =
-          conn_->Eval(EnqueueScript(), calls, deadline - absl::Now());
+      // Replicated: with wait_replicas set, a send is acknowledged only once replicas have it.
+      absl::StatusOr<std::vector<Reply>> replies = client_->Eval(
+          EnqueueScript(), calls, deadline - absl::Now(), redis::Durability::kReplicated);
       absl::Status st = replies.status();
       if (st.ok()) {
         for (const Reply& r : *replies) {
@@ -169,9 +159,8 @@ class Core {
 
  private:
   RedisOptions options_;
-  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
-  std::shared_ptr<Connection> conn_;
   std::atomic<uint64_t> reconnects_{0};
+  std::shared_ptr<redis::Client> client_;
   absl::Mutex gen_mu_;
   absl::BitGen gen_ ABSL_GUARDED_BY(gen_mu_);
 };
@@ -212,7 +201,7 @@ class RedisConsumer final : public Consumer {
         queue_(std::move(queue)),
         keys_(core_->options().key_prefix, queue_),
         options_(options),
-        blocking_(core_->NewConnection()) {}
+        blocking_(core_->client().NewBlocking()) {}
 
   ~RedisConsumer() override {
     // Give back what this consumer still holds, so others get it now rather than after the
@@ -231,9 +220,9 @@ class RedisConsumer final : public Consumer {
                        keys_.notify, p->id, p->token, "0"});
     }
     if (!calls.empty()) {
-      (void)core_->conn().Eval(NackScript(), std::move(calls), core_->options().request_timeout);
+      (void)core_->client().Eval(NackScript(), std::move(calls), core_->options().request_timeout);
     }
-    blocking_->Shutdown();
+    blocking_.reset();
   }
 
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
@@ -268,12 +257,12 @@ class RedisConsumer final : public Consumer {
             {max, options_.max_in_flight - static_cast<int>(held_.size()), o.script_batch});
       }
       if (room <= 0) continue;
-      absl::StatusOr<std::vector<Reply>> replies =
-          core_->conn().Eval(ReserveScript(),
-                             {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs,
-                               keys_.attempts, absl::StrCat(room),
-                               absl::StrCat(Millis(options_.lease)), absl::StrCat(o.script_batch)}},
-                             o.request_timeout);
+      absl::StatusOr<std::vector<Reply>> replies = core_->client().Eval(
+          ReserveScript(),
+          {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs, keys_.attempts,
+            absl::StrCat(room), absl::StrCat(Millis(options_.lease)),
+            absl::StrCat(o.script_batch)}},
+          o.request_timeout);
       if (!replies.ok()) return replies.status();
       const Reply& r = (*replies)[0];
       if (r.is_error()) return redis::ReplyStatus(r);
@@ -346,7 +335,7 @@ class RedisConsumer final : public Consumer {
     absl::StatusOr<std::vector<Reply>> replies;
     if (!calls.empty()) {
       replies =
-          core_->conn().Eval(AckManyScript(), std::move(calls), core_->options().request_timeout);
+          core_->client().Eval(AckManyScript(), std::move(calls), core_->options().request_timeout);
     }
     {
       // Whatever the outcome, this consumer stops counting the deliveries.
@@ -390,10 +379,10 @@ class RedisConsumer final : public Consumer {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Reply>> replies =
-        core_->conn().Eval(ExtendScript(),
-                           {{"2", keys_.inflight, keys_.attempts, p->id, p->token,
-                             absl::StrCat(Millis(options_.lease))}},
-                           core_->options().request_timeout);
+        core_->client().Eval(ExtendScript(),
+                             {{"2", keys_.inflight, keys_.attempts, p->id, p->token,
+                               absl::StrCat(Millis(options_.lease))}},
+                             core_->options().request_timeout);
     if (!replies.ok()) return replies.status();
     absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
     if (!n.ok()) return n.status();
@@ -407,7 +396,7 @@ class RedisConsumer final : public Consumer {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Reply>> replies =
-        core_->conn().Eval(script, {make_call(*p)}, core_->options().request_timeout);
+        core_->client().Eval(script, {make_call(*p)}, core_->options().request_timeout);
     {
       // Whatever the outcome, this consumer stops counting the delivery: settled, lost, or left
       // to its lease.
@@ -433,8 +422,8 @@ class RedisConsumer final : public Consumer {
   const std::string queue_;
   const QueueKeys keys_;
   const ConsumerOptions options_;
-  std::shared_ptr<Connection> blocking_;  // BLPOP only; never shared with pipelined requests
-  absl::Mutex receive_mu_;                // one Receive at a time (one blocking connection)
+  std::unique_ptr<redis::BlockingConnection> blocking_;  // BLPOP only
+  absl::Mutex receive_mu_;  // one Receive at a time (one blocking connection)
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -462,7 +451,7 @@ class RedisDriver final : public Driver {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
-    absl::StatusOr<std::vector<Reply>> replies = core_->conn().Execute(
+    absl::StatusOr<std::vector<Reply>> replies = core_->client().Execute(
         {{"HSETNX", keys.meta, "delay", "0"},
          {"SADD", TopicKey(prefix(), topic), absl::StrCat(queue, "\n", binding_key)}},
         core_->options().request_timeout);
@@ -478,7 +467,7 @@ class RedisDriver final : public Driver {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
-    absl::StatusOr<Reply> r = core_->conn().Command(
+    absl::StatusOr<Reply> r = core_->client().Command(
         {"SREM", TopicKey(prefix(), topic), absl::StrCat(queue, "\n", binding_key)},
         core_->options().request_timeout);
     if (!r.ok()) return r.status();
@@ -489,7 +478,7 @@ class RedisDriver final : public Driver {
   absl::Status DeleteQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     const QueueKeys k(prefix(), queue);
-    absl::StatusOr<std::vector<Reply>> r = core_->conn().Eval(
+    absl::StatusOr<std::vector<Reply>> r = core_->client().Eval(
         DeleteQueueScript(),
         {{"8", k.ready, k.delayed, k.inflight, k.msgs, k.attempts, k.meta, k.notify, k.seen}},
         core_->options().request_timeout);
@@ -531,8 +520,8 @@ class RedisDriver final : public Driver {
                            absl::string_view route_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
-    absl::StatusOr<Reply> members = core_->conn().Command({"SMEMBERS", TopicKey(prefix(), topic)},
-                                                          core_->options().request_timeout);
+    absl::StatusOr<Reply> members = core_->client().Command({"SMEMBERS", TopicKey(prefix(), topic)},
+                                                            core_->options().request_timeout);
     if (!members.ok()) return members.status();
     if (members->is_error()) return redis::ReplyStatus(*members);
     absl::flat_hash_set<std::string> queues;
@@ -561,7 +550,7 @@ class RedisDriver final : public Driver {
 
   DriverStats Stats() const override { return {core_->reconnects()}; }
 
-  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(core_->conn(), timeout); }
+  absl::Status Ping(absl::Duration timeout) override { return core_->client().Ping(timeout); }
 
   // Every queue has a meta hash (CreateQueue, Subscribe and every enqueue write it): SCAN for
   // them.
@@ -574,25 +563,17 @@ class RedisDriver final : public Driver {
     const std::string head = absl::StrCat(prefix(), "q:{");
     constexpr absl::string_view kTail = "}:meta";
     absl::StrAppend(&pattern, "q:{*", kTail);
+    absl::StatusOr<std::vector<std::string>> keys =
+        core_->client().ScanKeys(pattern, core_->options().request_timeout);
+    if (!keys.ok()) return keys.status();
     std::vector<std::string> names;
-    std::string cursor = "0";
-    do {
-      absl::StatusOr<Reply> r = core_->conn().Command(
-          {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, core_->options().request_timeout);
-      if (!r.ok()) return r.status();
-      if (r->is_error()) return redis::ReplyStatus(*r);
-      if (r->type != Reply::Type::kArray || r->elements.size() != 2) {
-        return absl::InternalError("redis: unexpected SCAN reply");
-      }
-      cursor = r->elements[0].str;
-      for (const Reply& key : r->elements[1].elements) {
-        absl::string_view k = key.str;
-        if (!absl::StartsWith(k, head) || !absl::EndsWith(k, kTail)) continue;
-        k.remove_prefix(head.size());
-        k.remove_suffix(kTail.size());
-        if (ValidateName("queue", k).ok()) names.emplace_back(k);
-      }
-    } while (cursor != "0");
+    for (const std::string& key : *keys) {
+      absl::string_view k = key;
+      if (!absl::StartsWith(k, head) || !absl::EndsWith(k, kTail)) continue;
+      k.remove_prefix(head.size());
+      k.remove_suffix(kTail.size());
+      if (ValidateName("queue", k).ok()) names.emplace_back(k);
+    }
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     return names;
@@ -602,8 +583,8 @@ class RedisDriver final : public Driver {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
     absl::StatusOr<std::vector<Reply>> r =
-        core_->conn().Eval(InspectScript(), {{"3", keys.ready, keys.delayed, keys.inflight}},
-                           core_->options().request_timeout);
+        core_->client().Eval(InspectScript(), {{"3", keys.ready, keys.delayed, keys.inflight}},
+                             core_->options().request_timeout);
     if (!r.ok()) return r.status();
     const Reply& reply = r->at(0);
     if (reply.is_error()) return redis::ReplyStatus(reply);
@@ -621,7 +602,7 @@ class RedisDriver final : public Driver {
 
   absl::Status Simple(std::vector<std::string> cmd) {
     absl::StatusOr<Reply> r =
-        core_->conn().Command(std::move(cmd), core_->options().request_timeout);
+        core_->client().Command(std::move(cmd), core_->options().request_timeout);
     if (!r.ok()) return r.status();
     return redis::ReplyStatus(*r);
   }

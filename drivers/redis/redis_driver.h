@@ -20,6 +20,8 @@
 //    leased, with the count reset to 1, and delivered with Delivery::corrupt saying so.
 //  - Idle consumers block in BLPOP on the queue's notification list, on a connection of their
 //    own, for at most the time until the next delayed message falls due or lease runs out.
+//  - On a Redis Cluster (RedisOptions::seeds) each queue is one slot on one master; the client
+//    routes by slot and follows MOVED/ASK (drivers/redis/client/client.h, docs/redis.md).
 //  - Topic bindings are a set in Redis; SendToTopic matches them with bus::RouteKeyMatches and
 //    enqueues one copy per matching queue, with the publish's id remembered per queue for 10
 //    minutes so a retried publish does not add a second copy.

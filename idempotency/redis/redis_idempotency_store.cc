@@ -47,7 +47,7 @@ int64_t Millis(absl::Duration d) {
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   explicit RedisIdempotencyStore(RedisOptions options)
-      : options_(std::move(options)), client_(options_) {}
+      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
@@ -55,7 +55,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         !st.ok()) {
       return st;
     }
-    absl::StatusOr<Reply> r = client_.conn().Command(
+    absl::StatusOr<Reply> r = client_->Command(
         {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
         options_.request_timeout);
     if (!r.ok()) return r.status();
@@ -88,7 +88,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     }
     if (sent.empty()) return;
     absl::StatusOr<std::vector<Reply>> replies =
-        client_.conn().Execute(std::move(commands), options_.request_timeout);
+        client_->Execute(std::move(commands), options_.request_timeout);
     for (size_t k = 0; k < sent.size(); ++k) {
       absl::StatusOr<bool>& out = results[sent[k]];
       if (!replies.ok()) {
@@ -115,7 +115,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
     if (sent.empty()) return;
     absl::StatusOr<std::vector<Reply>> replies =
-        client_.conn().Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
+        client_->Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
     for (size_t k = 0; k < sent.size(); ++k) {
       absl::Status& out = results[sent[k]];
       if (!replies.ok()) {
@@ -142,9 +142,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     return absl::OkStatus();
   }
 
-  absl::Status Ping(absl::Duration timeout) override {
-    return redis::Ping(client_.conn(), timeout);
-  }
+  absl::Status Ping(absl::Duration timeout) override { return client_->Ping(timeout); }
 
  private:
   static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
@@ -161,7 +159,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));
     absl::StatusOr<std::vector<Reply>> replies =
-        client_.conn().Eval(script, {std::move(call)}, options_.request_timeout);
+        client_->Eval(script, {std::move(call)}, options_.request_timeout);
     if (!replies.ok()) return replies.status();
     const Reply& r = (*replies)[0];
     if (r.is_error()) return redis::ReplyStatus(r);
@@ -169,7 +167,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
   }
 
   const RedisOptions options_;
-  redis::Client client_;
+  std::shared_ptr<redis::Client> client_;
 };
 
 }  // namespace

@@ -167,7 +167,7 @@ void ParseMeta(absl::string_view meta, DeadLetter* d) {
 class RedisDeadLetterStore final : public DeadLetterStore {
  public:
   explicit RedisDeadLetterStore(RedisOptions options)
-      : options_(std::move(options)), client_(options_) {}
+      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
 
   absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
@@ -179,11 +179,11 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     const std::string message_key =
         letter.message_id.empty() ? "" : absl::StrCat(letter.attempts, " ", letter.message_id);
     absl::StatusOr<Reply> r =
-        One(client_.conn().Eval(StoreScript(),
-                                {{"9", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
-                                  k.kind[static_cast<int>(letter.kind)], k.msg, k.bymsg,
-                                  letter.data, letter.reason, meta, message_key}},
-                                options_.request_timeout));
+        One(client_->Eval(StoreScript(),
+                          {{"9", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
+                            k.kind[static_cast<int>(letter.kind)], k.msg, k.bymsg, letter.data,
+                            letter.reason, meta, message_key}},
+                          options_.request_timeout));
     if (!r.ok()) return r.status();
     return r->str;
   }
@@ -208,7 +208,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     call.push_back(min);
     call.push_back(absl::StrCat(limit));
     absl::StatusOr<Reply> r =
-        One(client_.conn().Eval(FetchScript(), {std::move(call)}, options_.request_timeout));
+        One(client_->Eval(FetchScript(), {std::move(call)}, options_.request_timeout));
     if (!r.ok()) return r.status();
     std::vector<DeadLetter> out;
     for (size_t i = 0; i + 5 < r->elements.size(); i += 6) {
@@ -237,10 +237,10 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       return absl::InvalidArgumentError(absl::StrCat("Remove: bad id \"", id, "\""));
     }
     const Keys k = KeysOf(queue);
-    return One(client_.conn().Eval(RemoveScript(),
-                                   {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0],
-                                     k.kind[1], k.kind[2], k.msg, k.bymsg, std::string(id)}},
-                                   options_.request_timeout))
+    return One(client_->Eval(RemoveScript(),
+                             {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
+                               k.kind[2], k.msg, k.bymsg, std::string(id)}},
+                             options_.request_timeout))
         .status();
   }
 
@@ -250,7 +250,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     for (const std::string& index : Indexes(k, kinds)) call.push_back(index);
     call[0] = absl::StrCat(call.size() - 1);
     absl::StatusOr<Reply> r =
-        One(client_.conn().Eval(CountScript(), {std::move(call)}, options_.request_timeout));
+        One(client_->Eval(CountScript(), {std::move(call)}, options_.request_timeout));
     if (!r.ok()) return r.status();
     return r->integer;
   }
@@ -259,11 +259,11 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     const Keys k = KeysOf(queue);
     for (const std::string& index : Indexes(k, kinds)) {
       while (true) {
-        absl::StatusOr<Reply> r = One(client_.conn().Eval(
-            PurgeScript(),
-            {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], k.msg,
-              k.bymsg, index, absl::StrCat(options_.script_batch)}},
-            options_.request_timeout));
+        absl::StatusOr<Reply> r = One(
+            client_->Eval(PurgeScript(),
+                          {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
+                            k.kind[2], k.msg, k.bymsg, index, absl::StrCat(options_.script_batch)}},
+                          options_.request_timeout));
         if (!r.ok()) return r.status();
         if (r->integer == 0) break;
       }
@@ -271,9 +271,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     return absl::OkStatus();
   }
 
-  absl::Status Ping(absl::Duration timeout) override {
-    return redis::Ping(client_.conn(), timeout);
-  }
+  absl::Status Ping(absl::Duration timeout) override { return client_->Ping(timeout); }
 
  private:
   struct Keys {
@@ -302,7 +300,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
   }
 
   const RedisOptions options_;
-  redis::Client client_;
+  std::shared_ptr<redis::Client> client_;
 };
 
 }  // namespace

@@ -1,14 +1,13 @@
 #include "drivers/redis/client/client.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "drivers/redis/client/cluster_client.h"
 
 namespace bus {
 
 namespace redis {
-
-Client::Client(const RedisOptions& options)
-    : io_(std::make_unique<IoThread>()),
-      conn_(Connection::Create(io_.get(), ToConnectionOptions(options))) {}
 
 absl::Status Ping(Connection& conn, absl::Duration timeout) {
   absl::StatusOr<Reply> r = conn.Command({"PING"}, timeout);
@@ -20,10 +19,133 @@ absl::Status Ping(Connection& conn, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-Client::~Client() {
-  conn_->Shutdown();
-  conn_.reset();
-  io_.reset();
+absl::StatusOr<Reply> Client::Command(std::vector<std::string> args, absl::Duration timeout,
+                                      std::stop_token stop) {
+  std::vector<std::vector<std::string>> cmds;
+  cmds.push_back(std::move(args));
+  absl::StatusOr<std::vector<Reply>> r = Execute(std::move(cmds), timeout, std::move(stop));
+  if (!r.ok()) return r.status();
+  return std::move((*r)[0]);
+}
+
+std::vector<std::string> WaitCommand(const RedisOptions& options) {
+  return {"WAIT", absl::StrCat(options.wait_replicas),
+          absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.wait_timeout)))};
+}
+
+absl::Status CheckWaitReply(const RedisOptions& options, const Reply& r, absl::string_view where) {
+  if (r.is_error()) return ReplyStatus(r);
+  if (r.type != Reply::Type::kInteger) return absl::InternalError("redis: bad WAIT reply");
+  if (r.integer >= options.wait_replicas) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "redis WAIT on ", where, ": ", r.integer, " of ", options.wait_replicas,
+      " replicas acknowledged the write within ", absl::FormatDuration(options.wait_timeout),
+      " (it may be lost if the master fails)"));
+}
+
+namespace {
+
+// One server: an IoThread with one pipelined Connection, and one more per blocking connection.
+class SingleClient final : public Client, public std::enable_shared_from_this<SingleClient> {
+ public:
+  SingleClient(const RedisOptions& options, ReconnectCallback on_reconnect)
+      : options_(options), on_reconnect_(std::move(on_reconnect)) {
+    conn_ = NewConnection();
+  }
+  ~SingleClient() override {
+    conn_->Shutdown();
+    conn_.reset();
+    // io_ (declared first) is destroyed last, after every connection on it shut down.
+  }
+
+  std::shared_ptr<Connection> NewConnection() {
+    std::function<void()> cb;
+    if (on_reconnect_) {
+      cb = [this] { on_reconnect_(absl::StrCat(options_.host, ":", options_.port)); };
+    }
+    return Connection::Create(io_.get(), ToConnectionOptions(options_), std::move(cb));
+  }
+
+  absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
+                                             absl::Duration timeout,
+                                             std::stop_token stop) override {
+    return conn_->Execute(std::move(commands), timeout, std::move(stop));
+  }
+
+  absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
+                                          std::vector<std::vector<std::string>> calls,
+                                          absl::Duration timeout, Durability durability) override {
+    const bool wait = durability == Durability::kReplicated && options_.wait_replicas > 0;
+    if (!wait) return conn_->Eval(script, std::move(calls), timeout);
+    absl::StatusOr<std::vector<Reply>> r =
+        conn_->Eval(script, std::move(calls), timeout, WaitCommand(options_));
+    if (!r.ok()) return r;
+    if (absl::Status st =
+            CheckWaitReply(options_, r->back(), absl::StrCat(options_.host, ":", options_.port));
+        !st.ok()) {
+      return st;
+    }
+    r->pop_back();
+    return r;
+  }
+
+  std::unique_ptr<BlockingConnection> NewBlocking() override {
+    class Blocking final : public BlockingConnection {
+     public:
+      explicit Blocking(std::shared_ptr<SingleClient> client)
+          : client_(std::move(client)), conn_(client_->NewConnection()) {}
+      ~Blocking() override { conn_->Shutdown(); }
+      absl::StatusOr<Reply> Command(std::vector<std::string> args, absl::Duration timeout,
+                                    std::stop_token stop) override {
+        return conn_->Command(std::move(args), timeout, std::move(stop));
+      }
+
+     private:
+      std::shared_ptr<SingleClient> client_;  // keeps the IoThread
+      std::shared_ptr<Connection> conn_;
+    };
+    return std::make_unique<Blocking>(shared_from_this());
+  }
+
+  absl::StatusOr<std::vector<std::string>> ScanKeys(const std::string& pattern,
+                                                    absl::Duration timeout) override {
+    return ScanNode(*conn_, pattern, timeout);
+  }
+
+  absl::Status Ping(absl::Duration timeout) override { return redis::Ping(*conn_, timeout); }
+
+  uint64_t reconnects() const override { return conn_->reconnects(); }
+
+ private:
+  const RedisOptions options_;
+  const ReconnectCallback on_reconnect_;
+  std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
+  std::shared_ptr<Connection> conn_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::string& pattern,
+                                                  absl::Duration timeout) {
+  std::vector<std::string> keys;
+  std::string cursor = "0";
+  do {
+    absl::StatusOr<Reply> r =
+        conn.Command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, timeout);
+    if (!r.ok()) return r.status();
+    if (r->is_error()) return ReplyStatus(*r);
+    if (r->type != Reply::Type::kArray || r->elements.size() != 2) {
+      return absl::InternalError("redis: unexpected SCAN reply");
+    }
+    cursor = r->elements[0].str;
+    for (Reply& key : r->elements[1].elements) keys.push_back(std::move(key.str));
+  } while (cursor != "0");
+  return keys;
+}
+
+std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback on_reconnect) {
+  if (!options.seeds.empty()) return NewClusterClient(options, std::move(on_reconnect));
+  return std::make_shared<SingleClient>(options, std::move(on_reconnect));
 }
 
 }  // namespace redis

@@ -1,17 +1,61 @@
-// Client: the Redis stores' connection to their server (storage/redis, idempotency/redis): an
-// IoThread with one pipelined Connection, configured from RedisOptions.
+// Client: what the Redis driver (drivers/redis) and the Redis stores (storage/redis,
+// idempotency/redis) talk to, the same for one server and for a Redis Cluster, so none of them
+// knows which it has.
 //
-// Thread-safety: conn() is safe for concurrent use (see connection.h).
+//   std::shared_ptr<bus::redis::Client> client = bus::redis::NewClient(options);
+//   absl::StatusOr<std::vector<bus::redis::Reply>> r =
+//       client->Execute({{"SET", "k1", "v"}, {"GET", "k2"}}, absl::Seconds(1));
+//   r = client->Eval(script, {{"1", "q:{jobs}:ready", "arg"}}, absl::Seconds(1));
+//   std::unique_ptr<bus::redis::BlockingConnection> b = client->NewBlocking();
+//   b->Command({"BLPOP", "q:{jobs}:notify", "1"}, absl::Seconds(2), stop);
+//
+// One server (RedisOptions::seeds empty): one pipelined Connection (connection.h).
+//
+// A cluster (seeds set): the slot map is read with CLUSTER SLOTS from the seeds (and later from
+// any node it names), with one pipelined Connection per master. Each command goes to the master
+// of its key's slot (slot.h: the first key; keyless commands to any master); the commands of
+// one call are grouped by node, one pipeline per node, the nodes in parallel, and the replies
+// put back in call order. Every key of one command or script call must hash to one slot (the
+// driver's and the stores' keys share a hash tag). Replies:
+//  - MOVED: the slot is recorded as the named node's, the map is read again, the command is
+//    sent there.
+//  - ASK (a slot being migrated): ASKING and the command, pipelined on the named node (a
+//    script as EVAL with its source, so it needs no SCRIPT LOAD there).
+//  - TRYAGAIN, CLUSTERDOWN, or no known master for a slot: again after a backoff (full jitter
+//    over reconnect_backoff_base..max), while the call's timeout allows; at its end the last
+//    error reply is returned.
+//  - NOSCRIPT: the script is loaded on that node and the call repeated there.
+// A transport failure (a node down) fails the whole call with Unavailable and makes the next
+// call read the map again (a replica may have taken over): requests written to a lost
+// connection may have run, so they are not repeated here; callers repeat what is safe to.
+//
+// Durable writes: Eval(..., Durability::kReplicated) pipelines `WAIT wait_replicas
+// wait_timeout` after the calls on each node when RedisOptions::wait_replicas > 0 and fails the
+// call with Unavailable when fewer replicas acknowledged in time.
+//
+// Errors: as Connection (connection.h): Unavailable, DeadlineExceeded, Cancelled,
+// Unauthenticated, Internal; a Redis error reply is a Reply of type kError in an OK result.
+//
+// Ownership: blocking connections keep the Client's machinery alive. Thread-safety: every method
+// is safe for concurrent use (not from the client's own IoThread); one BlockingConnection is
+// used by one thread at a time.
 
 #ifndef DRIVERS_REDIS_CLIENT_CLIENT_H_
 #define DRIVERS_REDIS_CLIENT_CLIENT_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/client/redis_options.h"
+#include "drivers/redis/client/resp.h"
 
 namespace bus {
 namespace redis {
@@ -20,22 +64,60 @@ namespace redis {
 // transport error (Unavailable, DeadlineExceeded) or the error reply's status.
 absl::Status Ping(Connection& conn, absl::Duration timeout);
 
-// An IoThread with one pipelined Connection, for the stores. Requests time out after
-// options.request_timeout.
+enum class Durability {
+  kDefault,     // acknowledged by the master
+  kReplicated,  // and by RedisOptions::wait_replicas replicas (when set), with WAIT
+};
+
+// A connection for blocking commands (BLPOP), never shared with pipelined requests: a command
+// that blocks holds its connection. In a cluster, one connection per node it waits on.
+class BlockingConnection {
+ public:
+  virtual ~BlockingConnection() = default;
+  // One command routed by its key; `stop` cancels it (Cancelled).
+  virtual absl::StatusOr<Reply> Command(std::vector<std::string> args, absl::Duration timeout,
+                                        std::stop_token stop) = 0;
+};
+
 class Client {
  public:
-  // `options` must be valid (ValidateRedisOptions).
-  explicit Client(const RedisOptions& options);
-  ~Client();
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
+  virtual ~Client() = default;
 
-  Connection& conn() { return *conn_; }
+  // Sends `commands` and returns one reply per command, in order (see the header comment).
+  virtual absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
+                                                     absl::Duration timeout,
+                                                     std::stop_token stop = {}) = 0;
+  absl::StatusOr<Reply> Command(std::vector<std::string> args, absl::Duration timeout,
+                                std::stop_token stop = {});
 
- private:
-  std::unique_ptr<IoThread> io_;
-  std::shared_ptr<Connection> conn_;
+  // Runs `script` once per entry of `calls` (numkeys, keys, args, as for EVALSHA), each on the
+  // node of its first key, loading the script where it is missing. One reply per call.
+  virtual absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
+                                                  std::vector<std::vector<std::string>> calls,
+                                                  absl::Duration timeout,
+                                                  Durability durability = Durability::kDefault) = 0;
+
+  virtual std::unique_ptr<BlockingConnection> NewBlocking() = 0;
+
+  // The keys that match `pattern` (SCAN MATCH), on every master; a key may appear twice (a slot
+  // in migration). `timeout` bounds each SCAN step.
+  virtual absl::StatusOr<std::vector<std::string>> ScanKeys(const std::string& pattern,
+                                                            absl::Duration timeout) = 0;
+
+  // PING every master: OK when all answered PONG.
+  virtual absl::Status Ping(absl::Duration timeout) = 0;
+
+  // Times a lost connection was re-established, over every connection.
+  virtual uint64_t reconnects() const = 0;
 };
+
+// Called with "host:port" each time a lost connection is re-established.
+using ReconnectCallback = std::function<void(const std::string& address)>;
+
+// A Client for `options` (valid: ValidateRedisOptions): a cluster client when options.seeds is
+// set, else one server. Does not connect: the first request does.
+std::shared_ptr<Client> NewClient(const RedisOptions& options,
+                                  ReconnectCallback on_reconnect = nullptr);
 
 }  // namespace redis
 }  // namespace bus

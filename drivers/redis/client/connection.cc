@@ -489,6 +489,28 @@ void Connection::Shutdown() {
   fut.wait();
 }
 
+std::future<absl::StatusOr<std::vector<Reply>>> Connection::ExecuteAsync(
+    std::vector<std::vector<std::string>> commands, absl::Duration timeout) {
+  auto req = std::make_shared<Impl::Request>();
+  auto fut = req->promise.get_future();
+  req->expected = commands.size();
+  req->timeout = timeout;
+  for (const auto& c : commands) {
+    absl::StatusOr<std::string> w = Format(c);
+    if (!w.ok()) {
+      req->promise.set_value(w.status());
+      return fut;
+    }
+    req->wire += *w;
+  }
+  if (commands.empty()) {
+    req->promise.set_value(std::vector<Reply>{});
+    return fut;
+  }
+  asio::post(impl_->io, [impl = impl_, req] { impl->Submit(req); });
+  return fut;
+}
+
 absl::StatusOr<std::vector<Reply>> Connection::Execute(
     std::vector<std::vector<std::string>> commands, absl::Duration timeout, std::stop_token stop) {
   if (io_thread_->InThisThread()) {
@@ -540,7 +562,8 @@ absl::StatusOr<std::string> Connection::ScriptSha(const Script& script, absl::Du
 
 absl::StatusOr<std::vector<Reply>> Connection::Eval(const Script& script,
                                                     std::vector<std::vector<std::string>> calls,
-                                                    absl::Duration timeout) {
+                                                    absl::Duration timeout,
+                                                    std::vector<std::string> then) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<std::string> sha = ScriptSha(script, timeout, false);
   if (!sha.ok()) return sha.status();
@@ -554,12 +577,14 @@ absl::StatusOr<std::vector<Reply>> Connection::Eval(const Script& script,
     for (auto& a : c) cmd.push_back(std::move(a));
     cmds.push_back(std::move(cmd));
   }
+  const size_t n = cmds.size();
+  if (!then.empty()) cmds.push_back(then);
   absl::StatusOr<std::vector<Reply>> replies = Execute(cmds, deadline - absl::Now());
   if (!replies.ok()) return replies;
   // A server without the script (restarted, failed over, SCRIPT FLUSH) ran none of the calls
   // that got NOSCRIPT: load it again and repeat just those.
   std::vector<size_t> missing;
-  for (size_t i = 0; i < replies->size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if ((*replies)[i].is_error() && absl::StartsWith((*replies)[i].str, "NOSCRIPT")) {
       missing.push_back(i);
     }
@@ -572,9 +597,11 @@ absl::StatusOr<std::vector<Reply>> Connection::Eval(const Script& script,
     cmds[i][1] = *sha;
     again.push_back(std::move(cmds[i]));
   }
+  if (!then.empty()) again.push_back(std::move(then));
   absl::StatusOr<std::vector<Reply>> second = Execute(std::move(again), deadline - absl::Now());
   if (!second.ok()) return second.status();
   for (size_t k = 0; k < missing.size(); ++k) (*replies)[missing[k]] = std::move((*second)[k]);
+  if (second->size() > missing.size()) replies->back() = std::move(second->back());
   return replies;
 }
 

@@ -44,6 +44,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -122,15 +123,23 @@ class Connection {
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
                                              absl::Duration timeout, std::stop_token stop = {});
 
+  // Execute() without waiting: the future holds what Execute() would return. The call must be
+  // waited for (or the Connection Shutdown()) before the IoThread goes.
+  std::future<absl::StatusOr<std::vector<Reply>>> ExecuteAsync(
+      std::vector<std::vector<std::string>> commands, absl::Duration timeout);
+
   // One command. Like Execute().
   absl::StatusOr<Reply> Command(std::vector<std::string> args, absl::Duration timeout,
                                 std::stop_token stop = {});
 
   // Runs `script` once per entry of `calls` (each: numkeys, then keys and args, as for
   // EVALSHA), pipelined, loading the script when the server lacks it. Replies as Execute().
+  // A non-empty `then` is one more command pipelined right after the calls (and after any
+  // repeat of them), on the same connection (WAIT must be); its reply comes last.
   absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
                                           std::vector<std::vector<std::string>> calls,
-                                          absl::Duration timeout);
+                                          absl::Duration timeout,
+                                          std::vector<std::string> then = {});
 
   // Closes the socket and fails every pending request with Unavailable; later requests fail at
   // once. Idempotent; blocks until done.

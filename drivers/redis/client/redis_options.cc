@@ -3,7 +3,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace bus {
 
@@ -11,8 +14,23 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   auto bad = [](absl::string_view field, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("RedisOptions.", field, " ", why));
   };
-  if (o.host.empty()) return bad("host", "must not be empty");
-  if (o.port < 1 || o.port > 65535) return bad("port", "must be 1 to 65535");
+  if (o.seeds.empty()) {
+    if (o.host.empty()) return bad("host", "must not be empty");
+    if (o.port < 1 || o.port > 65535) return bad("port", "must be 1 to 65535");
+  }
+  for (const std::string& seed : o.seeds) {
+    std::string host;
+    int port = 0;
+    if (absl::Status st = ParseHostPort(seed, &host, &port); !st.ok()) {
+      return bad("seeds", st.message());
+    }
+  }
+  if (!o.seeds.empty() && o.db != 0)
+    return bad("db", "must be 0 with seeds (a cluster has db 0 only)");
+  if (o.wait_replicas < 0 || o.wait_replicas > 16) return bad("wait_replicas", "must be 0 to 16");
+  if (o.wait_replicas > 0 && o.wait_timeout <= absl::ZeroDuration()) {
+    return bad("wait_timeout", "must be > 0");
+  }
   if (!o.username.empty() && o.password.empty()) {
     return bad("username", "needs a password");
   }
@@ -39,8 +57,39 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   return absl::OkStatus();
 }
 
+absl::Status ParseHostPort(absl::string_view address, std::string* host, int* port) {
+  absl::string_view h;
+  absl::string_view p;
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    if (close == absl::string_view::npos || close + 1 >= address.size() ||
+        address[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not [v6]:port"));
+    }
+    h = address.substr(1, close - 1);
+    p = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == absl::string_view::npos || address.find(':') != colon) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
+    }
+    h = address.substr(0, colon);
+    p = address.substr(colon + 1);
+  }
+  int n = 0;
+  if (h.empty() || !absl::SimpleAtoi(p, &n) || n < 1 || n > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", address, "\" is not host:port with a port of 1 to 65535"));
+  }
+  *host = std::string(h);
+  *port = n;
+  return absl::OkStatus();
+}
+
 std::string ToString(const RedisOptions& o) {
-  return absl::StrCat("redis{host=", o.host, " port=", o.port,
+  const std::string where = o.seeds.empty() ? absl::StrCat("host=", o.host, " port=", o.port)
+                                            : absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
+  return absl::StrCat("redis{", where, " wait_replicas=", o.wait_replicas,
                       " username=", o.username.empty() ? "<default>" : o.username,
                       " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
                       " key_prefix=\"", o.key_prefix,

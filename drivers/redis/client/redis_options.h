@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -20,9 +21,21 @@
 namespace bus {
 
 struct RedisOptions {
-  // Server address. Default 127.0.0.1:6379.
+  // Server address. Default 127.0.0.1:6379. Not used when `seeds` is set.
   std::string host = "127.0.0.1";
   int port = 6379;
+  // Redis Cluster: "host:port" of one or more nodes ("[v6]:port" for IPv6). When set, the
+  // client reads the slot map from them (CLUSTER SLOTS), keeps one pipelined connection per
+  // master and routes every command by its key's slot, following MOVED and ASK
+  // (docs/redis.md). Empty (the default): one server at host:port. With seeds, db must be 0.
+  std::vector<std::string> seeds{};
+  // After each write that acknowledges a send, wait (WAIT) until this many replicas have it,
+  // for at most wait_timeout; a send that fewer replicas acknowledged in time fails with
+  // Unavailable (and is retried within request_timeout, without duplicates). Replication is
+  // asynchronous otherwise: a master lost right after acknowledging a send can lose it when a
+  // replica takes over. Default 0: no WAIT. 0 to 16.
+  int wait_replicas = 0;
+  absl::Duration wait_timeout = absl::Seconds(1);
   // ACL user name; empty: the default user. Only used with a password.
   std::string username{};
   // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
@@ -64,8 +77,11 @@ absl::Status ValidateRedisOptions(const RedisOptions& options);
 // A one-line description for logs, with the password shown as "<redacted>".
 std::string ToString(const RedisOptions& options);
 
-// The connection settings of `options`.
+// The connection settings of `options` (for host:port).
 redis::ConnectionOptions ToConnectionOptions(const RedisOptions& options);
+
+// "host:port" or "[v6]:port" split into host and port. InvalidArgument when malformed.
+absl::Status ParseHostPort(absl::string_view address, std::string* host, int* port);
 
 }  // namespace bus
 

@@ -37,6 +37,25 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
       {"max_reply_bytes", [](RedisOptions& o) { o.max_reply_bytes = (int64_t{4} << 30) + 1; }},
       {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = 0; }},
       {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = int64_t{1} << 31; }},
+      {"seeds", [](RedisOptions& o) { o.seeds = {"127.0.0.1"}; }},
+      {"seeds", [](RedisOptions& o) { o.seeds = {"127.0.0.1:0"}; }},
+      {"seeds", [](RedisOptions& o) { o.seeds = {"::1:7000"}; }},
+      {"seeds",
+       [](RedisOptions& o) {
+         o.seeds = {"h:7000", ":7001"};
+       }},
+      {"db",
+       [](RedisOptions& o) {
+         o.seeds = {"h:7000"};
+         o.db = 1;
+       }},
+      {"wait_replicas", [](RedisOptions& o) { o.wait_replicas = -1; }},
+      {"wait_replicas", [](RedisOptions& o) { o.wait_replicas = 17; }},
+      {"wait_timeout",
+       [](RedisOptions& o) {
+         o.wait_replicas = 1;
+         o.wait_timeout = absl::ZeroDuration();
+       }},
   };
   for (const Case& c : cases) {
     RedisOptions o;
@@ -45,6 +64,20 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.field;
     EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("RedisOptions.", c.field))) << st;
   }
+}
+
+TEST(RedisOptionsTest, SeedsReplaceHostAndPort) {
+  RedisOptions o;
+  o.host = "";
+  o.port = 0;
+  o.seeds = {"10.0.0.1:7000", "[::1]:7001", "redis-2.local:7002"};
+  EXPECT_TRUE(ValidateRedisOptions(o).ok()) << ValidateRedisOptions(o);
+  EXPECT_THAT(ToString(o), HasSubstr("seeds=10.0.0.1:7000,[::1]:7001,redis-2.local:7002"));
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(ParseHostPort("[::1]:7001", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 7001);
 }
 
 TEST(RedisOptionsTest, TheReplyBoundsReachTheConnection) {

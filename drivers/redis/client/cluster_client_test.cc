@@ -1,0 +1,229 @@
+// The cluster Client against a real 3 + 3 Redis Cluster (one per test binary): routing by slot,
+// scripts on every node, MOVED after a slot moved, ASK during a move, TRYAGAIN retried until the
+// deadline, blocking commands, WAIT, SCAN over every master, and unreachable seeds.
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "drivers/redis/client/client.h"
+#include "drivers/redis/client/slot.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/redis_cluster.h"
+#include "tests/testing/wait.h"
+
+namespace bus::redis {
+namespace {
+
+using ::bus::testing::RedisCluster;
+using ::testing::HasSubstr;
+
+class ClusterClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<RedisCluster*> c = RedisCluster::Shared();
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = *c;
+    ASSERT_TRUE(cluster_->WaitHealthy().ok());
+    options_.seeds = {cluster_->Seeds()[0]};
+    options_.request_timeout = absl::Seconds(5);
+    client_ = NewClient(options_);
+  }
+
+  // The value of `key` read straight from node `node` (redis-cli, no redirection).
+  std::string GetOn(int node, const std::string& key) {
+    absl::StatusOr<std::string> out = cluster_->Cli(node, {"GET", key});
+    return out.ok() ? std::string(absl::StripAsciiWhitespace(*out)) : out.status().ToString();
+  }
+  int MasterOf(const std::string& key) { return *cluster_->MasterOfSlot(KeySlot(key)); }
+  int OtherMaster(int node) {
+    for (int i = 0; i < cluster_->size(); ++i) {
+      if (i != node && cluster_->RoleOf(i) == RedisCluster::Role::kMaster) return i;
+    }
+    return -1;
+  }
+  // A key of `tag`'s slot.
+  static std::string Key(absl::string_view tag, absl::string_view name) {
+    return absl::StrCat("{", tag, "}", name);
+  }
+  void MoveWholeSlot(int slot, int from, int to) {
+    ASSERT_TRUE(cluster_->BeginSlotMove(slot, from, to).ok());
+    while (true) {
+      absl::StatusOr<int> n = cluster_->MigrateSome(slot, from, to, 100);
+      ASSERT_TRUE(n.ok()) << n.status();
+      if (*n == 0) break;
+    }
+    ASSERT_TRUE(cluster_->FinishSlotMove(slot, to).ok());
+    ASSERT_TRUE(cluster_->WaitHealthy().ok());
+  }
+
+  RedisCluster* cluster_ = nullptr;
+  RedisOptions options_;
+  std::shared_ptr<Client> client_;
+};
+
+TEST_F(ClusterClientTest, EachCommandGoesToTheMasterOfItsSlot) {
+  std::vector<std::vector<std::string>> sets;
+  for (int i = 0; i < 60; ++i) sets.push_back({"SET", absl::StrCat("route:", i), absl::StrCat(i)});
+  absl::StatusOr<std::vector<Reply>> r = client_->Execute(sets, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 60u);
+  std::vector<int> per_master(cluster_->size());
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_EQ((*r)[i].str, "OK") << (*r)[i].str;
+    const std::string key = absl::StrCat("route:", i);
+    const int owner = MasterOf(key);
+    ++per_master[owner];
+    EXPECT_EQ(GetOn(owner, key), absl::StrCat(i)) << key;
+  }
+  int masters_used = 0;
+  for (int n : per_master) masters_used += n > 0;
+  EXPECT_EQ(masters_used, 3);
+  // Replies come back in call order across nodes.
+  std::vector<std::vector<std::string>> gets;
+  for (int i = 59; i >= 0; --i) gets.push_back({"GET", absl::StrCat("route:", i)});
+  r = client_->Execute(gets, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 60; ++i) EXPECT_EQ((*r)[i].str, absl::StrCat(59 - i));
+}
+
+TEST_F(ClusterClientTest, ScriptsRunOnEveryNodeAndReloadAfterNoscript) {
+  static const Script script("return redis.call('INCRBY', KEYS[1], ARGV[1])");
+  std::vector<std::vector<std::string>> calls;
+  for (int i = 0; i < 30; ++i) calls.push_back({"1", absl::StrCat("script:", i), "2"});
+  absl::StatusOr<std::vector<Reply>> r = client_->Eval(script, calls, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const Reply& reply : *r) EXPECT_EQ(reply.integer, 2) << reply.str;
+  for (int i = 0; i < cluster_->size(); ++i) {
+    if (cluster_->RoleOf(i) == RedisCluster::Role::kMaster) {
+      ASSERT_TRUE(cluster_->Cli(i, {"SCRIPT", "FLUSH"}).ok());
+    }
+  }
+  r = client_->Eval(script, calls, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const Reply& reply : *r) EXPECT_EQ(reply.integer, 4) << reply.str;
+}
+
+TEST_F(ClusterClientTest, FollowsMovedAfterASlotMoved) {
+  const std::string key = Key("moved", "k");
+  ASSERT_EQ(client_->Command({"SET", key, "v1"}, absl::Seconds(5))->str, "OK");
+  const int from = MasterOf(key);
+  const int to = OtherMaster(from);
+  MoveWholeSlot(KeySlot(key), from, to);
+  // The client still maps the slot to `from`, which answers MOVED.
+  absl::StatusOr<Reply> r = client_->Command({"GET", key}, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->str, "v1");
+  EXPECT_EQ(GetOn(to, key), "v1");
+  ASSERT_EQ(client_->Command({"SET", key, "v2"}, absl::Seconds(5))->str, "OK");
+  EXPECT_EQ(GetOn(to, key), "v2");
+}
+
+TEST_F(ClusterClientTest, FollowsAskDuringAMoveAndRetriesTryagainUntilTheDeadline) {
+  const std::string moved = Key("ask", "moved");
+  const std::string stays = Key("ask", "stays");
+  ASSERT_TRUE(client_->Execute({{"SET", moved, "m"}, {"SET", stays, "s"}}, absl::Seconds(5)).ok());
+  const int slot = KeySlot(moved);
+  const int from = MasterOf(moved);
+  const int to = OtherMaster(from);
+  ASSERT_TRUE(cluster_->BeginSlotMove(slot, from, to).ok());
+  absl::StatusOr<std::string> out = cluster_->Cli(
+      from, {"MIGRATE", "127.0.0.1", absl::StrCat(cluster_->port(to)), moved, "0", "5000"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  // `moved` is on the importing node only: the source answers ASK.
+  absl::StatusOr<std::vector<Reply>> r = client_->Execute(
+      {{"GET", moved}, {"GET", stays}, {"SET", Key("ask", "new"), "n"}}, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].str, "m");
+  EXPECT_EQ((*r)[1].str, "s");
+  EXPECT_EQ((*r)[2].str, "OK");
+  // A script whose keys are split between the nodes gets TRYAGAIN until the move ends.
+  static const Script both("return redis.call('MGET', KEYS[1], KEYS[2])");
+  r = client_->Eval(both, {{"2", moved, stays}}, absl::Milliseconds(300));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE((*r)[0].is_error());
+  EXPECT_THAT((*r)[0].str, HasSubstr("TRYAGAIN"));
+  while (*cluster_->MigrateSome(slot, from, to, 100) > 0) {
+  }
+  ASSERT_TRUE(cluster_->FinishSlotMove(slot, to).ok());
+  ASSERT_TRUE(cluster_->WaitHealthy().ok());
+  r = client_->Eval(both, {{"2", moved, stays}}, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ((*r)[0].elements.size(), 2u) << (*r)[0].str;
+  EXPECT_EQ((*r)[0].elements[0].str, "m");
+  EXPECT_EQ((*r)[0].elements[1].str, "s");
+  EXPECT_EQ(GetOn(to, Key("ask", "new")), "n");
+}
+
+TEST_F(ClusterClientTest, BlockingCommandsWaitOnTheirNode) {
+  std::unique_ptr<BlockingConnection> b = client_->NewBlocking();
+  const std::string list = Key("blocking", "list");
+  std::thread pusher([&] {
+    // Pushes once the BLPOP is waiting (the node counts it as a blocked client).
+    ASSERT_TRUE(::bus::testing::WaitUntil([&] {
+      absl::StatusOr<std::string> info = cluster_->Cli(MasterOf(list), {"INFO", "clients"});
+      return info.ok() && !absl::StrContains(*info, "blocked_clients:0");
+    }));
+    ASSERT_TRUE(client_->Command({"RPUSH", list, "x"}, absl::Seconds(5)).ok());
+  });
+  absl::StatusOr<Reply> r = b->Command({"BLPOP", list, "20"}, absl::Seconds(25), {});
+  pusher.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->elements.size(), 2u);
+  EXPECT_EQ(r->elements[1].str, "x");
+}
+
+TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
+  static const Script set("return redis.call('SET', KEYS[1], ARGV[1])");
+  RedisOptions o = options_;
+  o.wait_replicas = 1;
+  o.wait_timeout = absl::Seconds(5);
+  std::shared_ptr<Client> one = NewClient(o);
+  std::vector<std::vector<std::string>> calls;
+  for (int i = 0; i < 10; ++i) calls.push_back({"1", absl::StrCat("wait:", i), "v"});
+  absl::StatusOr<std::vector<Reply>> r =
+      one->Eval(set, calls, absl::Seconds(10), Durability::kReplicated);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->size(), 10u);
+  // Each master has one replica: two can never acknowledge.
+  o.wait_replicas = 2;
+  o.wait_timeout = absl::Milliseconds(100);
+  std::shared_ptr<Client> two = NewClient(o);
+  r = two->Eval(set, calls, absl::Seconds(10), Durability::kReplicated);
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("1 of 2 replicas"));
+  // Without kReplicated there is no WAIT.
+  EXPECT_TRUE(two->Eval(set, calls, absl::Seconds(10)).ok());
+}
+
+TEST_F(ClusterClientTest, ScanKeysCoversEveryMasterAndPingEveryMaster) {
+  std::vector<std::vector<std::string>> sets;
+  for (int i = 0; i < 40; ++i) sets.push_back({"SET", absl::StrCat("scan:", i), "v"});
+  ASSERT_TRUE(client_->Execute(sets, absl::Seconds(5)).ok());
+  absl::StatusOr<std::vector<std::string>> keys = client_->ScanKeys("scan:*", absl::Seconds(5));
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  std::sort(keys->begin(), keys->end());
+  keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+  EXPECT_EQ(keys->size(), 40u);
+  EXPECT_TRUE(client_->Ping(absl::Seconds(5)).ok());
+}
+
+TEST(ClusterClientUnreachableTest, NoSeedAnswersIsUnavailable) {
+  absl::StatusOr<int> port = ::bus::testing::PickFreePort();
+  ASSERT_TRUE(port.ok());
+  RedisOptions o;
+  o.seeds = {absl::StrCat("127.0.0.1:", *port)};
+  std::shared_ptr<Client> client = NewClient(o);
+  absl::StatusOr<Reply> r = client->Command({"GET", "k"}, absl::Milliseconds(500));
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_TRUE(absl::IsUnavailable(client->Ping(absl::Milliseconds(500))));
+}
+
+}  // namespace
+}  // namespace bus::redis
