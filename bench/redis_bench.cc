@@ -61,9 +61,10 @@ ABSL_FLAG(std::string, steps, "limit,sends,e2e,limit_after",
           "sends, e2e (with --memory_baseline also the baselines), limit_after");
 ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
 ABSL_FLAG(int, max_in_flight, 1024,
-          "Handler max in flight (prefetch); 0: the default (equal to --concurrency)");
+          "Handler max in flight (prefetch); 0: the default (64 per worker)");
 ABSL_FLAG(int, handler_batch_size, 128,
-          "HandlerOptions::batch_size for the e2e runs (1: one message per store call)");
+          "HandlerOptions::batch_size for the e2e runs (0: the default, chosen by the Handler; 1: one "
+          "message per store call)");
 ABSL_FLAG(bool, memory_baseline, false,
           "Also run the end-to-end benchmark on the memory driver and memory stores");
 ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");

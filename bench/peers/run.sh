@@ -76,7 +76,7 @@ run() {
     wm_chan_c2) r=$("$peers/watermill_channel_bench" -msgs "$memory_msgs" -concurrency 2 | rate_of) ;;
     ours_e2e_default)
       r=$("$bin/redis_bench" --port="$port" --steps=e2e --concurrency=8 --max_in_flight=0 \
-        --handler_batch_size=1 --e2e_messages="$redis_msgs" | rate_of) ;;
+        --handler_batch_size=0 --e2e_messages="$redis_msgs" | rate_of) ;;
     ours_e2e_b1_mif1024)
       r=$("$bin/redis_bench" --port="$port" --steps=e2e --concurrency=8 --max_in_flight=1024 \
         --handler_batch_size=1 --e2e_messages="$redis_msgs" | rate_of) ;;
@@ -111,8 +111,8 @@ run() {
 # Rows: what | peer run | ours run | peer label. Each pair runs peer then ours (odd rounds) or
 # ours then peer (even rounds); a run shared by two rows runs once per round.
 rows=(
-  "Redis end to end, HandlerOptions defaults (batch_size 1, max in flight = concurrency = 8)|asynq_e2e|ours_e2e_default|asynq v0.26.0 Server, concurrency 8"
-  "Redis end to end, HandlerOptions defaults (batch_size 1, max in flight = concurrency = 8)|wm_redis_e2e|ours_e2e_default|Watermill redis-stream v1.4.5, 8 subscribers"
+  "Redis end to end, HandlerOptions defaults (batch_size 0: chosen, max in flight 0: 64 per worker), concurrency 8|asynq_e2e|ours_e2e_default|asynq v0.26.0 Server, concurrency 8"
+  "Redis end to end, HandlerOptions defaults (batch_size 0: chosen, max in flight 0: 64 per worker), concurrency 8|wm_redis_e2e|ours_e2e_default|Watermill redis-stream v1.4.5, 8 subscribers"
   "Redis end to end, batch_size 1, max in flight 1024, concurrency 8|wm_redis_e2e|ours_e2e_b1_mif1024|Watermill redis-stream v1.4.5, 8 subscribers"
   "Redis end to end, batch_size 64, max in flight 1024, concurrency 8|asynq_e2e|ours_e2e_b64|asynq v0.26.0 Server, concurrency 8"
   "Redis end to end, batch_size 128, max in flight 1024, concurrency 8|asynq_e2e|ours_e2e_b128|asynq v0.26.0 Server, concurrency 8"
