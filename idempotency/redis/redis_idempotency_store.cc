@@ -24,6 +24,22 @@ redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
 return 1
 )lua";
 
+// The same for several keys at once (one server only: the keys may hash to any slot). KEYS:
+// the keys. ARGV: retention (ms), then one owner per key. One 1 or 0 per key.
+constexpr char kMarkDoneMany[] = R"lua(
+local out = {}
+for i, key in ipairs(KEYS) do
+  local owner = ARGV[i + 1]
+  if redis.call('GET', key) == 'held:' .. owner then
+    redis.call('SET', key, 'done:' .. owner, 'PX', ARGV[1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+)lua";
+
 // KEYS: key. ARGV: owner. 1 when released, 0 when not the owner of a live lease.
 constexpr char kRelease[] = R"lua(
 if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
@@ -33,6 +49,10 @@ return 1
 
 const Script& MarkDoneScript() {
   static const Script* s = new Script(kMarkDone);
+  return *s;
+}
+const Script& MarkDoneManyScript() {
+  static const Script* s = new Script(kMarkDoneMany);
   return *s;
 }
 const Script& ReleaseScript() {
@@ -106,28 +126,67 @@ class RedisIdempotencyStore final : public IdempotencyStore {
   void MarkDoneMany(absl::Span<const absl::string_view> keys,
                     absl::Span<const absl::string_view> owners, absl::Duration retention,
                     absl::Span<absl::Status> results) override {
-    // One script call per key (the keys may live in different cluster slots), pipelined in
-    // one round trip.
     const std::vector<size_t> sent =
         ValidIdempotencyEntries("MarkDone", "retention", keys, owners, retention, results);
-    std::vector<std::vector<std::string>> calls;
-    const std::string ms = absl::StrCat(Millis(retention));
-    for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
     if (sent.empty()) return;
-    absl::StatusOr<std::vector<Reply>> replies =
-        client_->Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
-    for (size_t k = 0; k < sent.size(); ++k) {
+    const std::string ms = absl::StrCat(Millis(retention));
+    // Each reply: the script's integer, or an array of them from the many-key script.
+    auto settle = [&](size_t k, const Reply& r) {
       absl::Status& out = results[sent[k]];
-      if (!replies.ok()) {
-        out = replies.status();
-      } else if (k >= replies->size()) {
-        out = absl::InternalError("redis: missing mark-done reply");
-      } else if ((*replies)[k].is_error()) {
-        out = redis::ReplyStatus((*replies)[k]);
-      } else if ((*replies)[k].integer == 0) {
+      if (r.is_error()) {
+        out = redis::ReplyStatus(r);
+      } else if (r.integer == 0) {
         out = NotOwner("MarkDone", keys[sent[k]]);
       } else {
         out = absl::OkStatus();
+      }
+    };
+    auto fail_all = [&](const absl::Status& st) {
+      for (size_t i : sent) results[i] = st;
+    };
+    if (!client_->clustered() && sent.size() > 1) {
+      // One server: one script run per script_batch keys, pipelined (a script run costs the
+      // server far more than the GET and SET in it).
+      std::vector<std::vector<std::string>> calls;
+      const size_t per_call = static_cast<size_t>(options_.script_batch);
+      for (size_t from = 0; from < sent.size(); from += per_call) {
+        const size_t to = std::min(sent.size(), from + per_call);
+        std::vector<std::string> call = {absl::StrCat(to - from)};
+        for (size_t k = from; k < to; ++k) call.push_back(KeyOf(keys[sent[k]]));
+        call.push_back(ms);
+        for (size_t k = from; k < to; ++k) call.emplace_back(owners[sent[k]]);
+        calls.push_back(std::move(call));
+      }
+      absl::StatusOr<std::vector<Reply>> replies =
+          client_->Eval(MarkDoneManyScript(), std::move(calls), options_.request_timeout);
+      if (!replies.ok()) return fail_all(replies.status());
+      for (size_t c = 0, from = 0; from < sent.size(); ++c, from += per_call) {
+        const size_t to = std::min(sent.size(), from + per_call);
+        const Reply* r = c < replies->size() ? &(*replies)[c] : nullptr;
+        for (size_t k = from; k < to; ++k) {
+          if (r == nullptr || (!r->is_error() && r->elements.size() != to - from)) {
+            results[sent[k]] = absl::InternalError("redis: missing mark-done reply");
+          } else if (r->is_error()) {
+            results[sent[k]] = redis::ReplyStatus(*r);
+          } else {
+            settle(k, r->elements[k - from]);
+          }
+        }
+      }
+      return;
+    }
+    // A cluster (the keys may live in different slots): one script call per key, pipelined in
+    // one round trip per node.
+    std::vector<std::vector<std::string>> calls;
+    for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
+    absl::StatusOr<std::vector<Reply>> replies =
+        client_->Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
+    if (!replies.ok()) return fail_all(replies.status());
+    for (size_t k = 0; k < sent.size(); ++k) {
+      if (k >= replies->size()) {
+        results[sent[k]] = absl::InternalError("redis: missing mark-done reply");
+      } else {
+        settle(k, (*replies)[k]);
       }
     }
   }

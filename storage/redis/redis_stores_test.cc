@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
@@ -67,6 +68,41 @@ TEST(RedisIdempotencyStoreTest, EntriesCarryATtlSoRedisRemovesThem) {
     ASSERT_TRUE(ttl.ok()) << ttl.status();
     EXPECT_GT(std::stoll(*ttl), 0) << key;
   }
+}
+
+// On one server MarkDoneMany runs one script per script_batch keys: every key gets its own
+// result across the chunks (owned, another owner's, not held), and the server ran
+// ceil(keys / script_batch) scripts, not one per key.
+TEST(RedisIdempotencyStoreTest, MarkDoneManyRunsOneScriptPerScriptBatch) {
+  RedisStoreHarness h;
+  ASSERT_NE(h.server(), nullptr);
+  RedisOptions options = h.Options();
+  options.script_batch = 2;
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> store = NewRedisIdempotencyStore(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (const char* k : {"a", "b", "d", "e"})
+    ASSERT_TRUE(*(*store)->Acquire(k, "me", absl::Seconds(30)));
+  ASSERT_TRUE(*(*store)->Acquire("c", "other", absl::Seconds(30)));
+  {
+    // Loads the script (a first EVALSHA meets NOSCRIPT), so the count below is of runs only.
+    std::vector<absl::Status> warm(2);
+    (*store)->MarkDoneMany({"w", "x"}, {"me", "me"}, absl::Seconds(1), absl::MakeSpan(warm));
+  }
+  ASSERT_TRUE(h.server()->Cli({"CONFIG", "RESETSTAT"}).ok());
+  const std::vector<absl::string_view> keys = {"a", "b", "c", "d", "e", "never"};
+  const std::vector<absl::string_view> owners(keys.size(), "me");
+  std::vector<absl::Status> results(keys.size());
+  (*store)->MarkDoneMany(keys, owners, absl::Seconds(60), absl::MakeSpan(results));
+  for (size_t i : {0, 1, 3, 4}) EXPECT_TRUE(results[i].ok()) << keys[i] << ": " << results[i];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[2])) << results[2];
+  EXPECT_TRUE(absl::IsFailedPrecondition(results[5])) << results[5];
+  absl::StatusOr<std::string> stats = h.server()->Cli({"INFO", "commandstats"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_THAT(*stats, ::testing::HasSubstr("cmdstat_evalsha:calls=3,")) << *stats;
+  // Done keys keep later copies out; the other owner's key is untouched.
+  EXPECT_FALSE(*(*store)->Acquire("a", "x", absl::Seconds(1)));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*store)->Release("c", "me")));
+  EXPECT_TRUE((*store)->Release("c", "other").ok());
 }
 
 TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatches) {

@@ -115,6 +115,7 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
   absl::Status Ping(absl::Duration timeout) override { return redis::Ping(*conn_, timeout); }
 
   uint64_t reconnects() const override { return conn_->reconnects(); }
+  bool clustered() const override { return false; }
 
  private:
   const RedisOptions options_;

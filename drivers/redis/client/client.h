@@ -109,6 +109,10 @@ class Client {
 
   // Times a lost connection was re-established, over every connection.
   virtual uint64_t reconnects() const = 0;
+
+  // True for a cluster: a script call may then only touch keys of one slot. On one server a
+  // caller may put keys of any slot into one call (one script run instead of one per key).
+  virtual bool clustered() const = 0;
 };
 
 // Called with "host:port" each time a lost connection is re-established.

@@ -217,6 +217,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   }
 
   uint64_t reconnects() const override { return reconnects_.load(std::memory_order_relaxed); }
+  bool clustered() const override { return true; }
 
   // Runs `items` (commands, or calls of `script`) on the nodes that serve them; see client.h.
   absl::StatusOr<std::vector<Reply>> Run(std::vector<Item>& items, const Script* script,
