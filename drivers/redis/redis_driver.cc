@@ -21,6 +21,7 @@
 #include "bus/route_key.h"
 #include "drivers/redis/client/client.h"
 #include "drivers/redis/queue_scripts.h"
+#include "drivers/redis/send_coalescer.h"
 
 namespace bus {
 namespace {
@@ -487,10 +488,16 @@ class RedisDriver final : public Driver {
     return n.status();
   }
 
+  // Sends from threads at once to one queue with one delay leave as one enqueue call
+  // (send_coalescer.h): one script run for them all.
   absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
                            absl::Duration delay) override {
-    const std::string one(data);
-    return SendBatchToQueue(queue, absl::MakeConstSpan(&one, 1), delay);
+    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+    if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
+    return sends_.Send(absl::StrCat(queue, "\n", Millis(delay)), std::string(data),
+                       [&](absl::Span<const std::string> bodies) {
+                         return SendBatchToQueue(queue, bodies, delay);
+                       });
   }
 
   absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
@@ -608,6 +615,7 @@ class RedisDriver final : public Driver {
   }
 
   std::shared_ptr<Core> core_;
+  redis::SendCoalescer sends_;
 };
 
 }  // namespace
