@@ -11,17 +11,26 @@
 // starts its own redis-server (persistence off) on a free loopback port, or uses --port.
 // --steps picks the measurements; --send_single sends one message per Publisher::SendToQueue
 // call instead of batches (the pre-fill of the e2e queue is always batched).
+// --sub_queues=N spreads the e2e workload over N sub-queues `<q>.0` .. `<q>.N-1` (docs/redis.md,
+// "A hot queue"): the pre-fill sends its batches to them round robin, and one Handler per
+// sub-queue drains it, the --concurrency split among them (the first concurrency % N get one
+// more); the e2e line then carries `sub_queues=N`, and on --cluster the master of each sub-queue
+// is printed.
 //
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
 //   # the defaults of HandlerOptions (batch_size 1, max in flight = concurrency), concurrency 8:
 //   redis_bench --port=P --steps=e2e --handler_batch_size=1 --max_in_flight=0
 //   # one message per call from 8 threads:
 //   redis_bench --port=P --steps=sends --send_single --producers=8 --messages=50000
+//   # one hot queue spread over 6 sub-queues on a 3-master cluster, HandlerOptions defaults:
+//   redis_bench --cluster --steps=e2e --sub_queues=6 --handler_batch_size=0 --max_in_flight=0
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -62,9 +71,13 @@ ABSL_FLAG(std::string, steps, "limit,sends,e2e,limit_after",
 ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
 ABSL_FLAG(int, max_in_flight, 1024,
           "Handler max in flight (prefetch); 0: the default (64 per worker)");
-ABSL_FLAG(int, handler_batch_size, 128,
-          "HandlerOptions::batch_size for the e2e runs (0: the default, chosen by the Handler; 1: one "
-          "message per store call)");
+ABSL_FLAG(
+    int, handler_batch_size, 128,
+    "HandlerOptions::batch_size for the e2e runs (0: the default, chosen by the Handler; 1: one "
+    "message per store call)");
+ABSL_FLAG(int, sub_queues, 1,
+          "e2e: spread the queue over N sub-queues <q>.0 .. <q>.N-1 (sends round robin, one "
+          "Handler per sub-queue, --concurrency split among them); 1: one queue");
 ABSL_FLAG(bool, memory_baseline, false,
           "Also run the end-to-end benchmark on the memory driver and memory stores");
 ABSL_FLAG(int, ping_threads, 0, "Only measure sequential PING round trips from N threads");
@@ -103,8 +116,10 @@ std::vector<bus::Outgoing> Batch(int n, int payload) {
 
 // Messages per second; with `single`, one Publisher::SendToQueue call per message (else
 // SendBatchToQueue of --batch). Sets *sent and *took when given.
-double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queue, int messages,
-             bool single = false, int* sent_out = nullptr, absl::Duration* took_out = nullptr) {
+// Calls go to `queues` round robin (call k to queues[k % size]).
+double Sends(const std::shared_ptr<bus::Driver>& driver, const std::vector<std::string>& queues,
+             int messages, bool single = false, int* sent_out = nullptr,
+             absl::Duration* took_out = nullptr) {
   const int producers = absl::GetFlag(FLAGS_producers);
   const int batch = single ? 1 : absl::GetFlag(FLAGS_batch);
   const int payload = absl::GetFlag(FLAGS_payload);
@@ -115,7 +130,8 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queu
   for (int t = 0; t < producers; ++t) {
     threads.emplace_back([&] {
       bus::Publisher publisher(driver);
-      while (next.fetch_add(batch) < messages) {
+      for (int at; (at = next.fetch_add(batch)) < messages;) {
+        const std::string& queue = queues[(at / batch) % queues.size()];
         absl::Status status;
         if (single) {
           status = publisher.SendToQueue(queue, {.payload = std::string(payload, 'x')}).status();
@@ -139,53 +155,92 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::string& queu
   return sent / absl::ToDoubleSeconds(took);
 }
 
+// With --sub_queues=N > 1 the messages go to N sub-queues, each drained by its own Handler
+// (all run at once in this process); `cluster`, when given, is asked which master serves each.
 double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
                 std::shared_ptr<bus::DeadLetterStore> dead_letters,
-                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages,
-                const char* label) {
+                std::shared_ptr<bus::IdempotencyStore> idempotency, int messages, const char* label,
+                const bus::testing::RedisCluster* cluster = nullptr,
+                const std::string& key_prefix = "") {
   static int run = 0;
   const std::string queue = absl::StrCat("bench-e2e-", run++);
-  if (Sends(driver, queue, messages) <= 0) return 0;
+  const int n = std::max(1, absl::GetFlag(FLAGS_sub_queues));
+  const int concurrency = absl::GetFlag(FLAGS_concurrency);
+  std::vector<std::string> queues;
+  if (n == 1) {
+    queues.push_back(queue);
+  } else {
+    for (int i = 0; i < n; ++i) queues.push_back(absl::StrCat(queue, ".", i));
+  }
+  if (cluster != nullptr && n > 1) {
+    for (const std::string& q : queues) {
+      const auto slot = cluster->KeySlot(absl::StrCat(key_prefix, "q:{", q, "}:ready"));
+      const auto master = slot.ok() ? cluster->MasterOfSlot(*slot) : slot.status();
+      if (slot.ok() && master.ok()) {
+        std::printf("sub-queue %s: slot %d, master node %d (port %d)\n", q.c_str(), *slot, *master,
+                    cluster->port(*master));
+      }
+    }
+  }
+  if (Sends(driver, queues, messages) <= 0) return 0;
+  std::vector<std::unique_ptr<bus::Handler>> handlers;
   bus::HandlerOptions h;
-  h.queue = queue;
-  h.driver = driver;
-  h.dead_letters = std::move(dead_letters);
-  h.idempotency = std::move(idempotency);
-  h.handle = [](const bus::Message&) { return absl::OkStatus(); };
-  h.concurrency = absl::GetFlag(FLAGS_concurrency);
-  h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
-  h.batch_size = absl::GetFlag(FLAGS_handler_batch_size);
-  h.replay_interval = absl::ZeroDuration();
-  h.logger = bus::NullLogger();
-  auto handler = bus::Handler::Create(h);
-  if (!handler.ok()) {
-    std::fprintf(stderr, "handler: %s\n", handler.status().ToString().c_str());
-    return 0;
+  for (int i = 0; i < n; ++i) {
+    h.queue = queues[i];
+    h.driver = driver;
+    h.dead_letters = dead_letters;
+    h.idempotency = idempotency;
+    h.handle = [](const bus::Message&) { return absl::OkStatus(); };
+    h.concurrency = std::max(1, concurrency / n + (i < concurrency % n ? 1 : 0));
+    h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+    h.batch_size = absl::GetFlag(FLAGS_handler_batch_size);
+    h.replay_interval = absl::ZeroDuration();
+    h.logger = bus::NullLogger();
+    auto handler = bus::Handler::Create(h);
+    if (!handler.ok()) {
+      std::fprintf(stderr, "handler: %s\n", handler.status().ToString().c_str());
+      return 0;
+    }
+    handlers.push_back(std::move(*handler));
   }
   const absl::Time start = absl::Now();
-  std::thread runner([&] { (void)(*handler)->Run(); });
+  std::vector<std::thread> runners;
+  for (auto& handler : handlers) {
+    runners.emplace_back([&handler] { (void)handler->Run(); });
+  }
   const int total = (messages + absl::GetFlag(FLAGS_batch) - 1) / absl::GetFlag(FLAGS_batch) *
                     absl::GetFlag(FLAGS_batch);
   absl::Time done = start;
   const absl::Time give_up = start + absl::Minutes(10);
   while (absl::Now() < give_up) {
-    const bus::HandlerStats s = (*handler)->Stats();
-    if (s.succeeded + s.duplicates >= static_cast<uint64_t>(total)) {
+    uint64_t handled = 0;
+    for (auto& handler : handlers) {
+      const bus::HandlerStats s = handler->Stats();
+      handled += s.succeeded + s.duplicates;
+    }
+    if (handled >= static_cast<uint64_t>(total)) {
       done = absl::Now();
       break;
     }
     absl::SleepFor(absl::Milliseconds(2));
   }
-  (*handler)->Stop();
-  runner.join();
-  const bus::HandlerStats s = (*handler)->Stats();
-  std::printf("e2e stats: %s\n", s.ToString().c_str());
+  for (auto& handler : handlers) handler->Stop();
+  for (auto& runner : runners) runner.join();
+  for (int i = 0; i < n; ++i) {
+    const bus::HandlerStats s = handlers[i]->Stats();
+    if (n == 1) {
+      std::printf("e2e stats: %s\n", s.ToString().c_str());
+    } else {
+      std::printf("e2e stats %s: %s\n", queues[i].c_str(), s.ToString().c_str());
+    }
+  }
   if (done == start) return 0;
   const double secs = absl::ToDoubleSeconds(done - start);
+  const std::string sub = n == 1 ? "" : absl::StrCat(" sub_queues=", n);
   std::printf(
-      "ours=%s mode=e2e concurrency=%d max_in_flight=%d batch_size=%d msgs=%d secs=%.3f "
+      "ours=%s mode=e2e concurrency=%d max_in_flight=%d batch_size=%d%s msgs=%d secs=%.3f "
       "rate=%.0f\n",
-      label, h.concurrency, h.max_in_flight, h.batch_size, total, secs, total / secs);
+      label, concurrency, h.max_in_flight, h.batch_size, sub.c_str(), total, secs, total / secs);
   return total / secs;
 }
 
@@ -290,7 +345,7 @@ int main(int argc, char** argv) {
       int sent = 0;
       absl::Duration took;
       const double sends =
-          Sends(*driver, "bench-send", absl::GetFlag(FLAGS_messages), single, &sent, &took);
+          Sends(*driver, {"bench-send"}, absl::GetFlag(FLAGS_messages), single, &sent, &took);
       if (single) {
         std::printf("sends  SendToQueue (one per call, %d producers, %d-byte payload): %.0f msg/s",
                     absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload), sends);
@@ -309,13 +364,16 @@ int main(int argc, char** argv) {
       auto dead_letters = bus::NewRedisDeadLetterStore(options);
       auto idempotency = bus::NewRedisIdempotencyStore(options);
       if (!dead_letters.ok() || !idempotency.ok()) return 1;
-      const double e2e = EndToEnd(*driver, *dead_letters, *idempotency,
-                                  absl::GetFlag(FLAGS_e2e_messages), "redis");
+      const double e2e =
+          EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages), "redis",
+                   cluster.get(), options.key_prefix);
+      const int n = absl::GetFlag(FLAGS_sub_queues);
+      const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
       std::printf(
-          "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d): "
+          "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d%s): "
           "%.0f msg/s",
           absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
-          absl::GetFlag(FLAGS_handler_batch_size), e2e);
+          absl::GetFlag(FLAGS_handler_batch_size), sub.c_str(), e2e);
       if (limit > 0) std::printf("  ratio %.2f", e2e / limit);
       std::printf("\n");
       if (e2e <= 0) return 1;
