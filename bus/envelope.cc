@@ -62,6 +62,16 @@ class Reader {
   }
 
   absl::Status Varint(const char* field, uint64_t* v) {
+    // Most varints of an envelope (lengths, counts) are one byte.
+    if (!rest_.empty() && static_cast<uint8_t>(rest_[0]) < 0x80) {
+      *v = static_cast<uint8_t>(rest_[0]);
+      rest_.remove_prefix(1);
+      return absl::OkStatus();
+    }
+    return VarintSlow(field, v);
+  }
+
+  absl::Status VarintSlow(const char* field, uint64_t* v) {
     uint64_t result = 0;
     for (int shift = 0; shift < 64; shift += 7) {
       if (rest_.empty()) return Truncated(field);

@@ -84,10 +84,16 @@ class MemoryConsumer final : public Consumer {
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out) override;
   absl::Status Ack(absl::string_view receipt) override;
+  // One lock for the batch.
+  void AckMany(absl::Span<const absl::string_view> receipts,
+               absl::Span<absl::Status> results) override;
   absl::Status Nack(absl::string_view receipt, absl::Duration delay) override;
   absl::Status Extend(absl::string_view receipt) override;
 
  private:
+  // With driver_->mu_ held.
+  absl::Status AckLocked(absl::string_view receipt);
+
   const std::shared_ptr<MemoryDriver> driver_;
   Queue* const queue_;  // owned by the driver; never freed (DeleteQueue empties it)
   const uint64_t id_;
@@ -404,8 +410,18 @@ absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_tok
 }
 
 absl::Status MemoryConsumer::Ack(absl::string_view receipt) {
+  absl::MutexLock lock(&driver_->mu_);
+  return AckLocked(receipt);
+}
+
+void MemoryConsumer::AckMany(absl::Span<const absl::string_view> receipts,
+                             absl::Span<absl::Status> results) {
+  absl::MutexLock lock(&driver_->mu_);
+  for (size_t i = 0; i < receipts.size(); ++i) results[i] = AckLocked(receipts[i]);
+}
+
+absl::Status MemoryConsumer::AckLocked(absl::string_view receipt) {
   MemoryDriver& d = *driver_;
-  absl::MutexLock lock(&d.mu_);
   uint64_t token = 0;
   Leased* l = d.FindLease(queue_, receipt, &token);
   if (l == nullptr) return absl::FailedPreconditionError("ack: lease lost or unknown receipt");

@@ -47,14 +47,20 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
     Sweep(now);
-    auto [it, inserted] = entries_.try_emplace(key);
-    Entry& e = it->second;
-    if (!inserted && e.expires > now) return false;  // live lease, or done within retention
-    e.owner.assign(owner.data(), owner.size());
-    e.expires = now + lease;
-    e.done = false;
-    Track(&it->first, &e);
-    return true;
+    return AcquireLocked(key, owner, lease, now);
+  }
+
+  // One clock read and one lock for the batch.
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    const std::vector<size_t> valid =
+        ValidIdempotencyEntries("Acquire", "lease", keys, owners, lease, results);
+    if (valid.empty()) return;
+    const absl::Time now = options_.clock->Now();
+    absl::MutexLock lock(&mu_);
+    Sweep(now);
+    for (size_t i : valid) results[i] = AcquireLocked(keys[i], owners[i], lease, now);
   }
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
@@ -65,13 +71,18 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     }
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
-    auto it = Owned(key, owner, now);
-    if (it == entries_.end()) return NotOwner("MarkDone", key);
-    Entry& e = it->second;
-    e.done = true;
-    e.expires = now + retention;
-    Track(&it->first, &e);
-    return absl::OkStatus();
+    return MarkDoneLocked(key, owner, retention, now);
+  }
+
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    const std::vector<size_t> valid =
+        ValidIdempotencyEntries("MarkDone", "retention", keys, owners, retention, results);
+    if (valid.empty()) return;
+    const absl::Time now = options_.clock->Now();
+    absl::MutexLock lock(&mu_);
+    for (size_t i : valid) results[i] = MarkDoneLocked(keys[i], owners[i], retention, now);
   }
 
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
@@ -95,6 +106,30 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
   }
 
  private:
+  bool AcquireLocked(absl::string_view key, absl::string_view owner, absl::Duration lease,
+                     absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto [it, inserted] = entries_.try_emplace(key);
+    Entry& e = it->second;
+    if (!inserted && e.expires > now) return false;  // live lease, or done within retention
+    e.owner.assign(owner.data(), owner.size());
+    e.expires = now + lease;
+    e.done = false;
+    Track(&it->first, &e);
+    return true;
+  }
+
+  absl::Status MarkDoneLocked(absl::string_view key, absl::string_view owner,
+                              absl::Duration retention, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = Owned(key, owner, now);
+    if (it == entries_.end()) return NotOwner("MarkDone", key);
+    Entry& e = it->second;
+    e.done = true;
+    e.expires = now + retention;
+    Track(&it->first, &e);
+    return absl::OkStatus();
+  }
+
   static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
