@@ -50,35 +50,13 @@ TEST(ObservabilityNsqTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewNsqDriver(options);
   ASSERT_TRUE(driver.ok()) << driver.status();
 
-  absl::Mutex mu;
-  std::vector<Event> events;
-  HandlerOptions h;
-  h.queue = "orders";
-  h.driver = *driver;
-  h.dead_letters = NewMemoryDeadLetterStore();
-  h.idempotency = NewMemoryIdempotencyStore();
-  h.logger = logger;
-  h.replay_interval = absl::ZeroDuration();
-  h.infra_backoff_base = absl::Milliseconds(10);
-  h.infra_backoff_max = absl::Milliseconds(100);
-  h.retry_delay = FixedBackoff(absl::ZeroDuration());
-  h.handle = [](const Message& m) -> absl::Status {
-    if (m.retried == 0) return absl::UnavailableError("first attempt fails");
-    return absl::OkStatus();
-  };
-  h.observer = [&](const Event& e) {
-    absl::MutexLock lock(&mu);
-    events.push_back(e);
-  };
+  EventLog events;
+  HandlerOptions h = FailFirstAttemptOptions(*driver, NewMemoryDeadLetterStore(),
+                                             NewMemoryIdempotencyStore(), logger, &events);
   auto handler = Handler::Create(h);
   ASSERT_TRUE(handler.ok()) << handler.status();
   auto run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
-  auto count = [&](EventType type) {
-    absl::MutexLock lock(&mu);
-    int n = 0;
-    for (const Event& e : events) n += e.type == type ? 1 : 0;
-    return n;
-  };
+  auto count = [&](EventType type) { return events.Count(type); };
 
   Publisher publisher(*driver);
   ASSERT_TRUE(publisher.SendToQueue("orders", {"order-1", "x", {}}).ok());
@@ -108,11 +86,8 @@ TEST(ObservabilityNsqTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   ASSERT_TRUE(run.get().ok());
   handler->reset();
 
-  {
-    absl::MutexLock lock(&mu);
-    EXPECT_GE(events.size(), 5u);  // failed, retried, handled; reconnect; ...
-    for (const Event& e : events) ExpectNoSecret(e, kSecret);
-  }
+  EXPECT_GE(events.events().size(), 5u);  // failed, retried, handled; reconnect; ...
+  for (const Event& e : events.events()) ExpectNoSecret(e, kSecret);
   driver->reset();
   const std::vector<std::string> lines = out.Lines();
   int failed_attempts = 0;

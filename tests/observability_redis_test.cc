@@ -52,35 +52,12 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   ASSERT_TRUE(driver.ok()) << driver.status();
   ASSERT_TRUE(dead_letters.ok() && idempotency.ok());
 
-  absl::Mutex mu;
-  std::vector<Event> events;
-  HandlerOptions h;
-  h.queue = "orders";
-  h.driver = *driver;
-  h.dead_letters = *dead_letters;
-  h.idempotency = *idempotency;
-  h.logger = logger;
-  h.replay_interval = absl::ZeroDuration();
-  h.infra_backoff_base = absl::Milliseconds(10);
-  h.infra_backoff_max = absl::Milliseconds(100);
-  h.retry_delay = FixedBackoff(absl::ZeroDuration());
-  h.handle = [](const Message& m) -> absl::Status {
-    if (m.retried == 0) return absl::UnavailableError("first attempt fails");
-    return absl::OkStatus();
-  };
-  h.observer = [&](const Event& e) {
-    absl::MutexLock lock(&mu);
-    events.push_back(e);
-  };
+  EventLog events;
+  HandlerOptions h = FailFirstAttemptOptions(*driver, *dead_letters, *idempotency, logger, &events);
   auto handler = Handler::Create(h);
   ASSERT_TRUE(handler.ok()) << handler.status();
   auto run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
-  auto count = [&](EventType type) {
-    absl::MutexLock lock(&mu);
-    int n = 0;
-    for (const Event& e : events) n += e.type == type ? 1 : 0;
-    return n;
-  };
+  auto count = [&](EventType type) { return events.Count(type); };
 
   Publisher publisher(*driver);
   ASSERT_TRUE(publisher.SendToQueue("orders", {"order-1", "x", {}}).ok());
@@ -98,10 +75,7 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   ASSERT_TRUE(run.get().ok());
   handler->reset();
 
-  {
-    absl::MutexLock lock(&mu);
-    for (const Event& e : events) ExpectNoSecret(e, kPassword);
-  }
+  for (const Event& e : events.events()) ExpectNoSecret(e, kPassword);
   // Every record parses, none carries the password; the reconnect and the failed attempts are
   // there with their fields.
   driver->reset();

@@ -23,6 +23,7 @@
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "tests/testing/fault_injection.h"
+#include "tests/testing/secret_checks.h"
 #include "tests/testing/wait.h"
 
 namespace bus {
@@ -30,39 +31,13 @@ namespace {
 
 using ::bus::testing::CapturedRecord;
 using ::bus::testing::CapturingRecordLogger;
+using ::bus::testing::EventLog;
 using ::bus::testing::FaultyIdempotencyStore;
 using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 constexpr char kTraceParent[] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 constexpr char kTraceId[] = "4bf92f3577b34da6a3ce929d0e0e4736";
-
-// Keeps every event the observer was given.
-class EventLog {
- public:
-  EventObserverFn Observer() {
-    return [this](const Event& e) {
-      absl::MutexLock lock(&mu_);
-      events_.push_back(e);
-    };
-  }
-  std::vector<Event> events() const {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-  std::vector<Event> Of(EventType type) const {
-    std::vector<Event> out;
-    for (Event& e : events()) {
-      if (e.type == type) out.push_back(std::move(e));
-    }
-    return out;
-  }
-  size_t Count(EventType type) const { return Of(type).size(); }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
-};
 
 class ObservabilityTest : public ::testing::Test {
  protected:

@@ -1,6 +1,6 @@
 // For the tests that a secret (a password, an auth token) appears in no log record or event:
-// a check over a parsed JSON-lines record, and a logger that counts records by event while
-// passing them on.
+// a check over a parsed JSON-lines record, a logger that counts records by event while passing
+// them on, a log of observer events, and the Handler those tests run through an outage.
 
 #ifndef TESTS_TESTING_SECRET_CHECKS_H_
 #define TESTS_TESTING_SECRET_CHECKS_H_
@@ -9,12 +9,14 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/events.h"
+#include "bus/handler.h"
 #include "bus/logger.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -65,6 +67,58 @@ class CountingLogger final : public Logger {
   mutable absl::Mutex mu_;
   std::map<std::string, int> counts_ ABSL_GUARDED_BY(mu_);
 };
+
+// Keeps every event the observer was given.
+class EventLog {
+ public:
+  EventObserverFn Observer() {
+    return [this](const Event& e) {
+      absl::MutexLock lock(&mu_);
+      events_.push_back(e);
+    };
+  }
+  std::vector<Event> events() const {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+  std::vector<Event> Of(EventType type) const {
+    std::vector<Event> out;
+    for (Event& e : events()) {
+      if (e.type == type) out.push_back(std::move(e));
+    }
+    return out;
+  }
+  size_t Count(EventType type) const { return Of(type).size(); }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// A Handler on queue "orders" whose handle fails each message's first attempt and succeeds on
+// the retry (sent again at once), with short infrastructure backoffs, no replay loop, and its
+// events into `events`.
+inline HandlerOptions FailFirstAttemptOptions(std::shared_ptr<Driver> driver,
+                                              std::shared_ptr<DeadLetterStore> dead_letters,
+                                              std::shared_ptr<IdempotencyStore> idempotency,
+                                              std::shared_ptr<Logger> logger, EventLog* events) {
+  HandlerOptions h;
+  h.queue = "orders";
+  h.driver = std::move(driver);
+  h.dead_letters = std::move(dead_letters);
+  h.idempotency = std::move(idempotency);
+  h.logger = std::move(logger);
+  h.replay_interval = absl::ZeroDuration();
+  h.infra_backoff_base = absl::Milliseconds(10);
+  h.infra_backoff_max = absl::Milliseconds(100);
+  h.retry_delay = FixedBackoff(absl::ZeroDuration());
+  h.handle = [](const Message& m) -> absl::Status {
+    if (m.retried == 0) return absl::UnavailableError("first attempt fails");
+    return absl::OkStatus();
+  };
+  h.observer = events->Observer();
+  return h;
+}
 
 }  // namespace bus::testing
 
