@@ -8,18 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-5s}
-bazel build -c opt //bench/nsq_bench:nsq_bench >/dev/null 2>&1
-ours=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/nsq_bench/nsq_bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-hport=$(free_port)
-data=$(mktemp -d)
-nsqd --tcp-address=127.0.0.1:$port --http-address=127.0.0.1:$hport --https-address= \
-  --data-path="$data" --mem-queue-size=10000000 --log-level=warn >"$data/nsqd.log" 2>&1 &
-nsqd_pid=$!
-trap 'kill $nsqd_pid 2>/dev/null; wait $nsqd_pid 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-addr=127.0.0.1:$port
+source bench/nsq_bench/nsqd.sh
+start_nsqd
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 # run NAME CMD...: the client's rate, its CPU and nsqd's, in cores.
@@ -47,15 +37,15 @@ PY
 nsq_bench_writer --nsqd-tcp-address=$addr --topic=warmup --size=200 --batch-size=200 --runfor=2s >/dev/null 2>&1
 run bench_writer nsq_bench_writer --nsqd-tcp-address=$addr --topic=theirs --size=200 --batch-size=200 --runfor=$runfor
 run ours_write $ours --mode=write --nsqd=$addr --topic=ours --size=200 --batch_size=200 --runfor=$runfor
-curl -sf -X POST "http://127.0.0.1:$hport/topic/delete?topic=theirs" >/dev/null
-curl -sf -X POST "http://127.0.0.1:$hport/topic/delete?topic=ours" >/dev/null
-curl -sf -X POST "http://127.0.0.1:$hport/topic/create?topic=c" >/dev/null
-curl -sf -X POST "http://127.0.0.1:$hport/channel/create?topic=c&channel=ch" >/dev/null
-curl -sf -X POST "http://127.0.0.1:$hport/channel/create?topic=c&channel=bus" >/dev/null
+curl -sf -X POST "$http/topic/delete?topic=theirs" >/dev/null
+curl -sf -X POST "$http/topic/delete?topic=ours" >/dev/null
+curl -sf -X POST "$http/topic/create?topic=c" >/dev/null
+curl -sf -X POST "$http/channel/create?topic=c&channel=ch" >/dev/null
+curl -sf -X POST "$http/channel/create?topic=c&channel=bus" >/dev/null
 $ours --mode=write --nsqd=$addr --topic=c --size=200 --batch_size=200 --count=4000000 --runfor=120s >/dev/null
 # Until nsqd has copied the backlog into both channels.
 for _ in $(seq 600); do
-  d=$(curl -sf "http://127.0.0.1:$hport/stats?format=json&topic=c" | python3 -c '
+  d=$(curl -sf "$http/stats?format=json&topic=c" | python3 -c '
 import json, sys
 t = json.load(sys.stdin)["topics"][0]
 print(t["depth"] + t["backend_depth"])')

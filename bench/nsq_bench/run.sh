@@ -27,19 +27,8 @@ quarter=$(python3 -c "print(str($secs/4)+'s')")
 # Messages per consume round: enough for 1s + runfor/2 of reading at well over 600k msgs/s,
 # and below --mem-queue-size so every message stays in nsqd's memory.
 fill_count=$(python3 -c "print(int((1 + $secs / 2) * 1000000))")
-bazel build -c opt //bench/nsq_bench:nsq_bench >/dev/null 2>&1
-ours=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/nsq_bench/nsq_bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
-hport=$(free_port)
-data=$(mktemp -d)
-nsqd --tcp-address=127.0.0.1:$port --http-address=127.0.0.1:$hport --https-address= \
-  --data-path="$data" --mem-queue-size=10000000 --log-level=warn >"$data/nsqd.log" 2>&1 &
-nsqd_pid=$!
-trap 'kill $nsqd_pid 2>/dev/null; wait $nsqd_pid 2>/dev/null; rm -rf "$data"' EXIT
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-addr=127.0.0.1:$port
-http=http://127.0.0.1:$hport
+source bench/nsq_bench/nsqd.sh
+start_nsqd
 rate() { grep -o 'ops/s: *[0-9.]*\|[0-9.]*ops/s' | grep -o '[0-9.]*' | head -1 | cut -d. -f1; }
 mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(round(sum(v)/len(v)))" "$@"; }
 ratio() { python3 -c "print(round($1/$2,3))"; }

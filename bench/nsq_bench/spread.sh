@@ -7,23 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
-bazel build -c opt //bench/nsq_bench:nsq_bench >/dev/null 2>&1
-ours=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/nsq_bench/nsq_bench
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-data=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; wait $p 2>/dev/null; done; rm -rf "$data"' EXIT
+source bench/nsq_bench/nsqd.sh
 addrs=()
 https=()
-for n in 1 2; do
-  port=$(free_port); hport=$(free_port)
-  mkdir -p "$data/$n"
-  nsqd --tcp-address=127.0.0.1:$port --http-address=127.0.0.1:$hport --https-address= \
-    --data-path="$data/$n" --mem-queue-size=10000000 --log-level=warn >"$data/$n.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-  addrs+=(127.0.0.1:$port)
-  https+=(http://127.0.0.1:$hport)
+for _ in 1 2; do
+  start_nsqd
+  addrs+=("$addr")
+  https+=("$http")
 done
 rate() { grep -o 'ops/s: *[0-9.]*' | grep -o '[0-9.]*$' | cut -d. -f1; }
 mean() { python3 -c "import sys; v=[float(x) for x in sys.argv[1:]]; print(round(sum(v)/len(v)))" "$@"; }

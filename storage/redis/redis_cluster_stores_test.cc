@@ -12,13 +12,14 @@
 #include "gtest/gtest.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
+#include "storage/redis/redis_store_harness.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/redis_cluster.h"
 
 namespace bus::testing {
 namespace {
 
-class RedisClusterStoreHarness final : public StoreHarness {
+class RedisClusterStoreHarness final : public RedisStoreHarnessBase {
  public:
   RedisClusterStoreHarness() {
     static std::atomic<int> tests{0};
@@ -28,25 +29,12 @@ class RedisClusterStoreHarness final : public StoreHarness {
     if (cluster.ok()) cluster_ = *cluster;
   }
 
-  RedisOptions Options() const {
+  RedisOptions Options() const override {
     RedisOptions options;
     options.seeds = cluster_ != nullptr ? cluster_->Seeds() : std::vector<std::string>{"h:1"};
     options.key_prefix = prefix_;
     return options;
   }
-
-  std::shared_ptr<DeadLetterStore> NewDeadLetterStore() override {
-    absl::StatusOr<std::shared_ptr<DeadLetterStore>> s = NewRedisDeadLetterStore(Options());
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *s : nullptr;
-  }
-  std::shared_ptr<IdempotencyStore> NewIdempotencyStore() override {
-    absl::StatusOr<std::shared_ptr<IdempotencyStore>> s = NewRedisIdempotencyStore(Options());
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *s : nullptr;
-  }
-  void Advance(absl::Duration d) override { absl::SleepFor(d); }
-  absl::Duration ShortLease() const override { return absl::Seconds(1); }
 
   RedisCluster* cluster() { return cluster_; }
 

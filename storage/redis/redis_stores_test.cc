@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
+#include "storage/redis/redis_store_harness.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/letters.h"
 #include "tests/testing/redis_server.h"
@@ -16,7 +17,7 @@
 namespace bus::testing {
 namespace {
 
-class RedisStoreHarness final : public StoreHarness {
+class RedisStoreHarness final : public RedisStoreHarnessBase {
  public:
   RedisStoreHarness() {
     absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
@@ -24,24 +25,11 @@ class RedisStoreHarness final : public StoreHarness {
     if (server.ok()) server_ = std::move(*server);
   }
 
-  RedisOptions Options() const {
+  RedisOptions Options() const override {
     RedisOptions options;
     options.port = server_ != nullptr ? server_->port() : 1;
     return options;
   }
-
-  std::shared_ptr<DeadLetterStore> NewDeadLetterStore() override {
-    absl::StatusOr<std::shared_ptr<DeadLetterStore>> s = NewRedisDeadLetterStore(Options());
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *s : nullptr;
-  }
-  std::shared_ptr<IdempotencyStore> NewIdempotencyStore() override {
-    absl::StatusOr<std::shared_ptr<IdempotencyStore>> s = NewRedisIdempotencyStore(Options());
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *s : nullptr;
-  }
-  void Advance(absl::Duration d) override { absl::SleepFor(d); }
-  absl::Duration ShortLease() const override { return absl::Seconds(1); }
 
   RedisServer* server() { return server_.get(); }
 

@@ -2,15 +2,46 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
+#include <memory>
+#include <random>
 #include <sstream>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bus/publisher.h"
 
 namespace bus::testing {
 
 std::string ConsumerBinary() {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
                       "/tests/crash/crash_consumer");
+}
+
+absl::StatusOr<uint32_t> CrashSeed() {
+  uint32_t seed = std::random_device{}();
+  if (const char* s = std::getenv("BUS_CRASH_SEED"); s != nullptr && !absl::SimpleAtoi(s, &seed)) {
+    return absl::InvalidArgumentError(absl::StrCat("BUS_CRASH_SEED is not a number: ", s));
+  }
+  std::cout << "crash test seed " << seed << " (BUS_CRASH_SEED=" << seed << " replays it)"
+            << std::endl;
+  return seed;
+}
+
+absl::Status PublishNumbered(std::shared_ptr<Driver> driver, const std::string& queue, int n) {
+  Publisher publisher(std::move(driver));
+  for (int i = 0; i < n; i += 500) {
+    std::vector<Outgoing> batch;
+    for (int j = i; j < i + 500 && j < n; ++j) {
+      batch.push_back(Outgoing{absl::StrCat("m-", j), absl::StrCat(j), {}});
+    }
+    if (absl::Status st = publisher.SendBatchToQueue(queue, std::move(batch)).status(); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string ReadFile(const std::string& path) {
@@ -29,6 +60,13 @@ EffectsReader::~EffectsReader() { sqlite3_close(db_); }
 
 bool EffectsReader::Exec(const char* sql) {
   return sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) == SQLITE_OK;
+}
+
+bool EffectsReader::CreateTable() {
+  return Exec("PRAGMA journal_mode = WAL") &&
+         Exec(
+             "CREATE TABLE effects (id INTEGER PRIMARY KEY, biz_uid TEXT NOT NULL, "
+             "incarnation INTEGER NOT NULL)");
 }
 
 int64_t EffectsReader::Count(const char* sql) {

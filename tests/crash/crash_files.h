@@ -8,13 +8,25 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bus/driver.h"
 
 namespace bus::testing {
 
 // The crash_consumer binary in the test's runfiles.
 std::string ConsumerBinary();
+
+// The seed of a test's kill moments: BUS_CRASH_SEED when set (it replays a run), else a random
+// one; printed either way. InvalidArgument when BUS_CRASH_SEED is not a number.
+absl::StatusOr<uint32_t> CrashSeed();
+
+// Publishes `n` messages to `queue` (biz_uid "m-<i>", payload "<i>", i from 0), in batches.
+absl::Status PublishNumbered(std::shared_ptr<Driver> driver, const std::string& queue, int n);
 
 // The whole file, or "" when it cannot be read.
 std::string ReadFile(const std::string& path);
@@ -28,6 +40,8 @@ class EffectsReader {
   EffectsReader& operator=(const EffectsReader&) = delete;
 
   bool Exec(const char* sql);
+  // WAL, and the effects table the consumers write.
+  bool CreateTable();
   // The first column of the first row of `sql`, or -1.
   int64_t Count(const char* sql);
   int64_t Rows() { return Count("SELECT count(*) FROM effects"); }

@@ -49,12 +49,9 @@ class CrashTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CrashTest, EveryMessageTakesEffectAndEveryRepeatFollowsAKillBeforeMarkDone) {
   const int batch_size = GetParam();
-  uint32_t seed = std::random_device{}();
-  if (const char* s = std::getenv("BUS_CRASH_SEED"); s != nullptr) {
-    ASSERT_TRUE(absl::SimpleAtoi(s, &seed)) << s;
-  }
-  std::cout << "crash test seed " << seed << " (BUS_CRASH_SEED=" << seed << " replays it)"
-            << std::endl;
+  absl::StatusOr<uint32_t> seed_or = CrashSeed();
+  ASSERT_TRUE(seed_or.ok()) << seed_or.status();
+  const uint32_t seed = *seed_or;
   RecordProperty("seed", static_cast<int>(seed));
   std::mt19937 random(seed);
 
@@ -64,26 +61,14 @@ TEST_P(CrashTest, EveryMessageTakesEffectAndEveryRepeatFollowsAKillBeforeMarkDon
   const std::string effects_db = dir + "/effects.db";
   const std::string log = dir + "/mark_done.log";
   EffectsReader effects(effects_db);
-  ASSERT_TRUE(effects.Exec("PRAGMA journal_mode = WAL"));
-  ASSERT_TRUE(
-      effects.Exec("CREATE TABLE effects (id INTEGER PRIMARY KEY, biz_uid TEXT NOT NULL, "
-                   "incarnation INTEGER NOT NULL)"));
+  ASSERT_TRUE(effects.CreateTable());
 
   {
     RedisOptions redis;
     redis.port = (*server)->port();
     absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(redis);
     ASSERT_TRUE(driver.ok()) << driver.status();
-    Publisher publisher(*driver);
-    for (int i = 0; i < kMessages; i += 500) {
-      std::vector<Outgoing> batch;
-      for (int j = i; j < i + 500 && j < kMessages; ++j) {
-        batch.push_back(Outgoing{absl::StrCat("m-", j), absl::StrCat(j), {}});
-      }
-      absl::StatusOr<std::vector<std::string>> ids =
-          publisher.SendBatchToQueue(kQueue, std::move(batch));
-      ASSERT_TRUE(ids.ok()) << ids.status();
-    }
+    ASSERT_TRUE(PublishNumbered(*driver, kQueue, kMessages).ok());
   }
 
   auto start = [&](int incarnation) {

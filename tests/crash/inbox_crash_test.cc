@@ -56,12 +56,9 @@ class InboxCrashTest : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   const Mode mode = GetParam();
-  uint32_t seed = std::random_device{}();
-  if (const char* s = std::getenv("BUS_CRASH_SEED"); s != nullptr) {
-    ASSERT_TRUE(absl::SimpleAtoi(s, &seed)) << s;
-  }
-  std::cout << "crash test seed " << seed << " (BUS_CRASH_SEED=" << seed << " replays it)"
-            << std::endl;
+  absl::StatusOr<uint32_t> seed_or = CrashSeed();
+  ASSERT_TRUE(seed_or.ok()) << seed_or.status();
+  const uint32_t seed = *seed_or;
   std::mt19937 random(seed);
 
   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
@@ -71,25 +68,13 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   // With the inbox the effects live in the stores' file; without it, in a file of their own.
   const std::string effects_db = mode.inbox ? stores_db : dir + "/effects.db";
   EffectsReader effects(effects_db);
-  ASSERT_TRUE(effects.Exec("PRAGMA journal_mode = WAL"));
-  ASSERT_TRUE(
-      effects.Exec("CREATE TABLE effects (id INTEGER PRIMARY KEY, biz_uid TEXT NOT NULL, "
-                   "incarnation INTEGER NOT NULL)"));
+  ASSERT_TRUE(effects.CreateTable());
 
   RedisOptions redis;
   redis.port = (*server)->port();
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(redis);
   ASSERT_TRUE(driver.ok()) << driver.status();
-  {
-    Publisher publisher(*driver);
-    for (int i = 0; i < kMessages; i += 500) {
-      std::vector<Outgoing> batch;
-      for (int j = i; j < i + 500 && j < kMessages; ++j) {
-        batch.push_back(Outgoing{absl::StrCat("m-", j), absl::StrCat(j), {}});
-      }
-      ASSERT_TRUE(publisher.SendBatchToQueue(kQueue, std::move(batch)).ok());
-    }
-  }
+  ASSERT_TRUE(PublishNumbered(*driver, kQueue, kMessages).ok());
 
   auto start = [&](int incarnation) {
     std::vector<std::string> argv = {ConsumerBinary(),
