@@ -12,9 +12,9 @@
 #include "gtest/gtest.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
-#include "storage/redis/redis_store_harness.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/redis_cluster.h"
+#include "tests/testing/redis_store_harness.h"
 
 namespace bus::testing {
 namespace {

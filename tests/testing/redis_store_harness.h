@@ -2,8 +2,8 @@
 // one-server and the cluster tests: a subclass says where the stores connect (Options()).
 // Redis keeps real time, so Advance sleeps.
 
-#ifndef STORAGE_REDIS_REDIS_STORE_HARNESS_H_
-#define STORAGE_REDIS_REDIS_STORE_HARNESS_H_
+#ifndef TESTS_TESTING_REDIS_STORE_HARNESS_H_
+#define TESTS_TESTING_REDIS_STORE_HARNESS_H_
 
 #include <memory>
 
@@ -36,4 +36,4 @@ class RedisStoreHarnessBase : public StoreHarness {
 
 }  // namespace bus::testing
 
-#endif  // STORAGE_REDIS_REDIS_STORE_HARNESS_H_
+#endif  // TESTS_TESTING_REDIS_STORE_HARNESS_H_
