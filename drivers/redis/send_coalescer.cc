@@ -14,12 +14,15 @@ absl::Status SendCoalescer::Send(const std::string& key, std::string body, Flush
   std::vector<Waiter*> batch;
   std::vector<std::string> bodies;
   while (!me.done) {
-    auto can_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return me.done || !g.busy; };
+    auto can_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return me.done || (!me.taken && g.in_flight < max_in_flight_);
+    };
     mu_.Await(absl::Condition(&can_go));
     if (me.done) break;
     // Lead: send what has gathered (this sender's body among it).
-    g.busy = true;
+    ++g.in_flight;
     batch.swap(g.waiting);
+    for (Waiter* w : batch) w->taken = true;
     ++calls_;
     mu_.Unlock();
     bodies.clear();
@@ -31,7 +34,7 @@ absl::Status SendCoalescer::Send(const std::string& key, std::string body, Flush
       w->done = true;
     }
     batch.clear();
-    g.busy = false;
+    --g.in_flight;
   }
   if (--g.users == 0) groups_.erase(key);
   return me.result;

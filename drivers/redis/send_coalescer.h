@@ -1,7 +1,7 @@
 // SendCoalescer: single sends from concurrent threads that share a key (for the Redis driver, a
-// queue and a delay) leave as one call. The first sender of a key finds no call of that key in
-// flight and sends at once, alone; senders that arrive while a call of their key is in flight
-// wait, and when it returns one of them sends everything that gathered in the meantime, in one
+// queue and a delay) leave as one call. A sender that finds fewer than `max_in_flight` calls of
+// its key in flight sends at once, alone; senders that arrive while that many are in flight
+// wait, and when one returns one of them sends everything that gathered in the meantime, in one
 // call, and hands each waiting sender the call's status. The way group commit coalesces SQLite
 // writes: a sender alone pays nothing, and under contention the server runs one script per
 // batch instead of one per message.
@@ -34,7 +34,8 @@ class SendCoalescer {
  public:
   using FlushFn = absl::FunctionRef<absl::Status(absl::Span<const std::string> bodies)>;
 
-  SendCoalescer() = default;
+  // At most `max_in_flight` (>= 1) calls of one key at a time.
+  explicit SendCoalescer(int max_in_flight = 1) : max_in_flight_(max_in_flight) {}
   SendCoalescer(const SendCoalescer&) = delete;
   SendCoalescer& operator=(const SendCoalescer&) = delete;
 
@@ -51,14 +52,16 @@ class SendCoalescer {
   struct Waiter {
     std::string body;
     absl::Status result;
+    bool taken = false;  // in a call in flight
     bool done = false;
   };
   struct Group {
-    bool busy = false;               // a call of this key is in flight
+    int in_flight = 0;               // calls of this key in flight
     std::vector<Waiter*> waiting{};  // gathered for the next call
     int users = 0;                   // senders inside Send for this key
   };
 
+  const int max_in_flight_;
   mutable absl::Mutex mu_;
   // Node-based: a Group stays where it is while others are added and removed.
   absl::node_hash_map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);
