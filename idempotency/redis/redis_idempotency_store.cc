@@ -107,18 +107,19 @@ class RedisIdempotencyStore final : public IdempotencyStore {
       commands.push_back({"SET", KeyOf(keys[i]), absl::StrCat("held:", owners[i]), "NX", "PX", ms});
     }
     if (sent.empty()) return;
-    absl::StatusOr<std::vector<Reply>> replies =
-        client_->Execute(std::move(commands), options_.request_timeout);
+    // In a cluster, a node that fails fails the keys it serves, not the others.
+    std::vector<absl::StatusOr<Reply>> replies =
+        client_->ExecuteEach(std::move(commands), options_.request_timeout);
     for (size_t k = 0; k < sent.size(); ++k) {
       absl::StatusOr<bool>& out = results[sent[k]];
-      if (!replies.ok()) {
-        out = replies.status();
-      } else if (k >= replies->size()) {
+      if (k >= replies.size()) {
         out = absl::InternalError("redis: missing SET reply");
-      } else if ((*replies)[k].is_error()) {
-        out = redis::ReplyStatus((*replies)[k]);
+      } else if (!replies[k].ok()) {
+        out = replies[k].status();
+      } else if (replies[k]->is_error()) {
+        out = redis::ReplyStatus(*replies[k]);
       } else {
-        out = !(*replies)[k].is_nil();
+        out = !replies[k]->is_nil();
       }
     }
   }
@@ -176,17 +177,18 @@ class RedisIdempotencyStore final : public IdempotencyStore {
       return;
     }
     // A cluster (the keys may live in different slots): one script call per key, pipelined in
-    // one round trip per node.
+    // one round trip per node; a node that fails fails the keys it serves, not the others.
     std::vector<std::vector<std::string>> calls;
     for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
-    absl::StatusOr<std::vector<Reply>> replies =
-        client_->Eval(MarkDoneScript(), std::move(calls), options_.request_timeout);
-    if (!replies.ok()) return fail_all(replies.status());
+    std::vector<absl::StatusOr<Reply>> replies =
+        client_->EvalEach(MarkDoneScript(), std::move(calls), options_.request_timeout);
     for (size_t k = 0; k < sent.size(); ++k) {
-      if (k >= replies->size()) {
+      if (k >= replies.size()) {
         results[sent[k]] = absl::InternalError("redis: missing mark-done reply");
+      } else if (!replies[k].ok()) {
+        results[sent[k]] = replies[k].status();
       } else {
-        settle(k, (*replies)[k]);
+        settle(k, *replies[k]);
       }
     }
   }

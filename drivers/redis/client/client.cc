@@ -28,6 +28,39 @@ absl::StatusOr<Reply> Client::Command(std::vector<std::string> args, absl::Durat
   return std::move((*r)[0]);
 }
 
+namespace {
+
+// Every entry: the reply, or the status of the whole call.
+std::vector<absl::StatusOr<Reply>> Each(absl::StatusOr<std::vector<Reply>> r, size_t n) {
+  std::vector<absl::StatusOr<Reply>> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!r.ok()) {
+      out.push_back(r.status());
+    } else if (i < r->size()) {
+      out.push_back(std::move((*r)[i]));
+    } else {
+      out.push_back(absl::InternalError("redis: missing reply"));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<absl::StatusOr<Reply>> Client::ExecuteEach(
+    std::vector<std::vector<std::string>> commands, absl::Duration timeout) {
+  const size_t n = commands.size();
+  return Each(Execute(std::move(commands), timeout), n);
+}
+
+std::vector<absl::StatusOr<Reply>> Client::EvalEach(const Script& script,
+                                                    std::vector<std::vector<std::string>> calls,
+                                                    absl::Duration timeout) {
+  const size_t n = calls.size();
+  return Each(Eval(script, std::move(calls), timeout), n);
+}
+
 std::vector<std::string> WaitCommand(const RedisOptions& options) {
   return {"WAIT", absl::StrCat(options.wait_replicas),
           absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.wait_timeout)))};

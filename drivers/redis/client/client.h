@@ -28,6 +28,8 @@
 // A transport failure (a node down) fails the whole call with Unavailable and makes the next
 // call read the map again (a replica may have taken over): requests written to a lost
 // connection may have run, so they are not repeated here; callers repeat what is safe to.
+// ExecuteEach and EvalEach fail only the commands of the node that failed: the others' replies
+// are returned (one node down leaves the keys of the other masters usable).
 //
 // Durable writes: Eval(..., Durability::kReplicated) pipelines `WAIT wait_replicas
 // wait_timeout` after the calls on each node when RedisOptions::wait_replicas > 0 and fails the
@@ -96,6 +98,15 @@ class Client {
                                                   std::vector<std::vector<std::string>> calls,
                                                   absl::Duration timeout,
                                                   Durability durability = Durability::kDefault) = 0;
+
+  // As Execute and Eval (durability kDefault), but entry i is command i's own outcome: its
+  // reply, or the transport failure of the node it was sent to. On one server every entry has
+  // the status of the one pipelined call.
+  virtual std::vector<absl::StatusOr<Reply>> ExecuteEach(
+      std::vector<std::vector<std::string>> commands, absl::Duration timeout);
+  virtual std::vector<absl::StatusOr<Reply>> EvalEach(const Script& script,
+                                                      std::vector<std::vector<std::string>> calls,
+                                                      absl::Duration timeout);
 
   virtual std::unique_ptr<BlockingConnection> NewBlocking() = 0;
 

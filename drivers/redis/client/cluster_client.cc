@@ -5,6 +5,7 @@
 #include <future>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "bus/retry.h"
 #include "drivers/redis/client/slot.h"
 
@@ -118,8 +120,61 @@ struct Item {
   std::optional<std::string> key;
   std::string ask;             // the node an ASK sent it to; empty: by slot
   std::optional<Reply> reply;  // final, or the last retryable error reply
+  absl::Status status;         // its node's failure (a Run with `each`)
   bool done = false;
 };
+
+// The items' replies, after a Run without `each` that returned `st`.
+absl::StatusOr<std::vector<Reply>> Replies(const absl::Status& st, std::vector<Item>& items) {
+  if (!st.ok()) return st;
+  std::vector<Reply> out;
+  out.reserve(items.size());
+  for (Item& it : items) {
+    if (!it.reply) return absl::InternalError("redis: a command got no reply");
+    out.push_back(std::move(*it.reply));
+  }
+  return out;
+}
+
+// Each item's reply or failure, after a Run with `each`.
+std::vector<absl::StatusOr<Reply>> EachReply(std::vector<Item>& items) {
+  std::vector<absl::StatusOr<Reply>> out;
+  out.reserve(items.size());
+  for (Item& it : items) {
+    if (!it.status.ok()) {
+      out.push_back(it.status);
+    } else if (!it.reply) {
+      out.push_back(absl::InternalError("redis: a command got no reply"));
+    } else {
+      out.push_back(std::move(*it.reply));
+    }
+  }
+  return out;
+}
+
+std::vector<Item> CommandItems(std::vector<std::vector<std::string>> commands) {
+  std::vector<Item> items(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (std::optional<absl::string_view> k = CommandKey(commands[i])) {
+      items[i].key = std::string(*k);
+    }
+    items[i].args = std::move(commands[i]);
+  }
+  return items;
+}
+
+// Script calls: each routed by its first key.
+std::vector<Item> CallItems(std::vector<std::vector<std::string>> calls) {
+  std::vector<Item> items(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    int numkeys = 0;
+    if (calls[i].size() >= 2 && absl::SimpleAtoi(calls[i][0], &numkeys) && numkeys > 0) {
+      items[i].key = calls[i][1];
+    }
+    items[i].args = std::move(calls[i]);
+  }
+  return items;
+}
 
 class ClusterClient final : public Client, public std::enable_shared_from_this<ClusterClient> {
  public:
@@ -155,34 +210,39 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
     if (c == nullptr) c = NewConnection(address);
     return c;
   }
+  ConnFor PipelinedFor() {
+    return [this](const std::string& a) { return Pipelined(a); };
+  }
 
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
                                              absl::Duration timeout,
                                              std::stop_token stop) override {
-    std::vector<Item> items(commands.size());
-    for (size_t i = 0; i < commands.size(); ++i) {
-      if (std::optional<absl::string_view> k = CommandKey(commands[i]))
-        items[i].key = std::string(*k);
-      items[i].args = std::move(commands[i]);
-    }
-    return Run(items, nullptr, timeout, std::move(stop), false,
-               [this](const std::string& a) { return Pipelined(a); });
+    std::vector<Item> items = CommandItems(std::move(commands));
+    return Replies(Run(items, nullptr, timeout, std::move(stop), false, false, PipelinedFor()),
+                   items);
   }
 
   absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
                                           std::vector<std::vector<std::string>> calls,
                                           absl::Duration timeout, Durability durability) override {
-    std::vector<Item> items(calls.size());
-    for (size_t i = 0; i < calls.size(); ++i) {
-      int numkeys = 0;
-      if (calls[i].size() >= 2 && absl::SimpleAtoi(calls[i][0], &numkeys) && numkeys > 0) {
-        items[i].key = calls[i][1];
-      }
-      items[i].args = std::move(calls[i]);
-    }
+    std::vector<Item> items = CallItems(std::move(calls));
     const bool wait = durability == Durability::kReplicated && options_.wait_replicas > 0;
-    return Run(items, &script, timeout, {}, wait,
-               [this](const std::string& a) { return Pipelined(a); });
+    return Replies(Run(items, &script, timeout, {}, wait, false, PipelinedFor()), items);
+  }
+
+  std::vector<absl::StatusOr<Reply>> ExecuteEach(std::vector<std::vector<std::string>> commands,
+                                                 absl::Duration timeout) override {
+    std::vector<Item> items = CommandItems(std::move(commands));
+    Run(items, nullptr, timeout, {}, false, true, PipelinedFor()).IgnoreError();
+    return EachReply(items);
+  }
+
+  std::vector<absl::StatusOr<Reply>> EvalEach(const Script& script,
+                                              std::vector<std::vector<std::string>> calls,
+                                              absl::Duration timeout) override {
+    std::vector<Item> items = CallItems(std::move(calls));
+    Run(items, &script, timeout, {}, false, true, PipelinedFor()).IgnoreError();
+    return EachReply(items);
   }
 
   std::unique_ptr<BlockingConnection> NewBlocking() override;
@@ -220,9 +280,10 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   bool clustered() const override { return true; }
 
   // Runs `items` (commands, or calls of `script`) on the nodes that serve them; see client.h.
-  absl::StatusOr<std::vector<Reply>> Run(std::vector<Item>& items, const Script* script,
-                                         absl::Duration timeout, std::stop_token stop, bool wait,
-                                         const ConnFor& conn_for);
+  // Without `each`, the first transport failure (or failed WAIT) ends the call and is returned;
+  // with `each`, it fails the items of that node alone (Item::status) and Run returns OK.
+  absl::Status Run(std::vector<Item>& items, const Script* script, absl::Duration timeout,
+                   std::stop_token stop, bool wait, bool each, const ConnFor& conn_for);
 
  private:
   // Sets the slot map from the first node that answers CLUSTER SLOTS, unless another thread
@@ -337,19 +398,29 @@ absl::Status ClusterClient::Refresh(absl::Time deadline) {
       absl::StrCat("redis cluster: no node answered CLUSTER SLOTS: ", last.message()));
 }
 
-absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
-                                                      const Script* script, absl::Duration timeout,
-                                                      std::stop_token stop, bool wait,
-                                                      const ConnFor& conn_for) {
+absl::Status ClusterClient::Run(std::vector<Item>& items, const Script* script,
+                                absl::Duration timeout, std::stop_token stop, bool wait, bool each,
+                                const ConnFor& conn_for) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<size_t> pending(items.size());
   for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
   absl::BitGen gen;
   int backoffs = 0;
-  absl::Status failed;            // the first transport failure or failed WAIT: fails the call
+  absl::Status failed;  // without `each`: the first transport failure or failed WAIT
+  // Items `idx` failed with `st`: with `each` those items, else the call.
+  auto fail = [&](absl::Span<const size_t> idx, const absl::Status& st) {
+    if (!each) {
+      if (failed.ok()) failed = st;
+      return;
+    }
+    for (size_t i : idx) {
+      items[i].status = st;
+      items[i].done = true;
+    }
+  };
   constexpr int kMaxRounds = 32;  // bounds a redirect loop (a map changing under us)
   absl::Status map_error;
-  bool unrouted_at_end = false;  // the last round found no node for some items
+  std::vector<size_t> unrouted_at_end;  // the last round found no node for these
   for (int round = 0; !pending.empty() && failed.ok(); ++round) {
     if (stale_.load()) map_error = Refresh(deadline);
     // Group by node; std::map so that the order of sends is stable.
@@ -363,16 +434,20 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
         groups[address].push_back(i);
       }
     }
+    // The script's SHA1, loaded on the first node that answers (with `each`, the items of a
+    // node that does not fail).
     std::string sha;
-    if (script != nullptr && !groups.empty()) {
-      absl::StatusOr<std::string> s = Sha(*script, groups.begin()->first, deadline, false);
-      if (!s.ok()) {
-        MarkBad(groups.begin()->first, s.status());
-        failed = s.status();
+    for (auto g = groups.begin(); script != nullptr && g != groups.end() && failed.ok();) {
+      absl::StatusOr<std::string> s = Sha(*script, g->first, deadline, false);
+      if (s.ok()) {
+        sha = *s;
         break;
       }
-      sha = *s;
+      MarkBad(g->first, s.status());
+      fail(g->second, s.status());
+      g = groups.erase(g);
     }
+    if (!failed.ok()) break;
     struct Sent {
       std::string address;
       std::vector<size_t> idx;
@@ -412,25 +487,24 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
     }
     std::vector<size_t> next;
     bool backoff = false;
-    absl::flat_hash_set<std::string> reload;
+    std::map<std::string, std::vector<size_t>> reload;  // NOSCRIPT: the node, its items
     for (Sent& s : sent) {
       if (s.future.valid()) s.result = s.future.get();
       if (!s.result.ok()) {
         MarkBad(s.address, s.result.status());
-        if (failed.ok()) {
-          failed = absl::Status(s.result.status().code(),
-                                absl::StrCat(s.address, ": ", s.result.status().message()));
-        }
+        fail(s.idx, absl::Status(s.result.status().code(),
+                                 absl::StrCat(s.address, ": ", s.result.status().message())));
         continue;
       }
       std::vector<Reply>& replies = *s.result;
       size_t k = 0;
-      bool any_done = false;
-      for (size_t i : s.idx) {
+      std::vector<size_t> done_here;
+      for (size_t n = 0; n < s.idx.size(); ++n) {
+        const size_t i = s.idx[n];
         Item& it = items[i];
         if (!it.ask.empty()) ++k;  // ASKING's OK
         if (k >= replies.size()) {
-          failed = absl::InternalError("redis: missing reply");
+          fail(absl::MakeConstSpan(s.idx).subspan(n), absl::InternalError("redis: missing reply"));
           break;
         }
         Reply& r = replies[k++];
@@ -455,7 +529,7 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
           }
           if (script != nullptr && it.ask.empty() && absl::StartsWith(r.str, "NOSCRIPT")) {
             it.reply = std::move(r);
-            reload.insert(s.address);
+            reload[s.address].push_back(i);
             next.push_back(i);
             continue;
           }
@@ -463,15 +537,15 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
         it.ask.clear();
         it.reply = std::move(r);
         it.done = true;
-        any_done = true;
+        done_here.push_back(i);
       }
-      if (wait && any_done && failed.ok() && !replies.empty()) {
+      if (wait && !done_here.empty() && failed.ok() && !replies.empty()) {
         if (absl::Status st = CheckWaitReply(options_, replies.back(), s.address); !st.ok()) {
-          failed = st;
+          fail(done_here, st);
         }
       }
     }
-    unrouted_at_end = !unrouted.empty();
+    unrouted_at_end = unrouted;
     for (size_t i : unrouted) {
       Reply r;
       r.type = Reply::Type::kError;
@@ -484,12 +558,14 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
       stale_.store(true);
     }
     if (!failed.ok()) break;
-    for (const std::string& address : reload) {
+    for (const auto& [address, idx] : reload) {
       if (absl::StatusOr<std::string> s = Sha(*script, address, deadline, true); !s.ok()) {
         MarkBad(address, s.status());
-        failed = s.status();
+        fail(idx, s.status());
       }
     }
+    if (!failed.ok()) break;
+    std::erase_if(next, [&](size_t i) { return items[i].done; });  // failed with `each`
     pending = std::move(next);
     if (pending.empty() || round + 1 >= kMaxRounds || absl::Now() >= deadline ||
         stop.stop_requested()) {
@@ -505,14 +581,11 @@ absl::StatusOr<std::vector<Reply>> ClusterClient::Run(std::vector<Item>& items,
   }
   if (!failed.ok()) return failed;
   // No map at all (no seed answered): a transport failure, not a cluster reply.
-  if (unrouted_at_end && !map_error.ok()) return map_error;
-  std::vector<Reply> out;
-  out.reserve(items.size());
-  for (Item& it : items) {
-    if (!it.reply) return absl::InternalError("redis: a command got no reply");
-    out.push_back(std::move(*it.reply));
+  if (!unrouted_at_end.empty() && !map_error.ok()) {
+    fail(unrouted_at_end, map_error);
+    return failed;
   }
-  return out;
+  return absl::OkStatus();
 }
 
 // A connection of its own per node it waits on.
@@ -529,11 +602,13 @@ class ClusterBlocking final : public BlockingConnection {
     if (std::optional<absl::string_view> k = CommandKey(args)) items[0].key = std::string(*k);
     items[0].args = std::move(args);
     absl::StatusOr<std::vector<Reply>> r =
-        client_->Run(items, nullptr, timeout, std::move(stop), false, [this](const std::string& a) {
-          std::shared_ptr<Connection>& c = conns_[a];
-          if (c == nullptr) c = client_->NewConnection(a);
-          return c;
-        });
+        Replies(client_->Run(items, nullptr, timeout, std::move(stop), false, false,
+                             [this](const std::string& a) {
+                               std::shared_ptr<Connection>& c = conns_[a];
+                               if (c == nullptr) c = client_->NewConnection(a);
+                               return c;
+                             }),
+                items);
     if (!r.ok()) return r.status();
     return std::move((*r)[0]);
   }

@@ -1,6 +1,7 @@
 // The cluster Client against a real 3 + 3 Redis Cluster (one per test binary): routing by slot,
 // scripts on every node, MOVED after a slot moved, ASK during a move, TRYAGAIN retried until the
-// deadline, blocking commands, WAIT, SCAN over every master, and unreachable seeds.
+// deadline, blocking commands, WAIT, SCAN over every master, a master down (Execute fails,
+// ExecuteEach and EvalEach fail its commands alone), and unreachable seeds.
 
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@ namespace bus::redis {
 namespace {
 
 using ::bus::testing::RedisCluster;
+using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
 class ClusterClientTest : public ::testing::Test {
@@ -166,7 +168,7 @@ TEST_F(ClusterClientTest, BlockingCommandsWaitOnTheirNode) {
   const std::string list = Key("blocking", "list");
   std::thread pusher([&] {
     // Pushes once the BLPOP is waiting (the node counts it as a blocked client).
-    ASSERT_TRUE(::bus::testing::WaitUntil([&] {
+    ASSERT_TRUE(WaitUntil([&] {
       absl::StatusOr<std::string> info = cluster_->Cli(MasterOf(list), {"INFO", "clients"});
       return info.ok() && !absl::StrContains(*info, "blocked_clients:0");
     }));
@@ -200,6 +202,59 @@ TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
   EXPECT_THAT(r.status().message(), HasSubstr("1 of 2 replicas"));
   // Without kReplicated there is no WAIT.
   EXPECT_TRUE(two->Eval(set, calls, absl::Seconds(10)).ok());
+}
+
+TEST_F(ClusterClientTest, AMasterDownFailsOnlyItsCommandsInTheEachForms) {
+  static const Script script("return redis.call('INCRBY', KEYS[1], ARGV[1])");
+  std::vector<std::string> keys;
+  for (int i = 0; i < 30; ++i) keys.push_back(absl::StrCat("each:", i));
+  std::vector<int> owner;
+  for (const std::string& k : keys) owner.push_back(MasterOf(k));
+  const int down = owner[0];
+  absl::StatusOr<int> replica = cluster_->ReplicaOf(down);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  std::vector<std::vector<std::string>> sets, calls;
+  for (const std::string& k : keys) {
+    sets.push_back({"SET", k, "1"});
+    calls.push_back({"1", k, "2"});
+  }
+  // The script known and every connection up before the master goes.
+  ASSERT_TRUE(client_->Eval(script, calls, absl::Seconds(5)).ok());
+
+  cluster_->Kill(down);
+  absl::StatusOr<std::vector<Reply>> all = client_->Execute(sets, absl::Seconds(2));
+  EXPECT_FALSE(all.ok());
+  std::vector<absl::StatusOr<Reply>> each = client_->ExecuteEach(sets, absl::Seconds(2));
+  std::vector<absl::StatusOr<Reply>> each_eval = client_->EvalEach(script, calls, absl::Seconds(2));
+  ASSERT_EQ(each.size(), keys.size());
+  ASSERT_EQ(each_eval.size(), keys.size());
+  int failed = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (owner[i] == down) {
+      ++failed;
+      EXPECT_TRUE(absl::IsUnavailable(each[i].status())) << keys[i] << " " << each[i].status();
+      EXPECT_TRUE(absl::IsUnavailable(each_eval[i].status())) << keys[i];
+    } else {
+      ASSERT_TRUE(each[i].ok()) << keys[i] << " " << each[i].status();
+      EXPECT_EQ(each[i]->str, "OK");
+      ASSERT_TRUE(each_eval[i].ok()) << keys[i] << " " << each_eval[i].status();
+      EXPECT_EQ(each_eval[i]->integer, 3) << keys[i];  // SET 1, then INCRBY 2
+    }
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_LT(failed, static_cast<int>(keys.size()));
+
+  // The replica takes over: every command succeeds again.
+  ASSERT_TRUE(cluster_->Takeover(*replica).ok());
+  ASSERT_TRUE(cluster_->Restart(down).ok());
+  ASSERT_TRUE(cluster_->WaitHealthy().ok());
+  ASSERT_TRUE(WaitUntil([&] {
+    std::vector<absl::StatusOr<Reply>> r = client_->ExecuteEach(sets, absl::Seconds(2));
+    for (const absl::StatusOr<Reply>& one : r) {
+      if (!one.ok() || one->str != "OK") return false;
+    }
+    return true;
+  }));
 }
 
 TEST_F(ClusterClientTest, ScanKeysCoversEveryMasterAndPingEveryMaster) {
