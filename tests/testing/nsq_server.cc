@@ -84,6 +84,14 @@ absl::Status NsqdServer::Restart() {
   return Launch();
 }
 
+absl::Status NsqdServer::RestartEmpty() {
+  if (child_) child_->Kill(SIGKILL);
+  child_.reset();
+  RemoveTree(data_dir_);
+  data_dir_ = MakeTempDir("nsqd");
+  return Launch();
+}
+
 absl::StatusOr<std::unique_ptr<NsqlookupdServer>> NsqlookupdServer::Start() {
   std::unique_ptr<NsqlookupdServer> s(new NsqlookupdServer());
   absl::StatusOr<int> tcp = PickFreePort();

@@ -46,6 +46,9 @@ class NsqdServer {
   void Kill(int signal);
   // Starts nsqd again on the same ports with the same data directory.
   absl::Status Restart();
+  // Starts nsqd again on the same ports with a new, empty data directory: a replaced machine
+  // that kept its address and lost what the old one had on disk.
+  absl::Status RestartEmpty();
 
  private:
   NsqdServer() = default;
