@@ -118,7 +118,10 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     if (!buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
       if (options.batch_limit != nullptr) {
-        const size_t share = (buffer.size() + options.concurrency - 1) / options.concurrency;
+        // A fair share of all that is held (buffered and running), not of the buffer alone:
+        // with the others busy, halving the buffer at each take would shrink every batch.
+        const size_t share = (static_cast<size_t>(held) + options.concurrency - 1) /
+                             static_cast<size_t>(options.concurrency);
         n = std::min(
             {buffer.size(), share, static_cast<size_t>(std::max(1, options.batch_limit()))});
       }

@@ -65,7 +65,8 @@ struct ReceiveOptions {
   int batch_size = 1;
   // Optional: instead of batch_size, asked each time a worker takes deliveries: the most it may
   // take now (>= 1; called under the loop's lock, so it must be quick). The worker then also
-  // leaves the other workers their share: it takes at most ceil(buffered / concurrency).
+  // takes no more than its fair share of the deliveries held (buffered and being handled):
+  // at most ceil(held / concurrency).
   std::function<int()> batch_limit;
   // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
   // exists (after any wait for an unreachable broker), before the first delivery reaches the
