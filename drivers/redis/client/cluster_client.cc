@@ -435,7 +435,7 @@ absl::Status ClusterClient::Run(std::vector<Item>& items, const Script* script,
       }
     }
     // The script's SHA1, loaded on the first node that answers (with `each`, the items of a
-    // node that does not fail).
+    // node that does not answer fail).
     std::string sha;
     for (auto g = groups.begin(); script != nullptr && g != groups.end() && failed.ok();) {
       absl::StatusOr<std::string> s = Sha(*script, g->first, deadline, false);
@@ -444,7 +444,8 @@ absl::Status ClusterClient::Run(std::vector<Item>& items, const Script* script,
         break;
       }
       MarkBad(g->first, s.status());
-      fail(g->second, s.status());
+      fail(g->second,
+           absl::Status(s.status().code(), absl::StrCat(g->first, ": ", s.status().message())));
       g = groups.erase(g);
     }
     if (!failed.ok()) break;
