@@ -36,6 +36,24 @@ inline void ExpectNoSecret(const nlohmann::json& j, absl::string_view secret,
   }
 }
 
+// Parses JSON-lines records; fails the test for a line that is not JSON or that contains
+// `secret` anywhere (raw, or in a key or string once parsed). The records that parsed.
+inline std::vector<nlohmann::json> RecordsWithoutSecret(const std::vector<std::string>& lines,
+                                                        absl::string_view secret) {
+  std::vector<nlohmann::json> records;
+  for (const std::string& line : lines) {
+    EXPECT_FALSE(absl::StrContains(line, secret)) << line;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      ADD_FAILURE() << "not JSON: " << line;
+      continue;
+    }
+    ExpectNoSecret(j, secret, line);
+    records.push_back(std::move(j));
+  }
+  return records;
+}
+
 // Fails the test if any text field of `e` contains `secret`.
 inline void ExpectNoSecret(const Event& e, absl::string_view secret) {
   for (const std::string* f :
