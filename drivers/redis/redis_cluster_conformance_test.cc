@@ -3,18 +3,19 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "drivers/redis/redis_driver.h"
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
 #include "tests/testing/redis_cluster.h"
+#include "tests/testing/redis_driver_harness.h"
 
 namespace bus::testing {
 namespace {
 
-class RedisClusterHarness final : public DriverHarness {
+class RedisClusterHarness final : public RedisDriverHarnessBase {
  public:
   RedisClusterHarness() {
     static std::atomic<int> tests{0};
@@ -24,18 +25,13 @@ class RedisClusterHarness final : public DriverHarness {
     if (cluster.ok()) cluster_ = *cluster;
   }
 
-  std::shared_ptr<Driver> NewDriver() override {
-    if (cluster_ == nullptr) return nullptr;
+  std::optional<RedisOptions> Options() const override {
+    if (cluster_ == nullptr) return std::nullopt;
     RedisOptions options;
     options.seeds = cluster_->Seeds();
     options.key_prefix = prefix_;
-    absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(options);
-    EXPECT_TRUE(driver.ok()) << driver.status();
-    return driver.ok() ? *driver : nullptr;
+    return options;
   }
-
-  void Advance(absl::Duration d) override { absl::SleepFor(d); }
-  absl::Duration ShortLease() const override { return absl::Seconds(1); }
 
  private:
   RedisCluster* cluster_ = nullptr;

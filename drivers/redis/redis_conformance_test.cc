@@ -1,17 +1,17 @@
 // The driver conformance suite against a real redis-server that each test starts itself.
 
 #include <memory>
+#include <optional>
 
-#include "absl/time/clock.h"
-#include "drivers/redis/redis_driver.h"
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
+#include "tests/testing/redis_driver_harness.h"
 #include "tests/testing/redis_server.h"
 
 namespace bus::testing {
 namespace {
 
-class RedisHarness final : public DriverHarness {
+class RedisHarness final : public RedisDriverHarnessBase {
  public:
   RedisHarness() {
     absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
@@ -19,17 +19,12 @@ class RedisHarness final : public DriverHarness {
     if (server.ok()) server_ = std::move(*server);
   }
 
-  std::shared_ptr<Driver> NewDriver() override {
-    if (server_ == nullptr) return nullptr;
+  std::optional<RedisOptions> Options() const override {
+    if (server_ == nullptr) return std::nullopt;
     RedisOptions options;
     options.port = server_->port();
-    absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(options);
-    EXPECT_TRUE(driver.ok()) << driver.status();
-    return driver.ok() ? *driver : nullptr;
+    return options;
   }
-
-  void Advance(absl::Duration d) override { absl::SleepFor(d); }
-  absl::Duration ShortLease() const override { return absl::Seconds(1); }
 
  private:
   std::unique_ptr<RedisServer> server_;
