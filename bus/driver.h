@@ -140,6 +140,10 @@ struct DriverStats {
   uint64_t reconnects = 0;
 };
 
+// The public methods are not virtual: each validates its names, keys and options (InvalidArgument
+// naming the bad one, bus/names.h) and only then calls the implementation's Do... method, so a
+// driver receives only valid input and cannot forget a check. Implementations override the
+// private Do... methods; the contract of each is the one stated on the public method.
 class Driver {
  public:
   virtual ~Driver() = default;
@@ -151,10 +155,10 @@ class Driver {
   // RealClock() for brokers, whose own clocks are authoritative).
   virtual std::shared_ptr<Clock> clock() const = 0;
 
-  virtual absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) = 0;
+  absl::Status CreateQueue(absl::string_view queue, absl::Duration delay);
 
-  virtual absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
-                                 absl::string_view binding_key) = 0;
+  absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
+                         absl::string_view binding_key);
 
   // Removes the binding of `queue` to `topic` with `binding_key` that Subscribe made: from now
   // on SendToTopic(topic, ...) no longer reaches `queue` through it (other bindings of the
@@ -164,8 +168,8 @@ class Driver {
   // and the binding is forgotten by this driver instance). InvalidArgument for a bad name or
   // key (before any I/O); Unavailable when the broker cannot be reached; Unimplemented for a
   // driver without it (the default).
-  virtual absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
-                                   absl::string_view binding_key);
+  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+                           absl::string_view binding_key);
 
   // Deletes `queue` and every message it holds (ready, delayed and in flight) with its
   // per-queue delay: afterwards ListQueues does not list it and InspectQueue counts zero. Its
@@ -175,22 +179,21 @@ class Driver {
   // still open re-creates its channel. Idempotent: deleting a queue that does not exist is OK.
   // InvalidArgument for a bad name (before any I/O); Unavailable when the broker cannot be
   // reached; Unimplemented for a driver without it (the default).
-  virtual absl::Status DeleteQueue(absl::string_view queue);
+  absl::Status DeleteQueue(absl::string_view queue);
 
-  virtual absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
-                                   absl::Duration delay) = 0;
+  absl::Status SendToQueue(absl::string_view queue, absl::string_view data, absl::Duration delay);
 
   // Sends several messages to one queue in as few round trips as the broker allows (Redis
   // pipelining, NSQ MPUB). OK only once all were accepted; on error some may have been accepted.
   // The default sends one at a time.
-  virtual absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
-                                        absl::Duration delay);
+  absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+                                absl::Duration delay);
 
-  virtual absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
-                                   absl::string_view route_key) = 0;
+  absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
+                           absl::string_view route_key);
 
-  virtual absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
-                                                                const ConsumerOptions& options) = 0;
+  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+                                                        const ConsumerOptions& options);
 
   virtual DriverStats Stats() const { return {}; }
 
@@ -212,7 +215,25 @@ class Driver {
   // count zero (brokers create queues lazily, so absence is not an error). InvalidArgument for
   // a bad name; Unavailable when the broker cannot be reached; Unimplemented for a driver
   // without inspection (the default).
-  virtual absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue);
+  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue);
+
+ private:
+  // The implementations, called with validated arguments only.
+  virtual absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) = 0;
+  virtual absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
+                                   absl::string_view binding_key) = 0;
+  virtual absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
+                                     absl::string_view binding_key);
+  virtual absl::Status DoDeleteQueue(absl::string_view queue);
+  virtual absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
+                                     absl::Duration delay) = 0;
+  virtual absl::Status DoSendBatchToQueue(absl::string_view queue,
+                                          absl::Span<const std::string> data, absl::Duration delay);
+  virtual absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
+                                     absl::string_view route_key) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(
+      absl::string_view queue, const ConsumerOptions& options) = 0;
+  virtual absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue);
 };
 
 // Validates ConsumerOptions; InvalidArgument naming the bad field.

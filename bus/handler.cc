@@ -9,10 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "bus/handler_metrics.h"
+#include "bus/internal/handler_metrics.h"
 #include "bus/names.h"
-#include "bus/pipeline.h"
-#include "bus/receive_loop.h"
+#include "bus/internal/pipeline.h"
+#include "bus/internal/receive_loop.h"
 
 namespace bus {
 namespace {

@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bus/names.h"
-#include "bus/receive_loop.h"
+#include "bus/internal/receive_loop.h"
 #include "gmock/gmock.h"
 #include "tests/testing/wait.h"
 

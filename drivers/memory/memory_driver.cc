@@ -110,7 +110,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   std::shared_ptr<Clock> clock() const override { return options_.clock; }
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
-  absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) override {
+  absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("queue delay < 0");
     absl::MutexLock lock(&mu_);
@@ -118,7 +118,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
                          absl::string_view binding_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
@@ -133,7 +133,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
                            absl::string_view binding_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
@@ -147,7 +147,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status DeleteQueue(absl::string_view queue) override {
+  absl::Status DoDeleteQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(queue);
@@ -163,7 +163,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
+  absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
                            absl::Duration delay) override {
     if (absl::Status st = CheckSend(queue, data, delay); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
@@ -171,7 +171,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+  absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                 absl::Duration delay) override {
     for (const std::string& d : data) {
       if (absl::Status st = CheckSend(queue, d, delay); !st.ok()) return st;
@@ -182,7 +182,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
+  absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
                            absl::string_view route_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
@@ -200,7 +200,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
                                                         const ConsumerOptions& options) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
@@ -224,7 +224,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return names;
   }
 
-  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+  absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     QueueCounts counts{.queue = std::string(queue)};
     const absl::Time now = options_.clock->Now();

@@ -74,7 +74,7 @@ class NsqDriver final : public Driver {
   absl::string_view name() const override { return "nsq"; }
   std::shared_ptr<Clock> clock() const override { return core_->options().clock; }
 
-  absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) override {
+  absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
@@ -84,7 +84,7 @@ class NsqDriver final : public Driver {
     return producers_.EnsureChannelEverywhere(queue, core_->options().queue_channel);
   }
 
-  absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
                          absl::string_view binding_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
@@ -96,7 +96,7 @@ class NsqDriver final : public Driver {
 
   // Forgets the key here; the last key of queue Q on topic T gone (or none known here), channel
   // Q of topic T is deleted on every nsqd that inspection reads (the binding is that channel).
-  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
                            absl::string_view binding_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
@@ -114,7 +114,7 @@ class NsqDriver final : public Driver {
   // Queue Q is channel `queue_channel` of topic Q: on every nsqd that inspection reads, topic Q
   // is deleted when it has no other channel (none is a binding of another queue to a topic
   // named Q), else that one channel.
-  absl::Status DeleteQueue(absl::string_view queue) override {
+  absl::Status DoDeleteQueue(absl::string_view queue) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     const std::string q(queue);
     {
@@ -139,7 +139,7 @@ class NsqDriver final : public Driver {
     });
   }
 
-  absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
+  absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
                            absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
@@ -149,7 +149,7 @@ class NsqDriver final : public Driver {
     return PublishToQueue(queue, QueueCommand(queue, data, delay + QueueDelay(queue)));
   }
 
-  absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+  absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                 absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     for (const std::string& d : data) {
@@ -188,7 +188,7 @@ class NsqDriver final : public Driver {
     return absl::OkStatus();
   }
 
-  absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
+  absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
                            absl::string_view route_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateRouteKey(route_key); !s.ok()) return s;
@@ -203,7 +203,7 @@ class NsqDriver final : public Driver {
     return producers_.Publish(std::move(cmd), topic, BoundQueues(topic));
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
                                                         const ConsumerOptions& options) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = ValidateConsumerOptions(options); !s.ok()) return s;
@@ -233,7 +233,7 @@ class NsqDriver final : public Driver {
   // nsqd counts: depth (memory and disk) is ready, deferred is delayed (DPUB and REQ, including
   // the re-deferrals of a delay above max_defer), in_flight is leased; summed over every nsqd,
   // over the queue channel of topic Q and channel Q of every other topic (the bindings).
-  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+  absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     absl::StatusOr<std::vector<nsq::ChannelStats>> stats = AllChannelStats();
     if (!stats.ok()) return stats.status();

@@ -437,7 +437,7 @@ class RedisDriver final : public Driver {
   absl::string_view name() const override { return "redis"; }
   std::shared_ptr<Clock> clock() const override { return core_->options().clock; }
 
-  absl::Status CreateQueue(absl::string_view queue, absl::Duration delay) override {
+  absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
@@ -446,7 +446,7 @@ class RedisDriver final : public Driver {
     return Simple({"HSET", keys.meta, "delay", absl::StrCat(Millis(delay))});
   }
 
-  absl::Status Subscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
                          absl::string_view binding_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
@@ -463,7 +463,7 @@ class RedisDriver final : public Driver {
     return absl::OkStatus();
   }
 
-  absl::Status Unsubscribe(absl::string_view topic, absl::string_view queue,
+  absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
                            absl::string_view binding_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
@@ -476,7 +476,7 @@ class RedisDriver final : public Driver {
     return absl::OkStatus();
   }
 
-  absl::Status DeleteQueue(absl::string_view queue) override {
+  absl::Status DoDeleteQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     const QueueKeys k(prefix(), queue);
     absl::StatusOr<std::vector<Reply>> r = core_->client().Eval(
@@ -490,7 +490,7 @@ class RedisDriver final : public Driver {
 
   // Sends from threads at once to one queue with one delay leave as one enqueue call
   // (send_coalescer.h): one script run for them all.
-  absl::Status SendToQueue(absl::string_view queue, absl::string_view data,
+  absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
                            absl::Duration delay) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
@@ -500,7 +500,7 @@ class RedisDriver final : public Driver {
                        });
   }
 
-  absl::Status SendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
+  absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                 absl::Duration delay) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
@@ -523,7 +523,7 @@ class RedisDriver final : public Driver {
     return core_->Enqueue(std::move(calls));
   }
 
-  absl::Status SendToTopic(absl::string_view topic, absl::string_view data,
+  absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
                            absl::string_view route_key) override {
     if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
     if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
@@ -548,7 +548,7 @@ class RedisDriver final : public Driver {
     return core_->Enqueue(std::move(calls));
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
                                                         const ConsumerOptions& options) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
@@ -586,7 +586,7 @@ class RedisDriver final : public Driver {
     return names;
   }
 
-  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue) override {
+  absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
     absl::StatusOr<std::vector<Reply>> r =

@@ -98,40 +98,40 @@ class FaultyDriver final : public Driver {
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
-  absl::Status CreateQueue(absl::string_view q, absl::Duration d) override {
+  absl::Status DoCreateQueue(absl::string_view q, absl::Duration d) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->CreateQueue(q, d);
   }
-  absl::Status Subscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+  absl::Status DoSubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Subscribe(t, q, k);
   }
-  absl::Status SendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToQueue(q, data, d);
   }
-  absl::Status SendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
+  absl::Status DoSendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
                                 absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendBatchToQueue(q, data, d);
   }
-  absl::Status SendToTopic(absl::string_view t, absl::string_view data,
+  absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
                            absl::string_view k) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToTopic(t, data, k);
   }
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view q,
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
                                                         const ConsumerOptions& o) override {
     absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
     if (!c.ok() || corrupt_data.empty()) return c;
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
-  absl::Status Unsubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+  absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Unsubscribe(t, q, k);
   }
-  absl::Status DeleteQueue(absl::string_view q) override {
+  absl::Status DoDeleteQueue(absl::string_view q) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->DeleteQueue(q);
   }
@@ -140,7 +140,7 @@ class FaultyDriver final : public Driver {
     return base_->Ping(timeout);
   }
   absl::StatusOr<std::vector<std::string>> ListQueues() override { return base_->ListQueues(); }
-  absl::StatusOr<QueueCounts> InspectQueue(absl::string_view q) override {
+  absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view q) override {
     return base_->InspectQueue(q);
   }
 

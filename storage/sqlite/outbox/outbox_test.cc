@@ -255,22 +255,22 @@ class DuplicatingDriver final : public Driver {
   explicit DuplicatingDriver(std::shared_ptr<Driver> base) : base_(std::move(base)) {}
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
-  absl::Status CreateQueue(absl::string_view q, absl::Duration d) override {
+  absl::Status DoCreateQueue(absl::string_view q, absl::Duration d) override {
     return base_->CreateQueue(q, d);
   }
-  absl::Status Subscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+  absl::Status DoSubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
     return base_->Subscribe(t, q, k);
   }
-  absl::Status SendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
     if (absl::Status s = base_->SendToQueue(q, data, d); !s.ok()) return s;
     return base_->SendToQueue(q, data, d);
   }
-  absl::Status SendToTopic(absl::string_view t, absl::string_view data,
+  absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
                            absl::string_view k) override {
     if (absl::Status s = base_->SendToTopic(t, data, k); !s.ok()) return s;
     return base_->SendToTopic(t, data, k);
   }
-  absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view q,
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
                                                         const ConsumerOptions& o) override {
     return base_->NewConsumer(q, o);
   }

@@ -1,4 +1,4 @@
-#include "bus/pipeline.h"
+#include "bus/internal/pipeline.h"
 
 #include <algorithm>
 #include <exception>
@@ -13,8 +13,6 @@ namespace bus {
 namespace {
 
 using internal::Input;
-
-constexpr char kPermanentPayloadUrl[] = "type.bus/permanent";
 
 // Counts messages inside the pipeline for the in_flight gauge.
 class InFlight {
@@ -89,16 +87,6 @@ std::string NewOwnerToken() {
 }
 
 }  // namespace
-
-absl::Status Permanent(absl::Status status) {
-  if (status.ok()) status = absl::UnknownError("permanent failure");
-  status.SetPayload(kPermanentPayloadUrl, absl::Cord("1"));
-  return status;
-}
-
-bool IsPermanent(const absl::Status& status) {
-  return !status.ok() && status.GetPayload(kPermanentPayloadUrl).has_value();
-}
 
 namespace internal {
 

@@ -5,8 +5,8 @@
 //
 // Thread-safety: ProcessBatch runs on any number of threads at once; the counters are atomics.
 
-#ifndef BUS_PIPELINE_H_
-#define BUS_PIPELINE_H_
+#ifndef BUS_INTERNAL_PIPELINE_H_
+#define BUS_INTERNAL_PIPELINE_H_
 
 #include <algorithm>
 #include <atomic>
@@ -22,11 +22,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "bus/event_queue.h"
 #include "bus/events.h"
-#include "bus/handler.h"
+#include "bus/handler_options.h"
+#include "bus/internal/event_queue.h"
+#include "bus/internal/receive_loop.h"
 #include "bus/message.h"
-#include "bus/receive_loop.h"
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
@@ -316,4 +316,4 @@ struct Pipeline {
 
 }  // namespace bus::internal
 
-#endif  // BUS_PIPELINE_H_
+#endif  // BUS_INTERNAL_PIPELINE_H_

@@ -1,4 +1,4 @@
-#include "bus/handler_metrics.h"
+#include "bus/internal/handler_metrics.h"
 
 #include <string>
 #include <utility>

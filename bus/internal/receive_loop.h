@@ -18,8 +18,8 @@
 // Thread-safety: the functions may be called concurrently (each call runs its own consumer).
 // `fn` and `on_error` are called from the loop's threads, several at once when concurrency > 1.
 
-#ifndef BUS_RECEIVE_LOOP_H_
-#define BUS_RECEIVE_LOOP_H_
+#ifndef BUS_INTERNAL_RECEIVE_LOOP_H_
+#define BUS_INTERNAL_RECEIVE_LOOP_H_
 
 #include <functional>
 #include <stop_token>
@@ -114,4 +114,4 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options);
 
 }  // namespace bus
 
-#endif  // BUS_RECEIVE_LOOP_H_
+#endif  // BUS_INTERNAL_RECEIVE_LOOP_H_

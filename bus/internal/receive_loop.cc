@@ -1,4 +1,4 @@
-#include "bus/receive_loop.h"
+#include "bus/internal/receive_loop.h"
 
 #include <algorithm>
 #include <deque>

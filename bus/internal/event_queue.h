@@ -11,8 +11,8 @@
 //
 // Thread-safety: Push, dropped() and Close may be called from any thread.
 
-#ifndef BUS_EVENT_QUEUE_H_
-#define BUS_EVENT_QUEUE_H_
+#ifndef BUS_INTERNAL_EVENT_QUEUE_H_
+#define BUS_INTERNAL_EVENT_QUEUE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -138,4 +138,4 @@ class EventQueue {
 
 }  // namespace bus::internal
 
-#endif  // BUS_EVENT_QUEUE_H_
+#endif  // BUS_INTERNAL_EVENT_QUEUE_H_

@@ -1,4 +1,4 @@
-#include "bus/event_queue.h"
+#include "bus/internal/event_queue.h"
 
 #include <exception>
 #include <utility>

@@ -5,8 +5,8 @@
 // Thread-safety: no state of its own; the driver (InspectQueue) and `dead_letters` (Count) are
 // called on the calling thread.
 
-#ifndef BUS_HANDLER_METRICS_H_
-#define BUS_HANDLER_METRICS_H_
+#ifndef BUS_INTERNAL_HANDLER_METRICS_H_
+#define BUS_INTERNAL_HANDLER_METRICS_H_
 
 #include "absl/strings/string_view.h"
 #include "bus/driver.h"
@@ -28,4 +28,4 @@ void WriteHandlerMetrics(const HandlerStats& stats, absl::string_view queue, Dri
 
 }  // namespace bus
 
-#endif  // BUS_HANDLER_METRICS_H_
+#endif  // BUS_INTERNAL_HANDLER_METRICS_H_

@@ -2,7 +2,7 @@
 // fair share of every delivery held (buffered and running), so a worker that finds the others
 // busy takes a full share instead of half of what is buffered.
 
-#include "bus/receive_loop.h"
+#include "bus/internal/receive_loop.h"
 
 #include <memory>
 #include <string>

@@ -1,0 +1,91 @@
+// Backoff: the one way the library paces a loop that retries after a failure (a Handler's
+// queue set-up, the receive loop's fetches, the pipeline's infrastructure backoff, the drivers'
+// reconnects and sends, the outbox relay), and SleepUntil, the one interruptible wait.
+//
+//   bus::Backoff backoff({.initial = absl::Milliseconds(100), .max = absl::Seconds(5)});
+//   while (!(st = Connect()).ok()) {
+//     if (bus::SleepUntil(*clock, clock->Now() + backoff.Next(), stop)) return;  // stopped
+//   }
+//   backoff.Reset();
+//
+// The delay after the n-th consecutive failure is ExponentialDelay(initial, max, n)
+// (bus/retry.h), then jittered as the policy says with a number from an injectable
+// RandomSource, so tests pin every delay (SeededRandom, or a RandomSource of their own).
+//
+// Thread-safety: a Backoff belongs to one loop (not safe for concurrent use); RandomSource
+// implementations and SleepUntil are safe to use from any thread.
+
+#ifndef BUS_BACKOFF_H_
+#define BUS_BACKOFF_H_
+
+#include <cstdint>
+#include <memory>
+#include <stop_token>
+
+#include "absl/time/time.h"
+#include "bus/clock.h"
+
+namespace bus {
+
+// Uniform numbers in [0, 1) for jitter. Implementations are thread-safe.
+class RandomSource {
+ public:
+  virtual ~RandomSource() = default;
+  virtual double Uniform() = 0;
+};
+
+// The process-wide source (absl::BitGen behind a lock).
+std::shared_ptr<RandomSource> DefaultRandom();
+
+// A deterministic source for tests: the same seed gives the same sequence.
+std::shared_ptr<RandomSource> SeededRandom(uint64_t seed);
+
+struct BackoffPolicy {
+  enum class Jitter {
+    // Exactly ExponentialDelay(initial, max, n).
+    kNone,
+    // Uniform in [0, d] (FullJitterDelay): spreads clients that failed together the most.
+    kFull,
+    // Uniform in [d/2, d] (EqualJitterDelay): spreads them while keeping a floor.
+    kEqual,
+  };
+  // The delay after the first failure; >= 0.
+  absl::Duration initial = absl::Milliseconds(100);
+  // The delay doubles per consecutive failure up to this; >= initial.
+  absl::Duration max = absl::Seconds(5);
+  Jitter jitter = Jitter::kNone;
+};
+
+class Backoff {
+ public:
+  // `random` is used only with jitter; nullptr means DefaultRandom().
+  explicit Backoff(BackoffPolicy policy = {}, std::shared_ptr<RandomSource> random = nullptr);
+
+  // Counts one more consecutive failure and returns how long to wait before the next try.
+  absl::Duration Next();
+
+  // After a success: the next failure waits `initial` again.
+  void Reset() { failures_ = 0; }
+
+  // Consecutive failures counted since construction or the last Reset().
+  int failures() const { return failures_; }
+
+  const BackoffPolicy& policy() const { return policy_; }
+
+ private:
+  BackoffPolicy policy_;
+  std::shared_ptr<RandomSource> random_;
+  int failures_ = 0;
+};
+
+// Blocks on `clock` until Now() reaches `deadline` or `stop` is requested, whichever is first
+// (at once when either already holds). Returns true when stopped. On a FakeClock it parks like
+// any other waiter (FakeClock::parked()), so tests advance time instead of sleeping.
+bool SleepUntil(const Clock& clock, absl::Time deadline, std::stop_token stop = {});
+
+// SleepUntil(clock, clock.Now() + backoff.Next(), stop).
+bool SleepAfterFailure(const Clock& clock, Backoff& backoff, std::stop_token stop = {});
+
+}  // namespace bus
+
+#endif  // BUS_BACKOFF_H_

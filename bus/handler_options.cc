@@ -1,0 +1,22 @@
+#include "bus/handler_options.h"
+
+#include "absl/strings/cord.h"
+
+namespace bus {
+namespace {
+
+constexpr char kPermanentPayloadUrl[] = "type.bus/permanent";
+
+}  // namespace
+
+absl::Status Permanent(absl::Status status) {
+  if (status.ok()) status = absl::UnknownError("permanent failure");
+  status.SetPayload(kPermanentPayloadUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsPermanent(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kPermanentPayloadUrl).has_value();
+}
+
+}  // namespace bus
