@@ -36,10 +36,10 @@
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "idempotency/sqlite/inbox.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/outbox/outbox.h"
+#include "storage/sqlite/sqlite_database.h"
+#include "transactional/sqlite/inbox.h"
+#include "transactional/sqlite/outbox.h"
 
 ABSL_FLAG(int, messages, 20000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,4", "comma-separated concurrency levels");

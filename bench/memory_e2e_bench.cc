@@ -42,8 +42,8 @@
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 
 ABSL_FLAG(int, messages, 1000000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,2", "comma-separated concurrency levels");

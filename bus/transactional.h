@@ -1,7 +1,7 @@
 // The seam for exactly-once effects (docs/exactly-once.md): an idempotency store that can run a
 // handler's effect inside the transaction that marks the message's key done (an inbox), and
 // background work such a store needs beside the Handler (an outbox relay). bus/ knows nothing of
-// the store behind it; idempotency/sqlite/inbox.h is the implementation.
+// the store behind it; transactional/sqlite/inbox.h is the implementation.
 //
 //   options.idempotency = inbox;                        // an IdempotencyStore that is also a
 //   options.handle_in_transaction = inbox->Handle(fn);  // TransactionalStore

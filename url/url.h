@@ -38,7 +38,8 @@
 #include "drivers/nsq/nsq_options.h"
 #include "drivers/redis/redis_driver.h"            // RedisOptions
 #include "idempotency/sqlite/idempotency_store.h"  // SqliteIdempotencyOptions
-#include "storage/sqlite/dead_letter_store.h"      // SqliteOptions, SqliteDeadLetterOptions
+#include "storage/sqlite/dead_letter_store.h"      // SqliteDeadLetterOptions
+#include "storage/sqlite/sqlite_options.h"
 
 namespace bus {
 

@@ -34,12 +34,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "idempotency/sqlite/idempotency_sql.h"
 #include "idempotency/sqlite/idempotency_store.h"
+#include "storage/sqlite/db/dead_letter_sql.h"
+#include "storage/sqlite/db/idempotency_sql.h"
 #include "storage/sqlite/db/schema.h"
-#include "storage/sqlite/db/sqlite_db.h"
-#include "storage/sqlite/dead_letter_sql.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 
 ABSL_FLAG(int, pairs, 40000, "acquire+done pairs (or letter cycles) per side");
 ABSL_FLAG(int, chunk, 1000, "operations a side runs before the next side takes its turn");

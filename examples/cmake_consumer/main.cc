@@ -21,8 +21,8 @@
 #include "bus/version.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

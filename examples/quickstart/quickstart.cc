@@ -60,11 +60,11 @@
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "idempotency/sqlite/inbox.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
+#include "transactional/sqlite/inbox.h"
 #include "url/open.h"
 #include "url/url.h"
 

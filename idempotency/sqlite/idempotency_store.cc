@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "idempotency/sqlite/idempotency_sql.h"
+#include "storage/sqlite/db/database.h"
+#include "storage/sqlite/db/idempotency_sql.h"
 
 namespace bus {
 namespace {
@@ -52,7 +53,8 @@ absl::StatusOr<bool> RunMarkDone(Connection& conn, absl::Time now, absl::string_
 
 class SqliteIdempotencyStore final : public IdempotencyStore {
  public:
-  explicit SqliteIdempotencyStore(std::shared_ptr<SqliteDatabase> db) : db_(std::move(db)) {}
+  explicit SqliteIdempotencyStore(const std::shared_ptr<SqliteDatabase>& db)
+      : db_(sqlite_internal::Engine(db)) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
@@ -144,7 +146,7 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
   absl::Status Ping(absl::Duration) override { return db_->Ping(); }
 
  private:
-  const std::shared_ptr<SqliteDatabase> db_;
+  const std::shared_ptr<sqlite_internal::Database> db_;
 };
 
 }  // namespace
@@ -170,19 +172,19 @@ absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
 absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
     std::shared_ptr<SqliteDatabase> db, const SqliteIdempotencyOptions& options) {
   if (absl::Status s = ValidateSqliteIdempotencyOptions(options); !s.ok()) return s;
-  // Cleanup rides along with the database's writes (SqliteDatabase::AddHousekeeping): expired
+  // Cleanup rides along with the database's writes (Database::AddHousekeeping): expired
   // rows, oldest first, cleanup_batch per transaction, so it never holds the lock for long.
-  db->AddHousekeeping(options.cleanup_interval,
-                      [clock = db->clock(),
-                       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
-                        absl::StatusOr<ScopedStatement> stmt =
-                            conn.Prepare(sqlite_internal::kCleanupKeysSql);
-                        if (!stmt.ok()) return stmt.status();
-                        stmt->BindInt64(1, absl::ToUnixMillis(clock->Now()));
-                        stmt->BindInt64(2, batch);
-                        if (absl::Status s = stmt->Run(); !s.ok()) return s;
-                        return conn.Changes() >= batch;
-                      });
+  sqlite_internal::Engine(db)->AddHousekeeping(
+      options.cleanup_interval,
+      [clock = db->clock(),
+       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
+        absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCleanupKeysSql);
+        if (!stmt.ok()) return stmt.status();
+        stmt->BindInt64(1, absl::ToUnixMillis(clock->Now()));
+        stmt->BindInt64(2, batch);
+        if (absl::Status s = stmt->Run(); !s.ok()) return s;
+        return conn.Changes() >= batch;
+      });
   return std::shared_ptr<IdempotencyStore>(std::make_shared<SqliteIdempotencyStore>(std::move(db)));
 }
 

@@ -13,15 +13,14 @@
 // cleanup (SqliteIdempotencyOptions), which rides along with the database's writes, so the table
 // does not grow without bound.
 //
-// The store runs its statements (idempotency/sqlite/idempotency_sql.h) through the database
-// layer (storage/sqlite/db/sqlite_db.h), which owns the file, its group commit and its schema.
+// The store runs its statements through the database layer behind SqliteDatabase
+// (storage/sqlite/sqlite_database.h), which owns the file, its group commit and its schema.
 //
 // Lease and retention are counted in whole milliseconds; a positive duration under 1ms counts
 // as 1ms.
 //
 // Outcomes, beyond bus/stores.h: Unavailable when the database stayed locked by another process
-// for longer than busy_timeout; other codes as SqliteStatus() (storage/sqlite/db/connection.h) maps
-// SQLite's.
+// for longer than busy_timeout; other codes as docs/sqlite.md maps SQLite's.
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
@@ -34,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "bus/stores.h"
-#include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/sqlite_database.h"
 
 namespace bus {
 

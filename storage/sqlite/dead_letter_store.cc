@@ -4,7 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/dead_letter_sql.h"
+#include "storage/sqlite/db/database.h"
+#include "storage/sqlite/db/dead_letter_sql.h"
 
 namespace bus {
 namespace {
@@ -25,7 +26,7 @@ absl::StatusOr<int64_t> ParseId(absl::string_view id, absl::string_view what) {
 class SqliteDeadLetterStore final : public DeadLetterStore {
  public:
   SqliteDeadLetterStore(std::shared_ptr<SqliteDatabase> db, SqliteDeadLetterOptions options)
-      : db_(std::move(db)), options_(options) {}
+      : db_(sqlite_internal::Engine(db)), options_(options) {}
 
   absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
@@ -184,7 +185,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
   absl::Status Ping(absl::Duration) override { return db_->Ping(); }
 
  private:
-  const std::shared_ptr<SqliteDatabase> db_;
+  const std::shared_ptr<sqlite_internal::Database> db_;
   const SqliteDeadLetterOptions options_;
 };
 

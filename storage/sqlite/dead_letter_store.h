@@ -11,7 +11,7 @@
 //
 // Outcomes, beyond bus/stores.h: InvalidArgument for an id (Remove) or after_id (Fetch) that is
 // not one this store hands out; Unavailable when the database stayed locked by another process
-// for longer than busy_timeout; other codes as SqliteStatus() (connection.h) maps SQLite's.
+// for longer than busy_timeout; other codes as docs/sqlite.md maps SQLite's.
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bus/stores.h"
-#include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/sqlite_database.h"
 
 namespace bus {
 

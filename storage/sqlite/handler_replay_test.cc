@@ -18,8 +18,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/process.h"
 #include "tests/testing/wait.h"
 

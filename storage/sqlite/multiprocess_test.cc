@@ -21,8 +21,8 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/letters.h"
 #include "tests/testing/process.h"
 

@@ -2,7 +2,7 @@
 // added to a MetricsRegistry (bus/metrics.h) and labelled database=`name`:
 //
 //   bus_sqlite_transactions_total          write transactions committed (or attempted)
-//   bus_sqlite_operations_total            operations passed to Write(); over transactions,
+//   bus_sqlite_operations_total            write operations of the stores; over transactions,
 //                                          the group commit's batch size
 //   bus_sqlite_cleaned_up_total            expired idempotency entries deleted
 //   bus_sqlite_background_checkpoints_total  checkpoint rounds of the background helper
@@ -20,7 +20,7 @@
 #include <string>
 
 #include "bus/metrics.h"
-#include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/sqlite_database.h"
 
 namespace bus {
 

@@ -29,10 +29,10 @@
 #include "bus/handler.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "idempotency/sqlite/inbox.h"
-#include "storage/sqlite/db/sqlite_db.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 #include "tests/crash/mark_done_log.h"
+#include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
 ABSL_FLAG(std::string, queue, "crash", "queue to consume");

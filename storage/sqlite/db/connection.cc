@@ -9,11 +9,9 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "bus/retry.h"
+#include "bus/clock.h"
 
 namespace bus::sqlite_internal {
 namespace {
@@ -209,13 +207,29 @@ absl::string_view ScopedStatement::ColumnBlob(int index) const {
   return data == nullptr ? absl::string_view() : absl::string_view(data, size);
 }
 
+namespace {
+
+// The busy handler's pace: another connection (in this process or another) holds the lock for a
+// few microseconds to milliseconds. SQLite's default handler sleeps 1, 2, 5, 10... ms; shorter,
+// jittered waits keep two busy processes from waiting in lockstep far longer than the lock is
+// held.
+constexpr BackoffPolicy kBusyBackoff{.initial = absl::Microseconds(20),
+                                     .max = absl::Milliseconds(2),
+                                     .jitter = BackoffPolicy::Jitter::kEqual};
+
+}  // namespace
+
 Connection::Connection(std::unique_ptr<sqlite3, SqliteCloser> db, std::string path,
-                       absl::Duration busy_timeout)
-    : db_(std::move(db)), path_(std::move(path)), busy_timeout_(busy_timeout) {}
+                       absl::Duration busy_timeout, std::shared_ptr<RandomSource> random)
+    : db_(std::move(db)),
+      path_(std::move(path)),
+      busy_timeout_(busy_timeout),
+      busy_backoff_(kBusyBackoff, std::move(random)) {}
 
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& path,
                                                              absl::Duration busy_timeout,
-                                                             SqliteSynchronous synchronous) {
+                                                             SqliteSynchronous synchronous,
+                                                             std::shared_ptr<RandomSource> random) {
   sqlite3* raw = nullptr;
   // NOMUTEX: each connection is used by one thread at a time (our own locks see to that), so
   // SQLite's per-connection mutex would be pure overhead.
@@ -234,7 +248,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
         path, absl::PermissionDeniedError(absl::StrCat(
                   "SQLite database ", path, " is read-only (no write permission on the file)")));
   }
-  std::unique_ptr<Connection> conn(new Connection(std::move(db), path, busy_timeout));
+  std::unique_ptr<Connection> conn(
+      new Connection(std::move(db), path, busy_timeout, std::move(random)));
   sqlite3_busy_handler(conn->raw(), &Connection::BusyHandler, conn.get());
   const char* pragma = synchronous == SqliteSynchronous::kFull ? "PRAGMA synchronous = FULL"
                                                                : "PRAGMA synchronous = NORMAL";
@@ -243,18 +258,18 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
 }
 
 int Connection::BusyHandler(void* self, int attempts) {
-  // Another connection (in this process or another) holds the lock for a few microseconds to
-  // milliseconds. SQLite's default handler sleeps 1, 2, 5, 10... ms; shorter, jittered sleeps
-  // keep two busy processes from waiting in lockstep far longer than the lock is held. This
-  // waits on real time: it paces I/O, it is not logic that a test drives with a fake clock.
   auto* conn = static_cast<Connection*>(self);
-  thread_local absl::BitGen bitgen;
-  const absl::Time now = absl::Now();
-  if (attempts == 0) conn->busy_started_ = now;
+  // Real time, not the database's Clock: the lock belongs to another connection or process,
+  // which releases it on the operating system's time, and busy_timeout is a real duration (a
+  // test's fake clock would never let this wait end).
+  const Clock& clock = *RealClock();
+  const absl::Time now = clock.Now();
+  if (attempts == 0) {
+    conn->busy_started_ = now;
+    conn->busy_backoff_.Reset();
+  }
   if (now - conn->busy_started_ >= conn->busy_timeout_) return 0;
-  const absl::Duration base =
-      ExponentialDelay(absl::Microseconds(20), absl::Milliseconds(2), attempts + 1);
-  absl::SleepFor(base * absl::Uniform(bitgen, 0.5, 1.5));
+  SleepUntil(clock, now + conn->busy_backoff_.Next());
   return 1;
 }
 

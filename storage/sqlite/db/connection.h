@@ -15,7 +15,7 @@
 // resets it (releasing its read snapshot) and clears its bindings when it goes out of scope.
 //
 // Thread-safety: none. A Connection (and its statements) is used by one thread at a time; the
-// callers (SqliteDatabase) arrange that with their own locks.
+// callers (Database) arrange that with their own locks.
 
 #ifndef STORAGE_SQLITE_DB_CONNECTION_H_
 #define STORAGE_SQLITE_DB_CONNECTION_H_
@@ -31,19 +31,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "bus/backoff.h"
+#include "storage/sqlite/sqlite_options.h"
 
 namespace bus {
-
-// The synchronous pragma (https://sqlite.org/pragma.html#pragma_synchronous) in WAL mode.
-enum class SqliteSynchronous {
-  // A commit is durable once it returns against a crash of the process (the WAL is written
-  // before COMMIT returns); an operating-system crash or power loss may roll back the last
-  // commits, never corrupt the file. SQLite's recommendation for WAL.
-  kNormal,
-  // Also durable against an operating-system crash or power loss: every commit waits for an
-  // fsync of the WAL.
-  kFull,
-};
 
 namespace sqlite_internal {
 
@@ -138,13 +129,14 @@ class ScopedStatement {
 class Connection {
  public:
   // Opens (creating if missing) the database file at `path` for reading and writing, with a
-  // busy handler that retries for up to `busy_timeout` and the given synchronous mode. Does not
-  // switch the journal mode or touch the schema (SqliteDatabase does that). Errors as
+  // busy handler that retries for up to `busy_timeout` (jittered with `random`, nullptr:
+  // DefaultRandom()) and the given synchronous mode. Does not
+  // switch the journal mode or touch the schema (Database does that). Errors as
   // SqliteStatus() maps them, explained by ExplainOpenError() when the directory is to blame;
   // PermissionDenied when the file can only be opened read-only.
-  static absl::StatusOr<std::unique_ptr<Connection>> Open(const std::string& path,
-                                                          absl::Duration busy_timeout,
-                                                          SqliteSynchronous synchronous);
+  static absl::StatusOr<std::unique_ptr<Connection>> Open(
+      const std::string& path, absl::Duration busy_timeout, SqliteSynchronous synchronous,
+      std::shared_ptr<RandomSource> random = nullptr);
 
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -180,7 +172,7 @@ class Connection {
 
  private:
   Connection(std::unique_ptr<sqlite3, SqliteCloser> db, std::string path,
-             absl::Duration busy_timeout);
+             absl::Duration busy_timeout, std::shared_ptr<RandomSource> random);
 
   static int BusyHandler(void* self, int attempts);
 
@@ -188,8 +180,9 @@ class Connection {
   std::unique_ptr<sqlite3, SqliteCloser> db_;
   std::string path_;
   absl::Duration busy_timeout_;
-  // When the current wait for a lock began (BusyHandler).
+  // When the current wait for a lock began, and the pace of its retries (BusyHandler).
   absl::Time busy_started_;
+  Backoff busy_backoff_;
   absl::flat_hash_map<const char*, std::unique_ptr<sqlite3_stmt, StatementFinalizer>> cache_;
   absl::flat_hash_map<std::string, std::unique_ptr<sqlite3_stmt, StatementFinalizer>> text_cache_;
 };

@@ -1,7 +1,7 @@
 // Internal to the SQLite stores: the schema of the file (every table, one version number), its
 // migrations, and the transaction statements of the database layer. The statements each store
-// runs live with the store (storage/sqlite/dead_letter_sql.h,
-// idempotency/sqlite/idempotency_sql.h). Values are only ever bound as parameters.
+// runs are beside this file, one header per store (dead_letter_sql.h, idempotency_sql.h,
+// outbox_sql.h). Values are only ever bound as parameters.
 //
 // Times are absolute wall-clock values (Unix milliseconds for idempotency expiry, microseconds
 // for a letter's stored_at), read from the store's Clock, so several processes on one file agree
@@ -13,6 +13,10 @@
 namespace bus::sqlite_internal {
 
 // ---- Schema version ----
+//
+// The version this library writes and reads (SqliteDatabase::kSchemaVersion): the last
+// migration's. A new version appends a migration below and to migrations.cc.
+inline constexpr int kSchemaVersion = 3;
 //
 // The version lives in the table bus_meta (not in PRAGMA user_version, which an application
 // sharing the file may use for its own schema).
@@ -74,7 +78,7 @@ inline constexpr const char* kMigrationV2[] = {
     "WHERE message_id IS NOT NULL",
 };
 
-// Migration to version 3: the outbox (storage/sqlite/outbox, docs/exactly-once.md). A message
+// Migration to version 3: the outbox (transactional/sqlite, docs/exactly-once.md). A message
 // published inside an inbox or outbox transaction is one row of `outbox`, its envelope encoded
 // (and its id fixed) when the row was written; `seq` (AUTOINCREMENT, never reused) is the order
 // the relay sends rows in, which is commit order, since one writer at a time appends. `kind` is

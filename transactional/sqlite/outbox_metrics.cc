@@ -1,4 +1,4 @@
-#include "storage/sqlite/outbox/outbox_metrics.h"
+#include "transactional/sqlite/outbox_metrics.h"
 
 #include <utility>
 

@@ -5,7 +5,7 @@
 // is back; one relay per file holds the lease; a downstream inbox turns the at-least-once relay
 // into one effect per message.
 
-#include "storage/sqlite/outbox/outbox.h"
+#include "transactional/sqlite/outbox.h"
 
 #include <sqlite3.h>
 
@@ -20,10 +20,10 @@
 #include "drivers/memory/memory_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
-#include "idempotency/sqlite/inbox.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
+#include "transactional/sqlite/inbox.h"
 
 namespace bus {
 namespace {
@@ -261,17 +261,18 @@ class DuplicatingDriver final : public Driver {
   absl::Status DoSubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
     return base_->Subscribe(t, q, k);
   }
-  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data,
+                             absl::Duration d) override {
     if (absl::Status s = base_->SendToQueue(q, data, d); !s.ok()) return s;
     return base_->SendToQueue(q, data, d);
   }
   absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
-                           absl::string_view k) override {
+                             absl::string_view k) override {
     if (absl::Status s = base_->SendToTopic(t, data, k); !s.ok()) return s;
     return base_->SendToTopic(t, data, k);
   }
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
-                                                        const ConsumerOptions& o) override {
+                                                          const ConsumerOptions& o) override {
     return base_->NewConsumer(q, o);
   }
 

@@ -1,9 +1,9 @@
-// Internal to the SQLite dead-letter store: the statements it runs on the table dead_letters
-// (created by storage/sqlite/db/schema.h). The benchmark's raw sqlite3 loop runs these same
-// statements. Times of letters are Unix microseconds.
+// Internal to the SQLite stores: the statements the dead-letter store runs on the table
+// dead_letters (created by storage/sqlite/db/schema.h). The benchmark's raw sqlite3 loop runs these
+// same statements. Times of letters are Unix microseconds.
 
-#ifndef STORAGE_SQLITE_DEAD_LETTER_SQL_H_
-#define STORAGE_SQLITE_DEAD_LETTER_SQL_H_
+#ifndef STORAGE_SQLITE_DB_DEAD_LETTER_SQL_H_
+#define STORAGE_SQLITE_DB_DEAD_LETTER_SQL_H_
 
 namespace bus::sqlite_internal {
 
@@ -49,4 +49,4 @@ inline constexpr char kPurgeLettersSql[] =
 
 }  // namespace bus::sqlite_internal
 
-#endif  // STORAGE_SQLITE_DEAD_LETTER_SQL_H_
+#endif  // STORAGE_SQLITE_DB_DEAD_LETTER_SQL_H_

@@ -1,7 +1,7 @@
 // SqliteInbox: exactly-once effects for a Handler whose effects live in the SQLite database of
 // its idempotency keys (docs/exactly-once.md). The handler function gets the message and the
 // open transaction; its statements, the key's mark-done and the messages it publishes (an
-// outbox, storage/sqlite/outbox/outbox.h) commit in one SQLite transaction, or none of them
+// outbox, transactional/sqlite/outbox.h) commit in one SQLite transaction, or none of them
 // does.
 //
 //   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
@@ -35,8 +35,8 @@
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
-#ifndef IDEMPOTENCY_SQLITE_INBOX_H_
-#define IDEMPOTENCY_SQLITE_INBOX_H_
+#ifndef TRANSACTIONAL_SQLITE_INBOX_H_
+#define TRANSACTIONAL_SQLITE_INBOX_H_
 
 #include <atomic>
 #include <functional>
@@ -50,9 +50,9 @@
 #include "bus/stores.h"
 #include "bus/transactional.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/db/sqlite_db.h"
-#include "storage/sqlite/outbox/outbox.h"
-#include "storage/sqlite/outbox/transaction.h"
+#include "storage/sqlite/sqlite_database.h"
+#include "transactional/sqlite/outbox.h"
+#include "transactional/sqlite/transaction.h"
 
 namespace bus {
 
@@ -109,14 +109,14 @@ class SqliteInbox final : public IdempotencyStore, public TransactionalStore {
  private:
   friend absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(
       std::shared_ptr<SqliteDatabase> db, const SqliteInboxOptions& options);
-  SqliteInbox(std::shared_ptr<SqliteDatabase> db, std::shared_ptr<IdempotencyStore> keys,
+  SqliteInbox(std::shared_ptr<sqlite_internal::Database> db, std::shared_ptr<IdempotencyStore> keys,
               std::shared_ptr<SqliteOutbox> outbox, bool relay_in_handler)
       : db_(std::move(db)),
         keys_(std::move(keys)),
         outbox_(std::move(outbox)),
         relay_in_handler_(relay_in_handler) {}
 
-  const std::shared_ptr<SqliteDatabase> db_;
+  const std::shared_ptr<sqlite_internal::Database> db_;
   const std::shared_ptr<IdempotencyStore> keys_;
   const std::shared_ptr<SqliteOutbox> outbox_;
   const bool relay_in_handler_;
@@ -131,4 +131,4 @@ absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(std::shared_ptr<Sqli
 
 }  // namespace bus
 
-#endif  // IDEMPOTENCY_SQLITE_INBOX_H_
+#endif  // TRANSACTIONAL_SQLITE_INBOX_H_

@@ -1,8 +1,9 @@
-// Internal to the outbox: the statements on the tables outbox and outbox_relay (created by
-// storage/sqlite/db/schema.h, migration v3). Values are only ever bound as parameters.
+// Internal to the SQLite stores: the statements the outbox and its relay (transactional/sqlite) run
+// on the tables outbox and outbox_relay (created by storage/sqlite/db/schema.h, migration v3).
+// Values are only ever bound as parameters.
 
-#ifndef STORAGE_SQLITE_OUTBOX_OUTBOX_SQL_H_
-#define STORAGE_SQLITE_OUTBOX_OUTBOX_SQL_H_
+#ifndef STORAGE_SQLITE_DB_OUTBOX_SQL_H_
+#define STORAGE_SQLITE_DB_OUTBOX_SQL_H_
 
 namespace bus::sqlite_internal {
 
@@ -40,4 +41,4 @@ inline constexpr char kTxRollbackToSql[] = "ROLLBACK TO bus_tx";
 
 }  // namespace bus::sqlite_internal
 
-#endif  // STORAGE_SQLITE_OUTBOX_OUTBOX_SQL_H_
+#endif  // STORAGE_SQLITE_DB_OUTBOX_SQL_H_

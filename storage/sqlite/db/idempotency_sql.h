@@ -1,11 +1,11 @@
-// Internal to the SQLite idempotency store: the statements it runs on the table
-// idempotency_keys (created by storage/sqlite/db/schema.h), cleanup included. The benchmark's raw
+// Internal to the SQLite stores: the statements the idempotency store (and the inbox's mark-done)
+// runs on the table idempotency_keys (created by schema.h), cleanup included. The benchmark's raw
 // sqlite3 loop runs these same statements. Expiry times are absolute wall-clock Unix
 // milliseconds, read from the store's Clock, so several processes on one file agree on when a
 // lease runs out.
 
-#ifndef IDEMPOTENCY_SQLITE_IDEMPOTENCY_SQL_H_
-#define IDEMPOTENCY_SQLITE_IDEMPOTENCY_SQL_H_
+#ifndef STORAGE_SQLITE_DB_IDEMPOTENCY_SQL_H_
+#define STORAGE_SQLITE_DB_IDEMPOTENCY_SQL_H_
 
 namespace bus::sqlite_internal {
 
@@ -34,4 +34,4 @@ inline constexpr char kCleanupKeysSql[] =
 
 }  // namespace bus::sqlite_internal
 
-#endif  // IDEMPOTENCY_SQLITE_IDEMPOTENCY_SQL_H_
+#endif  // STORAGE_SQLITE_DB_IDEMPOTENCY_SQL_H_

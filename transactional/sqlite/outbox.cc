@@ -1,15 +1,13 @@
-#include "storage/sqlite/outbox/outbox.h"
+#include "transactional/sqlite/outbox.h"
 
 #include <algorithm>
 #include <utility>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "bus/publisher.h"
-#include "bus/retry.h"
-#include "storage/sqlite/db/connection.h"
-#include "storage/sqlite/outbox/outbox_sql.h"
+#include "storage/sqlite/db/database.h"
+#include "storage/sqlite/db/outbox_sql.h"
 
 namespace bus {
 
@@ -65,7 +63,7 @@ absl::StatusOr<std::shared_ptr<SqliteOutbox>> SqliteOutbox::Create(
 }
 
 SqliteOutbox::SqliteOutbox(std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options)
-    : db_(std::move(db)), options_(std::move(options)), owner_(NewMessageId()) {}
+    : db_(sqlite_internal::Engine(db)), options_(std::move(options)), owner_(NewMessageId()) {}
 
 absl::Status SqliteOutbox::Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn) {
   int runs = 0;
@@ -244,37 +242,32 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     absl::MutexLock lock(&wake_mu_);
     stopping_ = true;
   });
-  absl::BitGen random;
   const Clock& clock = *db_->clock();
-  int failures = 0;
+  Backoff backoff({.initial = options_.backoff_base,
+                   .max = options_.backoff_max,
+                   .jitter = BackoffPolicy::Jitter::kFull},
+                  options_.random);
   while (!stop.stop_requested()) {
     {
       absl::MutexLock lock(&wake_mu_);
       wake_ = false;
     }
     absl::StatusOr<int> sent = RelayOnce(driver);
-    absl::Duration wait = options_.poll_interval;
     if (!sent.ok()) {
-      ++failures;
-      wait = FullJitterDelay(options_.backoff_base, options_.backoff_max, failures,
-                             absl::Uniform(random, 0.0, 1.0));
-      if (failures == 1) {
+      if (backoff.failures() == 0) {
         log(LogLevel::kError, absl::StrCat(sent.status().ToString(),
                                            "; retrying with backoff until the broker accepts"));
       }
-    } else {
-      if (failures > 0) log(LogLevel::kInfo, "outbox relay: the broker accepts again");
-      failures = 0;
-      if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
-    }
-    absl::MutexLock lock(&wake_mu_);
-    if (!sent.ok()) {
       // A backoff is not cut short by new commits: the broker is the problem.
-      clock.AwaitWithDeadline(&wake_mu_, absl::Condition(&stopping_), clock.Now() + wait);
-    } else {
-      clock.AwaitWithDeadline(&wake_mu_, absl::Condition(this, &SqliteOutbox::Woken),
-                              clock.Now() + wait);
+      SleepAfterFailure(clock, backoff, stop);
+      continue;
     }
+    if (backoff.failures() > 0) log(LogLevel::kInfo, "outbox relay: the broker accepts again");
+    backoff.Reset();
+    if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
+    absl::MutexLock lock(&wake_mu_);
+    clock.AwaitWithDeadline(&wake_mu_, absl::Condition(this, &SqliteOutbox::Woken),
+                            clock.Now() + options_.poll_interval);
   }
   // A clean stop gives the lease up, so another process's relay need not wait for it.
   absl::MutexLock lock(&relay_mu_);

@@ -3,7 +3,7 @@
 // depth is left off (and its error gauge set) when the outbox table cannot be read, and the
 // metrics leave the page with the outbox.
 
-#include "storage/sqlite/outbox/outbox_metrics.h"
+#include "transactional/sqlite/outbox_metrics.h"
 
 #include <sqlite3.h>
 

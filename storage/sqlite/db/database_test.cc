@@ -4,7 +4,7 @@
 //
 // Over 600 lines: the database layer has one test file, with a section per concern above.
 
-#include "storage/sqlite/db/sqlite_db.h"
+#include "storage/sqlite/db/database.h"
 
 #include <fcntl.h>
 #include <linux/capability.h>
@@ -28,17 +28,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "bus/backoff.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/sqlite/db/connection.h"
 #include "storage/sqlite/db/schema.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait.h"
 
 namespace bus {
 namespace {
 
 using sqlite_internal::Connection;
+using sqlite_internal::Database;
 using sqlite_internal::ScopedStatement;
 using sqlite_internal::SqliteStatus;
 using ::testing::HasSubstr;
@@ -424,9 +428,20 @@ std::vector<int> Values(const std::string& path) {
   return out;
 }
 
+// A RandomSource that says when it is first used: the busy handler draws a jitter for each
+// wait, so the first draw means that a caller waits for a lock.
+class NotifyingRandom final : public RandomSource {
+ public:
+  double Uniform() override {
+    if (!drawn.HasBeenNotified()) drawn.Notify();
+    return 0.5;
+  }
+  absl::Notification drawn;
+};
+
 TEST_F(SqliteDatabaseTest, ALockHeldTooLongIsUnavailableAndShorterWaitsAreRidden) {
   options_.busy_timeout = absl::Milliseconds(100);
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
 
@@ -437,14 +452,14 @@ TEST_F(SqliteDatabaseTest, ALockHeldTooLongIsUnavailableAndShorterWaitsAreRidden
   EXPECT_TRUE(absl::IsUnavailable(busy)) << busy;
   EXPECT_THAT(busy.message(), HasSubstr("locked"));
 
-  // Held for a while, but released within a longer busy_timeout: the write waits and succeeds.
+  // Held until the write is in the busy handler (its first wait draws a jitter), then released
+  // within a longer busy_timeout: the write waits and succeeds.
   options_.busy_timeout = absl::Seconds(30);
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> patient = SqliteDatabase::Open(options_);
+  auto waiting = std::make_shared<NotifyingRandom>();
+  absl::StatusOr<std::unique_ptr<Database>> patient = Database::Open(options_, waiting);
   ASSERT_TRUE(patient.ok()) << patient.status();
-  // The release comes after a pause that the write most likely spends in the busy handler; the
-  // write must succeed whichever comes first.
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(100));
+    waiting->drawn.WaitForNotification();
     sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
   });
   const absl::Status waited = (*patient)->Write([](Connection& c) { return Insert(c, 2); });
@@ -455,18 +470,15 @@ TEST_F(SqliteDatabaseTest, ALockHeldTooLongIsUnavailableAndShorterWaitsAreRidden
 }
 
 // Waits (up to 60 s) until `ops` operations in total have been passed to `db`.Write().
-void WaitUntilQueued(SqliteDatabase& db, int64_t ops) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (db.stats().operations < ops && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+void WaitUntilQueued(Database& db, int64_t ops) {
+  EXPECT_TRUE(testing::WaitUntil([&] { return db.stats().operations >= ops; }, absl::Seconds(60)));
 }
 
 // Holds the writer (the leader's operation blocks) until `count` more operations are queued,
 // so that they form one batch.
 class BatchGate {
  public:
-  explicit BatchGate(SqliteDatabase& db) : db_(db) {}
+  explicit BatchGate(Database& db) : db_(db) {}
 
   // The leader's operation: inserts `v`, then waits for Open().
   absl::Status Lead(Connection& conn, int v) {
@@ -482,7 +494,7 @@ class BatchGate {
   }
 
  private:
-  SqliteDatabase& db_;
+  Database& db_;
   absl::Notification entered_;
   absl::Notification opened_;
 };
@@ -490,7 +502,7 @@ class BatchGate {
 // Runs `ops` as one group-commit batch: a leader (inserting 0) holds the writer until every
 // one of them is queued behind it. Returns their results, in order; the leader must succeed.
 std::vector<absl::Status> RunAsOneBatch(
-    SqliteDatabase& d, const std::vector<std::function<absl::Status(Connection&)>>& ops) {
+    Database& d, const std::vector<std::function<absl::Status(Connection&)>>& ops) {
   const int64_t ops_before = d.stats().operations;
   BatchGate gate(d);
   absl::Status leader;
@@ -509,9 +521,9 @@ std::vector<absl::Status> RunAsOneBatch(
 }
 
 TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   const int64_t ops_before = d.stats().operations;
   const int64_t txns_before = d.stats().transactions;
@@ -538,9 +550,9 @@ TEST_F(SqliteDatabaseTest, AFailingOperationDoesNotFailOrUndoTheOthersInItsBatch
 }
 
 TEST_F(SqliteDatabaseTest, FailuresThatChangeNothingLeaveTheBatchAloneAndRunEachOperationOnce) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   const int64_t txns_before = d.stats().transactions;
 
@@ -575,9 +587,9 @@ TEST_F(SqliteDatabaseTest, FailuresThatChangeNothingLeaveTheBatchAloneAndRunEach
 }
 
 TEST_F(SqliteDatabaseTest, AStatementThatFailsHalfwayIsUndoneAloneInItsBatch) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
 
   static constexpr char kInsertOrFail[] = "INSERT OR FAIL INTO t (v) VALUES (100), (0)";
@@ -593,9 +605,9 @@ TEST_F(SqliteDatabaseTest, AStatementThatFailsHalfwayIsUndoneAloneInItsBatch) {
 }
 
 TEST_F(SqliteDatabaseTest, ACallerThatQueuesWhileABatchRunsJoinsIt) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   const int64_t txns_before = d.stats().transactions;
 
@@ -630,9 +642,9 @@ TEST_F(SqliteDatabaseTest, ACallerThatQueuesWhileABatchRunsJoinsIt) {
 }
 
 TEST_F(SqliteDatabaseTest, ReadsInterleavedWithBatchesSeeOnlyCommittedRows) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   constexpr int kWriters = 4;
   constexpr int kEach = 300;
@@ -675,9 +687,9 @@ TEST_F(SqliteDatabaseTest, ReadsInterleavedWithBatchesSeeOnlyCommittedRows) {
 }
 
 TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetriedAlone) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  SqliteDatabase& d = **db;
+  Database& d = **db;
   ASSERT_TRUE(d.Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
 
   const std::vector<absl::Status> results =
@@ -700,7 +712,7 @@ TEST_F(SqliteDatabaseTest, WhenSqliteDropsTheWholeTransactionEachOperationIsRetr
 // 16 threads write at once, each 1000 fresh values and each value a second time; `spin_wait` is
 // how long a queued caller spins before it sleeps.
 void ManyThreadsWriteAtOnce(SqliteOptions options) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateTestTable); }).ok());
   constexpr int kThreads = 16;
@@ -760,7 +772,7 @@ constexpr char kCreateBlobTable[] = "CREATE TABLE blobs (id INTEGER PRIMARY KEY,
 constexpr char kInsertBlob[] = "INSERT INTO blobs (data) VALUES (zeroblob(3000))";
 
 TEST_P(SqliteCheckpointTest, TheWalStaysBoundedUnderSustainedWrites) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateBlobTable); }).ok());
   // 15,000 transactions write at least 15,000 pages (62 MB) to the WAL. Checkpoints let it
@@ -775,6 +787,7 @@ TEST_P(SqliteCheckpointTest, TheWalStaysBoundedUnderSustainedWrites) {
     while (writing.load()) {
       const absl::Status s = (*db)->Checkpoint();
       EXPECT_TRUE(s.ok()) << s;
+      // Pacing only (a checkpoint every few hundred writes), not a wait for a condition.
       absl::SleepFor(absl::Milliseconds(20));
     }
   });
@@ -797,7 +810,7 @@ TEST_P(SqliteCheckpointTest, TheWalStaysBoundedUnderSustainedWrites) {
 }
 
 TEST_P(SqliteCheckpointTest, CheckpointPutsEveryCommittedRowIntoTheDatabaseFile) {
-  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  absl::StatusOr<std::unique_ptr<Database>> db = Database::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
   ASSERT_TRUE((*db)->Write([](Connection& c) { return c.Exec(kCreateBlobTable); }).ok());
   for (int i = 0; i < 100; ++i) {

@@ -1,12 +1,12 @@
-#include "idempotency/sqlite/inbox.h"
+#include "transactional/sqlite/inbox.h"
 
 #include <algorithm>
 #include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "idempotency/sqlite/idempotency_sql.h"
-#include "storage/sqlite/db/connection.h"
+#include "storage/sqlite/db/database.h"
+#include "storage/sqlite/db/idempotency_sql.h"
 
 namespace bus {
 
@@ -40,7 +40,7 @@ absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(std::shared_ptr<Sqli
   absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(db, options.outbox);
   if (!outbox.ok()) return outbox.status();
   return std::shared_ptr<SqliteInbox>(new SqliteInbox(
-      std::move(db), *std::move(keys), *std::move(outbox), options.relay_in_handler));
+      sqlite_internal::Engine(db), *std::move(keys), *std::move(outbox), options.relay_in_handler));
 }
 
 TransactionalHandleFn SqliteInbox::Handle(SqliteHandleFn fn) const {

@@ -1,4 +1,4 @@
-#include "storage/sqlite/outbox/transaction.h"
+#include "transactional/sqlite/transaction.h"
 
 #include <utility>
 
@@ -6,7 +6,7 @@
 #include "bus/envelope.h"
 #include "bus/names.h"
 #include "storage/sqlite/db/connection.h"
-#include "storage/sqlite/outbox/outbox_sql.h"
+#include "storage/sqlite/db/outbox_sql.h"
 
 namespace bus {
 

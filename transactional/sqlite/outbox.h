@@ -12,7 +12,7 @@
 //   });
 //   std::unique_ptr<bus::SqliteOutbox::Relay> relay = (*outbox)->StartRelay(driver);
 //
-// With an inbox (idempotency/sqlite/inbox.h) the Handler runs the relay itself.
+// With an inbox (transactional/sqlite/inbox.h) the Handler runs the relay itself.
 //
 // Guarantees: a row is sent only after its transaction committed, and never when it rolled
 // back. Rows are sent in commit order (per destination, and overall); a send that fails stops
@@ -27,8 +27,8 @@
 // Thread-safety: safe for concurrent use; one relay per SqliteOutbox object runs at a time
 // (RelayOnce and the relay loop serialize on an internal lock).
 
-#ifndef STORAGE_SQLITE_OUTBOX_OUTBOX_H_
-#define STORAGE_SQLITE_OUTBOX_OUTBOX_H_
+#ifndef TRANSACTIONAL_SQLITE_OUTBOX_H_
+#define TRANSACTIONAL_SQLITE_OUTBOX_H_
 
 #include <atomic>
 #include <cstdint>
@@ -43,11 +43,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "bus/backoff.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 #include "bus/transactional.h"
-#include "storage/sqlite/db/sqlite_db.h"
-#include "storage/sqlite/outbox/transaction.h"
+#include "storage/sqlite/sqlite_database.h"
+#include "transactional/sqlite/transaction.h"
 
 namespace bus {
 
@@ -57,10 +58,13 @@ struct SqliteOutboxOptions {
   // How often an idle relay looks for rows committed by another process or another
   // SqliteOutbox on the file; this object's own commits wake it at once; > 0.
   absl::Duration poll_interval = absl::Milliseconds(100);
-  // While sends fail, the relay waits FullJitterDelay(backoff_base, backoff_max, failures)
-  // (bus/retry.h) between passes; 0 < backoff_base <= backoff_max.
+  // While sends fail, the relay waits between passes as a bus::Backoff with full jitter
+  // (bus/backoff.h): backoff_base after the first failure, doubling up to backoff_max;
+  // 0 < backoff_base <= backoff_max.
   absl::Duration backoff_base = absl::Milliseconds(100);
   absl::Duration backoff_max = absl::Seconds(10);
+  // The backoff's jitter; nullptr: DefaultRandom(). Tests pin the delays with SeededRandom().
+  std::shared_ptr<RandomSource> random{};
   // The relay lease (one sending relay per file); renewed when half of it is left; > 0.
   absl::Duration relay_lease = absl::Seconds(10);
   // The largest envelope a transaction may publish; >= 64.
@@ -144,7 +148,6 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   void Committed(uint64_t transactions, uint64_t published);
   void RolledBack(uint64_t transactions);
 
-  const std::shared_ptr<SqliteDatabase>& db() const { return db_; }
   const SqliteOutboxOptions& options() const { return options_; }
 
  private:
@@ -154,7 +157,7 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   absl::StatusOr<bool> HoldLease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relay_mu_);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_ || stopping_; }
 
-  const std::shared_ptr<SqliteDatabase> db_;
+  const std::shared_ptr<sqlite_internal::Database> db_;
   const SqliteOutboxOptions options_;
   // This object's relay owner token.
   const std::string owner_;
@@ -175,4 +178,4 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
 
 }  // namespace bus
 
-#endif  // STORAGE_SQLITE_OUTBOX_OUTBOX_H_
+#endif  // TRANSACTIONAL_SQLITE_OUTBOX_H_

@@ -4,7 +4,7 @@
 // marked done; a failing message in a batch rolls back alone; the store still behaves as the
 // SQLite idempotency store.
 
-#include "idempotency/sqlite/inbox.h"
+#include "transactional/sqlite/inbox.h"
 
 #include <sqlite3.h>
 

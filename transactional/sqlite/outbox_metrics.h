@@ -23,7 +23,7 @@
 #include <string>
 
 #include "bus/metrics.h"
-#include "storage/sqlite/outbox/outbox.h"
+#include "transactional/sqlite/outbox.h"
 
 namespace bus {
 

@@ -1,5 +1,5 @@
 // SqliteTransaction: an open write transaction on the database file of the SQLite stores, as an
-// inbox handler (idempotency/sqlite/inbox.h) or an outbox transaction (SqliteOutbox::Transact)
+// inbox handler (transactional/sqlite/inbox.h) or an outbox transaction (SqliteOutbox::Transact)
 // sees it. Statements run through it are part of the transaction that also marks the message's
 // key done and holds the messages published through it, so they commit together or not at all.
 //
@@ -13,8 +13,8 @@
 // Statements are SQL text with parameters (?1, ?2, ...) bound from SqlParam values, never
 // formatted into the text; each text is prepared once per connection and cached. The
 // transaction belongs to the library: BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, ATTACH and
-// DETACH are refused (InvalidArgument). Errors are absl::Status as SqliteStatus()
-// (storage/sqlite/db/connection.h) maps SQLite's codes: a UNIQUE or CHECK violation is
+// DETACH are refused (InvalidArgument). Errors are absl::Status as the SQLite stores map SQLite's
+// codes (docs/sqlite.md): a UNIQUE or CHECK violation is
 // FailedPrecondition, a syntax error Internal, a locked database Unavailable.
 //
 // Publishing writes the message to the table `outbox` with its id and created_at fixed now; the
@@ -23,8 +23,8 @@
 //
 // Thread-safety: none; valid only during the call that received it, on that call's thread.
 
-#ifndef STORAGE_SQLITE_OUTBOX_TRANSACTION_H_
-#define STORAGE_SQLITE_OUTBOX_TRANSACTION_H_
+#ifndef TRANSACTIONAL_SQLITE_TRANSACTION_H_
+#define TRANSACTIONAL_SQLITE_TRANSACTION_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -116,4 +116,4 @@ absl::Status RunInSavepoint(Connection& conn, absl::FunctionRef<absl::Status()> 
 
 }  // namespace bus
 
-#endif  // STORAGE_SQLITE_OUTBOX_TRANSACTION_H_
+#endif  // TRANSACTIONAL_SQLITE_TRANSACTION_H_
