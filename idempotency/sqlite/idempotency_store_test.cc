@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -212,7 +213,7 @@ int RunChild(const std::string& mode, const std::string& path, const std::string
     absl::StatusOr<bool> got = (*store)->Acquire(kKey, owner, lease);
     if (!got.ok() || !*got) return 3;
     AppendLine(file, "acquired");
-    while (true) absl::SleepFor(absl::Seconds(1));
+    while (true) pause();  // until the test kills this process
   }
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
   while (true) {
@@ -224,6 +225,8 @@ int RunChild(const std::string& mode, const std::string& path, const std::string
     if (*got) break;
     if (mode == "once") return kExitNotAcquired;
     if (absl::Now() > deadline) return 5;
+    // Another process holds the lease until it runs out on real time (processes share no fake
+    // clock): poll for it.
     absl::SleepFor(absl::Milliseconds(20));
   }
   AppendLine(file, absl::StrCat(owner, " ", absl::ToUnixMillis(absl::Now())));

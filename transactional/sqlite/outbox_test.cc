@@ -9,12 +9,14 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
 #include <future>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bus/backoff.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"
 #include "drivers/memory/memory_driver.h"
@@ -234,6 +236,79 @@ TEST_F(OutboxTest, WhileTheBrokerIsDownTheRelayBacksOffAndSendsEverythingOnceItI
     EXPECT_EQ(Ids(Drain(**driver, q, want.size())), want) << q;
   }
   EXPECT_EQ(outbox_->stats().relayed, 200u);
+}
+
+// A RandomSource that always draws `u`.
+class FixedRandom final : public RandomSource {
+ public:
+  explicit FixedRandom(double u) : u_(u) {}
+  double Uniform() override { return u_; }
+
+ private:
+  const double u_;
+};
+
+// A driver that refuses every send, counting them.
+class RefusingDriver final : public Driver {
+ public:
+  explicit RefusingDriver(std::shared_ptr<Clock> clock) : clock_(std::move(clock)) {}
+  absl::string_view name() const override { return "refusing"; }
+  std::shared_ptr<Clock> clock() const override { return clock_; }
+  absl::Status DoCreateQueue(absl::string_view, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status DoSubscribe(absl::string_view, absl::string_view, absl::string_view) override {
+    return absl::OkStatus();
+  }
+  absl::Status DoSendToQueue(absl::string_view, absl::string_view, absl::Duration) override {
+    sends.fetch_add(1);
+    return absl::UnavailableError("broker down");
+  }
+  absl::Status DoSendToTopic(absl::string_view, absl::string_view, absl::string_view) override {
+    sends.fetch_add(1);
+    return absl::UnavailableError("broker down");
+  }
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view,
+                                                          const ConsumerOptions&) override {
+    return absl::UnimplementedError("no consumers");
+  }
+
+  std::atomic<int> sends{0};
+
+ private:
+  const std::shared_ptr<Clock> clock_;
+};
+
+TEST_F(OutboxTest, WhileSendsFailTheRelayWaitsItsBackoffOnTheDatabaseClock) {
+  auto clock = std::make_shared<FakeClock>();
+  sqlite_.clock = clock;
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(sqlite_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  SqliteOutboxOptions options;
+  options.backoff_base = absl::Seconds(1);
+  options.backoff_max = absl::Seconds(4);
+  options.random = std::make_shared<FixedRandom>(0.5);
+  absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(*db, options);
+  ASSERT_TRUE(outbox.ok()) << outbox.status();
+  ASSERT_TRUE((*outbox)
+                  ->Transact([](SqliteTransaction& tx) {
+                    return tx.SendToQueue("a", Outgoing{"", "x", {}}).status();
+                  })
+                  .ok());
+  auto driver = std::make_shared<RefusingDriver>(clock);
+  std::unique_ptr<SqliteOutbox::Relay> relay = (*outbox)->StartRelay(driver, NullLogger());
+  // Full jitter drawn at 0.5: half of 1 s, 2 s, 4 s, 4 s after each consecutive failure. The
+  // relay sleeps on the database's clock (the only thread parked on it), and only time moves it.
+  for (const absl::Duration wait :
+       {absl::Milliseconds(500), absl::Seconds(1), absl::Seconds(2), absl::Seconds(2)}) {
+    ASSERT_TRUE(WaitUntil([&] { return clock->parked() == 1; }));
+    const int sends = driver->sends.load();
+    EXPECT_EQ(clock->NextDeadline() - clock->Now(), wait);
+    clock->Advance(wait);
+    ASSERT_TRUE(WaitUntil([&] { return driver->sends.load() == sends + 1; }));
+  }
+  relay->Stop();  // wakes the relay from its backoff at once
+  EXPECT_EQ(*(*outbox)->Pending(), 1);
 }
 
 TEST_F(OutboxTest, OneRelayPerFileSendsAtATime) {
