@@ -16,7 +16,7 @@ uint64_t AddSqliteMetrics(MetricsRegistry& registry, const std::shared_ptr<Sqlit
               "SQLite write transactions committed (or attempted).", l,
               static_cast<uint64_t>(s.transactions));
     w.Counter("bus_sqlite_operations_total",
-              "Operations passed to SqliteDatabase::Write (over transactions: the group commit's "
+              "Write operations of the SQLite stores (over transactions: the group commit's "
               "batch size).",
               l, static_cast<uint64_t>(s.operations));
     w.Counter("bus_sqlite_cleaned_up_total", "Expired idempotency entries deleted by cleanup.", l,
