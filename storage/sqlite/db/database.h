@@ -44,7 +44,7 @@ namespace bus::sqlite_internal {
 
 class Database {
  public:
-  // As Database::Open. `random` jitters the waits for another process's lock (nullptr:
+  // As SqliteDatabase::Open. `random` jitters the waits for another process's lock (nullptr:
   // DefaultRandom()).
   static absl::StatusOr<std::unique_ptr<Database>> Open(
       SqliteOptions options, std::shared_ptr<RandomSource> random = nullptr);
@@ -76,7 +76,7 @@ class Database {
   using HousekeepingStep = std::function<absl::StatusOr<bool>(Connection&)>;
   void AddHousekeeping(absl::Duration interval, HousekeepingStep step);
 
-  // As Database::Checkpoint.
+  // As SqliteDatabase::Checkpoint.
   absl::Status Checkpoint();
 
   // For the store implementations: runs `op` outside any transaction (each statement sees the
@@ -84,10 +84,10 @@ class Database {
   // connection. `op` must only read.
   absl::Status Read(absl::FunctionRef<absl::Status(Connection&)> op);
 
-  // As Database::Ping: runs SELECT 1 on a connection (as Read does).
+  // As SqliteDatabase::Ping: runs SELECT 1 on a connection (as Read does).
   absl::Status Ping();
 
-  // As Database::Stats; `operations` counts the calls of Write().
+  // As SqliteDatabase::Stats; `operations` counts the calls of Write().
   struct Stats {
     int64_t transactions = 0;
     int64_t operations = 0;
