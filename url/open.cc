@@ -12,6 +12,7 @@
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "storage/sqlite/sqlite_database.h"
 
 namespace bus {
 namespace {
