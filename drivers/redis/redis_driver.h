@@ -40,7 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "bus/driver.h"
-#include "drivers/redis/client/redis_options.h"
+#include "drivers/redis/redis_options.h"
 
 namespace bus {
 

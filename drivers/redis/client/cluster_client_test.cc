@@ -34,7 +34,7 @@ class ClusterClientTest : public ::testing::Test {
     cluster_ = *c;
     ASSERT_TRUE(cluster_->WaitHealthy().ok());
     options_.seeds = {cluster_->Seeds()[0]};
-    options_.request_timeout = absl::Seconds(5);
+    options_.timeouts.request = absl::Seconds(5);
     client_ = NewClient(options_);
   }
 
@@ -184,8 +184,8 @@ TEST_F(ClusterClientTest, BlockingCommandsWaitOnTheirNode) {
 TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
   static const Script set("return redis.call('SET', KEYS[1], ARGV[1])");
   RedisOptions o = options_;
-  o.wait_replicas = 1;
-  o.wait_timeout = absl::Seconds(5);
+  o.replication.wait_replicas = 1;
+  o.replication.wait_timeout = absl::Seconds(5);
   std::shared_ptr<Client> one = NewClient(o);
   std::vector<std::vector<std::string>> calls;
   for (int i = 0; i < 10; ++i) calls.push_back({"1", absl::StrCat("wait:", i), "v"});
@@ -194,8 +194,8 @@ TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->size(), 10u);
   // Each master has one replica: two can never acknowledge.
-  o.wait_replicas = 2;
-  o.wait_timeout = absl::Milliseconds(100);
+  o.replication.wait_replicas = 2;
+  o.replication.wait_timeout = absl::Milliseconds(100);
   std::shared_ptr<Client> two = NewClient(o);
   r = two->Eval(set, calls, absl::Seconds(10), Durability::kReplicated);
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
