@@ -180,8 +180,10 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://h?=x").status(), "parameter");
   ExpectBad(Redis("redis://h#frag").status(), "fragment");
   // Out of range: the option's own validation, named.
-  ExpectBad(Redis("redis://h?script_batch=0").status(), "script_batch");
-  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "request_timeout");
+  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch");
+  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "timeouts.request");
+  // 0: the library's choice.
+  EXPECT_TRUE(Redis("redis://h?script_batch=0").ok());
 }
 
 TEST(RedisUrl, UnknownParametersAreNamed) {
