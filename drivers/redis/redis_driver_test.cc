@@ -76,6 +76,7 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
     std::vector<Delivery> got;
     absl::Status st = c->Receive(500, absl::Milliseconds(500), {}, &got);
     if (!st.ok()) {
+      // Paces the retries while the server is away; the loop waits on what it received.
       absl::SleepFor(absl::Milliseconds(50));
       continue;
     }
@@ -147,7 +148,7 @@ TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {
       held.push_back(line);
     }
     if (line == "ready") break;
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));  // polls the child's file until it says "ready"
   }
   ASSERT_EQ(held.size(), 40u);
   (*child)->Kill(SIGKILL);
@@ -179,7 +180,7 @@ int ChildConsumer(int port, const std::string& queue, int n, const std::string& 
     for (const Delivery& d : held) out << d.data << "\n";
     out << "ready\n";
   }
-  while (true) absl::SleepFor(absl::Seconds(1));
+  while (true) absl::SleepFor(absl::Seconds(1));  // holds the leases until killed
 }
 
 TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLost) {
@@ -207,6 +208,7 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
       } else {
         failures.fetch_add(1);
       }
+      // Spreads the sends over the restart; not a wait for a condition.
       if (i % 100 == 0) absl::SleepFor(absl::Milliseconds(5));
     }
     producing = false;
@@ -223,6 +225,7 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
       }
       std::vector<Delivery> got;
       if (!(*consumer)->Receive(100, absl::Milliseconds(200), {}, &got).ok()) {
+        // Paces the retries while the server restarts; not a wait for a condition.
         absl::SleepFor(absl::Milliseconds(20));
         continue;
       }
