@@ -608,7 +608,7 @@ TEST(AdminServerNsqTest, MetricsMatchStats) {
   ASSERT_TRUE(nsqd.ok()) << nsqd.status();
   NsqOptions no;
   no.nsqd_tcp_addresses = {(*nsqd)->tcp_address()};
-  no.nsqd_http_addresses = {(*nsqd)->http_address()};
+  no.discovery.nsqd_http_addresses = {(*nsqd)->http_address()};
   no.logger = NullLogger();
   auto driver = NewNsqDriver(no);
   ASSERT_TRUE(driver.ok()) << driver.status();
