@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bus/backoff.h"
 #include "bus/publisher.h"
 #include "storage/sqlite/db/database.h"
 #include "storage/sqlite/db/outbox_sql.h"

@@ -43,7 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "bus/backoff.h"
+#include "bus/random.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 #include "bus/transactional.h"

@@ -32,6 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bus/backoff.h"
+#include "bus/random.h"
 #include "storage/sqlite/sqlite_options.h"
 
 namespace bus {

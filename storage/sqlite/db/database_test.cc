@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "bus/backoff.h"
+#include "bus/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/sqlite/db/connection.h"
