@@ -1,0 +1,41 @@
+// The library's randomness, in two kinds with different needs:
+//
+//  - Jitter (bus::Backoff, FullJitterBackoff): a RandomSource, injectable so that tests pin
+//    every delay (SeededRandom). DefaultRandom() is the process-wide source.
+//  - Identifiers (message ids, the pipeline's idempotency owner tokens, trace and span ids, a
+//    driver's own ids): RandomId64(). Ids must be unpredictable and unique across processes,
+//    never reproducible, so they are not injectable: a test that needs a fixed id sets it.
+//    Every id generator in the library and its drivers draws from RandomId64, so there is one
+//    generator of ids.
+//
+// Thread-safety: every function and RandomSource implementation is safe to call from any
+// thread at once.
+
+#ifndef BUS_RANDOM_H_
+#define BUS_RANDOM_H_
+
+#include <cstdint>
+#include <memory>
+
+namespace bus {
+
+// Uniform numbers in [0, 1) for jitter. Implementations are thread-safe.
+class RandomSource {
+ public:
+  virtual ~RandomSource() = default;
+  virtual double Uniform() = 0;
+};
+
+// The process-wide source (absl::BitGen behind a lock).
+std::shared_ptr<RandomSource> DefaultRandom();
+
+// A deterministic source for tests: the same seed gives the same sequence.
+std::shared_ptr<RandomSource> SeededRandom(uint64_t seed);
+
+// 64 random bits for an identifier, from a per-thread generator seeded from the operating
+// system's entropy (no lock on the hot path).
+uint64_t RandomId64();
+
+}  // namespace bus
+
+#endif  // BUS_RANDOM_H_
