@@ -95,8 +95,8 @@ class Handler {
   // Creates the queue (and the subscription), then consumes until Stop(). While the broker
   // cannot be reached, set-up is retried with backoff (100ms doubling to 5s, each failure
   // logged) until it succeeds or Stop() is called. Returns OK after a clean stop, and at once
-  // if Stop() came first; FailedPrecondition if already running or if a Run() already
-  // completed; the driver's error when set-up fails with one that a retry cannot fix
+  // if Stop() came first; FailedPrecondition if already running (Start() included) or if a Run()
+  // already completed; the driver's error when set-up fails with one that a retry cannot fix
   // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); DeadlineExceeded
   // if handlers were still running when the shutdown timeout ran out (their deliveries are left
   // to redelivery).

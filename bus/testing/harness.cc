@@ -106,6 +106,8 @@ absl::StatusOr<bool> Harness::Settled(QueueCounts* counts) const {
 }
 
 absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration real_timeout) {
+  // Real time (the machine's, not the FakeClock's): `real_timeout` bounds a handle function that
+  // blocks, which no movement of fake time would end.
   const absl::Time real_deadline = absl::Now() + real_timeout;
   const absl::Time fake_limit = clock_->Now() + max_advance;
   while (true) {
