@@ -18,13 +18,12 @@
 #ifndef BUS_BACKOFF_H_
 #define BUS_BACKOFF_H_
 
-#include <cstdint>
 #include <memory>
 #include <stop_token>
 
 #include "absl/time/time.h"
 #include "bus/clock.h"
-#include "bus/random.h"  // RandomSource, DefaultRandom, SeededRandom
+#include "bus/random.h"
 
 namespace bus {
 

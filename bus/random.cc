@@ -34,8 +34,7 @@ std::shared_ptr<RandomSource> DefaultRandom() {
 }
 
 std::shared_ptr<RandomSource> SeededRandom(uint64_t seed) {
-  // absl::InsecureBitGen seeded from a fixed sequence is reproducible within one build of
-  // Abseil; std::mt19937_64 is reproducible everywhere, which is what a test needs.
+  // std::mt19937_64 gives the same sequence for a seed on every platform and Abseil version.
   return std::make_shared<LockedRandom<std::mt19937_64>>(std::mt19937_64(seed));
 }
 

@@ -1,15 +1,13 @@
 // The library's randomness, in two kinds with different needs:
 //
-//  - Jitter (bus::Backoff, FullJitterBackoff): a RandomSource, injectable so that tests pin
-//    every delay (SeededRandom). DefaultRandom() is the process-wide source.
+//  - Jitter: a RandomSource (bus/backoff.h, bus/retry.h), injectable so that a test pins every
+//    random delay.
 //  - Identifiers (message ids, the pipeline's idempotency owner tokens, trace and span ids, a
 //    driver's own ids): RandomId64(). Ids must be unpredictable and unique across processes,
-//    never reproducible, so they are not injectable: a test that needs a fixed id sets it.
-//    Every id generator in the library and its drivers draws from RandomId64, so there is one
-//    generator of ids.
+//    never reproducible, so they are not injectable (a test that needs a fixed id sets it).
+//    Every id generator of the library draws from RandomId64: one generator of ids.
 //
-// Thread-safety: every function and RandomSource implementation is safe to call from any
-// thread at once.
+// Thread-safety: every function and RandomSource implementation is safe for concurrent use.
 
 #ifndef BUS_RANDOM_H_
 #define BUS_RANDOM_H_

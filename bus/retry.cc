@@ -34,6 +34,16 @@ RetryDelayFn ExponentialBackoff(absl::Duration base, absl::Duration cap) {
   return [base, cap](int attempts) { return ExponentialDelay(base, cap, attempts); };
 }
 
+RetryDelayFn LinearBackoff(absl::Duration step, absl::Duration cap) {
+  return [step, cap](int attempts) {
+    if (step <= absl::ZeroDuration()) return absl::ZeroDuration();
+    const int n = std::max(attempts, 1);
+    // Compared before multiplying, so that a large attempt count cannot overflow.
+    if (step >= cap / n) return cap;
+    return std::min(step * n, cap);
+  };
+}
+
 RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap,
                                std::shared_ptr<RandomSource> random) {
   if (random == nullptr) random = DefaultRandom();

@@ -48,7 +48,11 @@ RetryDelayFn FixedBackoff(absl::Duration delay);
 // ExponentialDelay(base, cap, attempts).
 RetryDelayFn ExponentialBackoff(absl::Duration base, absl::Duration cap);
 
-// FullJitterDelay with numbers from `random` (nullptr: DefaultRandom(); SeededRandom in tests).
+// step * attempts, capped at `cap`: go-nsq's default requeue delay (DefaultRequeueDelay times
+// the attempt, capped by MaxRequeueDelay); attempts < 1 count as 1.
+RetryDelayFn LinearBackoff(absl::Duration step, absl::Duration cap);
+
+// FullJitterDelay with numbers from `random` (nullptr: DefaultRandom()).
 RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap,
                                std::shared_ptr<RandomSource> random = nullptr);
 
