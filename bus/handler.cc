@@ -1,18 +1,17 @@
 #include "bus/handler.h"
 
-#include <algorithm>
 #include <stop_token>
 #include <thread>
 #include <utility>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bus/backoff.h"
 #include "bus/internal/handler_metrics.h"
-#include "bus/names.h"
 #include "bus/internal/pipeline.h"
 #include "bus/internal/receive_loop.h"
+#include "bus/names.h"
 
 namespace bus {
 namespace {
@@ -91,19 +90,19 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   if (no_dead_letters) o.dead_letters = NullDeadLetterStore();
   auto handler = std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
   if (no_dead_letters) {
-    handler->shared_->Log(LogLevel::kWarning, "no_dead_letter_store",
-                          "has no dead-letter store: messages that cannot be handled will be "
-                          "dropped");
+    handler->pipeline_->Log(LogLevel::kWarning, "no_dead_letter_store",
+                            "has no dead-letter store: messages that cannot be handled will be "
+                            "dropped");
   }
   return handler;
 }
 
 Handler::Handler(HandlerOptions options, bool user_ensure)
-    : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
-  const HandlerOptions& o = shared_->options;
+    : pipeline_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
+  const HandlerOptions& o = pipeline_->options;
   if (o.metrics != nullptr) {
     // Weakly: the registry may outlive the Handler (the destructor removes the collector).
-    std::weak_ptr<internal::Pipeline> weak = shared_;
+    std::weak_ptr<internal::Pipeline> weak = pipeline_;
     metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
       if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
         WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
@@ -112,31 +111,44 @@ Handler::Handler(HandlerOptions options, bool user_ensure)
     });
   }
   if (o.observer != nullptr) {
-    shared_->events = std::make_unique<internal::EventQueue>(
+    pipeline_->events = std::make_unique<internal::EventQueue>(
         o.observer, static_cast<size_t>(o.observer_queue), o.queue,
         [driver = o.driver] { return driver->Stats().reconnects; },
         [clock = o.clock] { return clock->Now(); });
   }
 }
 
-const HandlerOptions& Handler::options() const { return shared_->options; }
+const HandlerOptions& Handler::options() const { return pipeline_->options; }
 
 Handler::~Handler() {
   Stop();
-  // Workers abandoned after the shutdown timeout may still run: their events are dropped.
-  if (shared_->events != nullptr) shared_->events->Close();
-  if (metrics_collector_ != 0) shared_->options.metrics->RemoveCollector(metrics_collector_);
+  {
+    absl::MutexLock lock(&thread_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+  {
+    // A Run() on a thread of the caller's: wait until it has returned.
+    absl::MutexLock lock(&pipeline_->mu);
+    auto returned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_->mu) {
+      return !pipeline_->running;
+    };
+    pipeline_->mu.Await(absl::Condition(&returned));
+  }
+  // Workers abandoned after the shutdown timeout may still run (they share the pipeline): their
+  // events are dropped.
+  if (pipeline_->events != nullptr) pipeline_->events->Close();
+  if (metrics_collector_ != 0) pipeline_->options.metrics->RemoveCollector(metrics_collector_);
 }
 
 absl::Status Handler::Ready(absl::Duration timeout) const {
-  const HandlerOptions& o = shared_->options;
+  const HandlerOptions& o = pipeline_->options;
   auto not_ready = [&](absl::string_view what, const absl::Status& st) {
     return absl::UnavailableError(absl::StrCat("queue ", o.queue, ": ", what,
                                                st.ok() ? "" : absl::StrCat(": ", st.ToString())));
   };
   {
-    absl::MutexLock lock(&shared_->mu);
-    if (!shared_->consuming) return not_ready("not consuming", absl::OkStatus());
+    absl::MutexLock lock(&pipeline_->mu);
+    if (!pipeline_->consuming) return not_ready("not consuming", absl::OkStatus());
   }
   if (absl::Status st = o.driver->Ping(timeout); !st.ok()) {
     return not_ready(absl::StrCat("driver ", o.driver->name(), " does not answer"), st);
@@ -150,9 +162,13 @@ absl::Status Handler::Ready(absl::Duration timeout) const {
   return absl::OkStatus();
 }
 
-void Handler::Stop() { shared_->stop.request_stop(); }
+void Handler::Stop() { pipeline_->stop.request_stop(); }
 
 namespace {
+
+// The pacing of Run()'s set-up retries while the broker cannot be reached.
+constexpr BackoffPolicy kSetupBackoff{absl::Milliseconds(100), absl::Seconds(5),
+                                      BackoffPolicy::Jitter::kNone};
 
 // Errors that retrying the queue set-up cannot fix: Run() returns them.
 bool Fatal(const absl::Status& st) {
@@ -160,45 +176,23 @@ bool Fatal(const absl::Status& st) {
          absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st);
 }
 
-// Waits on `clock` until `deadline` or until `stop` is requested; true when stopped.
-bool SleepUnlessStopped(const Clock& clock, absl::Time deadline, std::stop_token stop) {
-  absl::Mutex mu;
-  bool stopped = false;
-  // Registered before taking the lock: it runs at once if stop was already requested.
-  std::stop_callback wake(stop, [&] {
-    absl::MutexLock l(&mu);
-    stopped = true;
-  });
-  absl::MutexLock lock(&mu);
-  clock.AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
-  return stopped;
-}
-
-}  // namespace
-
-absl::Status Handler::Run() {
-  {
-    absl::MutexLock lock(&shared_->mu);
-    if (shared_->running) return absl::FailedPreconditionError("Handler::Run: already running");
-    if (shared_->ran) return absl::FailedPreconditionError("Handler::Run: already ran");
-    // Stop() may win the race against a Run() just started on another thread: nothing has
-    // been received yet, so this is a clean stop.
-    if (shared_->stop.stop_requested()) return absl::OkStatus();
-    shared_->running = true;
-  }
-  auto finish = [this](absl::Status st) {
-    absl::MutexLock lock(&shared_->mu);
-    shared_->running = false;
-    shared_->consuming = false;
-    shared_->ran = true;
+// Run() after Begin: set-up, then consuming until stopped, then the drain. Touches only the
+// pipeline (never the Handler), which it holds for as long as it runs.
+absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
+  auto finish = [&p](absl::Status st) {
+    absl::MutexLock lock(&p->mu);
+    p->running = false;
+    p->consuming = false;
+    p->ran = true;
     return st;
   };
-  const HandlerOptions& o = shared_->options;
-  const std::stop_token stop = shared_->stop.get_token();
+  const HandlerOptions& o = p->options;
+  const std::stop_token stop = p->stop.get_token();
 
   // The queue (and the binding) must exist before consuming. While the broker cannot be
   // reached, keep trying with backoff; only an error that a retry cannot fix ends Run().
-  for (int failures = 1;; ++failures) {
+  Backoff backoff(kSetupBackoff);
+  while (true) {
     absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
     if (setup.ok() && o.subscribe.has_value()) {
       setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
@@ -206,32 +200,31 @@ absl::Status Handler::Run() {
     if (setup.ok()) break;
     const std::string error = setup.ToString();
     if (Fatal(setup)) {
-      shared_->Log(LogLevel::kError, "setup_failed", absl::StrCat("queue setup failed: ", error),
-                   nullptr, error);
+      p->Log(LogLevel::kError, "setup_failed", absl::StrCat("queue setup failed: ", error), nullptr,
+             error);
       return finish(setup);
     }
-    const absl::Duration wait =
-        ExponentialDelay(absl::Milliseconds(100), absl::Seconds(5), failures);
-    shared_->Log(LogLevel::kError, "setup_failed",
-                 absl::StrCat("queue setup failed (attempt ", failures, "): ", error,
-                              "; retrying in ", absl::FormatDuration(wait)),
-                 nullptr, error);
-    if (SleepUnlessStopped(*o.clock, o.clock->Now() + wait, stop)) return finish(absl::OkStatus());
+    const absl::Duration wait = backoff.Next();
+    p->Log(LogLevel::kError, "setup_failed",
+           absl::StrCat("queue setup failed (attempt ", backoff.failures(), "): ", error,
+                        "; retrying in ", absl::FormatDuration(wait)),
+           nullptr, error);
+    if (SleepUntil(*o.clock, o.clock->Now() + wait, stop)) return finish(absl::OkStatus());
   }
 
   // Step 7: the replay loop, on its own thread, until stopped. It replays exhausted letters
   // only; permanent and malformed ones wait for a person.
   std::thread replay;
   if (o.replay_interval > absl::ZeroDuration()) {
-    replay = std::thread([this, stop] {
-      const HandlerOptions& o = shared_->options;
-      while (!SleepUnlessStopped(*o.clock, o.clock->Now() + o.replay_interval, stop)) {
+    replay = std::thread([p, stop] {
+      const HandlerOptions& o = p->options;
+      while (!SleepUntil(*o.clock, o.clock->Now() + o.replay_interval, stop)) {
         ReplayFilter filter;
         filter.kinds = {DeadLetterKind::kExhausted};
-        if (absl::StatusOr<int> n = ReplayDeadLetters(filter); !n.ok()) {
+        if (absl::StatusOr<int> n = p->Replay(filter); !n.ok()) {
           const std::string error = n.status().ToString();
-          shared_->Log(LogLevel::kError, "replay_failed", absl::StrCat("replay failed: ", error),
-                       nullptr, error);
+          p->Log(LogLevel::kError, "replay_failed", absl::StrCat("replay failed: ", error), nullptr,
+                 error);
         }
       }
     });
@@ -239,15 +232,14 @@ absl::Status Handler::Run() {
 
   // The idempotency store's background work (an inbox's outbox relay), while consuming.
   std::vector<std::thread> background;
-  if (shared_->transactional != nullptr) {
+  if (p->transactional != nullptr) {
     for (std::shared_ptr<BackgroundTask>& task :
-         shared_->transactional->BackgroundTasks(o.driver, o.logger)) {
-      background.emplace_back([this, task = std::move(task), stop] {
+         p->transactional->BackgroundTasks(o.driver, o.logger)) {
+      background.emplace_back([p, task = std::move(task), stop] {
         try {
           task->Run(stop);
         } catch (...) {
-          shared_->Log(LogLevel::kError, "task_threw",
-                       absl::StrCat(task->name(), " threw; it ends"));
+          p->Log(LogLevel::kError, "task_threw", absl::StrCat(task->name(), " threw; it ends"));
         }
       });
     }
@@ -258,59 +250,73 @@ absl::Status Handler::Run() {
   ro.max_in_flight = o.max_in_flight;
   ro.lease = o.delivery_lease;
   ro.shutdown_timeout = o.shutdown_timeout;
-  if (o.batch_size > 0) {
-    ro.batch_size = o.batch_size;
-  } else {
-    ro.batch_size = kMaxAutoBatch;
-    ro.batch_limit = [shared = shared_] { return shared->AutoBatchLimit(); };
-  }
-  std::shared_ptr<internal::Pipeline> shared = shared_;
-  ro.on_consuming = [shared] {
-    absl::MutexLock lock(&shared->mu);
-    shared->consuming = true;
-  };
-  absl::Status st = ReceiveBatches(
-      *o.driver, o.queue, ro,
-      [shared](absl::Span<const Delivery> ds, absl::Span<Settlement> out) {
-        thread_local std::vector<internal::Input> inputs;
-        inputs.resize(ds.size());
-        for (size_t i = 0; i < ds.size(); ++i)
-          inputs[i] = internal::Input{ds[i].data, ds[i].corrupt, -1};
-        shared->StageEvents();
-        shared->ProcessBatch(inputs, out);
-        shared->FlushEvents();
-      },
-      stop,
-      [shared](const absl::Status& err) {
-        const std::string error = err.ToString();
-        // The receive loop reports a refused ack or nack as FailedPrecondition: the delivery's
-        // lease ran out, and the broker delivers the message again.
-        const bool lease_lost =
-            absl::IsFailedPrecondition(err) &&
-            (absl::StartsWith(err.message(), "ack:") || absl::StartsWith(err.message(), "nack:"));
-        shared->Log(LogLevel::kError, lease_lost ? "lease_lost" : "driver_error",
-                    absl::StrCat("driver: ", error), nullptr, error);
-        if (lease_lost) shared->Emit(EventType::kLeaseLost, nullptr, 0, err.message(), "delivery");
-      });
-  shared_->stop.request_stop();
+  // batch_size 0: up to kMaxAutoBatch, as the pipeline's BatchLimit says.
+  ro.batch_size = o.batch_size > 0 ? o.batch_size : kMaxAutoBatch;
+  // The pipeline is the receive loop's sink: its workers call Pipeline::Process directly.
+  absl::Status st = ReceiveInto(*o.driver, o.queue, ro, p, stop);
+  p->stop.request_stop();
   if (replay.joinable()) replay.join();
   for (std::thread& t : background) t.join();
   return finish(st);
 }
 
+}  // namespace
+
+std::optional<absl::Status> Handler::Begin(absl::string_view caller) {
+  absl::MutexLock lock(&pipeline_->mu);
+  if (pipeline_->running) {
+    return absl::FailedPreconditionError(absl::StrCat("Handler::", caller, ": already running"));
+  }
+  if (pipeline_->ran) {
+    return absl::FailedPreconditionError(absl::StrCat("Handler::", caller, ": already ran"));
+  }
+  // Stop() may win the race against a Run() just started on another thread: nothing has been
+  // received yet, so this is a clean stop.
+  if (pipeline_->stop.stop_requested()) return absl::OkStatus();
+  pipeline_->running = true;
+  return std::nullopt;
+}
+
+absl::Status Handler::Run() {
+  if (std::optional<absl::Status> st = Begin("Run"); st.has_value()) return *st;
+  return RunPipeline(pipeline_);
+}
+
+absl::Status Handler::Start() {
+  absl::MutexLock lock(&thread_mu_);
+  if (started_) return absl::FailedPreconditionError("Handler::Start: already started");
+  std::optional<absl::Status> st = Begin("Start");
+  if (st.has_value() && !st->ok()) return *st;
+  started_ = true;
+  if (st.has_value()) {
+    // Stopped before it started: nothing to run.
+    run_status_ = absl::OkStatus();
+    return absl::OkStatus();
+  }
+  thread_ = std::thread([this, p = pipeline_] { run_status_ = RunPipeline(p); });
+  return absl::OkStatus();
+}
+
+absl::Status Handler::Wait() {
+  absl::MutexLock lock(&thread_mu_);
+  if (!started_) return absl::FailedPreconditionError("Handler::Wait: not started");
+  if (thread_.joinable()) thread_.join();
+  return run_status_;
+}
+
 absl::Status Handler::WaitUntilRunning(absl::Duration timeout) {
-  absl::MutexLock lock(&shared_->mu);
-  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shared_->mu) {
-    return shared_->consuming || shared_->ran;
+  absl::MutexLock lock(&pipeline_->mu);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pipeline_->mu) {
+    return pipeline_->consuming || pipeline_->ran;
   };
-  if (!shared_->mu.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("handler for queue ", shared_->options.queue,
+  if (!pipeline_->mu.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("handler for queue ", pipeline_->options.queue,
                                                     " not consuming after ",
                                                     absl::FormatDuration(timeout)));
   }
-  if (!shared_->consuming) {
+  if (!pipeline_->consuming) {
     return absl::FailedPreconditionError(
-        absl::StrCat("handler for queue ", shared_->options.queue, " is no longer running"));
+        absl::StrCat("handler for queue ", pipeline_->options.queue, " is no longer running"));
   }
   return absl::OkStatus();
 }
@@ -322,94 +328,9 @@ absl::StatusOr<int> Handler::ReplayDeadLetters() {
 }
 
 absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
-  const HandlerOptions& o = shared_->options;
-  if (filter.kinds.empty()) return absl::InvalidArgumentError("ReplayFilter.kinds: empty");
-  if (filter.limit < 0) return absl::InvalidArgumentError("ReplayFilter.limit: negative");
-  const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
-  // Bound the pass by the letters present when it starts: a letter that fails again is stored
-  // anew (after the cursor) and waits for the next pass instead of looping in this one.
-  absl::StatusOr<int64_t> count = o.dead_letters->Count(o.queue, filter.kinds);
-  if (!count.ok()) return count.status();
-  int64_t budget = *count;
-  int removed = 0;
-  std::string after;
-  const std::stop_token stop = shared_->stop.get_token();
-  std::vector<DeadLetter> chosen;
-  std::vector<internal::Input> inputs;
-  std::vector<Settlement> settlements;
-  while (budget > 0 && !stop.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
-    absl::StatusOr<std::vector<DeadLetter>> batch = o.dead_letters->Fetch(
-        o.queue, static_cast<int>(std::min<int64_t>(budget, o.replay_batch)), after, filter.kinds);
-    if (!batch.ok()) return batch.status();
-    if (batch->empty()) break;
-    budget -= static_cast<int64_t>(batch->size());
-    after = batch->back().id;
-    chosen.clear();
-    for (DeadLetter& letter : *batch) {
-      if (!ids.empty() && !ids.contains(letter.id)) continue;
-      chosen.push_back(std::move(letter));
-    }
-    // Through the pipeline in batches of batch_size, as deliveries would go.
-    size_t n = 0;
-    for (size_t start = 0; start < chosen.size() && !stop.stop_requested(); start += n) {
-      const int batch = o.batch_size > 0 ? o.batch_size : shared_->AutoBatchLimit();
-      n = std::min(chosen.size() - start, static_cast<size_t>(batch));
-      if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
-      if (n == 0) break;
-      inputs.clear();
-      for (size_t i = 0; i < n; ++i) {
-        inputs.push_back(internal::Input{chosen[start + i].data, "", chosen[start + i].replays});
-      }
-      settlements.assign(n, Settlement::Redeliver());
-      shared_->ProcessBatch(inputs, absl::MakeSpan(settlements));
-      for (size_t i = 0; i < n; ++i) {
-        if (!settlements[i].done) continue;
-        const DeadLetter& letter = chosen[start + i];
-        if (absl::Status st = o.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
-          const std::string error = st.ToString();
-          shared_->Log(LogLevel::kError, "replay_remove_failed",
-                       absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error),
-                       nullptr, error);
-          continue;
-        }
-        shared_->replayed.fetch_add(1, std::memory_order_relaxed);
-        ++removed;
-      }
-    }
-  }
-  return removed;
+  return pipeline_->Replay(filter);
 }
 
-HandlerStats Handler::Stats() const { return shared_->Stats(); }
-
-HandlerStats internal::Pipeline::Stats() const {
-  const internal::Pipeline& s = *this;
-  HandlerStats out;
-  out.received = s.received.load(std::memory_order_relaxed);
-  out.succeeded = s.succeeded.load(std::memory_order_relaxed);
-  out.failed = s.failed.load(std::memory_order_relaxed);
-  out.retried = s.retried.load(std::memory_order_relaxed);
-  out.dead_lettered = s.dead_lettered.load(std::memory_order_relaxed);
-  out.duplicates = s.duplicates.load(std::memory_order_relaxed);
-  out.malformed = s.malformed.load(std::memory_order_relaxed);
-  out.replayed = s.replayed.load(std::memory_order_relaxed);
-  out.redelivered = s.redelivered.load(std::memory_order_relaxed);
-  out.store_errors = s.store_errors.load(std::memory_order_relaxed);
-  out.callback_errors = s.callback_errors.load(std::memory_order_relaxed);
-  out.in_flight = s.in_flight.load(std::memory_order_relaxed);
-  out.reconnects = options.driver->Stats().reconnects;
-  out.events_dropped = s.events != nullptr ? s.events->dropped() : 0;
-  {
-    absl::MutexLock lock(&mu);
-    out.running = running;
-    out.consuming = consuming;
-  }
-  out.latency_p50 = s.latency.Quantile(0.5);
-  out.latency_p99 = s.latency.Quantile(0.99);
-  out.latency_max = s.latency.Max();
-  out.latency_buckets = s.latency.Buckets();
-  out.latency_sum = s.latency.Sum();
-  return out;
-}
+HandlerStats Handler::Stats() const { return pipeline_->Stats(); }
 
 }  // namespace bus

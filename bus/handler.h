@@ -13,10 +13,16 @@
 //     return absl::OkStatus();
 //   };
 //   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
-//   std::thread runner([&] { (*handler)->Run().IgnoreError(); });
+//   if (!handler.ok()) return handler.status();
+//   if (absl::Status st = (*handler)->Start(); !st.ok()) return st;  // runs on its own thread
 //   ...
-//   (*handler)->Stop();  // drains in-flight work within shutdown_timeout
-//   runner.join();
+//   (*handler)->Stop();                    // drains in-flight work within shutdown_timeout
+//   absl::Status st = (*handler)->Wait();  // Run()'s status
+//
+// Destroying the Handler stops it and waits for it, whatever it is doing (never started, setting
+// up, consuming, draining, stopped): an early return needs no clean-up. Run() is for an
+// application that runs the Handler on a thread of its own; the destructor then also waits
+// for that Run() to return.
 //
 // For each delivered message, in this order (docs/pipeline.md, "Order of steps"):
 //  1. Decode the envelope. Malformed or oversized: store the raw bytes as a dead letter with the
@@ -43,19 +49,27 @@
 // dropped.
 // docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
-// Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
-// once) and on the replay thread; `msg` lives until the callback returns (copy what you keep).
+// Threads: `handle`, `ensure` and `retry_delay` run on the receive workers (up to
+// `concurrency` at once) and on the replay thread; `msg` lives until the callback returns (copy
+// what you keep). A handler still running after the shutdown timeout is abandoned: it may
+// return after the Handler was destroyed (what it captures must outlive it).
 //
 // Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
-// called from any thread while Run() blocks in another.
+// called from any thread while the Handler runs; Start(), Wait() and Run() too, each refusing
+// what the lifecycle does not allow. Do not destroy the Handler from one of its own callbacks
+// or the observer (the destructor waits for them).
 
 #ifndef BUS_HANDLER_H_
 #define BUS_HANDLER_H_
 
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bus/handler_options.h"
 #include "bus/stats.h"
@@ -70,8 +84,10 @@ class Handler {
   // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
 
-  // Stops the handler and closes the observer's queue: waits for an observer call in progress
-  // (do not destroy the Handler from the observer), drops the events still queued.
+  // Stops the handler and waits until it has stopped: joins the thread of Start(), or waits for
+  // a Run() in progress on another thread to return (at most the shutdown timeout after set-up;
+  // at once while set-up is retrying). Then closes the observer's queue: waits for an observer
+  // call in progress, drops the events still queued. Safe in every state.
   ~Handler();
   Handler(const Handler&) = delete;
   Handler& operator=(const Handler&) = delete;
@@ -79,14 +95,24 @@ class Handler {
   // Creates the queue (and the subscription), then consumes until Stop(). While the broker
   // cannot be reached, set-up is retried with backoff (100ms doubling to 5s, each failure
   // logged) until it succeeds or Stop() is called. Returns OK after a clean stop, and at once
-  // if Stop() came first; FailedPrecondition if already running or if a Run() already
-  // completed; the driver's error when set-up fails with one that a retry cannot fix
+  // if Stop() came first; FailedPrecondition if already running (Start() included) or if a Run()
+  // already completed; the driver's error when set-up fails with one that a retry cannot fix
   // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); DeadlineExceeded
   // if handlers were still running when the shutdown timeout ran out (their deliveries are left
   // to redelivery).
   absl::Status Run();
 
-  // Asks Run() to stop and returns at once. Idempotent.
+  // Runs Run() on a thread the Handler owns and returns at once. FailedPrecondition if already
+  // started, or if Run() is running or ran. OK (and nothing runs) if Stop() came first.
+  absl::Status Start();
+
+  // After Start(): waits until Run() has returned (after Stop(), or when it ends on its own)
+  // and returns its status; again the same status on later calls. FailedPrecondition if Start()
+  // was not called.
+  absl::Status Wait();
+
+  // Asks Run() to stop and returns at once (safe from any thread, callbacks included).
+  // Idempotent. Wait() or the destructor then waits for it.
   void Stop();
 
   // Waits until Run() consumes (queue set up, consumer running): OK; FailedPrecondition when
@@ -117,9 +143,22 @@ class Handler {
  private:
   Handler(HandlerOptions options, bool user_ensure);
 
-  std::shared_ptr<internal::Pipeline> shared_;
+  // Marks the pipeline running: nullopt when it may run, else what Run() or Start() (`caller`)
+  // returns instead.
+  std::optional<absl::Status> Begin(absl::string_view caller);
+
+  // Shared with the receive loop's workers and the replay thread, which may outlive the Handler
+  // when abandoned after the shutdown timeout.
+  const std::shared_ptr<internal::Pipeline> pipeline_;
   // The id of this handler's collector in options().metrics (0: none).
   uint64_t metrics_collector_ = 0;
+
+  // Start(): the thread running Run(), and Run()'s status (written by that thread, read after
+  // joining it).
+  absl::Mutex thread_mu_;
+  bool started_ ABSL_GUARDED_BY(thread_mu_) = false;
+  std::thread thread_ ABSL_GUARDED_BY(thread_mu_);
+  absl::Status run_status_;
 };
 
 }  // namespace bus

@@ -3,18 +3,16 @@
 #include <atomic>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
+#include "bus/random.h"
 #include "bus/trace.h"
 
 namespace bus {
 
 std::string NewMessageId() {
-  static const uint64_t prefix = [] {
-    absl::BitGen gen;
-    return absl::Uniform<uint64_t>(gen);
-  }();
+  // Random per process (bus/random.h), then a counter: unique without a lock or a draw per id.
+  static const uint64_t prefix = RandomId64();
   static std::atomic<uint64_t> counter{0};
   const uint64_t n = counter.fetch_add(1, std::memory_order_relaxed);
   return absl::StrCat(absl::Hex(prefix, absl::kZeroPad16), absl::Hex(n, absl::kZeroPad16));

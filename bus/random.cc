@@ -38,4 +38,9 @@ std::shared_ptr<RandomSource> SeededRandom(uint64_t seed) {
   return std::make_shared<LockedRandom<std::mt19937_64>>(std::mt19937_64(seed));
 }
 
+uint64_t RandomId64() {
+  thread_local absl::BitGen gen;
+  return absl::Uniform<uint64_t>(gen);
+}
+
 }  // namespace bus

@@ -1,7 +1,13 @@
-// RandomSource: where the library's jitter comes from (bus/backoff.h, bus/retry.h), injectable
-// so that a test pins every random delay.
+// The library's randomness, in two kinds with different needs:
 //
-// Thread-safety: implementations are safe for concurrent use.
+//  - Jitter: a RandomSource (bus/backoff.h, bus/retry.h), injectable so that a test pins every
+//    random delay.
+//  - Identifiers (message ids, the pipeline's idempotency owner tokens, trace and span ids, a
+//    driver's own ids): RandomId64(). Ids must be unpredictable and unique across processes,
+//    never reproducible, so they are not injectable (a test that needs a fixed id sets it).
+//    Every id generator of the library draws from RandomId64: one generator of ids.
+//
+// Thread-safety: every function and RandomSource implementation is safe for concurrent use.
 
 #ifndef BUS_RANDOM_H_
 #define BUS_RANDOM_H_
@@ -23,6 +29,10 @@ std::shared_ptr<RandomSource> DefaultRandom();
 
 // A deterministic source for tests: the same seed gives the same sequence.
 std::shared_ptr<RandomSource> SeededRandom(uint64_t seed);
+
+// 64 random bits for an identifier, from a per-thread generator seeded from the operating
+// system's entropy (no lock on the hot path).
+uint64_t RandomId64();
 
 }  // namespace bus
 

@@ -1,8 +1,8 @@
 #include "bus/trace.h"
 
-#include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "bus/random.h"
 
 namespace bus {
 namespace {
@@ -47,12 +47,11 @@ const char* Invalid(absl::string_view v) {
 // `n` random bytes as 2n lowercase hex characters, never all zeros.
 template <size_t N>
 std::string RandomHex() {
-  thread_local absl::BitGen gen;
   std::string out(2 * N, '0');
   for (;;) {
     bool zero = true;
     for (size_t i = 0; i < N; i += 8) {
-      uint64_t bits = absl::Uniform<uint64_t>(gen);
+      uint64_t bits = RandomId64();
       if (bits != 0) zero = false;
       for (size_t j = 0; j < 8 && i + j < N; ++j, bits >>= 8) {
         out[2 * (i + j)] = kHex[(bits >> 4) & 0xf];

@@ -12,7 +12,7 @@
 //         .status();
 //   }
 //
-// Ids come from a per-thread absl::BitGen, seeded from the operating system's entropy.
+// Ids come from RandomId64 (bus/random.h), the library's one generator of ids.
 //
 // Thread-safety: every function may be called from any thread at once.
 

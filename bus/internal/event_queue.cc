@@ -11,8 +11,11 @@ namespace bus {
 namespace internal {
 namespace {
 
-// How often the delivery thread looks at the driver's reconnect counter. Real time: the thread
-// only reports, it decides nothing a test must control.
+// How often the delivery thread looks at the driver's reconnect counter. Real time (absl::Now()
+// and the CondVar's timeouts, not the injected clock): the thread only reports and decides
+// nothing a test must control, and it paces itself by the machine's time so that under a
+// FakeClock a reconnect is still reported without a test moving time for it. Event times come
+// from the injected clock (`now`).
 constexpr absl::Duration kReconnectPoll = absl::Seconds(1);
 // After a batch, the thread naps this long before taking the next one, unsignalled: under a
 // steady stream the producers then never pay for a wake-up, and events come in batches.
@@ -28,7 +31,7 @@ EventQueue::EventQueue(EventObserverFn observer, size_t capacity, std::string qu
       now_(std::move(now)),
       pending_(capacity) {
   if (reconnects_ != nullptr) last_reconnects_ = reconnects_();
-  next_poll_ = absl::Now() + kReconnectPoll;
+  next_poll_ = absl::Now() + kReconnectPoll;  // real time: kReconnectPoll says why
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -88,8 +91,10 @@ void EventQueue::Deliver(const Event& e) {
 }
 
 void EventQueue::PollReconnects() {
-  if (reconnects_ == nullptr || absl::Now() < next_poll_) return;
-  next_poll_ = absl::Now() + kReconnectPoll;
+  // Real time: kReconnectPoll says why.
+  const absl::Time now = absl::Now();
+  if (reconnects_ == nullptr || now < next_poll_) return;
+  next_poll_ = now + kReconnectPoll;
   const uint64_t n = reconnects_();
   if (n <= last_reconnects_) return;
   last_reconnects_ = n;

@@ -3,21 +3,22 @@
 #include <algorithm>
 #include <exception>
 #include <utility>
+#include <vector>
 
-#include "absl/random/random.h"
-#include "absl/strings/cord.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
+#include "bus/random.h"
+#include "bus/trace.h"
 
-namespace bus {
+namespace bus::internal {
 namespace {
-
-using internal::Input;
 
 // Counts messages inside the pipeline for the in_flight gauge.
 class InFlight {
  public:
-  explicit InFlight(std::atomic<int64_t>* gauge, int64_t n = 1) : gauge_(gauge), n_(n) {
+  explicit InFlight(std::atomic<int64_t>* gauge, int64_t n) : gauge_(gauge), n_(n) {
     gauge_->fetch_add(n_, std::memory_order_relaxed);
   }
   ~InFlight() { gauge_->fetch_sub(n_, std::memory_order_relaxed); }
@@ -27,9 +28,8 @@ class InFlight {
   const int64_t n_;
 };
 
-// One worker's reusable buffers for a batch (Handler::Shared::ProcessBatch).
+// One worker's reusable buffers for a batch (ProcessBatch).
 struct BatchScratch {
-  std::vector<Input> inputs;
   std::vector<Message> msgs;
   std::vector<std::string> keys;
   std::vector<std::string> owners;
@@ -39,12 +39,23 @@ struct BatchScratch {
   std::vector<absl::StatusOr<bool>> acquired;
   std::vector<absl::string_view> done_keys;
   std::vector<absl::string_view> done_owners;
-  std::vector<size_t> done_msgs;  // batch positions of done_keys
-  std::vector<absl::Status> done_results;
+  std::vector<const Message*> done_msgs;
   // With an inbox: the messages to handle in the batch's transaction, and under their key or not.
   std::vector<size_t> pending;
   std::vector<char> pending_acquired;
 };
+
+// The infrastructure backoff of the batch this thread runs: the streak grows by one per batch
+// that had an infrastructure failure (not per message, so that a batch of 64 failing at once
+// does not jump to the maximum), and every failure of the batch waits the same.
+struct BatchInfra {
+  bool failed = false;
+  absl::Duration delay;
+};
+thread_local BatchInfra batch_infra;
+
+// This thread's stage of observer events (EventQueue::Stage), set by Process; null elsewhere.
+thread_local EventQueue::Stage* staged_events = nullptr;
 
 // Headers the pipeline keeps on a message that failed (docs/pipeline.md, "Reserved headers").
 constexpr char kFirstFailedHeader[] = "bus-first-failed-at-us";
@@ -67,13 +78,10 @@ int64_t HeaderInt(const Message& msg, const char* key, int64_t fallback) {
 }
 
 // An idempotency owner token unique to one attempt, across threads and processes: 40 random
-// bits fixed per process and a 50-bit counter, as 15 base64url characters, so it fits the
-// small-string buffer and costs no allocation on the hot path.
+// bits fixed per process (bus/ids.h) and a 50-bit counter, as 15 base64url characters, so it
+// fits the small-string buffer and costs no allocation on the hot path.
 std::string NewOwnerToken() {
-  static const uint64_t prefix = [] {
-    absl::BitGen gen;
-    return absl::Uniform<uint64_t>(gen) & ((uint64_t{1} << 40) - 1);
-  }();
+  static const uint64_t prefix = RandomId64() & ((uint64_t{1} << 40) - 1);
   static std::atomic<uint64_t> counter{0};
   static constexpr char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -88,72 +96,95 @@ std::string NewOwnerToken() {
 
 }  // namespace
 
-namespace internal {
+Pipeline::Pipeline(HandlerOptions o, bool user_ensure)
+    : options(std::move(o)),
+      has_user_ensure(user_ensure),
+      transactional(options.handle_in_transaction != nullptr
+                        ? dynamic_cast<TransactionalStore*>(options.idempotency.get())
+                        : nullptr),
+      infra_backoff(BackoffPolicy{options.infra_backoff_base, options.infra_backoff_max,
+                                  BackoffPolicy::Jitter::kNone}) {}
 
-thread_local EventQueue::Stage* Pipeline::staged_events_ = nullptr;
-
-void Pipeline::StageEvents() {
-  if (events == nullptr || staged_events_ != nullptr) return;
-  // One per thread, for the thread's life: a worker thread serves one Handler.
-  thread_local EventQueue::Stage stage;
-  staged_events_ = &stage;
-}
-
-void Pipeline::FlushEvents() {
-  if (events != nullptr && staged_events_ != nullptr) events->Flush(staged_events_);
-}
-
-bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
-  absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
-                                       : absl::DataLossError(in.corrupt);
-  if (st.ok()) return true;
-  if (in.replays >= 0) {
-    // A letter that still does not decode would only be stored again: it stays where it is.
-    *out = Settlement::Redeliver();
-    return false;
+HandlerStats Pipeline::Stats() const {
+  HandlerStats out;
+  out.received = received.load(std::memory_order_relaxed);
+  out.succeeded = succeeded.load(std::memory_order_relaxed);
+  out.failed = failed.load(std::memory_order_relaxed);
+  out.retried = retried.load(std::memory_order_relaxed);
+  out.dead_lettered = dead_lettered.load(std::memory_order_relaxed);
+  out.duplicates = duplicates.load(std::memory_order_relaxed);
+  out.malformed = malformed.load(std::memory_order_relaxed);
+  out.replayed = replayed.load(std::memory_order_relaxed);
+  out.redelivered = redelivered.load(std::memory_order_relaxed);
+  out.store_errors = store_errors.load(std::memory_order_relaxed);
+  out.callback_errors = callback_errors.load(std::memory_order_relaxed);
+  out.in_flight = in_flight.load(std::memory_order_relaxed);
+  out.reconnects = options.driver->Stats().reconnects;
+  out.events_dropped = events != nullptr ? events->dropped() : 0;
+  {
+    absl::MutexLock lock(&mu);
+    out.running = running;
+    out.consuming = consuming;
   }
-  // A poison message becomes a dead letter and never blocks the queue.
-  malformed.fetch_add(1, std::memory_order_relaxed);
-  Log(LogLevel::kWarning, "malformed",
-      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()), nullptr,
-      st.message());
-  bus::DeadLetter letter;
-  letter.queue = options.queue;
-  letter.data = std::string(in.data);
-  letter.reason = absl::StrCat("malformed: ", st.message());
-  letter.kind = DeadLetterKind::kMalformed;
-  letter.first_failed_at = letter.last_failed_at = options.clock->Now();
-  *out = StoreDeadLetter(std::move(letter), nullptr);
-  return false;
+  out.latency_p50 = latency.Quantile(0.5);
+  out.latency_p99 = latency.Quantile(0.99);
+  out.latency_max = latency.Max();
+  out.latency_buckets = latency.Buckets();
+  out.latency_sum = latency.Sum();
+  return out;
 }
 
-Settlement Pipeline::StoreDeadLetter(bus::DeadLetter letter, const Message* msg) {
-  absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
-  if (!id.ok()) {
-    store_errors.fetch_add(1, std::memory_order_relaxed);
-    const std::string error = id.status().ToString();
-    Log(LogLevel::kError, "store_failed",
-        absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind), "): ", error),
-        msg, error, letter.attempts);
-    return InfraFailure(msg, "store_error", error);
-  }
-  dead_lettered.fetch_add(1, std::memory_order_relaxed);
-  Emit(EventType::kDeadLettered, msg, letter.attempts, letter.reason,
-       DeadLetterKindName(letter.kind));
-  return Taken();
+int Pipeline::AutoBatchLimit() const {
+  const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
+  if (avg == 0) return 1;
+  const int64_t fit = absl::ToInt64Nanoseconds(options.idempotency_lease / 4) / avg;
+  return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxAutoBatch));
 }
+
+// ---- The receive loop's side ----
+
+void Pipeline::OnConsuming() {
+  absl::MutexLock lock(&mu);
+  consuming = true;
+}
+
+int Pipeline::BatchLimit() { return options.batch_size > 0 ? 0 : AutoBatchLimit(); }
+
+void Pipeline::Process(absl::Span<const Delivery> deliveries, absl::Span<Settlement> out) {
+  thread_local std::vector<Input> inputs;
+  inputs.resize(deliveries.size());
+  for (size_t i = 0; i < deliveries.size(); ++i) {
+    inputs[i] = Input{deliveries[i].data, deliveries[i].corrupt, -1};
+  }
+  if (events != nullptr && staged_events == nullptr) {
+    // One per thread, for the thread's life: a worker thread serves one Handler. The events of
+    // a batch reach the observer's queue under one lock instead of one per event.
+    thread_local EventQueue::Stage stage;
+    staged_events = &stage;
+  }
+  ProcessBatch(inputs, out);
+  if (events != nullptr) events->Flush(staged_events);
+}
+
+void Pipeline::OnError(const ReceiveError& error) {
+  const std::string text =
+      absl::StrCat(ReceiveErrorKindName(error.kind), ": ", error.status.ToString());
+  const bool lease_lost = error.lease_lost();
+  Log(LogLevel::kError, lease_lost ? "lease_lost" : "driver_error", absl::StrCat("driver: ", text),
+      nullptr, text);
+  if (lease_lost) {
+    Emit(EventType::kLeaseLost, nullptr, 0,
+         absl::StrCat(ReceiveErrorKindName(error.kind), ": ", error.status.message()), "delivery");
+  }
+}
+
+// ---- Steps 1 to 6 for a batch ----
 
 void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out) {
   const size_t n = in.size();
   received.fetch_add(n, std::memory_order_relaxed);
   InFlight gauge(&in_flight, static_cast<int64_t>(n));
-  InfraFailedInBatch() = false;
-  struct CountStreak {
-    std::atomic<int>* streak;
-    ~CountStreak() {
-      if (InfraFailedInBatch()) streak->fetch_add(1, std::memory_order_relaxed);
-    }
-  } count_streak{&infra_failures};
+  batch_infra.failed = false;
   thread_local BatchScratch b;
   if (b.msgs.size() < n) {
     b.msgs.resize(n);
@@ -161,7 +192,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
     b.owners.resize(n);
   }
 
-  // 1. Decode every envelope; 2. acquire the keys of those that decoded, in one call.
+  // 1. Decode every envelope.
   b.decoded.clear();
   b.key_views.clear();
   b.owner_views.clear();
@@ -180,15 +211,10 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   const bool check_lease = b.decoded.size() > 1 && transactional == nullptr;
   const absl::Time half_lease_at =
       check_lease ? options.clock->Now() + options.idempotency_lease / 2 : absl::InfiniteFuture();
-  if (b.decoded.size() == 1) {
-    b.acquired.resize(1);
-    b.acquired[0] =
-        options.idempotency->Acquire(b.key_views[0], b.owner_views[0], options.idempotency_lease);
-  } else {
-    b.acquired.assign(b.decoded.size(), false);
-    options.idempotency->AcquireMany(b.key_views, b.owner_views, options.idempotency_lease,
-                                     absl::MakeSpan(b.acquired));
-  }
+
+  // 2. Acquire the keys of those that decoded, in one call.
+  b.acquired.resize(b.decoded.size());
+  Acquire(b.key_views, b.owner_views, absl::MakeSpan(b.acquired));
 
   // 3 to 6, message by message.
   b.done_keys.clear();
@@ -199,6 +225,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   const std::stop_token token = stop.get_token();
   for (size_t j = 0; j < b.decoded.size(); ++j) {
     const size_t i = b.decoded[j];
+    Message& msg = b.msgs[i];
     const bool late = check_lease && j > 0 && options.clock->Now() >= half_lease_at;
     if ((token.stop_requested() && in[i].replays < 0) || late) {
       // Not started: give the key back and let the broker deliver the message again (a
@@ -210,18 +237,32 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       }
       continue;
     }
-    bool mark_done = false;
-    Deferred deferred;
-    out[i] = AfterAcquire(b.msgs[i], b.keys[i], b.owners[i], b.acquired[j], &mark_done,
-                          transactional != nullptr ? &deferred : nullptr);
-    if (deferred.handle) {
-      b.pending.push_back(i);
-      b.pending_acquired.push_back(deferred.acquired);
+    // 3.
+    const Resolution r = Resolve(msg, b.keys[i], b.owners[i], b.acquired[j]);
+    if (r.next == Resolution::Next::kSettled) {
+      out[i] = r.settlement;
+      continue;
     }
-    if (mark_done) {
+    const bool under_key = r.next == Resolution::Next::kHandleUnderKey;
+    if (transactional != nullptr) {
+      // 4 is deferred to the batch's transaction.
+      b.pending.push_back(i);
+      b.pending_acquired.push_back(under_key);
+      continue;
+    }
+    // 4.
+    const absl::Status result = CallHandle(msg, nullptr);
+    if (!result.ok()) {
+      // 6.
+      out[i] = Failed(msg, b.keys[i], b.owners[i], under_key, result);
+      continue;
+    }
+    // 5.
+    out[i] = Succeeded(msg);
+    if (under_key) {
       b.done_keys.push_back(b.keys[i]);
       b.done_owners.push_back(b.owners[i]);
-      b.done_msgs.push_back(i);
+      b.done_msgs.push_back(&msg);
     }
   }
   if (!b.pending.empty()) {
@@ -230,54 +271,112 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
                         absl::MakeConstSpan(b.keys.data(), n),
                         absl::MakeConstSpan(b.owners.data(), n), b.pending_acquired, out);
   }
-
   // 5. Mark the handled keys done, in one call.
-  if (b.done_keys.empty()) return;
-  if (b.done_keys.size() == 1) {
-    if (absl::Status st = options.idempotency->MarkDone(b.done_keys[0], b.done_owners[0],
-                                                        options.idempotency_retention);
-        !st.ok()) {
-      MarkDoneFailed(b.msgs[b.done_msgs[0]], b.done_keys[0], st);
-    }
-    return;
-  }
-  b.done_results.assign(b.done_keys.size(), absl::OkStatus());
-  options.idempotency->MarkDoneMany(b.done_keys, b.done_owners, options.idempotency_retention,
-                                    absl::MakeSpan(b.done_results));
-  for (size_t k = 0; k < b.done_keys.size(); ++k) {
-    if (!b.done_results[k].ok()) {
-      MarkDoneFailed(b.msgs[b.done_msgs[k]], b.done_keys[k], b.done_results[k]);
-    }
-  }
+  if (!b.done_keys.empty()) MarkDone(b.done_keys, b.done_owners, b.done_msgs);
 }
 
-Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
-                                  const absl::StatusOr<bool>& acquired, bool* mark_done,
-                                  Deferred* deferred) {
-  auto handle = [&](bool under_key) {
-    if (deferred == nullptr) return HandleAndSettle(msg, key, owner, under_key, mark_done);
-    deferred->handle = true;
-    deferred->acquired = under_key;
-    return Settlement::Redeliver();
-  };
+// ---- 1. Decode ----
+
+bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
+  absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
+                                       : absl::DataLossError(in.corrupt);
+  if (st.ok()) return true;
+  if (in.replays >= 0) {
+    // A letter that still does not decode would only be stored again: it stays where it is.
+    *out = Settlement::Redeliver();
+    return false;
+  }
+  // A poison message becomes a dead letter and never blocks the queue.
+  malformed.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kWarning, "malformed",
+      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()), nullptr,
+      st.message());
+  DeadLetter letter;
+  letter.queue = options.queue;
+  letter.data = std::string(in.data);
+  letter.reason = absl::StrCat("malformed: ", st.message());
+  letter.kind = DeadLetterKind::kMalformed;
+  letter.first_failed_at = letter.last_failed_at = options.clock->Now();
+  *out = StoreDeadLetter(std::move(letter), nullptr);
+  return false;
+}
+
+// ---- 2. Acquire ----
+
+void Pipeline::KeyOf(const Message& msg, std::string* key) const {
+  key->assign(options.queue);
+  key->push_back('.');
+  key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+}
+
+void Pipeline::Acquire(absl::Span<const absl::string_view> keys,
+                       absl::Span<const absl::string_view> owners,
+                       absl::Span<absl::StatusOr<bool>> acquired) {
+  if (keys.size() == 1) {
+    acquired[0] = options.idempotency->Acquire(keys[0], owners[0], options.idempotency_lease);
+    return;
+  }
+  std::fill(acquired.begin(), acquired.end(), false);
+  options.idempotency->AcquireMany(keys, owners, options.idempotency_lease, acquired);
+}
+
+void Pipeline::RememberGhost(absl::string_view key, absl::string_view owner) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+}
+
+std::optional<std::string> Pipeline::TakeGhost(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (ghost_owners.empty()) return std::nullopt;
+  auto it = ghost_owners.find(key);
+  if (it == ghost_owners.end()) return std::nullopt;
+  std::string owner = std::move(it->second);
+  ghost_owners.erase(it);
+  return owner;
+}
+
+Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
+                                   absl::string_view owner, const absl::Status& st) {
+  RememberGhost(key, owner);
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  const std::string error = st.ToString();
+  if (!acquire_failing.exchange(true)) {
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("idempotency acquire failed for ", key, ": ", error,
+                     "; deliveries are given back to the broker until the store answers"),
+        &msg, error);
+  }
+  return InfraFailure(&msg, "store_error", error);
+}
+
+// ---- 3. Resolve: a key not acquired ----
+
+Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& key,
+                                       absl::string_view owner,
+                                       const absl::StatusOr<bool>& acquired) {
+  const Resolution kUnderKey{Resolution::Next::kHandleUnderKey};
   if (acquired.ok()) {
-    AcquireSucceeded();
-    if (*acquired) return handle(true);
+    if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
+      Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
+    }
+    if (*acquired) return kUnderKey;
     // Taken: perhaps by an acquire of ours whose reply was lost.
     if (std::optional<std::string> ghost = TakeGhost(key);
         ghost.has_value() && options.idempotency->Release(key, *ghost).ok()) {
       absl::StatusOr<bool> again =
           options.idempotency->Acquire(key, owner, options.idempotency_lease);
       if (!again.ok()) {
-        if (!has_user_ensure) return AcquireFailed(msg, key, owner, again.status());
+        if (!has_user_ensure) {
+          return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, again.status())};
+        }
       } else if (*again) {
-        return handle(true);
+        return kUnderKey;
       }
     }
   } else if (!has_user_ensure) {
-    // 2. A store error is not "not acquired": without a business re-check to decide, the
-    // delivery goes back to the broker.
-    return AcquireFailed(msg, key, owner, acquired.status());
+    // A store error is not "not acquired": without a business re-check to decide, the delivery
+    // goes back to the broker.
+    return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, acquired.status())};
   } else {
     RememberGhost(key, owner);
     store_errors.fetch_add(1, std::memory_order_relaxed);
@@ -286,32 +385,39 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
         absl::StrCat("idempotency acquire failed for ", key, ": ", error, "; ensure decides"), &msg,
         error);
   }
-
-  // 3. Not acquired (or the store failed and the user's ensure knows the business state).
+  // Not acquired (or the store failed and the user's ensure knows the business state).
   Ensure verdict = Ensure::kAlreadyHandled;
   try {
     verdict = options.ensure(msg);
   } catch (const std::exception& e) {
-    return CallbackThrew("ensure", msg, e.what());
+    return {Resolution::Next::kSettled, CallbackThrew("ensure", msg, e.what())};
   } catch (...) {
-    return CallbackThrew("ensure", msg, "a non-std exception");
+    return {Resolution::Next::kSettled, CallbackThrew("ensure", msg, "a non-std exception")};
   }
-  if (verdict == Ensure::kAlreadyHandled) {
-    duplicates.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventType::kDuplicate, &msg);
-    return Taken();
-  }
-  return handle(false);
+  if (verdict == Ensure::kAlreadyHandled) return {Resolution::Next::kSettled, Duplicate(msg)};
+  return {Resolution::Next::kHandleWithoutKey};
 }
 
-Settlement Pipeline::HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
-                                     bool acquired, bool* mark_done) {
-  const absl::Status result = CallHandle(msg, nullptr);
-  return AfterHandle(msg, key, owner, acquired, result, mark_done);
+Settlement Pipeline::Duplicate(const Message& msg) {
+  duplicates.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kDuplicate, &msg);
+  return Taken();
 }
+
+Settlement Pipeline::CallbackThrew(absl::string_view callback, const Message& msg,
+                                   absl::string_view what) {
+  callback_errors.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kError, "callback_threw",
+      absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
+                   "; the delivery is given back"),
+      &msg, what);
+  return InfraFailure(&msg, "callback_error", what);
+}
+
+// ---- 4. Handle ----
 
 absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
-  // 4. Handle. An exception is a retryable failure and never reaches the driver.
+  // An exception is a retryable failure and never reaches the driver.
   const absl::Time start = options.clock->Now();
   absl::Status result;
   try {
@@ -362,15 +468,12 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     const bool under_key = acquired[k] != 0;
     if (!effects[k].ok()) {
       // 6. The effect failed and was rolled back: the usual failure path.
-      bool unused = false;
-      out[i] = AfterHandle(msgs[i], keys[i], owners[i], under_key, effects[k], &unused);
+      out[i] = Failed(msgs[i], keys[i], owners[i], under_key, effects[k]);
       continue;
     }
     if (results[k].ok()) {
       // 5. Committed with its mark-done.
-      succeeded.fetch_add(1, std::memory_order_relaxed);
-      Emit(EventType::kHandled, &msgs[i], msgs[i].retried + 1);
-      out[i] = Taken();
+      out[i] = Succeeded(msgs[i]);
       continue;
     }
     if (under_key && absl::IsFailedPrecondition(results[k])) {
@@ -396,30 +499,67 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
         &msgs[i], error, msgs[i].retried + 1);
     const bool released = !under_key || Release(keys[i], owners[i]);
     out[i] = InfraFailure(&msgs[i], "store_error", error);
-    if (!released)
+    if (!released) {
       out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
+    }
   }
 }
 
-Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::string_view owner,
-                                 bool acquired, const absl::Status& result, bool* mark_done) {
-  const absl::Time end = options.clock->Now();
-  // 5. Success (the caller marks the key done).
-  if (result.ok()) {
-    succeeded.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventType::kHandled, &msg, msg.retried + 1);
-    *mark_done = acquired;
-    return Taken();
-  }
+// ---- 5. Success ----
 
-  // 6. Failure: give the key back, count the attempt, retry later or dead-letter.
+Settlement Pipeline::Succeeded(const Message& msg) {
+  succeeded.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kHandled, &msg, msg.retried + 1);
+  return Taken();
+}
+
+void Pipeline::MarkDone(absl::Span<const absl::string_view> keys,
+                        absl::Span<const absl::string_view> owners,
+                        absl::Span<const Message* const> msgs) {
+  if (keys.size() == 1) {
+    if (absl::Status st =
+            options.idempotency->MarkDone(keys[0], owners[0], options.idempotency_retention);
+        !st.ok()) {
+      MarkDoneFailed(*msgs[0], keys[0], st);
+    }
+    return;
+  }
+  thread_local std::vector<absl::Status> results;
+  results.assign(keys.size(), absl::OkStatus());
+  options.idempotency->MarkDoneMany(keys, owners, options.idempotency_retention,
+                                    absl::MakeSpan(results));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (!results[k].ok()) MarkDoneFailed(*msgs[k], keys[k], results[k]);
+  }
+}
+
+void Pipeline::MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st) {
+  // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  const std::string error = st.ToString();
+  Log(LogLevel::kError, "mark_done_failed",
+      absl::StrCat("idempotency mark-done failed for ", key, ": ", error), &msg, error,
+      msg.retried + 1);
+  // FailedPrecondition: the key's lease ran out and it is no longer ours.
+  if (absl::IsFailedPrecondition(st)) {
+    Emit(EventType::kLeaseLost, &msg, msg.retried + 1, st.message(), "idempotency");
+  }
+}
+
+// ---- 6. Failure ----
+
+Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_view owner,
+                            bool acquired, const absl::Status& result) {
+  const absl::Time end = options.clock->Now();
+  // Give the key back, count the attempt, retry later or dead-letter.
   failed.fetch_add(1, std::memory_order_relaxed);
   const bool released = !acquired || Release(key, owner);
   // A key the store could not release stays leased until its lease runs out: the message must
   // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
   auto after_lease = [&](Settlement s) {
-    if (!released && !s.done)
+    if (!released && !s.done) {
       s.redeliver_after = std::max(s.redeliver_after, options.idempotency_lease);
+    }
     return s;
   };
   msg.retried += 1;
@@ -441,7 +581,7 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
   }
   std::string wire = EncodeEnvelope(msg);
   if (delay < absl::ZeroDuration()) {
-    bus::DeadLetter letter;
+    DeadLetter letter;
     letter.queue = options.queue;
     letter.data = std::move(wire);
     letter.message_id = msg.id;
@@ -474,5 +614,154 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
   return Taken();
 }
 
-}  // namespace internal
-}  // namespace bus
+bool Pipeline::Release(absl::string_view key, absl::string_view owner) {
+  absl::Status st = options.idempotency->Release(key, owner);
+  if (st.ok()) return true;
+  if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
+  const std::string error = st.ToString();
+  Log(LogLevel::kError, "release_failed",
+      absl::StrCat("idempotency release failed for ", key, ": ", error), nullptr, error);
+  return false;
+}
+
+// ---- 7. Replay ----
+
+absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
+  if (filter.kinds.empty()) return absl::InvalidArgumentError("ReplayFilter.kinds: empty");
+  if (filter.limit < 0) return absl::InvalidArgumentError("ReplayFilter.limit: negative");
+  const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
+  // Bound the pass by the letters present when it starts: a letter that fails again is stored
+  // anew (after the cursor) and waits for the next pass instead of looping in this one.
+  absl::StatusOr<int64_t> count = options.dead_letters->Count(options.queue, filter.kinds);
+  if (!count.ok()) return count.status();
+  int64_t budget = *count;
+  int removed = 0;
+  std::string after;
+  const std::stop_token token = stop.get_token();
+  std::vector<DeadLetter> chosen;
+  std::vector<Input> inputs;
+  std::vector<Settlement> settlements;
+  while (budget > 0 && !token.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
+    absl::StatusOr<std::vector<DeadLetter>> batch = options.dead_letters->Fetch(
+        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay_batch)), after,
+        filter.kinds);
+    if (!batch.ok()) return batch.status();
+    if (batch->empty()) break;
+    budget -= static_cast<int64_t>(batch->size());
+    after = batch->back().id;
+    chosen.clear();
+    for (DeadLetter& letter : *batch) {
+      if (!ids.empty() && !ids.contains(letter.id)) continue;
+      chosen.push_back(std::move(letter));
+    }
+    // Through the pipeline in batches of batch_size, as deliveries would go.
+    size_t n = 0;
+    for (size_t start = 0; start < chosen.size() && !token.stop_requested(); start += n) {
+      const int limit = options.batch_size > 0 ? options.batch_size : AutoBatchLimit();
+      n = std::min(chosen.size() - start, static_cast<size_t>(limit));
+      if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
+      if (n == 0) break;
+      inputs.clear();
+      for (size_t i = 0; i < n; ++i) {
+        inputs.push_back(Input{chosen[start + i].data, "", chosen[start + i].replays});
+      }
+      settlements.assign(n, Settlement::Redeliver());
+      ProcessBatch(inputs, absl::MakeSpan(settlements));
+      for (size_t i = 0; i < n; ++i) {
+        if (!settlements[i].done) continue;
+        const DeadLetter& letter = chosen[start + i];
+        if (absl::Status st = options.dead_letters->Remove(options.queue, letter.id); !st.ok()) {
+          const std::string error = st.ToString();
+          Log(LogLevel::kError, "replay_remove_failed",
+              absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error), nullptr,
+              error);
+          continue;
+        }
+        replayed.fetch_add(1, std::memory_order_relaxed);
+        ++removed;
+      }
+    }
+  }
+  return removed;
+}
+
+// ---- Settlements ----
+
+Settlement Pipeline::Taken() {
+  if (infra_failing.load(std::memory_order_relaxed)) {
+    absl::MutexLock lock(&infra_mu);
+    infra_backoff.Reset();
+    infra_failing.store(false, std::memory_order_relaxed);
+  }
+  return Settlement::Done();
+}
+
+Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
+                                  absl::string_view error) {
+  if (!batch_infra.failed) {
+    batch_infra.failed = true;
+    absl::MutexLock lock(&infra_mu);
+    batch_infra.delay = infra_backoff.Next();
+    infra_failing.store(true, std::memory_order_relaxed);
+  }
+  redelivered.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kRedelivered, msg, 0, error, why);
+  return Settlement::Redeliver(batch_infra.delay);
+}
+
+Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg) {
+  absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
+  if (!id.ok()) {
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    const std::string error = id.status().ToString();
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind), "): ", error),
+        msg, error, letter.attempts);
+    return InfraFailure(msg, "store_error", error);
+  }
+  dead_lettered.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kDeadLettered, msg, letter.attempts, letter.reason,
+       DeadLetterKindName(letter.kind));
+  return Taken();
+}
+
+// ---- Logging and events ----
+
+void Pipeline::Log(LogLevel level, absl::string_view event, absl::string_view text,
+                   const Message* msg, absl::string_view error, int attempt) const {
+  LogRecord r;
+  r.level = level;
+  r.component = "handler";
+  r.queue = options.queue;
+  r.event = event;
+  r.text = text;
+  r.error = error;
+  r.attempt = attempt;
+  if (msg != nullptr) {
+    r.message_id = msg->id;
+    r.biz_uid = msg->biz_uid;
+    r.trace_id = TraceIdOf(*msg);
+  }
+  try {
+    r.time = options.clock->Now();
+    options.logger->Write(r);
+  } catch (...) {
+  }
+}
+
+void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::string_view error,
+                    absl::string_view detail) {
+  if (events == nullptr) return;
+  const absl::Time now = options.clock->Now();
+  absl::string_view id, biz_uid, traceparent;
+  if (msg != nullptr) {
+    id = msg->id;
+    biz_uid = msg->biz_uid;
+    if (const std::string* v = msg->FindHeader(kTraceParentHeader); v != nullptr) {
+      traceparent = *v;
+    }
+  }
+  events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail);
+}
+
+}  // namespace bus::internal

@@ -1,15 +1,29 @@
 // The Handler's pipeline (docs/pipeline.md, "Order of steps"): the state the receive loop's
-// workers and the replay loop share, and steps 1 to 6 for a batch of messages (a single message
-// is a batch of one). Internal to //bus:handler; bus/handler.cc owns the Handler's lifecycle
-// (Create, Run, replay passes, Stats) and drives this.
+// workers and the replay loop share, and the steps. Internal to //bus:handler; bus/handler.cc
+// owns the Handler's lifecycle (Create, Run, Start, Stats) and drives this.
 //
-// Thread-safety: ProcessBatch runs on any number of threads at once; the counters are atomics.
+// Each step is one function, declared here in the order of the steps and defined in
+// pipeline.cc in the same order. A delivery's walk: the receive loop's worker calls Process
+// (the pipeline is its ReceiveSink, bus/internal/receive_loop.h), which runs ProcessBatch:
+//   1. Decode                 envelope -> Message, or a malformed dead letter
+//   2. Acquire                the batch's idempotency keys in one store call
+//   3. Resolve                a key not acquired (or a store error): recover a lost acquire,
+//                             else ask `ensure`
+//   4. CallHandle             the user's `handle`; HandleInTransaction for an inbox
+//   5. Succeeded / MarkDone   count, settle, mark the batch's handled keys done in one call
+//   6. Failed                 release the key, then re-send with retry_delay or dead-letter
+//   7. Replay                 dead letters back through 1 to 6
+// and the settlements every step ends in: Taken (done), InfraFailure (given back with the
+// infrastructure backoff), StoreDeadLetter.
+//
+// Thread-safety: Process, ProcessBatch and Replay run on any number of threads at once; the
+// counters are atomics.
 
 #ifndef BUS_INTERNAL_PIPELINE_H_
 #define BUS_INTERNAL_PIPELINE_H_
 
-#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -18,19 +32,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "bus/backoff.h"
 #include "bus/events.h"
 #include "bus/handler_options.h"
 #include "bus/internal/event_queue.h"
 #include "bus/internal/receive_loop.h"
 #include "bus/message.h"
-#include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
-#include "bus/trace.h"
 #include "bus/transactional.h"
 
 namespace bus::internal {
@@ -44,21 +56,16 @@ struct Input {
   int replays = -1;
 };
 
-// Everything the pipeline touches, shared with the receive loop's workers (which may outlive
-// Run() when abandoned after the shutdown timeout).
-struct Pipeline {
-  explicit Pipeline(HandlerOptions o, bool user_ensure)
-      : options(std::move(o)),
-        has_user_ensure(user_ensure),
-        transactional(options.handle_in_transaction != nullptr
-                          ? dynamic_cast<TransactionalStore*>(options.idempotency.get())
-                          : nullptr) {}
+// Everything the pipeline touches, shared (by shared_ptr) with the receive loop's workers, which
+// may outlive Run() and the Handler when abandoned after the shutdown timeout.
+struct Pipeline final : ReceiveSink {
+  Pipeline(HandlerOptions o, bool user_ensure);
 
   const HandlerOptions options;
   // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
   const bool has_user_ensure;
   // The idempotency store as an inbox, when handle_in_transaction is set: steps 4 and 5 then run
-  // as one TransactionalStore::RunAndMarkDone per batch (ProcessBatch).
+  // as one TransactionalStore::RunAndMarkDone per batch (HandleInTransaction).
   TransactionalStore* const transactional;
   std::stop_source stop;
 
@@ -78,16 +85,12 @@ struct Pipeline {
   // A moving average of handle() durations (ns; 0 until the first), for AutoBatchLimit.
   std::atomic<int64_t> handle_nanos{0};
 
-  // HandlerOptions::batch_size 0: the batch a worker takes now (see there).
-  int AutoBatchLimit() const {
-    const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
-    if (avg == 0) return 1;
-    const int64_t fit = absl::ToInt64Nanoseconds(options.idempotency_lease / 4) / avg;
-    return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxAutoBatch));
-  }
-  // Consecutive infrastructure failures (a store or re-send that failed); sets the redelivery
-  // delay.
-  std::atomic<int> infra_failures{0};
+  // The infrastructure backoff's streak: consecutive batches with an infrastructure failure (a
+  // store or re-send that failed). Guarded: workers share it.
+  absl::Mutex infra_mu;
+  Backoff infra_backoff ABSL_GUARDED_BY(infra_mu);
+  // Whether infra_backoff has a streak (read without the lock on the hot path).
+  std::atomic<bool> infra_failing{false};
   // Whether the idempotency store is failing (an acquire error not yet followed by a success),
   // so that a streak of errors is logged once.
   std::atomic<bool> acquire_failing{false};
@@ -101,217 +104,122 @@ struct Pipeline {
   absl::flat_hash_map<std::string, std::string> ghost_owners ABSL_GUARDED_BY(ghosts_mu);
   static constexpr size_t kMaxGhostOwners = 4096;
 
-  void RememberGhost(absl::string_view key, absl::string_view owner) {
-    absl::MutexLock lock(&ghosts_mu);
-    if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
-  }
-  // The owner of a failed acquire of `key`, if one is remembered (and forgets it).
-  std::optional<std::string> TakeGhost(absl::string_view key) {
-    absl::MutexLock lock(&ghosts_mu);
-    if (ghost_owners.empty()) return std::nullopt;
-    auto it = ghost_owners.find(key);
-    if (it == ghost_owners.end()) return std::nullopt;
-    std::string owner = std::move(it->second);
-    ghost_owners.erase(it);
-    return owner;
-  }
-
   mutable absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
+  // Set when options.observer is; closed by ~Handler.
+  std::unique_ptr<EventQueue> events;
+
   // Handler::Stats().
   HandlerStats Stats() const;
 
-  // Set when options.observer is; closed by ~Handler.
-  std::unique_ptr<EventQueue> events;
-  // This thread's stage (StageEvents), or null.
-  static thread_local EventQueue::Stage* staged_events_;
+  // HandlerOptions::batch_size 0: the batch a worker takes now (see there).
+  int AutoBatchLimit() const;
+
+  // ReceiveSink: the receive loop's side of the pipeline.
+  void OnConsuming() override;
+  int BatchLimit() override;
+  // The workers' entry: the deliveries as Inputs through ProcessBatch, their events staged and
+  // flushed once per batch.
+  void Process(absl::Span<const Delivery> deliveries, absl::Span<Settlement> out) override;
+  // Logs a failure of the loop; a refused ack or nack (the delivery's lease ran out) is also a
+  // kLeaseLost event.
+  void OnError(const ReceiveError& error) override;
+
+  // Steps 1 to 6 for a batch (a single message is a batch of one): decode each message, acquire
+  // the keys of those that decoded (one store call), then steps 3 to 6 for each message in turn,
+  // then mark the handled keys done (one store call). out[i] is Done when in[i] may be settled
+  // (for a replayed letter: removed). Broker deliveries not yet handled when stop is requested
+  // give their keys back and are redelivered.
+  void ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out);
+
+  // 1. False when in.data does not decode (or the broker's record was corrupt); `*out` then says
+  // how to settle it.
+  bool Decode(const Input& in, Message* msg, Settlement* out);
+
+  // 2. The idempotency key of a decoded message.
+  void KeyOf(const Message& msg, std::string* key) const;
+  // 2. Acquires keys[i] for owners[i] (one store call for more than one), into acquired[i].
+  void Acquire(absl::Span<const absl::string_view> keys, absl::Span<const absl::string_view> owners,
+               absl::Span<absl::StatusOr<bool>> acquired);
+
+  // What steps 2 and 3 decided for one message.
+  struct Resolution {
+    enum class Next {
+      kHandleUnderKey,    // handle, owning the key (mark it done or release it after)
+      kHandleWithoutKey,  // handle without owning it (ensure said kNotHandled)
+      kSettled,           // `settlement` is final (a duplicate, or given back)
+    };
+    Next next;
+    Settlement settlement = Settlement::Done();
+  };
+  // 2 and 3: `acquired` is step 2's answer for `key`. Not acquired: perhaps by an acquire of
+  // ours whose reply was lost (released and taken anew), else `ensure` decides. A store error:
+  // without a user ensure the delivery goes back; with one, ensure decides.
+  Resolution Resolve(const Message& msg, const std::string& key, absl::string_view owner,
+                     const absl::StatusOr<bool>& acquired);
+
+  // 4. Calls `handle` (or, with `tx`, handle_in_transaction), turning an exception into a
+  // retryable failure, and records the latency.
+  absl::Status CallHandle(const Message& msg, Transaction* tx);
+  // 4 and 5 (or 6) for the messages to handle of a batch with an inbox (positions `pending` of
+  // `msgs`), in one TransactionalStore::RunAndMarkDone; sets out[i] for each.
+  void HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
+                           absl::Span<const std::string> keys, absl::Span<const std::string> owners,
+                           absl::Span<const char> acquired, absl::Span<Settlement> out);
+
+  // 5. `handle` succeeded: counted and settled (the caller marks the key done).
+  Settlement Succeeded(const Message& msg);
+  // 5. Marks the handled keys done (one store call for more than one); msgs[i] is keys[i]'s
+  // message, for the log when it fails.
+  void MarkDone(absl::Span<const absl::string_view> keys,
+                absl::Span<const absl::string_view> owners, absl::Span<const Message* const> msgs);
+
+  // 6. `handle` failed with `result`: releases the key (when `acquired`), counts the attempt,
+  // then re-sends the message with retry_delay's delay or stores it as a dead letter.
+  Settlement Failed(Message& msg, const std::string& key, absl::string_view owner, bool acquired,
+                    const absl::Status& result);
+
+  // 7. One pass over the queue's letters that `filter` selects (Handler::ReplayDeadLetters).
+  absl::StatusOr<int> Replay(const ReplayFilter& filter);
+
+  // Settlements. Taken: the message was taken care of (handled, skipped, re-sent or stored);
+  // ends the infrastructure streak.
+  Settlement Taken();
+  // Gives the delivery (of `msg`, when it decoded) back to the broker with the infrastructure
+  // backoff; `why` and `error` go to the kRedelivered event.
+  Settlement InfraFailure(const Message* msg, absl::string_view why, absl::string_view error);
+  // Stores a dead letter (of `msg`, when it decoded); Done once stored, else the delivery goes
+  // back with the backoff.
+  Settlement StoreDeadLetter(DeadLetter letter, const Message* msg);
 
   // Writes a record about `msg` (if any) to the logger. `event` names what happened, `text`
   // says it in a sentence; `attempt` is the handle attempt it is about (0: none). Never throws:
   // a logger's exception is swallowed, as every user callback's is.
   void Log(LogLevel level, absl::string_view event, absl::string_view text,
-           const Message* msg = nullptr, absl::string_view error = {}, int attempt = 0) const {
-    LogRecord r;
-    r.level = level;
-    r.component = "handler";
-    r.queue = options.queue;
-    r.event = event;
-    r.text = text;
-    r.error = error;
-    r.attempt = attempt;
-    if (msg != nullptr) {
-      r.message_id = msg->id;
-      r.biz_uid = msg->biz_uid;
-      r.trace_id = TraceIdOf(*msg);
-    }
-    try {
-      r.time = options.clock->Now();
-      options.logger->Write(r);
-    } catch (...) {
-    }
-  }
-
-  // Queues an event for the observer, if there is one; never waits for it. On a thread that
-  // called StageEvents, into that thread's stage (EventQueue::Stage) until FlushEvents.
+           const Message* msg = nullptr, absl::string_view error = {}, int attempt = 0) const;
+  // Queues an event for the observer, if there is one; never waits for it. On a receive worker,
+  // into the thread's stage (EventQueue::Stage) until Process flushes it.
   void Emit(EventType type, const Message* msg, int attempt = 0, absl::string_view error = {},
-            absl::string_view detail = {}) {
-    if (events == nullptr) return;
-    const absl::Time now = options.clock->Now();
-    absl::string_view id, biz_uid, traceparent;
-    if (msg != nullptr) {
-      id = msg->id;
-      biz_uid = msg->biz_uid;
-      if (const std::string* v = msg->FindHeader(kTraceParentHeader); v != nullptr) {
-        traceparent = *v;
-      }
-    }
-    events->Push(staged_events_, type, now, attempt, id, biz_uid, traceparent, error, detail);
-  }
+            absl::string_view detail = {});
 
-  // From now on, the events this thread emits wait in a stage of its own and reach the
-  // observer's queue in batches: when the stage is full, or at FlushEvents. For the receive
-  // loop's workers, which flush after each batch: one lock per batch instead of one per event.
-  void StageEvents();
-  void FlushEvents();
-
-  // The pipeline, steps 1 to 6, for a batch (a single message is a batch of one): decode each
-  // message, acquire the keys of those that decoded (one store call), then steps 3 to 6 for
-  // each message in turn, then mark the handled keys done (one store call). out[i] is Done when
-  // in[i] may be settled (for a replayed letter: removed). Broker deliveries not yet handled
-  // when stop is requested give their keys back and are redelivered.
-  void ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out);
-
-  // Step 1. False when in.data does not decode (or the broker's record was corrupt); `*out`
-  // then says how to settle it.
-  bool Decode(const Input& in, Message* msg, Settlement* out);
-
-  // The idempotency key of a decoded message.
-  void KeyOf(const Message& msg, std::string* key) const {
-    key->assign(options.queue);
-    key->push_back('.');
-    key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
-  }
-
-  // With an inbox (transactional != nullptr), step 4 is deferred to the batch's transaction:
-  // AfterAcquire only records that the message is to be handled, and under its key or not.
-  struct Deferred {
-    bool handle = false;
-    bool acquired = false;
-  };
-
-  // Steps 3 to 6 for one message, once step 2 has acquired `key` (or not, or failed with
-  // `acquire_error`). Sets `*mark_done` when the message was handled under the key: the caller
-  // then marks it done (step 5). With `deferred` (an inbox), a message to handle is recorded
-  // there instead of handled; the returned settlement is then meaningless.
-  Settlement AfterAcquire(Message& msg, const std::string& key, absl::string_view owner,
-                          const absl::StatusOr<bool>& acquired, bool* mark_done,
-                          Deferred* deferred = nullptr);
-
-  // Steps 4 to 6 (handle, then succeed or fail), with the key held when `acquired`.
-  Settlement HandleAndSettle(Message& msg, const std::string& key, absl::string_view owner,
-                             bool acquired, bool* mark_done);
-
-  // Step 4: calls `handle` (or, with `tx`, handle_in_transaction), turning an exception into a
-  // retryable failure, and records the latency.
-  absl::Status CallHandle(const Message& msg, Transaction* tx);
-
-  // Steps 5 and 6 once `handle` returned `result`.
-  Settlement AfterHandle(Message& msg, const std::string& key, absl::string_view owner,
-                         bool acquired, const absl::Status& result, bool* mark_done);
-
-  // Steps 4 to 6 for the deferred messages of a batch (positions `pending` of `msgs`), in one
-  // TransactionalStore::RunAndMarkDone; sets out[i] for each.
-  void HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
-                           absl::Span<const std::string> keys, absl::Span<const std::string> owners,
-                           absl::Span<const char> acquired, absl::Span<Settlement> out);
-
-  // Stores a dead letter (of `msg`, when it decoded); Done once stored, else the delivery goes
-  // back with the backoff.
-  Settlement StoreDeadLetter(bus::DeadLetter letter, const Message* msg);
-
-  void MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st) {
-    // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
-    store_errors.fetch_add(1, std::memory_order_relaxed);
-    const std::string error = st.ToString();
-    Log(LogLevel::kError, "mark_done_failed",
-        absl::StrCat("idempotency mark-done failed for ", key, ": ", error), &msg, error,
-        msg.retried + 1);
-    // FailedPrecondition: the key's lease ran out and it is no longer ours.
-    if (absl::IsFailedPrecondition(st)) {
-      Emit(EventType::kLeaseLost, &msg, msg.retried + 1, st.message(), "idempotency");
-    }
-  }
-
-  // False when the store could not release the key: the key stays leased until its lease runs
-  // out.
-  bool Release(absl::string_view key, absl::string_view owner) {
-    absl::Status st = options.idempotency->Release(key, owner);
-    if (st.ok()) return true;
-    if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
-    const std::string error = st.ToString();
-    Log(LogLevel::kError, "release_failed",
-        absl::StrCat("idempotency release failed for ", key, ": ", error), nullptr, error);
-    return false;
-  }
-
-  void AcquireSucceeded() {
-    if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
-      Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
-    }
-  }
-
-  // Step 2 failed and no user ensure can decide: give the delivery back.
+ private:
+  // 2: the lost-acquire bookkeeping (ghost_owners).
+  void RememberGhost(absl::string_view key, absl::string_view owner);
+  std::optional<std::string> TakeGhost(absl::string_view key);
+  // 2: a store error, and no user ensure can decide: the delivery goes back.
   Settlement AcquireFailed(const Message& msg, absl::string_view key, absl::string_view owner,
-                           const absl::Status& st) {
-    RememberGhost(key, owner);
-    store_errors.fetch_add(1, std::memory_order_relaxed);
-    const std::string error = st.ToString();
-    if (!acquire_failing.exchange(true)) {
-      Log(LogLevel::kError, "store_failed",
-          absl::StrCat("idempotency acquire failed for ", key, ": ", error,
-                       "; deliveries are given back to the broker until the store answers"),
-          &msg, error);
-    }
-    return InfraFailure(&msg, "store_error", error);
-  }
-
-  // A user callback other than `handle` threw: give the delivery back, as for a store error.
-  Settlement CallbackThrew(absl::string_view callback, const Message& msg, absl::string_view what) {
-    callback_errors.fetch_add(1, std::memory_order_relaxed);
-    Log(LogLevel::kError, "callback_threw",
-        absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
-                     "; the delivery is given back"),
-        &msg, what);
-    return InfraFailure(&msg, "callback_error", what);
-  }
-
-  // The streak grows by one per batch that had an infrastructure failure (not per message, so
-  // that a batch of 64 failing at once does not jump to infra_backoff_max).
-  static bool& InfraFailedInBatch() {
-    thread_local bool failed = false;
-    return failed;
-  }
-  // Gives the delivery (of `msg`, when it decoded) back to the broker with the backoff; `why`
-  // and `error` go to the kRedelivered event.
-  Settlement InfraFailure(const Message* msg, absl::string_view why, absl::string_view error) {
-    InfraFailedInBatch() = true;
-    const int n = infra_failures.load(std::memory_order_relaxed) + 1;
-    redelivered.fetch_add(1, std::memory_order_relaxed);
-    Emit(EventType::kRedelivered, msg, 0, error, why);
-    if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
-    return Settlement::Redeliver(
-        ExponentialDelay(options.infra_backoff_base, options.infra_backoff_max, n));
-  }
-
-  Settlement Taken() {
-    if (infra_failures.load(std::memory_order_relaxed) != 0) {
-      infra_failures.store(0, std::memory_order_relaxed);
-    }
-    return Settlement::Done();
-  }
+                           const absl::Status& st);
+  // 3: ensure said kAlreadyHandled.
+  Settlement Duplicate(const Message& msg);
+  // A user callback other than `handle` threw: the delivery goes back, as for a store error.
+  Settlement CallbackThrew(absl::string_view callback, const Message& msg, absl::string_view what);
+  // 6: false when the store could not release the key (it stays leased until its lease runs
+  // out).
+  bool Release(absl::string_view key, absl::string_view owner);
+  void MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st);
 };
 
 }  // namespace bus::internal

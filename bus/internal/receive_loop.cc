@@ -12,9 +12,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/names.h"
-#include "bus/retry.h"
 
 namespace bus {
 namespace {
@@ -43,19 +43,17 @@ struct SettleScratch {
 // abandoned after the shutdown timeout can finish safely after ReceiveBatches has returned.
 struct Loop {
   Loop(std::unique_ptr<Consumer> c, std::shared_ptr<Clock> clk, ReceiveOptions opts,
-       ReceiveBatchFn f, ReceiveErrorFn err)
+       std::shared_ptr<ReceiveSink> s)
       : consumer(std::move(c)),
         clock(std::move(clk)),
         options(opts),
-        fn(std::move(f)),
-        on_error(std::move(err)),
+        sink(std::move(s)),
         slots(static_cast<size_t>(opts.concurrency)) {}
 
   const std::unique_ptr<Consumer> consumer;
   const std::shared_ptr<Clock> clock;
   const ReceiveOptions options;
-  const ReceiveBatchFn fn;
-  const ReceiveErrorFn on_error;
+  const std::shared_ptr<ReceiveSink> sink;
 
   absl::Mutex mu;
   std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
@@ -66,12 +64,10 @@ struct Loop {
   bool fetching ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool abandoned ABSL_GUARDED_BY(mu) = false;  // the loop returned; do not settle any more
-  int fetch_failures ABSL_GUARDED_BY(mu) = 0;
+  Backoff fetch_backoff ABSL_GUARDED_BY(mu){kReceiveBackoff};
   absl::Time fetch_paused_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
-  void Report(const absl::Status& st) {
-    if (on_error != nullptr) on_error(st);
-  }
+  void Report(ReceiveError::Kind kind, absl::Status st) { sink->OnError({kind, std::move(st)}); }
 
   void Worker(size_t index, std::stop_token stop);
   void Keeper();
@@ -83,9 +79,7 @@ struct Loop {
 void Loop::SettleOne(absl::string_view receipt, const Settlement& s) {
   const absl::Status st =
       s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after);
-  if (!st.ok()) {
-    Report(absl::Status(st.code(), absl::StrCat(s.done ? "ack" : "nack", ": ", st.message())));
-  }
+  if (!st.ok()) Report(s.done ? ReceiveError::Kind::kAck : ReceiveError::Kind::kNack, st);
 }
 
 void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
@@ -103,7 +97,7 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
   scratch->results.assign(scratch->acks.size(), absl::OkStatus());
   consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
   for (const absl::Status& st : scratch->results) {
-    if (!st.ok()) Report(absl::Status(st.code(), absl::StrCat("ack: ", st.message())));
+    if (!st.ok()) Report(ReceiveError::Kind::kAck, st);
   }
 }
 
@@ -117,13 +111,12 @@ void Loop::Worker(size_t index, std::stop_token stop) {
   while (!stopping) {
     if (!buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
-      if (options.batch_limit != nullptr) {
+      if (const int limit = sink->BatchLimit(); limit > 0) {
         // A fair share of all that is held (buffered and running), not of the buffer alone:
         // with the others busy, halving the buffer at each take would shrink every batch.
         const size_t share = (static_cast<size_t>(held) + options.concurrency - 1) /
                              static_cast<size_t>(options.concurrency);
-        n = std::min(
-            {buffer.size(), share, static_cast<size_t>(std::max(1, options.batch_limit()))});
+        n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
       }
       for (size_t i = 0; i < n; ++i) {
         slot.deliveries.push_back(std::move(buffer.front().delivery));
@@ -133,12 +126,14 @@ void Loop::Worker(size_t index, std::stop_token stop) {
       mu.Unlock();
       settlements.assign(n, Settlement::Redeliver());
       try {
-        fn(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(settlements));
+        sink->Process(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(settlements));
       } catch (const std::exception& e) {
-        Report(absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+        Report(ReceiveError::Kind::kCallback,
+               absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
         settlements.assign(n, Settlement::Redeliver());
       } catch (...) {
-        Report(absl::InternalError("receive callback threw a non-std exception"));
+        Report(ReceiveError::Kind::kCallback,
+               absl::InternalError("receive callback threw a non-std exception"));
         settlements.assign(n, Settlement::Redeliver());
       }
       mu.Lock();
@@ -181,15 +176,13 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     mu.Lock();
     fetching = false;
     if (!st.ok()) {
-      // The broker is unreachable: back off (100ms doubling to 5s) so a dead broker does not
-      // spin, and keep trying; the driver reconnects underneath.
-      Report(st);
-      ++fetch_failures;
-      fetch_paused_until =
-          received_at + ExponentialDelay(absl::Milliseconds(100), absl::Seconds(5), fetch_failures);
+      // The broker is unreachable: back off so a dead broker does not spin, and keep trying;
+      // the driver reconnects underneath. The pause is shared: every worker waits it out.
+      Report(ReceiveError::Kind::kReceive, st);
+      fetch_paused_until = received_at + fetch_backoff.Next();
       continue;
     }
-    fetch_failures = 0;
+    fetch_backoff.Reset();
     for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
     held += static_cast<int>(fetched.size());
   }
@@ -229,7 +222,7 @@ void Loop::Keeper() {
     for (const std::string& receipt : receipts) {
       if (absl::Status st = consumer->Extend(receipt);
           !st.ok() && !absl::IsFailedPrecondition(st)) {
-        Report(absl::Status(st.code(), absl::StrCat("extend: ", st.message())));
+        Report(ReceiveError::Kind::kExtend, st);
       }
     }
     mu.Lock();
@@ -261,6 +254,53 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
   return absl::OkStatus();
 }
 
+absl::string_view ReceiveErrorKindName(ReceiveError::Kind kind) {
+  switch (kind) {
+    case ReceiveError::Kind::kConsumer:
+      return "consumer";
+    case ReceiveError::Kind::kReceive:
+      return "receive";
+    case ReceiveError::Kind::kAck:
+      return "ack";
+    case ReceiveError::Kind::kNack:
+      return "nack";
+    case ReceiveError::Kind::kExtend:
+      return "extend";
+    case ReceiveError::Kind::kCallback:
+      return "callback";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// ReceiveBatches' callbacks as a sink.
+class FunctionSink final : public ReceiveSink {
+ public:
+  FunctionSink(const ReceiveOptions& options, ReceiveBatchFn fn, ReceiveErrorFn on_error)
+      : batch_limit_(options.batch_limit),
+        on_consuming_(options.on_consuming),
+        fn_(std::move(fn)),
+        on_error_(std::move(on_error)) {}
+
+  void OnConsuming() override {
+    if (on_consuming_ != nullptr) on_consuming_();
+  }
+  int BatchLimit() override { return batch_limit_ != nullptr ? std::max(1, batch_limit_()) : 0; }
+  void Process(absl::Span<const Delivery> ds, absl::Span<Settlement> ss) override { fn_(ds, ss); }
+  void OnError(const ReceiveError& error) override {
+    if (on_error_ != nullptr) on_error_(error);
+  }
+
+ private:
+  const std::function<int()> batch_limit_;
+  const std::function<void()> on_consuming_;
+  const ReceiveBatchFn fn_;
+  const ReceiveErrorFn on_error_;
+};
+
+}  // namespace
+
 absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
                             ReceiveFn fn, std::stop_token stop, ReceiveErrorFn on_error) {
   if (fn == nullptr) return absl::InvalidArgumentError("ReceiveMessage: no callback");
@@ -274,10 +314,14 @@ absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const Recei
         ss[i] = fn(ds[i]);
       } catch (const std::exception& e) {
         if (on_error) {
-          on_error(absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+          on_error({ReceiveError::Kind::kCallback,
+                    absl::InternalError(absl::StrCat("receive callback threw: ", e.what()))});
         }
       } catch (...) {
-        if (on_error) on_error(absl::InternalError("receive callback threw a non-std exception"));
+        if (on_error) {
+          on_error({ReceiveError::Kind::kCallback,
+                    absl::InternalError("receive callback threw a non-std exception")});
+        }
       }
     }
   };
@@ -286,44 +330,37 @@ absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const Recei
 
 absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
                             ReceiveBatchFn fn, std::stop_token stop, ReceiveErrorFn on_error) {
+  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveBatches: no callback");
+  return ReceiveInto(driver, queue, options,
+                     std::make_shared<FunctionSink>(options, std::move(fn), std::move(on_error)),
+                     stop);
+}
+
+absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
+                         std::shared_ptr<ReceiveSink> sink, std::stop_token stop) {
   if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
   if (absl::Status st = ValidateReceiveOptions(options); !st.ok()) return st;
-  if (fn == nullptr) return absl::InvalidArgumentError("ReceiveBatches: no callback");
+  if (sink == nullptr) return absl::InvalidArgumentError("ReceiveInto: no sink");
   ReceiveOptions opts = options;
   if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency;
 
   const std::shared_ptr<Clock> clk = driver.clock();
   std::unique_ptr<Consumer> consumer;
-  {
-    // The broker may be down when we start: keep trying, with the fetch pause's backoff, until
-    // it is up or we are stopped.
-    absl::Mutex wait_mu;
-    int failures = 0;
-    while (true) {
-      auto c = driver.NewConsumer(queue, ConsumerOptions{opts.max_in_flight, opts.lease});
-      if (c.ok()) {
-        consumer = std::move(*c);
-        break;
-      }
-      if (!absl::IsUnavailable(c.status())) return c.status();
-      if (on_error != nullptr) on_error(c.status());
-      ++failures;
-      bool stopped = false;
-      // Registered before taking the lock: it runs at once if stop was already requested.
-      std::stop_callback wake(stop, [&] {
-        absl::MutexLock l(&wait_mu);
-        stopped = true;
-      });
-      absl::MutexLock lock(&wait_mu);
-      clk->AwaitWithDeadline(
-          &wait_mu, absl::Condition(&stopped),
-          clk->Now() + ExponentialDelay(absl::Milliseconds(100), absl::Seconds(5), failures));
-      if (stopped) return absl::OkStatus();
+  // The broker may be down when we start: keep trying, with the fetch pause's backoff, until it
+  // is up or we are stopped.
+  Backoff backoff(kReceiveBackoff);
+  while (true) {
+    auto c = driver.NewConsumer(queue, ConsumerOptions{opts.max_in_flight, opts.lease});
+    if (c.ok()) {
+      consumer = std::move(*c);
+      break;
     }
+    if (!absl::IsUnavailable(c.status())) return c.status();
+    sink->OnError({ReceiveError::Kind::kConsumer, c.status()});
+    if (SleepAfterFailure(*clk, backoff, stop)) return absl::OkStatus();
   }
 
-  auto loop =
-      std::make_shared<Loop>(std::move(consumer), clk, opts, std::move(fn), std::move(on_error));
+  auto loop = std::make_shared<Loop>(std::move(consumer), clk, opts, sink);
   // Registered before any worker starts, so no worker can take a new delivery after stop was
   // requested (it runs at once if stop was requested already).
   std::stop_callback on_stop(stop, [loop] {
@@ -331,7 +368,7 @@ absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const Recei
     loop->stopping = true;
   });
   // Before the workers start, so it happens before the first delivery reaches the callback.
-  if (opts.on_consuming != nullptr) opts.on_consuming();
+  sink->OnConsuming();
   std::vector<std::thread> workers;
   {
     absl::MutexLock lock(&loop->mu);

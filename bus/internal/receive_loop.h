@@ -13,21 +13,28 @@
 // `batch_size`; a keeper thread extends the lease of every delivery still held once half of it
 // has passed; settling acks a batch together (Consumer::AckMany) and nacks the rest one by one.
 // While the broker cannot be reached, creating the consumer and fetching back off
-// (ExponentialDelay, bus/retry.h: 100ms doubling to 5s) and report each failure to `on_error`.
+// (bus::Backoff with kReceiveBackoff: 100ms doubling to 5s) and report each failure to
+// `on_error` as a ReceiveError that says which operation failed.
+//
+// The Handler's pipeline is a ReceiveSink: the workers call its Process directly. The
+// std::function forms below wrap a callback in a sink for other users (tests, tools).
 //
 // Thread-safety: the functions may be called concurrently (each call runs its own consumer).
-// `fn` and `on_error` are called from the loop's threads, several at once when concurrency > 1.
+// The sink (and `fn`, `on_error`) is called from the loop's threads, several at once when
+// concurrency > 1.
 
 #ifndef BUS_INTERNAL_RECEIVE_LOOP_H_
 #define BUS_INTERNAL_RECEIVE_LOOP_H_
 
 #include <functional>
+#include <memory>
 #include <stop_token>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "bus/backoff.h"
 #include "bus/driver.h"
 
 namespace bus {
@@ -74,6 +81,35 @@ struct ReceiveOptions {
   std::function<void()> on_consuming;
 };
 
+// The pacing of the loop's retries (creating the consumer, fetching) while the broker cannot be
+// reached.
+inline constexpr BackoffPolicy kReceiveBackoff{absl::Milliseconds(100), absl::Seconds(5),
+                                               BackoffPolicy::Jitter::kNone};
+
+// A failure the loop retries or cannot report otherwise, with the operation that failed.
+struct ReceiveError {
+  enum class Kind {
+    kConsumer,  // Driver::NewConsumer (retried while Unavailable)
+    kReceive,   // Consumer::Receive (retried with backoff)
+    kAck,       // Consumer::Ack / AckMany
+    kNack,      // Consumer::Nack
+    kExtend,    // Consumer::Extend (a refused extend, FailedPrecondition, is not reported)
+    kCallback,  // the callback threw
+  };
+  Kind kind;
+  // The driver's status as it returned it (the callback's exception text for kCallback).
+  absl::Status status;
+
+  // An ack or nack the broker refused because the delivery's lease ran out: the broker
+  // delivers the message again.
+  bool lease_lost() const {
+    return (kind == Kind::kAck || kind == Kind::kNack) && absl::IsFailedPrecondition(status);
+  }
+};
+
+// "ack", "nack", ...: the operation a ReceiveError::Kind names.
+absl::string_view ReceiveErrorKindName(ReceiveError::Kind kind);
+
 // The callback. It runs on one of the worker threads and must not throw (an escaping exception
 // counts as Redeliver()). `delivery` lives until the callback returns.
 using ReceiveFn = std::function<Settlement(const Delivery& delivery)>;
@@ -86,7 +122,26 @@ using ReceiveBatchFn =
 
 // Told about every failure the loop retries or cannot report otherwise (broker errors, failed
 // settles, a callback that threw). Optional.
-using ReceiveErrorFn = std::function<void(const absl::Status&)>;
+using ReceiveErrorFn = std::function<void(const ReceiveError&)>;
+
+// What the loop hands deliveries to: ReceiveBatches' callbacks as one object, called directly
+// by the workers (no std::function between the loop and the Handler's pipeline). Held by
+// shared_ptr: workers abandoned after the shutdown timeout keep it alive until they return.
+class ReceiveSink {
+ public:
+  virtual ~ReceiveSink() = default;
+  // Once, on the calling thread, when the consumer exists, before the first Process (as
+  // ReceiveOptions::on_consuming).
+  virtual void OnConsuming() {}
+  // The most deliveries a worker may take now (as ReceiveOptions::batch_limit; called under the
+  // loop's lock, so it must be quick); 0: ReceiveOptions::batch_size alone decides.
+  virtual int BatchLimit() { return 0; }
+  // As ReceiveBatchFn.
+  virtual void Process(absl::Span<const Delivery> deliveries,
+                       absl::Span<Settlement> settlements) = 0;
+  // As ReceiveErrorFn.
+  virtual void OnError(const ReceiveError& error) { static_cast<void>(error); }
+};
 
 // Runs a consumer of `queue` on `driver` until `stop` is requested and hands each delivery to
 // `fn` on one of `options.concurrency` worker threads. Done acks, Redeliver nacks with its
@@ -108,6 +163,12 @@ absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const Recei
 absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
                             ReceiveBatchFn fn, std::stop_token stop,
                             ReceiveErrorFn on_error = nullptr);
+
+// ReceiveBatches with a sink instead of callbacks (ReceiveOptions::batch_limit and on_consuming are
+// then ignored: the sink's BatchLimit and OnConsuming are used). InvalidArgument for a null
+// sink.
+absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
+                         std::shared_ptr<ReceiveSink> sink, std::stop_token stop);
 
 // Validates ReceiveOptions; InvalidArgument naming the bad field.
 absl::Status ValidateReceiveOptions(const ReceiveOptions& options);

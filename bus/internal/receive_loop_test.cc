@@ -76,5 +76,19 @@ TEST(ReceiveLoopTest, AWorkerTakesItsShareOfAllThatIsHeldWhileTheOtherIsBusy) {
   loop.join();
 }
 
+TEST(ReceiveErrorTest, OnlyARefusedAckOrNackIsALostLease) {
+  using Kind = ReceiveError::Kind;
+  const absl::Status refused = absl::FailedPreconditionError("lease expired");
+  EXPECT_TRUE((ReceiveError{Kind::kAck, refused}.lease_lost()));
+  EXPECT_TRUE((ReceiveError{Kind::kNack, refused}.lease_lost()));
+  EXPECT_FALSE((ReceiveError{Kind::kAck, absl::UnavailableError("down")}.lease_lost()));
+  EXPECT_FALSE((ReceiveError{Kind::kReceive, refused}.lease_lost()));
+  EXPECT_FALSE((ReceiveError{Kind::kExtend, refused}.lease_lost()));
+  // The kind is carried as a value, whatever the driver's message says.
+  EXPECT_FALSE(
+      (ReceiveError{Kind::kReceive, absl::FailedPreconditionError("ack: x")}.lease_lost()));
+  EXPECT_EQ(ReceiveErrorKindName(Kind::kNack), "nack");
+}
+
 }  // namespace
 }  // namespace bus

@@ -1,6 +1,7 @@
 #include "bus/testing/harness.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -76,21 +77,17 @@ absl::StatusOr<std::unique_ptr<Harness>> Harness::Start(HandlerOptions options) 
   if (!handler.ok()) return handler.status();
   h->handler_ = *std::move(handler);
   h->publisher_ = std::make_unique<Publisher>(h->driver_, h->clock_);
-  h->run_result_ = std::make_shared<absl::Status>();
-  h->runner_ = std::thread(
-      [handler = h->handler_.get(), result = h->run_result_] { *result = handler->Run(); });
+  if (absl::Status s = h->handler_->Start(); !s.ok()) return s;
   if (absl::Status s = h->handler_->WaitUntilRunning(absl::Seconds(30)); !s.ok()) {
     h->handler_->Stop();
-    h->runner_.join();
-    return h->run_result_->ok() ? s : *h->run_result_;
+    absl::Status run = h->handler_->Wait();
+    return run.ok() ? s : run;
   }
   return h;
 }
 
-Harness::~Harness() {
-  if (handler_ != nullptr) handler_->Stop();
-  if (runner_.joinable()) runner_.join();
-}
+// The Handler's destructor stops it and joins its thread.
+Harness::~Harness() = default;
 
 absl::StatusOr<std::string> Harness::Publish(Outgoing msg, absl::Duration delay) {
   return publisher_->SendToQueue(queue_, std::move(msg), delay);
@@ -109,6 +106,8 @@ absl::StatusOr<bool> Harness::Settled(QueueCounts* counts) const {
 }
 
 absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration real_timeout) {
+  // Real time (the machine's, not the FakeClock's): `real_timeout` bounds a handle function that
+  // blocks, which no movement of fake time would end.
   const absl::Time real_deadline = absl::Now() + real_timeout;
   const absl::Time fake_limit = clock_->Now() + max_advance;
   while (true) {
@@ -117,8 +116,9 @@ absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration re
     QueueCounts counts;
     while (true) {
       if (!handler_->Stats().consuming) {
+        // Not consuming after Start: Run() has ended (or is ending); Wait() joins it.
         return absl::UnavailableError(
-            absl::StrCat("Harness: the Handler stopped: ", run_result_->ToString()));
+            absl::StrCat("Harness: the Handler stopped: ", handler_->Wait().ToString()));
       }
       absl::StatusOr<bool> settled = Settled(&counts);
       if (!settled.ok()) return settled.status();

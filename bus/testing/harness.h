@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -108,9 +107,7 @@ class Harness {
   std::shared_ptr<IdempotencyStore> idempotency_;
   std::unique_ptr<Publisher> publisher_;
   std::shared_ptr<Record> record_;
-  std::unique_ptr<Handler> handler_;
-  std::thread runner_;
-  std::shared_ptr<absl::Status> run_result_;
+  std::unique_ptr<Handler> handler_;  // runs on its own thread (Handler::Start)
 };
 
 }  // namespace bus::testing

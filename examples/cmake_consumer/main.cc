@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,8 +57,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", handler.status().ToString().c_str());
     return 1;
   }
-  absl::Status run_status;
-  std::thread runner([&] { run_status = (*handler)->Run(); });
+  // On a thread the Handler owns; destroying it stops it and joins that thread.
+  if (absl::Status st = (*handler)->Start(); !st.ok()) {
+    std::fprintf(stderr, "start: %s\n", st.ToString().c_str());
+    return 1;
+  }
 
   bus::Publisher publisher(driver);
   const bus::Outgoing order = {.biz_uid = "order-42", .payload = "{\"amount\": 42}"};
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
     done = mu.AwaitWithTimeout(handled_once, absl::Seconds(30));
   }
   (*handler)->Stop();
-  runner.join();
+  const absl::Status run_status = (*handler)->Wait();
 
   if (!id.ok()) {
     std::fprintf(stderr, "publish: %s\n", id.status().ToString().c_str());

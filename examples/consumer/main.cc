@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/time/clock.h"
 #include "bus/handler.h"
@@ -39,11 +38,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "orders: %s\n", handler.status().ToString().c_str());
     return 1;
   }
-  std::thread runner([&] { (*handler)->Run().IgnoreError(); });
+  // The Handler runs on a thread of its own; destroying it (any return below) stops it and
+  // joins that thread.
+  if (absl::Status s = (*handler)->Start(); !s.ok()) {
+    std::fprintf(stderr, "orders: %s\n", s.ToString().c_str());
+    return 1;
+  }
   if (absl::Status s = (*handler)->WaitUntilRunning(absl::Seconds(10)); !s.ok()) {
     std::fprintf(stderr, "orders: %s\n", s.ToString().c_str());
-    (*handler)->Stop();
-    runner.join();
     return 1;
   }
 
@@ -61,7 +63,10 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   (*handler)->Stop();
-  runner.join();
+  if (absl::Status s = (*handler)->Wait(); !s.ok()) {
+    std::fprintf(stderr, "orders: %s\n", s.ToString().c_str());
+    return 1;
+  }
   const bus::HandlerStats stats = (*handler)->Stats();
   std::printf("bus %s: %lld handled, %lld dead-lettered, %lld cents charged\n",
               std::string(bus::Version()).c_str(), static_cast<long long>(stats.succeeded),

@@ -38,9 +38,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -248,40 +246,6 @@ absl::Status CheckReachable(const Backend& b, const std::string& queue) {
   return absl::OkStatus();
 }
 
-// Runs handler->Run() on a thread of its own. Every way out of main() stops and joins it (the
-// destructor), so no return leaves a joinable thread behind.
-class BackgroundRun {
- public:
-  explicit BackgroundRun(bus::Handler* handler)
-      : handler_(handler), thread_([this] {
-          absl::Status st = handler_->Run();
-          absl::MutexLock lock(&mu_);
-          result_ = std::move(st);
-        }) {}
-  ~BackgroundRun() { Join().IgnoreError(); }
-  BackgroundRun(const BackgroundRun&) = delete;
-  BackgroundRun& operator=(const BackgroundRun&) = delete;
-
-  // Run()'s result once it has returned; nullopt while it runs.
-  std::optional<absl::Status> result() const {
-    absl::MutexLock lock(&mu_);
-    return result_;
-  }
-
-  // Stops the handler and waits for Run() to return; returns its result.
-  absl::Status Join() {
-    handler_->Stop();
-    if (thread_.joinable()) thread_.join();
-    return *result();
-  }
-
- private:
-  bus::Handler* const handler_;
-  mutable absl::Mutex mu_;
-  std::optional<absl::Status> result_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: starts once the members above exist
-};
-
 int Fail(absl::string_view what, const absl::Status& st) {
   std::fprintf(stderr, "quickstart: %s%s\n", std::string(what).c_str(), st.ToString().c_str());
   return 1;
@@ -353,7 +317,9 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
   if (!handler.ok()) return Fail("", handler.status());
-  BackgroundRun runner(handler->get());
+  // Runs on a thread the Handler owns; every way out of main() destroys the Handler, which
+  // stops it and joins that thread.
+  if (absl::Status st = (*handler)->Start(); !st.ok()) return Fail("start: ", st);
 
   bus::Publisher publisher(driver);
   int published = 0;
@@ -382,10 +348,11 @@ int main(int argc, char** argv) {
         backend->inbox == nullptr || backend->inbox->outbox()->stats().relayed >= s.succeeded;
     if (ended >= static_cast<uint64_t>(published) && s.in_flight == 0 && relayed) break;
     if (absl::Now() > deadline) break;
-    if (runner.result().has_value()) break;  // Run() gave up (e.g. the password was refused)
+    if (!s.running) break;  // Run() gave up (e.g. the password was refused)
     absl::SleepFor(absl::Milliseconds(10));
   }
-  if (absl::Status st = runner.Join(); !st.ok()) return Fail("run: ", st);
+  (*handler)->Stop();
+  if (absl::Status st = (*handler)->Wait(); !st.ok()) return Fail("run: ", st);
   s = (*handler)->Stats();
   const absl::StatusOr<int64_t> counted = dead_letters->Count(queue);
   if (!counted.ok()) return Fail("", counted.status());

@@ -1,0 +1,106 @@
+// Creating a Handler: option validation and the defaults Create fills in.
+// On the memory driver and memory stores with a fake clock (tests/testing/handler_fixture.h).
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bus/envelope.h"
+#include "bus/handler.h"
+#include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "tests/testing/fault_injection.h"
+#include "tests/testing/handler_fixture.h"
+#include "tests/testing/letters.h"
+#include "tests/testing/wait.h"
+
+namespace bus {
+namespace {
+
+using ::bus::testing::HandlerTest;
+using ::testing::HasSubstr;
+
+TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
+  auto ok = [](const Message&) { return absl::OkStatus(); };
+  struct Case {
+    std::string field;
+    std::function<void(HandlerOptions&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"queue", [](HandlerOptions& o) { o.queue = ""; }},
+      {"queue", [](HandlerOptions& o) { o.queue = "bad name"; }},
+      {"driver", [](HandlerOptions& o) { o.driver = nullptr; }},
+      {"handle", [](HandlerOptions& o) { o.handle = nullptr; }},
+      {"queue_delay", [](HandlerOptions& o) { o.queue_delay = absl::Seconds(-1); }},
+      {"subscribe.topic",
+       [](HandlerOptions& o) {
+         o.subscribe = Subscription{"bad topic", ""};
+       }},
+      {"subscribe.route_key",
+       [](HandlerOptions& o) {
+         o.subscribe = Subscription{"t", std::string(300, 'k')};
+       }},
+      {"concurrency", [](HandlerOptions& o) { o.concurrency = 0; }},
+      {"max_in_flight",
+       [](HandlerOptions& o) {
+         o.concurrency = 4;
+         o.max_in_flight = 2;
+       }},
+      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Seconds(-1); }},
+      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Microseconds(10); }},
+      {"replay_batch", [](HandlerOptions& o) { o.replay_batch = 0; }},
+      {"shutdown_timeout", [](HandlerOptions& o) { o.shutdown_timeout = absl::ZeroDuration(); }},
+      {"delivery_lease", [](HandlerOptions& o) { o.delivery_lease = absl::ZeroDuration(); }},
+      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Minutes(5); }},
+      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Seconds(-1); }},
+      {"idempotency_retention",
+       [](HandlerOptions& o) { o.idempotency_retention = absl::ZeroDuration(); }},
+      {"max_message_bytes", [](HandlerOptions& o) { o.max_message_bytes = 10; }},
+      {"infra_backoff_base", [](HandlerOptions& o) { o.infra_backoff_base = absl::Seconds(-1); }},
+      {"batch_size", [](HandlerOptions& o) { o.batch_size = -1; }},
+  };
+  for (const Case& c : cases) {
+    HandlerOptions o = Options(ok);
+    c.spoil(o);
+    auto h = Handler::Create(o);
+    ASSERT_FALSE(h.ok()) << c.field;
+    EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+    EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions." + c.field + ":"));
+  }
+}
+
+TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
+  HandlerOptions o;
+  o.queue = "orders";
+  o.driver = driver_;
+  o.handle = [](const Message&) { return absl::OkStatus(); };
+  auto h = Handler::Create(o);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const HandlerOptions& filled = (*h)->options();
+  EXPECT_NE(filled.logger, nullptr);
+  EXPECT_NE(filled.dead_letters, nullptr);
+  EXPECT_NE(filled.idempotency, nullptr);
+  EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
+  EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
+  EXPECT_EQ(filled.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
+  EXPECT_EQ(filled.batch_size, 0);                          // chosen by the Handler
+  EXPECT_EQ(filled.idempotency_lease, absl::Seconds(15));
+  EXPECT_EQ(filled.clock, driver_->clock());
+}
+
+}  // namespace
+}  // namespace bus

@@ -1,0 +1,307 @@
+// Steps 2, 3 and 5 of the pipeline (docs/pipeline.md): the idempotency key (acquire, ensure,
+// release, mark-done), its store's failures and its leases.
+// On the memory driver and memory stores with a fake clock (tests/testing/handler_fixture.h).
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bus/envelope.h"
+#include "bus/handler.h"
+#include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "tests/testing/fault_injection.h"
+#include "tests/testing/handler_fixture.h"
+#include "tests/testing/letters.h"
+#include "tests/testing/wait.h"
+
+namespace bus {
+namespace {
+
+using ::bus::testing::FaultyIdempotencyStore;
+using ::bus::testing::HandlerTest;
+using ::bus::testing::Recorder;
+using ::bus::testing::WaitUntil;
+
+TEST_F(HandlerTest, SuccessHandlesOnceMarksTheKeyDoneAndSettles) {
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  const std::string id =
+      Publish("order-1", std::string("pay\0load", 8), {{"traceparent", "00-abc-01"}});
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  const auto seen = rec.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].id, id);
+  EXPECT_EQ(seen[0].biz_uid, "order-1");
+  EXPECT_EQ(seen[0].payload, std::string("pay\0load", 8));
+  ASSERT_NE(seen[0].FindHeader("traceparent"), nullptr);
+  EXPECT_EQ(*seen[0].FindHeader("traceparent"), "00-abc-01");
+  EXPECT_EQ(seen[0].retried, 0);
+  EXPECT_EQ(seen[0].created_at, clock_->Now());
+  // The key is done: nobody else can take it within the retention.
+  EXPECT_FALSE(*idempotency_->Acquire("orders.order-1", "someone", absl::Seconds(1)));
+  // Settled: nothing comes back after the lease.
+  AdvanceAndSettle(absl::Minutes(2));
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.received, 1u);
+  EXPECT_EQ(s.succeeded, 1u);
+  EXPECT_EQ(s.failed, 0u);
+  EXPECT_EQ(s.in_flight, 0);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+TEST_F(HandlerTest, ADuplicateBizUidIsSkippedAndAnEmptyBizUidFallsBackToTheId) {
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  Publish("same", "first");
+  Publish("same", "second");
+  Publish("", "no-key-1");
+  Publish("", "no-key-2");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().received == 4; }));
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().in_flight == 0; }));
+  const HandlerStats s = h->Stats();
+  EXPECT_EQ(s.succeeded, 3u);
+  EXPECT_EQ(s.duplicates, 1u);
+  std::set<std::string> payloads;
+  for (const Message& m : rec.seen()) payloads.insert(m.payload);
+  EXPECT_EQ(payloads, (std::set<std::string>{"first", "no-key-1", "no-key-2"}));
+}
+
+TEST_F(HandlerTest, HeldKeyAndEnsureSaysHandledIsSkipped) {
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-7", "other-worker", absl::Minutes(1)));
+  std::atomic<int> ensure_calls{0};
+  std::atomic<int> handle_calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    handle_calls.fetch_add(1);
+    return absl::OkStatus();
+  });
+  o.ensure = [&](const Message& m) {
+    EXPECT_EQ(m.biz_uid, "order-7");
+    ensure_calls.fetch_add(1);
+    return Ensure::kAlreadyHandled;
+  };
+  Handler* h = Start(o);
+  Publish("order-7", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
+  EXPECT_EQ(ensure_calls.load(), 1);
+  EXPECT_EQ(handle_calls.load(), 0);
+  AdvanceAndSettle(absl::Minutes(2));  // settled: no redelivery
+  EXPECT_EQ(h->Stats().received, 1u);
+}
+
+TEST_F(HandlerTest, HeldKeyAndEnsureSaysNotHandledIsHandled) {
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-8", "other-worker", absl::Minutes(1)));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.ensure = [](const Message&) { return Ensure::kNotHandled; };
+  Handler* h = Start(o);
+  Publish("order-8", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  // It did not own the key, so it left the other worker's lease alone.
+  EXPECT_TRUE(idempotency_->Release("orders.order-8", "other-worker").ok());
+  // The handle function holds `rec` by reference: stop before `rec` is destroyed.
+  EXPECT_TRUE(StopAndWait().ok());
+}
+
+TEST_F(HandlerTest, IdempotencyStoreErrorCountsAsNotAcquiredAndEnsureDecides) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire.FailAlways(absl::UnavailableError("store down"));
+  std::atomic<int> ensure_calls{0};
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.idempotency = faulty;
+  o.ensure = [&](const Message& m) {
+    ensure_calls.fetch_add(1);
+    return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
+  };
+  Handler* h = Start(o);
+  Publish("a", "new");
+  Publish("b", "old");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().received == 2 && h->Stats().in_flight == 0; }));
+  EXPECT_EQ(ensure_calls.load(), 2);
+  EXPECT_EQ(h->Stats().succeeded, 1u);
+  EXPECT_EQ(h->Stats().duplicates, 1u);
+  ASSERT_EQ(rec.size(), 1u);
+  EXPECT_EQ(rec.seen()[0].payload, "new");
+  EXPECT_GE(logger_->Count("store down"), 2);
+  EXPECT_EQ(h->Stats().store_errors, 2u);
+  EXPECT_EQ(h->Stats().redelivered, 0u);
+}
+
+TEST_F(HandlerTest, AnIdempotencyStoreErrorWithoutEnsureGivesTheDeliveryBack) {
+  for (int batch : {1, 4}) {
+    SCOPED_TRACE(absl::StrCat("batch_size ", batch));
+    auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+    faulty->acquire.FailNext(3, absl::UnavailableError("store down"));
+    Recorder rec;
+    HandlerOptions o = Options([&](const Message& m) {
+      rec.Add(m);
+      return absl::OkStatus();
+    });
+    o.queue = absl::StrCat("outage", batch);
+    o.idempotency = faulty;
+    o.batch_size = batch;
+    o.max_in_flight = batch;
+    Handler* h = Start(o);
+    ASSERT_TRUE(publisher_.SendToQueue(o.queue, Outgoing{.biz_uid = "a"}).ok());
+    // Given back with the infrastructure backoff (100ms, 200ms, 400ms), then handled.
+    ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(50)));
+    EXPECT_EQ(h->Stats().duplicates, 0u);
+    EXPECT_EQ(h->Stats().store_errors, 3u);
+    EXPECT_EQ(h->Stats().redelivered, 3u);
+    EXPECT_EQ(rec.size(), 1u);
+    // Logged once for the streak, and once when the store answers again.
+    EXPECT_EQ(logger_->Count(absl::StrCat("[", o.queue, "] idempotency acquire failed")), 1);
+    EXPECT_EQ(logger_->Count(absl::StrCat("[", o.queue, "] idempotency store answers again")), 1);
+    EXPECT_FALSE(*idempotency_->Acquire(absl::StrCat(o.queue, ".a"), "x", absl::Seconds(1)));
+    EXPECT_TRUE(StopAndWait().ok());
+    handler_.reset();
+  }
+}
+
+TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);  // the store takes the key, the reply is lost
+  faulty->acquire.FailNext(1, absl::UnavailableError("connection reset"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.idempotency = faulty;
+  Handler* h = Start(o);
+  Publish("lost-reply", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(50)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->release.FailNext(1, absl::UnavailableError("store down"));
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    return calls.fetch_add(1) == 0 ? absl::UnavailableError("try later") : absl::OkStatus();
+  });
+  o.idempotency = faulty;
+  o.retry_delay = FixedBackoff(absl::Seconds(1));
+  o.idempotency_lease = absl::Seconds(10);
+  Handler* h = Start(o);
+  Publish("unreleased", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
+  const absl::Time failed_at = clock_->Now();
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(500)));
+  // Handled again, not skipped as a duplicate of its own stale lease, and not before it ran out.
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_GE(clock_->Now() - failed_at, absl::Seconds(10));
+  EXPECT_EQ(h->Stats().store_errors, 1u);
+}
+
+TEST_F(HandlerTest, AFailingMarkDoneStillSettlesAndIsCounted) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->mark_done.FailNext(1, absl::UnavailableError("store down"));
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return absl::OkStatus();
+  });
+  o.idempotency = faulty;
+  Handler* h = Start(o);
+  Publish("m", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().in_flight == 0; }));
+  EXPECT_EQ(h->Stats().store_errors, 1u);
+  EXPECT_EQ(logger_->Count("mark-done failed"), 1);
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST_F(HandlerTest, AWorkerThatDiesMidHandleIsReplacedWhenItsLeasesRunOut) {
+  // A "worker" takes the delivery and the key, then dies: it never settles or releases.
+  Publish("order-15", "x");
+  auto dead = driver_->NewConsumer("orders", ConsumerOptions{1, absl::Seconds(30)});
+  ASSERT_TRUE(dead.ok());
+  std::vector<Delivery> held;
+  ASSERT_TRUE((*dead)->Receive(1, absl::ZeroDuration(), {}, &held).ok());
+  ASSERT_EQ(held.size(), 1u);
+  ASSERT_TRUE(*idempotency_->Acquire("orders.order-15", "dead-worker", absl::Seconds(15)));
+
+  Recorder rec;
+  Handler* h = Start(Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  }));
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(1)));
+  EXPECT_EQ(rec.size(), 1u);
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  // The dead worker's late settlement is refused.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*dead)->Ack(held[0].receipt)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      idempotency_->MarkDone("orders.order-15", "dead-worker", absl::Hours(1))));
+}
+
+TEST_F(HandlerTest, AStaleWorkerCannotReleaseAKeyAnotherWorkerCompleted) {
+  // Two copies of one business message. The first worker stalls past its idempotency lease,
+  // the second takes the key and succeeds; the stale first one then fails and must not free
+  // the key (a third copy stays a duplicate).
+  absl::Mutex mu;
+  bool release_first = false;
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message& m) -> absl::Status {
+    const int n = calls.fetch_add(1);
+    if (n == 0) {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&release_first));
+      return absl::UnavailableError("stale worker failed");
+    }
+    (void)m;
+    return absl::OkStatus();
+  });
+  o.concurrency = 2;
+  o.idempotency_lease = absl::Seconds(10);
+  o.retry_delay = FixedBackoff(absl::Hours(1));
+  Handler* h = Start(o);
+  Publish("order-16", "copy-1");
+  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 1; }));
+  clock_->Advance(absl::Seconds(11));  // the first worker's key lease runs out
+  Publish("order-16", "copy-2");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  {
+    absl::MutexLock lock(&mu);
+    release_first = true;
+  }
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().failed == 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return logger_->Count("idempotency release failed") == 1; }));
+  Publish("order-16", "copy-3");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
+  EXPECT_EQ(calls.load(), 2);
+}
+
+}  // namespace
+}  // namespace bus

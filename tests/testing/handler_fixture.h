@@ -1,0 +1,150 @@
+// The fixture of the Handler's pipeline tests (bus/handler_*_test.cc, bus/pipeline_*_test.cc):
+// a Handler over the memory driver and memory stores on a FakeClock, run on a background thread,
+// with helpers to publish, read dead letters and move fake time.
+//
+// Thread-safety: for the test's thread; Recorder may be written from the Handler's workers.
+
+#ifndef TESTS_TESTING_HANDLER_FIXTURE_H_
+#define TESTS_TESTING_HANDLER_FIXTURE_H_
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "bus/envelope.h"
+#include "bus/handler.h"
+#include "bus/publisher.h"
+#include "drivers/memory/memory_driver.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "idempotency/memory/memory_idempotency_store.h"
+#include "storage/memory/memory_dead_letter_store.h"
+#include "tests/testing/fault_injection.h"
+#include "tests/testing/letters.h"
+#include "tests/testing/wait.h"
+
+namespace bus::testing {
+
+inline constexpr absl::Duration kPatience = absl::Seconds(30);
+
+// Records what the handle function saw.
+class Recorder {
+ public:
+  void Add(const Message& m) {
+    absl::MutexLock lock(&mu_);
+    seen_.push_back(m);
+  }
+  std::vector<Message> seen() const {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return seen_.size();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Message> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+class HandlerTest : public ::testing::Test {
+ protected:
+  HandlerOptions Options(HandleFn handle) {
+    HandlerOptions o;
+    o.queue = "orders";
+    o.driver = driver_;
+    o.logger = logger_;
+    o.dead_letters = dead_letters_;
+    o.idempotency = idempotency_;
+    o.handle = std::move(handle);
+    o.replay_interval = absl::ZeroDuration();
+    o.delivery_lease = absl::Seconds(30);
+    return o;
+  }
+
+  // Creates the handler and runs it on a background thread.
+  Handler* Start(HandlerOptions options) {
+    auto h = Handler::Create(std::move(options));
+    if (!h.ok()) {
+      // Fails this test (gtest reports the exception) instead of crashing the whole binary.
+      ADD_FAILURE() << h.status();
+      throw std::runtime_error(h.status().ToString());
+    }
+    handler_ = std::move(*h);
+    Handler* raw = handler_.get();
+    run_ = std::async(std::launch::async, [raw] { return raw->Run(); });
+    return raw;
+  }
+
+  absl::Status StopAndWait() {
+    handler_->Stop();
+    EXPECT_EQ(run_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return run_.get();
+  }
+
+  void TearDown() override {
+    if (handler_ != nullptr && run_.valid()) {
+      EXPECT_TRUE(StopAndWait().ok());
+    }
+  }
+
+  std::string Publish(std::string biz_uid, std::string payload,
+                      std::vector<std::pair<std::string, std::string>> headers = {}) {
+    auto id = publisher_.SendToQueue(
+        "orders", Outgoing{std::move(biz_uid), std::move(payload), std::move(headers)});
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
+  }
+
+  std::vector<DeadLetter> Letters() {
+    auto l = dead_letters_->Fetch("orders", 1000);
+    EXPECT_TRUE(l.ok());
+    return l.ok() ? *l : std::vector<DeadLetter>{};
+  }
+
+  // Advances the fake clock and waits until every thread that was parked on it before is parked
+  // again: the threads the advance woke have done what it made due (redelivered a lease,
+  // delivered a delayed message, run a handler) and wait anew. What a test checks next saw all
+  // that the advance caused, however loaded the machine is.
+  void AdvanceAndSettle(absl::Duration d) {
+    const int parked = clock_->parked();
+    clock_->Advance(d);
+    ASSERT_TRUE(WaitUntil([&] { return clock_->parked() >= parked; }));
+  }
+
+  // Advances the fake clock in steps until `cond` holds.
+  bool AdvanceUntil(const std::function<bool()>& cond, absl::Duration step) {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (!cond()) {
+      if (absl::Now() > deadline) return false;
+      clock_->Advance(step);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> driver_ = NewMemoryDriver({.clock = clock_});
+  std::shared_ptr<DeadLetterStore> dead_letters_ = NewMemoryDeadLetterStore(clock_);
+  std::shared_ptr<MemoryIdempotencyStore> idempotency_ =
+      NewMemoryIdempotencyStore({.clock = clock_});
+  std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
+  Publisher publisher_{driver_};
+  std::unique_ptr<Handler> handler_;
+  std::future<absl::Status> run_;
+};
+
+}  // namespace bus::testing
+
+#endif  // TESTS_TESTING_HANDLER_FIXTURE_H_
