@@ -258,7 +258,7 @@ async function deadPage(name, params) {
       el('td', { class: 'cell' }, l.biz_uid),
       el('td', { class: 'cell reason' }, l.reason),
       el('td', { class: 'num' }, fmt(l.attempts)),
-      el('td', { class: 'muted' }, l.last_failed_at),
+      el('td', { class: 'muted when' }, l.last_failed_at),
       el('td', { class: 'cell preview' }, l.preview));
   });
   const table = el('table', { id: 'letters' },
