@@ -374,7 +374,9 @@ async function route() {
     else if (parts[0] === 'dead' && parts.length === 2) await deadPage(parts[1], params);
     else if (parts[0] === 'letter' && parts.length === 3) await letterPage(parts[1], parts[2], params);
     else await overview();
+    // A page is drawn: tests wait for this attribute; the mark times the render.
     document.body.setAttribute('data-ready', String(Date.now()));
+    performance.mark('console-rendered');
   } catch (e) {
     show(el('p', { class: 'bad', id: 'error' }, 'Error: ', e.message));
     document.body.setAttribute('data-ready', String(Date.now()));
