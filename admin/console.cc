@@ -177,8 +177,8 @@ struct Console::Impl {
     absl::StatusOr<std::vector<std::string>> listed = options.driver->ListQueues();
     if (listed.ok()) {
       names.insert(listed->begin(), listed->end());
-    } else if (!absl::IsUnimplemented(listed.status()) || names.empty()) {
-      if (names.empty()) return listed.status();
+    } else if (names.empty()) {
+      return listed.status();
     }
     return std::vector<std::string>(names.begin(), names.end());
   }
