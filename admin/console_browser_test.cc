@@ -321,7 +321,7 @@ TEST_F(ConsoleBrowserTest, OnRedis) {
   ro.port = (*server)->port();
   ro.password = kPassword;
   ro.logger = NullLogger();
-  ro.request_timeout = absl::Seconds(1);
+  ro.timeouts.request = absl::Seconds(1);
   auto driver = NewRedisDriver(ro);
   auto dl = NewRedisDeadLetterStore(ro);
   auto idem = NewRedisIdempotencyStore(ro);
