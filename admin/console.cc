@@ -19,18 +19,7 @@
 
 namespace bus {
 
-// The pages' files, embedded at build time by //admin:embed_assets (console_assets.cc).
-namespace console_assets {
-struct Asset {
-  const char* path;
-  const char* content_type;
-  const unsigned char* data;
-  size_t size;
-};
-extern const Asset kAssets[];
-extern const size_t kAssetCount;
-}  // namespace console_assets
-
+using console_internal::Asset;
 using console_internal::ConstantTimeEquals;
 using console_internal::Decode;
 using console_internal::Decoded;
@@ -492,19 +481,6 @@ struct Console::Impl {
       return r;
     }
     return std::nullopt;
-  }
-
-  ConsoleResponse Asset(absl::string_view path) const {
-    for (size_t i = 0; i < console_assets::kAssetCount; ++i) {
-      const console_assets::Asset& a = console_assets::kAssets[i];
-      if (path == a.path) {
-        ConsoleResponse r;
-        r.content_type = a.content_type;
-        r.body.assign(reinterpret_cast<const char*>(a.data), a.size);
-        return r;
-      }
-    }
-    return Error(404, "not found");
   }
 
   ConsoleResponse Route(const ConsoleRequest& req) const {

@@ -12,7 +12,21 @@
 #include "bus/envelope.h"
 #include "bus/trace.h"
 
-namespace bus::console_internal {
+namespace bus {
+
+// The pages' files, embedded at build time by //admin:embed_assets (console_assets.cc).
+namespace console_assets {
+struct Asset {
+  const char* path;
+  const char* content_type;
+  const unsigned char* data;
+  size_t size;
+};
+extern const Asset kAssets[];
+extern const size_t kAssetCount;
+}  // namespace console_assets
+
+namespace console_internal {
 
 std::string Dump(const json& j) {
   // Invalid UTF-8 from a message is replaced (U+FFFD), never sent raw and never an exception.
@@ -333,4 +347,18 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-}  // namespace bus::console_internal
+ConsoleResponse Asset(absl::string_view path) {
+  for (size_t i = 0; i < console_assets::kAssetCount; ++i) {
+    const console_assets::Asset& a = console_assets::kAssets[i];
+    if (path == a.path) {
+      ConsoleResponse r;
+      r.content_type = a.content_type;
+      r.body.assign(reinterpret_cast<const char*>(a.data), a.size);
+      return r;
+    }
+  }
+  return Error(404, "not found");
+}
+
+}  // namespace console_internal
+}  // namespace bus

@@ -106,6 +106,9 @@ json LetterSummary(const Decoded& d, absl::string_view cursor);
 // One letter in full: headers, trace id, payload as text, pretty JSON and hex.
 json LetterDetail(const Decoded& d);
 
+// The embedded page file `path` (index.html, console.js, console.css), or 404.
+ConsoleResponse Asset(absl::string_view path);
+
 // Equal length and bytes, in time independent of where they differ.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
