@@ -60,6 +60,8 @@ struct AdminServer::Impl {
       : options(std::move(o)), acceptor(io), pool(static_cast<size_t>(options.probe_threads)) {}
 
   const AdminServerOptions options;
+  // Null unless options.console.enabled.
+  std::unique_ptr<Console> console;
   asio::io_context io;
   tcp::acceptor acceptor;
   asio::thread_pool pool;
@@ -108,14 +110,45 @@ struct AdminServer::Impl {
                 options.metrics->Render());
   }
 
+  // Calls `fn`. A coroutine function rather than a coroutine lambda: its parameter is moved
+  // into the coroutine's frame, where a lambda's captures would stay in a closure object that
+  // the frame only points to.
+  template <typename Fn>
+  static awaitable<Response> Call(Fn fn) {
+    co_return fn();
+  }
+
   // Runs `fn` on the probe pool and resumes on the I/O thread with its response.
   template <typename Fn>
   awaitable<Response> OnPool(Fn fn) {
-    co_return co_await asio::co_spawn(
-        pool.get_executor(), [fn]() -> awaitable<Response> { co_return fn(); }, use_awaitable);
+    awaitable<Response> work = Call(std::move(fn));
+    co_return co_await asio::co_spawn(pool.get_executor(), std::move(work), use_awaitable);
+  }
+
+  // The console's answer, computed on the probe pool (it calls the driver and the stores).
+  awaitable<Response> ServeConsole(const http::request<http::string_body>& req) {
+    ConsoleRequest creq;
+    creq.method = std::string(req.method_string());
+    creq.target = std::string(req.target());
+    creq.authorization = std::string(req[http::field::authorization]);
+    creq.body = req.body();
+    // Named, not a temporary of the co_await expression: GCC 12 destroys such a temporary
+    // with a non-trivial destructor twice.
+    auto serve = [this, creq = std::move(creq)] { return ToBeast(console->Serve(creq)); };
+    co_return co_await OnPool(std::move(serve));
+  }
+
+  static Response ToBeast(ConsoleResponse c) {
+    Response res = Make(static_cast<http::status>(c.status), c.content_type, std::move(c.body));
+    for (const auto& [name, value] : c.headers) res.set(name, value);
+    return res;
   }
 
   awaitable<Response> Respond(const http::request<http::string_body>& req) {
+    if (console != nullptr &&
+        Console::Serves(absl::string_view(req.target().data(), req.target().size()))) {
+      co_return co_await ServeConsole(req);
+    }
     if (req.method() != http::verb::get) {
       Response res = Make(http::status::method_not_allowed, "text/plain", "GET only\n");
       res.set(http::field::allow, "GET");
@@ -204,7 +237,14 @@ absl::StatusOr<std::unique_ptr<AdminServer>> AdminServer::Start(AdminServerOptio
   const asio::ip::address address = asio::ip::make_address(options.address, ec);
   if (ec) return Invalid("address", absl::StrCat("\"", options.address, "\" is not an IP address"));
 
+  std::unique_ptr<Console> console;
+  if (options.console.enabled) {
+    absl::StatusOr<std::unique_ptr<Console>> c = Console::Create(options.console);
+    if (!c.ok()) return c.status();
+    console = std::move(*c);
+  }
   auto impl = std::make_shared<Impl>(std::move(options));
+  impl->console = std::move(console);
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(impl->options.port));
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);

@@ -6,6 +6,8 @@
 //                 loops run); else 503 with {"status":"unhealthy","reason":"..."}
 //   GET /readyz   200 when every handler is consuming and its driver and stores answer Ping
 //                 (Handler::Ready); else 503 with {"status":"not ready","reason":"..."}
+//   /ui, /api/... the web console and its JSON API (admin/console.h, docs/console.md), when
+//                 options.console.enabled; else 404
 //
 //   bus::AdminServerOptions options;
 //   options.port = 9090;                 // 0: a free port, see port()
@@ -31,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "admin/console.h"
 #include "bus/handler.h"
 #include "bus/metrics.h"
 
@@ -57,14 +60,16 @@ struct AdminServerOptions {
   // (EMFILE), the oldest is closed too and accepting backs off (1ms doubling to 1s) instead of
   // spinning.
   int max_connections = 64;
-  // Threads that answer /readyz and /metrics; >= 1. Default 2.
+  // Threads that answer /readyz, /metrics and the console; >= 1. Default 2.
   int probe_threads = 2;
+  // The web console (admin/console.h); off by default.
+  ConsoleOptions console{};
 };
 
 class AdminServer {
  public:
-  // Binds and starts serving. InvalidArgument naming a bad option; Unavailable when the
-  // address cannot be bound (in use, not local).
+  // Binds and starts serving. InvalidArgument naming a bad option (console options as
+  // Console::Create says); Unavailable when the address cannot be bound (in use, not local).
   static absl::StatusOr<std::unique_ptr<AdminServer>> Start(AdminServerOptions options);
 
   ~AdminServer();

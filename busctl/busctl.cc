@@ -43,6 +43,7 @@
 #include "bus/message.h"
 #include "bus/publisher.h"
 #include "bus/stores.h"
+#include "busctl/ui.h"
 #include "nlohmann/json.hpp"
 #include "url/open.h"
 #include "url/url.h"
@@ -67,6 +68,7 @@ Commands:
   dead-letters purge QUEUE   delete letters (needs --yes)
   dead-letters count QUEUE   letters by kind
   tail TOPIC                 bind a temporary queue to TOPIC and print what arrives
+  ui --listen=HOST:PORT      serve the web console (docs/console.md) until interrupted
 
 Global flags:
   --driver=URL     broker: memory://, redis://..., nsq://... (default: $BUS_DRIVER)
@@ -126,6 +128,13 @@ line (created time, id, route key, payload as text when printable, else hex; --j
 object per line), until interrupted (Ctrl-C, SIGTERM); then removes the binding and the queue
 and exits 0. The temporary queue's messages are acked.
   --route-key=K    binding key (default: "", every message)
+)"},
+    {"ui", R"(Usage: busctl ui --listen=HOST:PORT
+Serves the web console (docs/console.md) for the broker (--driver) and the dead-letter store
+(--stores, optional) at http://HOST:PORT/ui until interrupted (Ctrl-C, SIGTERM). Read-only
+unless $BUS_CONSOLE_WRITE_TOKEN is set (writes then need it as a bearer token); no Handler runs
+here, so its dead letters can be purged but not replayed.
+  --listen=HOST:PORT   an IP address and port, e.g. 127.0.0.1:8080 (port 0: a free one)
 )"},
 };
 
@@ -803,6 +812,19 @@ absl::Status Tail(const Context& ctx) {
   return result;
 }
 
+// The console's dead-letter store is optional: without --stores it shows the broker's counts.
+absl::Status Ui(const Context& ctx) {
+  absl::StatusOr<std::shared_ptr<bus::Driver>> driver = ctx.Driver();
+  if (!driver.ok()) return driver.status();
+  std::shared_ptr<bus::DeadLetterStore> store;
+  if (!ctx.stores_url.empty()) {
+    absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> s = ctx.DeadLetters();
+    if (!s.ok()) return s.status();
+    store = *s;
+  }
+  return busctl::UiCommand(ctx.args.Get("listen").value_or(""), *driver, store);
+}
+
 // Returns the exit code.
 int Run(int argc, char** argv) {
   Context ctx;
@@ -884,6 +906,11 @@ int Run(int argc, char** argv) {
     usage = CheckFlags(a, {"route-key"});
     if (!usage) usage = Positional(a, 2, 2, "tail TOPIC [--route-key K]");
     fn = Tail;
+  } else if (cmd == "ui") {
+    usage = CheckFlags(a, {"listen"});
+    if (!usage) usage = Positional(a, 1, 1, "ui --listen=HOST:PORT");
+    if (!usage && !a.Has("listen")) usage = UsageError{"ui needs --listen=HOST:PORT"};
+    fn = Ui;
   } else {
     usage = UsageError{absl::StrCat("unknown command \"", cmd, "\"")};
   }

@@ -3,7 +3,8 @@
 # Bazel, CMake, Ninja and pkg-config (for the CMake build and tools/cmake_check.sh), the system
 # libraries, clang-format, redis-server, and nsqd/nsqlookupd plus nsq's bench_writer/bench_reader
 # built from the Go module github.com/nsqio/nsq v1.3.0, curl, and a Python venv with the
-# official Prometheus client (its text-format parser checks /metrics in the admin tests).
+# official Prometheus client (its text-format parser checks /metrics in the admin tests), and
+# chromium (headless, for the web console's browser tests, docs/console.md).
 # Idempotent: returns in about a second when everything is present.
 set -euo pipefail
 
@@ -11,7 +12,7 @@ packages=(
   bazel-bootstrap bazel-platforms g++ cmake ninja-build pkg-config clang-format
   libabsl-dev libboost-dev libboost-system-dev libhiredis-dev libsqlite3-dev sqlite3
   nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-  redis-server redis-tools golang-go curl python3-venv
+  redis-server redis-tools golang-go curl python3-venv chromium
 )
 nsq_version=v1.3.0
 nsq_bin=/usr/local/bin
