@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "bus/random.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"
+#include "bus/random.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"

@@ -35,8 +35,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "bus/random.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "storage/sqlite/db/connection.h"
 #include "storage/sqlite/sqlite_options.h"
 
