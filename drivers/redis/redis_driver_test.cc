@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 #include "gmock/gmock.h"

@@ -28,6 +28,7 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 
 namespace bus {
 

@@ -4,6 +4,7 @@
 #include "drivers/redis/redis_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "bus/random.h"
 #include "drivers/redis/client/address.h"
 #include "drivers/redis/client/client.h"
 #include "drivers/redis/client/connection.h"

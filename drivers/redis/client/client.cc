@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 #include "drivers/redis/client/cluster_client.h"
 
 namespace bus {

@@ -62,6 +62,7 @@
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
 #include "bus/backoff.h"
+#include "bus/random.h"
 #include "drivers/redis/client/resp.h"
 
 namespace bus::redis {
