@@ -32,6 +32,10 @@
 
 namespace bus {
 
+// The largest RedisOptions::limits.max_reply_elements: hiredis allocates the element array of
+// an announced array up front (8 bytes an element: 128 MiB here) before any element arrives.
+inline constexpr int64_t kMaxRedisReplyElements = int64_t{1} << 24;
+
 // RedisOptions::limits.script_batch 0: script calls move at most this many messages.
 inline constexpr int kDefaultRedisScriptBatch = 500;
 
@@ -85,7 +89,8 @@ struct RedisOptions {
     // requests on it fail with Unavailable), so a broken or hostile server cannot make the
     // client buffer or allocate without limit. Defaults 512 MiB (Redis's largest string,
     // proto-max-bulk-len) and 1,048,576 elements; max_reply_bytes 1 KiB to 4 GiB,
-    // max_reply_elements 1 to 2^31 - 1.
+    // max_reply_elements 1 to kMaxRedisReplyElements (16,777,216: hiredis allocates 8 bytes an
+    // announced element before the first arrives, 128 MiB at that bound).
     int64_t max_reply_bytes = int64_t{512} << 20;
     int64_t max_reply_elements = int64_t{1} << 20;
   };
