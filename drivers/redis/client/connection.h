@@ -32,7 +32,8 @@
 //
 // Errors (Status codes): Unavailable (cannot connect, connection lost), DeadlineExceeded (the
 // request's deadline passed), Cancelled (the request's stop token fired), Unauthenticated
-// (AUTH refused, or a password sent to a server that has none), Internal (protocol error). A Redis
+// (AUTH refused, or a password sent to a server that has none). A server that breaks the
+// protocol is treated as a lost connection (Unavailable, "redis protocol error: ..."). A Redis
 // error reply is not a transport error: it is returned as a Reply of type kError inside an OK
 // result.
 //

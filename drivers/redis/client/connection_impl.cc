@@ -31,8 +31,10 @@ absl::Status TransportError(absl::string_view what, const error_code& ec) {
   return absl::UnavailableError(absl::StrCat("redis ", what, ": ", ec.message()));
 }
 
+// hiredis refusing what the server sent (the reply scanner refuses first whatever it can): the
+// server is broken, not this process, so Unavailable like any lost connection, which it is.
 absl::Status ReaderError(const redisReader* reader) {
-  return absl::InternalError(absl::StrCat("redis protocol error: ", reader->errstr));
+  return absl::UnavailableError(absl::StrCat("redis protocol error: ", reader->errstr));
 }
 
 // Fails requests whose deadline passed. One timer per connection, ticking every
