@@ -66,9 +66,11 @@ struct RedisOptions {
   };
   Timeouts timeouts{};
 
-  // After each write that acknowledges a send, wait (WAIT) until `wait_replicas` replicas have
-  // it, for at most `wait_timeout`; a send that fewer replicas acknowledged in time fails with
-  // Unavailable (and is retried within timeouts.request, without duplicates). Replication is
+  // After each write that acknowledges a send, and each write of the Redis stores (Acquire,
+  // MarkDone, Release, Store, Remove and their batch forms), wait (WAIT) until `wait_replicas`
+  // replicas have it, for at most `wait_timeout`; a send or store write that fewer replicas
+  // acknowledged in time fails with Unavailable (a send is retried within timeouts.request,
+  // without duplicates). Replication is
   // asynchronous otherwise: a master lost right after acknowledging a send can lose it when a
   // replica takes over.
   struct Replication {
