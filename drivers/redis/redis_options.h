@@ -50,6 +50,9 @@ struct RedisOptions {
   std::vector<std::string> seeds{};
   // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
   std::string password{};
+  // Where `password` came from, named in AUTH and NOAUTH errors (never the password itself):
+  // url/url.h sets "the URL" or "REDIS_PASSWORD". Empty: "RedisOptions.password".
+  std::string password_source{};
   // ACL user name; empty: the default user. Only used with a password.
   std::string username{};
   // Database number for SELECT; default 0 (no SELECT).

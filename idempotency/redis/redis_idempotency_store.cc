@@ -79,7 +79,8 @@ int64_t Millis(absl::Duration d) {
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   explicit RedisIdempotencyStore(RedisOptions options)
-      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
+      : options_(std::move(options)),
+        client_(redis::NewClient(options_, nullptr, "redis idempotency store")) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {

@@ -167,7 +167,8 @@ void ParseMeta(absl::string_view meta, DeadLetter* d) {
 class RedisDeadLetterStore final : public DeadLetterStore {
  public:
   explicit RedisDeadLetterStore(RedisOptions options)
-      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
+      : options_(std::move(options)),
+        client_(redis::NewClient(options_, nullptr, "redis dead-letter store")) {}
 
   absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;

@@ -157,6 +157,38 @@ TEST(RedisStoresTest, WritesWaitForReplicasWhenWaitReplicasIsSet) {
   EXPECT_TRUE((*dlq)->Store(Letter("q", "d2", "r")).ok());
 }
 
+// AUTH and NOAUTH errors name the server, the store (so a user knows which URL to fix) and
+// where the password came from.
+TEST(RedisStoresTest, AuthErrorsNameTheStoreAndThePasswordsSource) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server =
+      RedisServer::Start({.password = "right-secret"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.password = "wrong-secret";
+  options.password_source = "REDIS_PASSWORD";
+  auto dlq = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(dlq.ok());
+  const absl::Status wrong = (*dlq)->Store(Letter("q", "d", "r")).status();
+  EXPECT_TRUE(absl::IsUnauthenticated(wrong)) << wrong;
+  EXPECT_THAT(wrong.message(),
+              ::testing::HasSubstr(
+                  absl::StrCat("redis AUTH to 127.0.0.1:", (*server)->port(),
+                               " failed (redis dead-letter store, password from REDIS_PASSWORD)")));
+  EXPECT_THAT(wrong.message(), ::testing::Not(::testing::HasSubstr("secret")));
+
+  options.password.clear();
+  options.password_source.clear();
+  auto idem = NewRedisIdempotencyStore(options);
+  ASSERT_TRUE(idem.ok());
+  const absl::Status none = (*idem)->Acquire("k", "me", absl::Seconds(1)).status();
+  EXPECT_TRUE(absl::IsUnauthenticated(none)) << none;
+  EXPECT_THAT(none.message(),
+              ::testing::HasSubstr(absl::StrCat("server 127.0.0.1:", (*server)->port(),
+                                                ", redis idempotency store: no password given")));
+  EXPECT_THAT(none.message(), ::testing::HasSubstr("REDIS_PASSWORD"));
+}
+
 TEST(RedisStoresTest, AnUnreachableServerIsUnavailable) {
   absl::StatusOr<int> port = PickFreePort();
   ASSERT_TRUE(port.ok());

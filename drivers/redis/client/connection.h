@@ -76,6 +76,11 @@ struct ConnectionOptions {
   std::string username{};
   // Password for AUTH; empty: no AUTH. Never logged or included in errors.
   std::string password{};
+  // Named in AUTH and NOAUTH errors, so a user knows what to fix: which part of the program
+  // connects ("redis driver", "redis idempotency store") and where the password came from
+  // ("the URL", "REDIS_PASSWORD"). Never the password itself.
+  std::string component = "redis client";
+  std::string password_source = "the options";
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
   // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
