@@ -367,8 +367,12 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   o.username = url.user;
   if (url.password.has_value()) {
     o.password = *url.password;
+    o.password_source = "the URL";
   } else if (env) {
-    if (std::optional<std::string> p = env("REDIS_PASSWORD")) o.password = *p;
+    if (std::optional<std::string> p = env("REDIS_PASSWORD")) {
+      o.password = *p;
+      o.password_source = "REDIS_PASSWORD";
+    }
   }
   if (!o.username.empty() && o.password.empty()) {
     return Bad("password", "a user needs a password (in the URL or REDIS_PASSWORD)");

@@ -108,9 +108,11 @@ TEST(RedisUrl, PasswordFromTheEnvironmentOnlyWhenTheUrlHasNone) {
   absl::StatusOr<RedisOptions> o = Redis("redis://h", Env({{"REDIS_PASSWORD", "fromenv"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->password, "fromenv");
+  EXPECT_EQ(o->password_source, "REDIS_PASSWORD");
   o = Redis("redis://:inurl@h", Env({{"REDIS_PASSWORD", "fromenv"}}));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->password, "inurl");
+  EXPECT_EQ(o->password_source, "the URL");
   // A user with a password from the environment.
   o = Redis("redis://bob@h", Env({{"REDIS_PASSWORD", "pw"}}));
   ASSERT_TRUE(o.ok()) << o.status();

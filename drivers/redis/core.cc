@@ -72,7 +72,9 @@ absl::StatusOr<int64_t> IntReply(const Reply& r) {
 
 Core::Core(RedisOptions options)
     : options_(std::move(options)),
-      client_(NewClient(options_, [this](const std::string& address) { LogReconnect(address); })) {}
+      client_(NewClient(
+          options_, [this](const std::string& address) { LogReconnect(address); },
+          "redis driver")) {}
 
 void Core::LogReconnect(const std::string& address) {
   const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;

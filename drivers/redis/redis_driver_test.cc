@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 #include "gmock/gmock.h"
@@ -425,6 +426,11 @@ TEST(RedisDriverTest, WrongPasswordIsAClearErrorWithoutTheSecret) {
   auto driver = MustDriver(options);
   absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
   EXPECT_TRUE(absl::IsUnauthenticated(st)) << st;
+  // Names the server, who connected and where the password came from.
+  EXPECT_THAT(st.message(), ::testing::HasSubstr(absl::StrCat(
+                                "redis AUTH to 127.0.0.1:", server->port(),
+                                " failed (redis driver, password from RedisOptions.password)")));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("WRONGPASS"));
   EXPECT_THAT(st.ToString(), ::testing::Not(::testing::HasSubstr("secret")));
   EXPECT_THAT(ToString(options), ::testing::Not(::testing::HasSubstr("secret")));
   EXPECT_THAT(ToString(options), ::testing::HasSubstr("<redacted>"));
@@ -432,6 +438,19 @@ TEST(RedisDriverTest, WrongPasswordIsAClearErrorWithoutTheSecret) {
   options.password = "right-secret";
   auto good = MustDriver(options);
   EXPECT_TRUE(good->SendToQueue("q", "x", absl::ZeroDuration()).ok());
+}
+
+TEST(RedisDriverTest, NoPasswordForAServerThatWantsOneSaysHowToGiveOne) {
+  auto server = MustStart({.password = "right-secret"});
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnauthenticated(st)) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("NOAUTH"));
+  EXPECT_THAT(st.message(),
+              ::testing::HasSubstr(absl::StrCat("server 127.0.0.1:", server->port(),
+                                                ", redis driver: no password given")));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("REDIS_PASSWORD"));
 }
 
 TEST(RedisDriverTest, AclUserAndDatabaseSelection) {

@@ -1,7 +1,6 @@
 #include "drivers/redis/redis_options.h"
 
 #include <cstdint>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -49,8 +48,8 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
     return bad("limits.max_reply_bytes", "must be 1024 (1 KiB) to 4294967296 (4 GiB)");
   }
   // hiredis counts an array's elements in an int.
-  if (l.max_reply_elements < 1 || l.max_reply_elements > std::numeric_limits<int32_t>::max()) {
-    return bad("limits.max_reply_elements", "must be 1 to 2147483647");
+  if (l.max_reply_elements < 1 || l.max_reply_elements > kMaxRedisReplyElements) {
+    return bad("limits.max_reply_elements", absl::StrCat("must be 1 to ", kMaxRedisReplyElements));
   }
   if (o.backoff.initial <= absl::ZeroDuration()) return bad("backoff.initial", "must be > 0");
   if (o.backoff.max < o.backoff.initial) return bad("backoff.max", "must be >= backoff.initial");

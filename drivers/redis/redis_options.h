@@ -28,8 +28,13 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 
 namespace bus {
+
+// The largest RedisOptions::limits.max_reply_elements: hiredis allocates the element array of
+// an announced array up front (8 bytes an element: 128 MiB here) before any element arrives.
+inline constexpr int64_t kMaxRedisReplyElements = int64_t{1} << 24;
 
 // RedisOptions::limits.script_batch 0: script calls move at most this many messages.
 inline constexpr int kDefaultRedisScriptBatch = 500;
@@ -45,6 +50,9 @@ struct RedisOptions {
   std::vector<std::string> seeds{};
   // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
   std::string password{};
+  // Where `password` came from, named in AUTH and NOAUTH errors (never the password itself):
+  // url/url.h sets "the URL" or "REDIS_PASSWORD". Empty: "RedisOptions.password".
+  std::string password_source{};
   // ACL user name; empty: the default user. Only used with a password.
   std::string username{};
   // Database number for SELECT; default 0 (no SELECT).
@@ -61,9 +69,11 @@ struct RedisOptions {
   };
   Timeouts timeouts{};
 
-  // After each write that acknowledges a send, wait (WAIT) until `wait_replicas` replicas have
-  // it, for at most `wait_timeout`; a send that fewer replicas acknowledged in time fails with
-  // Unavailable (and is retried within timeouts.request, without duplicates). Replication is
+  // After each write that acknowledges a send, and each write of the Redis stores (Acquire,
+  // MarkDone, Release, Store, Remove and their batch forms), wait (WAIT) until `wait_replicas`
+  // replicas have it, for at most `wait_timeout`; a send or store write that fewer replicas
+  // acknowledged in time fails with Unavailable (a send is retried within timeouts.request,
+  // without duplicates). Replication is
   // asynchronous otherwise: a master lost right after acknowledging a send can lose it when a
   // replica takes over.
   struct Replication {
@@ -84,7 +94,8 @@ struct RedisOptions {
     // requests on it fail with Unavailable), so a broken or hostile server cannot make the
     // client buffer or allocate without limit. Defaults 512 MiB (Redis's largest string,
     // proto-max-bulk-len) and 1,048,576 elements; max_reply_bytes 1 KiB to 4 GiB,
-    // max_reply_elements 1 to 2^31 - 1.
+    // max_reply_elements 1 to kMaxRedisReplyElements (16,777,216: hiredis allocates 8 bytes an
+    // announced element before the first arrives, 128 MiB at that bound).
     int64_t max_reply_bytes = int64_t{512} << 20;
     int64_t max_reply_elements = int64_t{1} << 20;
   };

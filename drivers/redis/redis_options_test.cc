@@ -4,6 +4,7 @@
 #include "drivers/redis/redis_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "bus/random.h"
 #include "drivers/redis/client/address.h"
 #include "drivers/redis/client/client.h"
 #include "drivers/redis/client/connection.h"
@@ -40,6 +41,8 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
       {"limits.max_reply_bytes",
        [](RedisOptions& o) { o.limits.max_reply_bytes = (int64_t{4} << 30) + 1; }},
       {"limits.max_reply_elements", [](RedisOptions& o) { o.limits.max_reply_elements = 0; }},
+      {"limits.max_reply_elements",
+       [](RedisOptions& o) { o.limits.max_reply_elements = kMaxRedisReplyElements + 1; }},
       {"limits.max_reply_elements",
        [](RedisOptions& o) { o.limits.max_reply_elements = int64_t{1} << 31; }},
       {"seeds", [](RedisOptions& o) { o.seeds = {"127.0.0.1"}; }},
@@ -83,6 +86,14 @@ TEST(RedisOptionsTest, SeedsReplaceHostAndPort) {
   ASSERT_TRUE(redis::ParseHostPort("[::1]:7001", &host, &port).ok());
   EXPECT_EQ(host, "::1");
   EXPECT_EQ(port, 7001);
+}
+
+TEST(RedisOptionsTest, MaxReplyElementsUpToItsDocumentedBound) {
+  RedisOptions o;
+  o.limits.max_reply_elements = kMaxRedisReplyElements;
+  EXPECT_TRUE(ValidateRedisOptions(o).ok()) << ValidateRedisOptions(o);
+  o.limits.max_reply_elements = kMaxRedisReplyElements + 1;
+  EXPECT_THAT(ValidateRedisOptions(o).message(), HasSubstr("must be 1 to 16777216"));
 }
 
 TEST(RedisOptionsTest, ZeroScriptBatchIsTheLibrarysChoice) {

@@ -15,7 +15,15 @@ using redis::Reply;
 using redis::Script;
 
 // A key's value is "held:<owner>" during the lease and "done:<owner>" during the retention; its
-// TTL is the lease or the retention. Acquire is one SET NX PX (no script needed).
+// TTL is the lease or the retention. With replication.wait_replicas set, Acquire, MarkDone and
+// Release run as scripts followed by WAIT (Durability::kReplicated): a write only the master
+// acknowledged is lost when a replica takes over, and a lost done-mark repeats an effect.
+
+// KEYS: key. ARGV: owner, lease_ms. 1 when acquired, 0 when the key is held or done.
+constexpr char kAcquire[] = R"lua(
+if redis.call('SET', KEYS[1], 'held:' .. ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+)lua";
 
 // KEYS: key. ARGV: owner, retention_ms. 1 when done, 0 when not the owner of a live lease.
 constexpr char kMarkDone[] = R"lua(
@@ -47,6 +55,10 @@ redis.call('DEL', KEYS[1])
 return 1
 )lua";
 
+const Script& AcquireScript() {
+  static const Script* s = new Script(kAcquire);
+  return *s;
+}
 const Script& MarkDoneScript() {
   static const Script* s = new Script(kMarkDone);
   return *s;
@@ -67,13 +79,19 @@ int64_t Millis(absl::Duration d) {
 class RedisIdempotencyStore final : public IdempotencyStore {
  public:
   explicit RedisIdempotencyStore(RedisOptions options)
-      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
+      : options_(std::move(options)),
+        client_(redis::NewClient(options_, nullptr, "redis idempotency store")) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
     if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
         !st.ok()) {
       return st;
+    }
+    if (replicated()) {
+      absl::StatusOr<int64_t> r = Run(AcquireScript(), key, owner, Millis(lease));
+      if (!r.ok()) return r.status();
+      return *r == 1;
     }
     absl::StatusOr<Reply> r = client_->Command(
         {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
@@ -101,6 +119,11 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     // The SETs are pipelined in one round trip; Redis runs them in order.
     const std::vector<size_t> sent =
         ValidIdempotencyEntries("Acquire", "lease", keys, owners, lease, results);
+    if (replicated()) {
+      // Each acquire waits for the replicas on its own (EvalEach has no WAIT).
+      for (size_t i : sent) results[i] = Acquire(keys[i], owners[i], lease);
+      return;
+    }
     std::vector<std::vector<std::string>> commands;
     const std::string ms = absl::StrCat(Millis(lease));
     for (size_t i : sent) {
@@ -145,6 +168,11 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     auto fail_all = [&](const absl::Status& st) {
       for (size_t i : sent) results[i] = st;
     };
+    if (replicated()) {
+      // Each mark waits for the replicas of its key's master on its own (EvalEach has no WAIT).
+      for (size_t i : sent) results[i] = MarkDone(keys[i], owners[i], retention);
+      return;
+    }
     if (!client_->clustered() && sent.size() > 1) {
       // One server: one script run per script_batch keys, pipelined (a script run costs the
       // server far more than the GET and SET in it).
@@ -211,6 +239,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
   }
 
+  bool replicated() const { return options_.replication.wait_replicas > 0; }
+
   std::string KeyOf(absl::string_view key) const {
     return absl::StrCat(options_.key_prefix, "idem:{", key, "}");
   }
@@ -219,8 +249,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
                               int64_t ms) {
     std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));
-    absl::StatusOr<std::vector<Reply>> replies =
-        client_->Eval(script, {std::move(call)}, options_.timeouts.request);
+    absl::StatusOr<std::vector<Reply>> replies = client_->Eval(
+        script, {std::move(call)}, options_.timeouts.request, redis::Durability::kReplicated);
     if (!replies.ok()) return replies.status();
     const Reply& r = (*replies)[0];
     if (r.is_error()) return redis::ReplyStatus(r);

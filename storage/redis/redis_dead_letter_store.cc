@@ -167,7 +167,8 @@ void ParseMeta(absl::string_view meta, DeadLetter* d) {
 class RedisDeadLetterStore final : public DeadLetterStore {
  public:
   explicit RedisDeadLetterStore(RedisOptions options)
-      : options_(std::move(options)), client_(redis::NewClient(options_)) {}
+      : options_(std::move(options)),
+        client_(redis::NewClient(options_, nullptr, "redis dead-letter store")) {}
 
   absl::StatusOr<std::string> Store(const DeadLetter& letter) override {
     if (absl::Status st = ValidateDeadLetter(letter); !st.ok()) return st;
@@ -183,7 +184,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
                           {{"9", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
                             k.kind[static_cast<int>(letter.kind)], k.msg, k.bymsg, letter.data,
                             letter.reason, meta, message_key}},
-                          options_.timeouts.request));
+                          options_.timeouts.request, redis::Durability::kReplicated));
     if (!r.ok()) return r.status();
     return r->str;
   }
@@ -240,7 +241,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     return One(client_->Eval(RemoveScript(),
                              {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
                                k.kind[2], k.msg, k.bymsg, std::string(id)}},
-                             options_.timeouts.request))
+                             options_.timeouts.request, redis::Durability::kReplicated))
         .status();
   }
 

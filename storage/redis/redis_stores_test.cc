@@ -1,6 +1,8 @@
 // The store conformance suites on the Redis dead-letter and idempotency stores, against a
 // redis-server that each test starts itself, plus what is specific to them.
 
+#include <signal.h>
+
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "tests/testing/letters.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/redis_store_harness.h"
+#include "tests/testing/wait.h"
 
 namespace bus::testing {
 namespace {
@@ -109,6 +112,81 @@ TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatche
   EXPECT_EQ(*(*store)->Count("q"), 50);
   ASSERT_TRUE((*store)->Purge("q").ok());
   EXPECT_EQ(*(*store)->Count("q"), 0);
+}
+
+// With wait_replicas = 1 every store write the exactly-once guarantee depends on waits for a
+// replica: a master whose replica stopped (SIGSTOP, its link dropped with CLIENT KILL) fails
+// them with Unavailable instead of acknowledging what a failover would lose; once the replica
+// runs again they succeed.
+TEST(RedisStoresTest, WritesWaitForReplicasWhenWaitReplicasIsSet) {
+  RedisStoreHarness h;
+  ASSERT_NE(h.server(), nullptr);
+  absl::StatusOr<std::unique_ptr<RedisServer>> replica = RedisServer::Start(
+      {.extra_args = {"--replicaof", "127.0.0.1", absl::StrCat(h.server()->port())}});
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  RedisOptions options = h.Options();
+  options.replication.wait_replicas = 1;
+  options.replication.wait_timeout = absl::Milliseconds(300);
+  auto idem = NewRedisIdempotencyStore(options);
+  auto dlq = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(idem.ok() && dlq.ok());
+  int n = 0;
+  // The replica has synced once a replicated write succeeds.
+  ASSERT_TRUE(WaitUntil(
+      [&] { return (*idem)->Acquire(absl::StrCat("sync", n++), "me", absl::Seconds(30)).ok(); }));
+  ASSERT_TRUE(*(*idem)->Acquire("k", "me", absl::Seconds(30)));
+  ASSERT_TRUE(*(*idem)->Acquire("r", "me", absl::Seconds(30)));
+
+  ASSERT_EQ(kill((*replica)->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(h.server()->Cli({"CLIENT", "KILL", "TYPE", "replica"}).ok());
+  const absl::Status done = (*idem)->MarkDone("k", "me", absl::Seconds(60));
+  EXPECT_TRUE(absl::IsUnavailable(done)) << done;
+  EXPECT_THAT(done.message(), ::testing::HasSubstr("WAIT"));
+  EXPECT_TRUE(absl::IsUnavailable((*idem)->Acquire("k2", "me", absl::Seconds(30)).status()));
+  EXPECT_TRUE(absl::IsUnavailable((*idem)->Release("r", "me")));
+  std::vector<absl::Status> many(1);
+  (*idem)->MarkDoneMany({"k3"}, {"me"}, absl::Seconds(60), absl::MakeSpan(many));
+  EXPECT_FALSE(many[0].ok());
+  EXPECT_TRUE(absl::IsUnavailable((*dlq)->Store(Letter("q", "d", "r")).status()));
+
+  ASSERT_EQ(kill((*replica)->pid(), SIGCONT), 0);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return (*idem)->Acquire(absl::StrCat("again", n++), "me", absl::Seconds(30)).ok(); }));
+  ASSERT_TRUE(*(*idem)->Acquire("k4", "me", absl::Seconds(30)));
+  EXPECT_TRUE((*idem)->MarkDone("k4", "me", absl::Seconds(60)).ok());
+  EXPECT_TRUE((*dlq)->Store(Letter("q", "d2", "r")).ok());
+}
+
+// AUTH and NOAUTH errors name the server, the store (so a user knows which URL to fix) and
+// where the password came from.
+TEST(RedisStoresTest, AuthErrorsNameTheStoreAndThePasswordsSource) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server =
+      RedisServer::Start({.password = "right-secret"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.password = "wrong-secret";
+  options.password_source = "REDIS_PASSWORD";
+  auto dlq = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(dlq.ok());
+  const absl::Status wrong = (*dlq)->Store(Letter("q", "d", "r")).status();
+  EXPECT_TRUE(absl::IsUnauthenticated(wrong)) << wrong;
+  EXPECT_THAT(wrong.message(),
+              ::testing::HasSubstr(
+                  absl::StrCat("redis AUTH to 127.0.0.1:", (*server)->port(),
+                               " failed (redis dead-letter store, password from REDIS_PASSWORD)")));
+  EXPECT_THAT(wrong.message(), ::testing::Not(::testing::HasSubstr("secret")));
+
+  options.password.clear();
+  options.password_source.clear();
+  auto idem = NewRedisIdempotencyStore(options);
+  ASSERT_TRUE(idem.ok());
+  const absl::Status none = (*idem)->Acquire("k", "me", absl::Seconds(1)).status();
+  EXPECT_TRUE(absl::IsUnauthenticated(none)) << none;
+  EXPECT_THAT(none.message(),
+              ::testing::HasSubstr(absl::StrCat("server 127.0.0.1:", (*server)->port(),
+                                                ", redis idempotency store: no password given")));
+  EXPECT_THAT(none.message(), ::testing::HasSubstr("REDIS_PASSWORD"));
 }
 
 TEST(RedisStoresTest, AnUnreachableServerIsUnavailable) {

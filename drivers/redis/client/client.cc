@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 #include "drivers/redis/client/cluster_client.h"
 
 namespace bus {
@@ -28,8 +29,11 @@ RedisOptions WithDefaults(RedisOptions options) {
   return options;
 }
 
-ConnectionOptions ToConnectionOptions(const RedisOptions& o, const std::string& host, int port) {
+ConnectionOptions ToConnectionOptions(const RedisOptions& o, const std::string& component,
+                                      const std::string& host, int port) {
   ConnectionOptions c;
+  c.component = component;
+  c.password_source = o.password_source.empty() ? "RedisOptions.password" : o.password_source;
   c.host = host;
   c.port = port;
   c.username = o.username;
@@ -107,8 +111,10 @@ namespace {
 // One server: an IoThread with one pipelined Connection, and one more per blocking connection.
 class SingleClient final : public Client, public std::enable_shared_from_this<SingleClient> {
  public:
-  SingleClient(const RedisOptions& options, ReconnectCallback on_reconnect)
-      : options_(options), on_reconnect_(std::move(on_reconnect)) {
+  SingleClient(const RedisOptions& options, ReconnectCallback on_reconnect, std::string component)
+      : options_(options),
+        component_(std::move(component)),
+        on_reconnect_(std::move(on_reconnect)) {
     conn_ = NewConnection();
   }
   ~SingleClient() override {
@@ -123,7 +129,8 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
       cb = [this] { on_reconnect_(absl::StrCat(options_.host, ":", options_.port)); };
     }
     return Connection::Create(
-        io_.get(), ToConnectionOptions(options_, options_.host, options_.port), std::move(cb));
+        io_.get(), ToConnectionOptions(options_, component_, options_.host, options_.port),
+        std::move(cb));
   }
 
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
@@ -180,6 +187,7 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
 
  private:
   const RedisOptions options_;
+  const std::string component_;
   const ReconnectCallback on_reconnect_;
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::shared_ptr<Connection> conn_;
@@ -205,9 +213,13 @@ absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::s
   return keys;
 }
 
-std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback on_reconnect) {
-  if (!options.seeds.empty()) return NewClusterClient(options, std::move(on_reconnect));
-  return std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect));
+std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback on_reconnect,
+                                  std::string component) {
+  if (!options.seeds.empty()) {
+    return NewClusterClient(options, std::move(on_reconnect), std::move(component));
+  }
+  return std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect),
+                                        std::move(component));
 }
 
 }  // namespace redis

@@ -134,15 +134,17 @@ using ReconnectCallback = std::function<void(const std::string& address)>;
 // limits.script_batch kDefaultRedisScriptBatch. The driver and the stores keep these.
 RedisOptions WithDefaults(RedisOptions options);
 
-// The settings of one connection to `host`:`port` for `options`.
-ConnectionOptions ToConnectionOptions(const RedisOptions& options, const std::string& host,
-                                      int port);
+// The settings of one connection to `host`:`port` for `options`, made by `component` (named in
+// AUTH errors: "redis driver", "redis dead-letter store", ...).
+ConnectionOptions ToConnectionOptions(const RedisOptions& options, const std::string& component,
+                                      const std::string& host, int port);
 
 // A Client for `options` (valid: ValidateRedisOptions; defaults filled in by WithDefaults): a
 // cluster client when options.seeds is set, else one server. Does not connect: the first
-// request does.
+// request does. `component` names the user in AUTH errors, so a user knows which URL to fix.
 std::shared_ptr<Client> NewClient(const RedisOptions& options,
-                                  ReconnectCallback on_reconnect = nullptr);
+                                  ReconnectCallback on_reconnect = nullptr,
+                                  std::string component = "redis client");
 
 }  // namespace redis
 }  // namespace bus

@@ -50,8 +50,10 @@ absl::Status At(const std::string& address, const absl::Status& st) {
 
 class ClusterClient final : public Client, public std::enable_shared_from_this<ClusterClient> {
  public:
-  ClusterClient(const RedisOptions& options, ReconnectCallback on_reconnect)
-      : options_(WithDefaults(options)), on_reconnect_(std::move(on_reconnect)) {}
+  ClusterClient(const RedisOptions& options, ReconnectCallback on_reconnect, std::string component)
+      : options_(WithDefaults(options)),
+        component_(std::move(component)),
+        on_reconnect_(std::move(on_reconnect)) {}
 
   ~ClusterClient() override {
     std::vector<std::shared_ptr<Connection>> conns;
@@ -69,7 +71,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
     std::string host = address;  // addresses come from ParseHostPort'able sources
     int port = 0;
     (void)ParseHostPort(address, &host, &port);
-    return Connection::Create(io_.get(), ToConnectionOptions(options_, host, port),
+    return Connection::Create(io_.get(), ToConnectionOptions(options_, component_, host, port),
                               [this, address] {
                                 reconnects_.fetch_add(1, std::memory_order_relaxed);
                                 if (on_reconnect_) on_reconnect_(address);
@@ -227,6 +229,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   }
 
   const RedisOptions options_;
+  const std::string component_;
   const ReconnectCallback on_reconnect_;
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::atomic<uint64_t> reconnects_{0};
@@ -506,8 +509,8 @@ std::unique_ptr<BlockingConnection> ClusterClient::NewBlocking() {
 }  // namespace
 
 std::shared_ptr<Client> NewClusterClient(const RedisOptions& options,
-                                         ReconnectCallback on_reconnect) {
-  return std::make_shared<ClusterClient>(options, std::move(on_reconnect));
+                                         ReconnectCallback on_reconnect, std::string component) {
+  return std::make_shared<ClusterClient>(options, std::move(on_reconnect), std::move(component));
 }
 
 }  // namespace bus::redis

@@ -22,7 +22,7 @@
 namespace bus::redis {
 
 std::shared_ptr<Client> NewClusterClient(const RedisOptions& options,
-                                         ReconnectCallback on_reconnect);
+                                         ReconnectCallback on_reconnect, std::string component);
 
 // Shared with the single-server client.
 absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::string& pattern,

@@ -15,6 +15,7 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 #include "drivers/redis/client/client.h"
 #include "drivers/redis/client/slot.h"
 #include "gmock/gmock.h"

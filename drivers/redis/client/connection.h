@@ -32,7 +32,8 @@
 //
 // Errors (Status codes): Unavailable (cannot connect, connection lost), DeadlineExceeded (the
 // request's deadline passed), Cancelled (the request's stop token fired), Unauthenticated
-// (AUTH refused, or a password sent to a server that has none), Internal (protocol error). A Redis
+// (AUTH refused, or a password sent to a server that has none). A server that breaks the
+// protocol is treated as a lost connection (Unavailable, "redis protocol error: ..."). A Redis
 // error reply is not a transport error: it is returned as a Reply of type kError inside an OK
 // result.
 //
@@ -62,6 +63,7 @@
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
 #include "bus/backoff.h"
+#include "bus/random.h"
 #include "drivers/redis/client/resp.h"
 
 namespace bus::redis {
@@ -74,6 +76,11 @@ struct ConnectionOptions {
   std::string username{};
   // Password for AUTH; empty: no AUTH. Never logged or included in errors.
   std::string password{};
+  // Named in AUTH and NOAUTH errors, so a user knows what to fix: which part of the program
+  // connects ("redis driver", "redis idempotency store") and where the password came from
+  // ("the URL", "REDIS_PASSWORD"). Never the password itself.
+  std::string component = "redis client";
+  std::string password_source = "the options";
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
   // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.

@@ -31,8 +31,10 @@ absl::Status TransportError(absl::string_view what, const error_code& ec) {
   return absl::UnavailableError(absl::StrCat("redis ", what, ": ", ec.message()));
 }
 
+// hiredis refusing what the server sent (the reply scanner refuses first whatever it can): the
+// server is broken, not this process, so Unavailable like any lost connection, which it is.
 absl::Status ReaderError(const redisReader* reader) {
-  return absl::InternalError(absl::StrCat("redis protocol error: ", reader->errstr));
+  return absl::UnavailableError(absl::StrCat("redis protocol error: ", reader->errstr));
 }
 
 // Fails requests whose deadline passed. One timer per connection, ticking every
@@ -232,11 +234,16 @@ awaitable<absl::Status> Connection::Impl::Handshake() {
       // Redis answers ERR, which would read as an internal fault; it is a setting to fix.
       co_return absl::UnauthenticatedError(absl::StrCat(
           "redis AUTH failed: the server at ", options.host, ":", options.port,
-          " has no password set; remove the password from the options (or set requirepass "
-          "on the server) (redis: ",
-          r->str, ")"));
+          " has no password set; remove the password (", options.component, ", password from ",
+          options.password_source, ") (or set requirepass on the server) (redis: ", r->str, ")"));
     }
     absl::Status st = ReplyStatus(*r);
+    if (c[0] == "AUTH") {
+      co_return absl::Status(
+          st.code(), absl::StrCat("redis AUTH to ", options.host, ":", options.port, " failed (",
+                                  options.component, ", password from ", options.password_source,
+                                  "): ", st.message()));
+    }
     co_return absl::Status(st.code(), absl::StrCat(c[0], " failed: ", st.message()));
   }
   co_return absl::OkStatus();
@@ -331,7 +338,19 @@ awaitable<absl::Status> Connection::Impl::ReadLoop() {
       if (inflight.empty()) co_return absl::InternalError("redis sent an unexpected reply");
       RequestPtr& front = inflight.front();
       // A request that already failed (deadline, cancel) still consumes its replies.
-      if (!front->done) front->replies.push_back(Convert(*owned));
+      if (!front->done) {
+        front->replies.push_back(Convert(*owned));
+        Reply& reply = front->replies.back();
+        if (reply.is_error() && options.password.empty() && absl::StartsWith(reply.str, "NOAUTH")) {
+          // The server wants a password and none was given: say who connected where, and how
+          // to give one (the text still starts with NOAUTH: it stays Unauthenticated).
+          absl::StrAppend(&reply.str, " (server ", options.host, ":", options.port, ", ",
+                          options.component,
+                          ": no password given; put one in the URL "
+                          "(redis://:password@host:port) or in REDIS_PASSWORD, or set "
+                          "RedisOptions.password)");
+        }
+      }
       Dispatched(front);
     }
     if (!refused.ok()) co_return refused;

@@ -216,5 +216,38 @@ TEST_F(ConnectionTest, APipelineWithARefusedReplyFailsUnavailable) {
   EXPECT_THAT(r.status().message(), HasSubstr("max_reply_bytes"));
 }
 
+TEST_F(ConnectionTest, ANumberLineWithALeadingZeroDropsTheConnection) {
+  // hiredis refuses "$01"; the first connection answers AUTH with it (the handshake), the
+  // second a PING; the third connection answers properly. Each refused connection is dropped
+  // with Unavailable (a broken server, not an internal fault), and the client reconnects.
+  FakeServer fake([&](int fd, int n) {
+    ReadRequest(fd);
+    if (n == 0) {
+      (void)SendAll(fd, "$01\r\nx\r\n");
+    } else if (n == 1) {
+      (void)SendAll(fd, "+OK\r\n");
+      ReadRequest(fd);
+      (void)SendAll(fd, "$01\r\nx\r\n");
+    } else {
+      (void)SendAll(fd, "+OK\r\n");
+      ReadRequest(fd);
+      (void)SendAll(fd, "+PONG\r\n");
+      return;  // the client keeps this one open
+    }
+    char buf[64];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+  });
+  Connection& conn = Connect(fake.port(), {.password = "secret"});
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<Reply> r = conn.Command({"PING"}, absl::Seconds(5));
+    EXPECT_TRUE(absl::IsUnavailable(r.status())) << i << ": " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("protocol error")) << i;
+  }
+  absl::StatusOr<Reply> r = conn.Command({"PING"}, absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->str, "PONG");
+}
+
 }  // namespace
 }  // namespace bus::redis

@@ -40,12 +40,14 @@ void ReplyScanner::ElementDone() {
 }
 
 absl::Status ReplyScanner::EndHeaderLine() {
-  // What hiredis's readLongLong accepts without overflowing: an optional '-' and at most 19
-  // digits whose value fits an int64.
+  // What hiredis's string2ll accepts: "0", or an optional '-' and 1 to 19 digits without a
+  // leading zero ("-0", "01" and "+1" are refused), within -(2^63 - 1) to 2^63 - 1 (hiredis
+  // also takes -2^63, refused here as no reply needs it). A line this scanner accepted and
+  // hiredis refused would surface as hiredis's error instead of the scanner's.
   absl::string_view digits = line_;
   const bool negative = absl::ConsumePrefix(&digits, "-");
   uint64_t magnitude = 0;
-  if (digits.empty() || digits.size() > 19 ||
+  if (digits.empty() || digits.size() > 19 || (digits[0] == '0' && line_ != "0") ||
       !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit) ||
       !absl::SimpleAtoi(digits, &magnitude) ||
       magnitude > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {

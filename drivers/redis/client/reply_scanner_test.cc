@@ -3,11 +3,13 @@
 
 #include "drivers/redis/client/reply_scanner.h"
 
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hiredis/hiredis.h"
 
 namespace bus::redis {
 namespace {
@@ -116,6 +118,42 @@ TEST(ReplyScannerTest, RefusesArraysNestedDeeperThanHiredisReads) {
   std::string deep;
   for (int i = 0; i <= ReplyScanner::kMaxDepth; ++i) deep += "*1\r\n";
   EXPECT_FALSE(s.Scan(deep).ok());
+}
+
+// Whether hiredis parses `reply` (one whole reply) without a protocol error.
+bool HiredisAccepts(const std::string& reply) {
+  std::unique_ptr<redisReader, decltype(&redisReaderFree)> reader(redisReaderCreate(),
+                                                                  &redisReaderFree);
+  void* raw = nullptr;
+  const bool ok = redisReaderFeed(reader.get(), reply.data(), reply.size()) == REDIS_OK &&
+                  redisReaderGetReply(reader.get(), &raw) == REDIS_OK && raw != nullptr;
+  if (raw != nullptr) freeReplyObject(raw);
+  return ok;
+}
+
+TEST(ReplyScannerTest, AcceptsExactlyTheNumberLinesHiredisAccepts) {
+  // Leading zeros, a signed zero, a '+' sign, the top of the int64 range and one past it:
+  // each one the scanner let through and hiredis refused would close the connection with
+  // hiredis's error instead of the scanner's.
+  for (const char* number :
+       {"0", "1", "10", "01", "00", "-0", "-01", "+1", " 1", "1 ", "", "-", "9223372036854775807",
+        "9223372036854775808", "-9223372036854775807", "09223372036854775807"}) {
+    SCOPED_TRACE(number);
+    const std::string line = std::string(":") + number + "\r\n";
+    ReplyScanner s(kBytes, kElements);
+    s.Expect(1);
+    EXPECT_EQ(s.Scan(line).ok(), HiredisAccepts(line));
+  }
+  for (const std::string& reply :
+       {std::string("$01\r\nx\r\n"), std::string("$1\r\nx\r\n"), std::string("$-01\r\n"),
+        std::string("$-0\r\n"), std::string("*01\r\n:1\r\n"), std::string("*-01\r\n"),
+        std::string("*00\r\n"), std::string("$00\r\n\r\n")}) {
+    SCOPED_TRACE(reply);
+    ReplyScanner s(kBytes, kElements);
+    s.Expect(1);
+    const absl::Status st = s.Scan(reply);
+    EXPECT_EQ(st.ok() && s.replies() == 1, HiredisAccepts(reply)) << st;
+  }
 }
 
 }  // namespace
