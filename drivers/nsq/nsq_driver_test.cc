@@ -30,6 +30,7 @@
 #include "boost/beast/http.hpp"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fault_injection.h"

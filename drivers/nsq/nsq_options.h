@@ -32,6 +32,7 @@
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 
 namespace bus {
 

@@ -30,6 +30,7 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 #include "drivers/nsq/internal/connection.h"
 #include "drivers/nsq/nsq_options.h"
 
