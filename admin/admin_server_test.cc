@@ -563,7 +563,7 @@ TEST(AdminServerRedisTest, MetricsMatchStatsAndReadyzFollowsTheServer) {
   RedisOptions ro;
   ro.port = (*server)->port();
   ro.logger = NullLogger();
-  ro.request_timeout = absl::Seconds(1);
+  ro.timeouts.request = absl::Seconds(1);
   auto driver = NewRedisDriver(ro);
   auto dl = NewRedisDeadLetterStore(ro);
   auto idem = NewRedisIdempotencyStore(ro);

@@ -386,18 +386,19 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
     if (!absl::SimpleAtoi(*db, &o.db) || o.db < 0) return Bad("db", "not a database number");
   }
   p.String("key_prefix", &o.key_prefix);
+  // The parameters keep flat names (connect_timeout for timeouts.connect), as for nsq://.
   if (absl::Duration timeout; p.Duration("timeout", &timeout)) {
-    o.connect_timeout = o.request_timeout = timeout;
+    o.timeouts.connect = o.timeouts.request = timeout;
   }
-  p.Duration("connect_timeout", &o.connect_timeout);
-  p.Duration("request_timeout", &o.request_timeout);
-  p.Duration("reconnect_backoff_base", &o.reconnect_backoff_base);
-  p.Duration("reconnect_backoff_max", &o.reconnect_backoff_max);
-  p.Integer("script_batch", &o.script_batch);
-  p.Integer("max_reply_bytes", &o.max_reply_bytes);
-  p.Integer("max_reply_elements", &o.max_reply_elements);
-  p.Integer("wait_replicas", &o.wait_replicas);
-  p.Duration("wait_timeout", &o.wait_timeout);
+  p.Duration("connect_timeout", &o.timeouts.connect);
+  p.Duration("request_timeout", &o.timeouts.request);
+  p.Duration("reconnect_backoff_base", &o.backoff.initial);
+  p.Duration("reconnect_backoff_max", &o.backoff.max);
+  p.Integer("script_batch", &o.limits.script_batch);
+  p.Integer("max_reply_bytes", &o.limits.max_reply_bytes);
+  p.Integer("max_reply_elements", &o.limits.max_reply_elements);
+  p.Integer("wait_replicas", &o.replication.wait_replicas);
+  p.Duration("wait_timeout", &o.replication.wait_timeout);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
   return o;

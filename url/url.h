@@ -71,9 +71,10 @@ using GetEnv = std::function<std::optional<std::string>(absl::string_view name)>
 GetEnv ProcessEnv();
 
 // redis:// → RedisOptions. Port default 6379, db from the path ("/2"), password from the URL
-// or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, connect_timeout,
-// request_timeout, timeout (both), reconnect_backoff_base, reconnect_backoff_max,
-// script_batch, max_reply_bytes, max_reply_elements, db, wait_replicas, wait_timeout.
+// or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, db, connect_timeout and
+// request_timeout (timeouts.connect, timeouts.request), timeout (both), reconnect_backoff_base
+// and reconnect_backoff_max (backoff.initial, backoff.max), script_batch, max_reply_bytes,
+// max_reply_elements (limits.*), wait_replicas, wait_timeout (replication.*).
 // redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0). The
 // result is validated (ValidateRedisOptions).
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);

@@ -57,7 +57,7 @@ TEST(RedisUrl, Defaults) {
   EXPECT_EQ(o->db, 0);
   EXPECT_EQ(o->password, "");
   EXPECT_EQ(o->key_prefix, d.key_prefix);
-  EXPECT_EQ(o->request_timeout, d.request_timeout);
+  EXPECT_EQ(o->timeouts.request, d.timeouts.request);
   // No host at all: the default address.
   o = Redis("redis://");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -76,20 +76,20 @@ TEST(RedisUrl, EveryPart) {
   EXPECT_EQ(o->port, 6380);
   EXPECT_EQ(o->db, 3);
   EXPECT_EQ(o->key_prefix, "app:");
-  EXPECT_EQ(o->connect_timeout, absl::Milliseconds(250));
-  EXPECT_EQ(o->request_timeout, absl::Seconds(3));
-  EXPECT_EQ(o->reconnect_backoff_base, absl::Milliseconds(10));
-  EXPECT_EQ(o->reconnect_backoff_max, absl::Seconds(1));
-  EXPECT_EQ(o->script_batch, 100);
-  EXPECT_EQ(o->max_reply_bytes, 4096);
-  EXPECT_EQ(o->max_reply_elements, 10);
+  EXPECT_EQ(o->timeouts.connect, absl::Milliseconds(250));
+  EXPECT_EQ(o->timeouts.request, absl::Seconds(3));
+  EXPECT_EQ(o->backoff.initial, absl::Milliseconds(10));
+  EXPECT_EQ(o->backoff.max, absl::Seconds(1));
+  EXPECT_EQ(o->limits.script_batch, 100);
+  EXPECT_EQ(o->limits.max_reply_bytes, 4096);
+  EXPECT_EQ(o->limits.max_reply_elements, 10);
 }
 
 TEST(RedisUrl, TimeoutSetsBothAndTheSpecificOneWins) {
   absl::StatusOr<RedisOptions> o = Redis("redis://h?timeout=7s&connect_timeout=1s");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->connect_timeout, absl::Seconds(1));
-  EXPECT_EQ(o->request_timeout, absl::Seconds(7));
+  EXPECT_EQ(o->timeouts.connect, absl::Seconds(1));
+  EXPECT_EQ(o->timeouts.request, absl::Seconds(7));
 }
 
 TEST(RedisUrl, PercentEncodedUserAndPassword) {
@@ -125,8 +125,8 @@ TEST(RedisUrl, ClusterSeeds) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->seeds, (std::vector<std::string>{"10.0.0.1:7000", "[::1]:7001", "h3:6379"}));
   EXPECT_EQ(o->password, "pw");
-  EXPECT_EQ(o->wait_replicas, 1);
-  EXPECT_EQ(o->wait_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(o->replication.wait_replicas, 1);
+  EXPECT_EQ(o->replication.wait_timeout, absl::Milliseconds(250));
   ExpectBad(Redis("redis+cluster://").status(), "host");
   ExpectBad(Redis("redis+cluster://h1:7000/2").status(), "db");
   ExpectBad(Redis("redis://h1:7000,h2:7001").status(), "host");
@@ -180,8 +180,10 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://h?=x").status(), "parameter");
   ExpectBad(Redis("redis://h#frag").status(), "fragment");
   // Out of range: the option's own validation, named.
-  ExpectBad(Redis("redis://h?script_batch=0").status(), "script_batch");
-  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "request_timeout");
+  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch");
+  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "timeouts.request");
+  // 0: the library's choice.
+  EXPECT_TRUE(Redis("redis://h?script_batch=0").ok());
 }
 
 TEST(RedisUrl, APasswordWithSlashOrQuestionMarkIsNeverEchoed) {
