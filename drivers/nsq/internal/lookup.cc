@@ -37,9 +37,6 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequestOnce(asio::io_context& io, ht
                                                         absl::Duration timeout) {
   absl::string_view hostport = address;
   if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
-  if (const size_t slash = hostport.find('/'); slash != absl::string_view::npos) {
-    hostport = hostport.substr(0, slash);
-  }
   std::string host, port;
   if (absl::Status s = SplitHostPort(hostport, &host, &port); !s.ok()) co_return s;
 
