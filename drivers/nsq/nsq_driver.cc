@@ -159,7 +159,7 @@ class NsqDriver final : public Driver {
       }
       return absl::OkStatus();
     }
-    // One MPUB per max_batch_bytes, built in place.
+    // One MPUB per limits.max_batch_bytes, built in place.
     const size_t limit = core_->options().limits.max_batch_bytes;
     size_t begin = 0;
     while (begin < data.size()) {
@@ -217,8 +217,8 @@ class NsqDriver final : public Driver {
   }
 
   // nsqd counts: depth (memory and disk) is ready, deferred is delayed (DPUB and REQ, including
-  // the re-deferrals of a delay above max_defer), in_flight is leased; summed over every nsqd,
-  // over the queue channel of topic Q and channel Q of every other topic (the bindings).
+  // the re-deferrals of a delay above limits.max_defer), in_flight is leased; summed over every
+  // nsqd, over the queue channel of topic Q and channel Q of every other topic (the bindings).
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     absl::StatusOr<std::vector<nsq::ChannelStats>> stats = AllChannelStats();
     if (!stats.ok()) return stats.status();

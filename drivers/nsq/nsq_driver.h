@@ -13,20 +13,21 @@
 //    and FINs, without delivering, topic messages whose route key does not match its binding
 //    keys. Bindings live in the driver instance: every process that consumes Q calls Subscribe.
 //  - Unsubscribe(T, Q, key) forgets the key here; once Q has no key on T left here, channel Q
-//    of topic T is deleted on every nsqd (nsqd_http_addresses, else those the lookupds list).
-//    DeleteQueue(Q) deletes topic Q there (only its queue channel when the topic has others).
+//    of topic T is deleted on every nsqd (discovery.nsqd_http_addresses, else those the lookupds
+//    list). DeleteQueue(Q) deletes topic Q there (only its queue channel when the topic has
+//    others).
 //  - per-queue delays live in the driver instance too (CreateQueue): every producer of a
 //    delayed queue calls CreateQueue with the same delay.
-//  - delays use DPUB; a delay longer than `max_defer` (nsqd's --max-req-timeout) is carried in
-//    the message and re-deferred with REQ on receipt until it has passed.
+//  - delays use DPUB; a delay longer than `limits.max_defer` (nsqd's --max-req-timeout) is
+//    carried in the message and re-deferred with REQ on receipt until it has passed.
 //  - every body the driver publishes starts with a small wrapper (route key, "not before");
 //    bodies from other NSQ clients are delivered as they are.
 //
-// Publishing goes to `nsqd_tcp_addresses` (the first one that is up, in order); consuming
+// Publishing goes to `nsqd_tcp_addresses` (as `publishing.policy` says); consuming
 // connects to `nsqd_tcp_addresses` and to every nsqd that the nsqlookupds list for the topics.
 //
-// Bounded against a broken nsqd: connect and handshake end at `connect_timeout`, every request at
-// `request_timeout` (the connection is then dropped and the call is Unavailable); a frame above
+// Bounded against a broken nsqd: connect and handshake end at `timeouts.connect`, every request at
+// `timeouts.request` (the connection is then dropped and the call is Unavailable); a frame above
 // the message size limit, or a consumer connection on which nsqd sends more messages than the
 // RDY it was given, closes that connection (it is reconnected with backoff).
 //

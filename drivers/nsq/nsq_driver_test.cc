@@ -30,6 +30,7 @@
 #include "boost/beast/http.hpp"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fault_injection.h"
@@ -204,7 +205,34 @@ TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
   o.timeouts.heartbeat_interval = absl::Milliseconds(10);
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
-  EXPECT_TRUE(absl::StrContains(d.status().message(), "heartbeat_interval"));
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "timeouts.heartbeat_interval"));
+  o.timeouts = {};
+  o.reconnect_backoff = {.initial = absl::Seconds(2), .max = absl::Seconds(1)};
+  d = NewNsqDriver(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "reconnect_backoff.max"));
+  o.reconnect_backoff = {.initial = absl::ZeroDuration()};
+  d = NewNsqDriver(o);
+  ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "reconnect_backoff.initial"));
+}
+
+// The default limit is nsqd's default --max-msg-size (bus::kDefaultMaxMessageBytes) less the
+// largest wrapper: a message of exactly that size, sent with the longest route key, is accepted
+// by an nsqd with default settings; one byte more is refused before any I/O.
+TEST(NsqDriverTest, TheDefaultMessageLimitFitsNsqdsDefaultLimit) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto driver = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  ASSERT_NE(driver, nullptr);
+  const size_t limit = NsqOptions().limits.max_message_bytes;
+  EXPECT_EQ(limit, kDefaultMaxMessageBytes - kNsqMaxWrapperBytes);
+  const std::string key(255, 'k');
+  ASSERT_TRUE(driver->Subscribe("bigtopic", "bigq", "#").ok());
+  EXPECT_TRUE(driver->SendToTopic("bigtopic", std::string(limit, 'x'), key).ok());
+  const absl::Status st = driver->SendToTopic("bigtopic", std::string(limit + 1, 'x'), key);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "limits.max_message_bytes")) << st;
 }
 
 // Publishes and acks are written from the caller's thread when the connection's writer is idle

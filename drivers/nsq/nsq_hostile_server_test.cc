@@ -352,9 +352,9 @@ TEST(NsqHostileServerTest, ARefusedPublishGoesToTheNextNsqd) {
       << seen.size() << " of 5 arrived";
 }
 
-// Every nsqd accepts the connection and never answers IDENTIFY, and connect_timeout is longer
-// than the patience: the send ends when publish_timeout passes, with DeadlineExceeded. The
-// same for an nsqd that never answers the PUB while request_timeout is longer than the
+// Every nsqd accepts the connection and never answers IDENTIFY, and timeouts.connect is longer
+// than the patience: the send ends when publishing.timeout passes, with DeadlineExceeded. The
+// same for an nsqd that never answers the PUB while timeouts.request is longer than the
 // patience (the message may have been accepted, and the error says so).
 TEST(NsqHostileServerTest, ASendWhoseDeadlinePassesWithEveryNsqdSilentIsDeadlineExceeded) {
   auto silent_a = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoIdentifyResponse);
@@ -387,7 +387,7 @@ TEST(NsqHostileServerTest, ASendWhoseDeadlinePassesWithEveryNsqdSilentIsDeadline
 }
 
 // The nsqd answers heartbeats (so the connection looks alive) but never a publish: each of
-// PUB, MPUB and DPUB ends at request_timeout with Unavailable, and the connection is dropped,
+// PUB, MPUB and DPUB ends at timeouts.request with Unavailable, and the connection is dropped,
 // so the next call connects again.
 TEST(NsqHostileServerTest, APublishNsqdNeverAnswersEndsAtTheRequestTimeout) {
   auto server = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoPublishResponse);
@@ -414,7 +414,7 @@ TEST(NsqHostileServerTest, APublishNsqdNeverAnswersEndsAtTheRequestTimeout) {
 }
 
 // SUB is a request too: CreateQueue (which makes the queue's channel) and a consumer's
-// subscription end at request_timeout.
+// subscription end at timeouts.request.
 TEST(NsqHostileServerTest, ASubNsqdNeverAnswersEndsAtTheRequestTimeout) {
   auto server = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoSubResponse);
   auto driver = MakeDriver(server->address(), StderrLogger(LogLevel::kWarning));

@@ -4,7 +4,10 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "bus/names.h"
 #include "drivers/nsq/internal/address.h"
 
@@ -48,8 +51,18 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
           absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
     }
   }
-  for (std::string a : o.lookupd_http_addresses) {
-    if (a.rfind("http://", 0) == 0) a = a.substr(7);
+  for (absl::string_view a : o.lookupd_http_addresses) {
+    if (absl::StartsWith(a, "https://")) {
+      return absl::InvalidArgumentError(
+          "NsqOptions.lookupd_http_addresses: https:// is not supported (the driver has no TLS); "
+          "give host:port or http://host:port");
+    }
+    absl::ConsumePrefix(&a, "http://");
+    if (absl::StrContains(a, '/')) {
+      return absl::InvalidArgumentError(
+          "NsqOptions.lookupd_http_addresses: a path is not supported (the driver asks "
+          "nsqlookupd's /lookup and /nodes at the root); give host:port or http://host:port");
+    }
     if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("NsqOptions.lookupd_http_addresses: ", s.message()));

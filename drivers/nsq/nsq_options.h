@@ -32,6 +32,7 @@
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 
 namespace bus {
 
@@ -139,8 +140,10 @@ struct NsqOptions {
   // consumers connect to them directly as well. At least one of this and
   // `lookupd_http_addresses` is required.
   std::vector<std::string> nsqd_tcp_addresses{};
-  // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
-  // connect to the union of the producers.
+  // nsqlookupd HTTP addresses ("host:port" or "http://host:port"; https:// and paths are
+  // refused). Consumers poll /lookup on one of them per poll, in turn, and connect to the
+  // producers it lists; an nsqd it no longer lists is not reconnected once its connection
+  // closes.
   std::vector<std::string> lookupd_http_addresses{};
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";

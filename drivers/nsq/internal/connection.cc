@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "boost/asio/buffer.hpp"
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/connect.hpp"
@@ -27,6 +26,14 @@ using boost::system::error_code;
 namespace {
 
 std::atomic<uint64_t> next_connection_id{1};
+
+// Network pacing (heartbeat silence) is real time on the steady clock, never the driver's
+// injected clock: nsqd's heartbeats arrive in real time.
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 absl::Status IoError(absl::string_view address, absl::string_view what, const error_code& ec) {
   return absl::UnavailableError(absl::StrCat("nsqd ", address, ": ", what, ": ", ec.message()));
@@ -156,7 +163,7 @@ awaitable<absl::Status> Connection::Handshake() {
   deadline.cancel();
   if (timed_out) co_return fail(absl::UnavailableError("handshake timed out"));
 
-  last_read_ns_.store(absl::GetCurrentTimeNanos());
+  last_read_ns_.store(SteadyNanos());
   {
     absl::MutexLock lock(&mu_);
     started_ = true;
@@ -193,7 +200,7 @@ awaitable<void> Connection::ReadLoop([[maybe_unused]] std::shared_ptr<Connection
       CloseOnIo(IoError(options_.address, "read", ec));
       co_return;
     }
-    last_read_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+    last_read_ns_.store(SteadyNanos(), std::memory_order_relaxed);
     reader_.Append(absl::string_view(buf.data(), n));
   }
 }
@@ -296,7 +303,7 @@ awaitable<void> Connection::HeartbeatWatch([[maybe_unused]] std::shared_ptr<Conn
     error_code ec;
     co_await watchdog_.async_wait(asio::redirect_error(use_awaitable, ec));
     if (closed()) co_return;
-    const int64_t silent_ns = absl::GetCurrentTimeNanos() - last_read_ns_.load();
+    const int64_t silent_ns = SteadyNanos() - last_read_ns_.load();
     if (silent_ns > 2 * interval_ms * 1000000) {
       CloseOnIo(absl::UnavailableError(absl::StrCat("nsqd ", options_.address, ": no data for ",
                                                     silent_ns / 1000000,

@@ -139,7 +139,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<Message> batch_;  // read loop only: messages not yet handed to the listener
   IdentifyResponse identify_;
   std::atomic<bool> closed_{false};
-  std::atomic<int64_t> last_read_ns_{0};
+  std::atomic<int64_t> last_read_ns_{0};  // steady clock, at the last read from the socket
 
   absl::Mutex mu_;
   std::string out_ ABSL_GUARDED_BY(mu_);

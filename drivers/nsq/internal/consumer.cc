@@ -185,8 +185,8 @@ void ConsumerState::Stop() {
     held_.clear();
     for (auto& [key, slot] : slots_) slot.buffered = 0;
   }
-  // Each CLS completes (CLOSE_WAIT, an error, or `request_timeout`); the wait is bounded by
-  // `close_timeout` too. The callbacks may run after Stop returns: they share `wait`.
+  // Each CLS completes (CLOSE_WAIT, an error, or `timeouts.request`); the wait is bounded by
+  // `consuming.close_timeout` too. The callbacks may run after Stop returns: they share `wait`.
   auto wait = std::make_shared<CloseWait>();
   {
     absl::MutexLock lock(&wait->mu);

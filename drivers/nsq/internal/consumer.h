@@ -95,8 +95,8 @@ class ConsumerState : public Connection::Listener,
   void AckMany(absl::Span<const absl::string_view> receipts, absl::Span<absl::Status> results);
 
   // Gives back everything held or buffered (RDY 0, REQ 0), sends CLS, waits up to
-  // `close_timeout` (on the core's clock) for nsqd to confirm, then closes. Runs on a user
-  // thread; idempotent.
+  // `consuming.close_timeout` (on the core's clock) for nsqd to confirm, then closes. Runs on a
+  // user thread; idempotent.
   void Stop();
 
   // ---- Connection::Listener (I/O thread) ----

@@ -1,5 +1,6 @@
 // ConsumerState, its discovery (consumer.h): polling the nsqlookupds for the nsqd that hold its
-// topics, on the schedule of Core::LookupdPollSchedule (a bus::Backoff on the core's clock).
+// topics, one nsqlookupd per poll in turn, on the schedule of Core::LookupdPollSchedule (a
+// bus::Backoff on the core's clock).
 
 #include <algorithm>
 #include <map>
@@ -24,6 +25,8 @@ using boost::system::error_code;
 awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<ConsumerState> self) {
   const NsqOptions& o = core_->options();
   bus::Backoff schedule = core_->LookupdPollSchedule();
+  const size_t lookupds = o.lookupd_http_addresses.size();
+  size_t next_lookupd = 0;
   while (true) {
     std::vector<std::string> topics;
     {
@@ -34,32 +37,45 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
       }
       poll_now_ = false;
     }
+    // One nsqlookupd per poll, in turn (as go-nsq does): each answers for the whole cluster,
+    // and asking one spares the others. Its answer replaces what the last poll found for the
+    // topic, so an nsqd it no longer lists is forgotten: a live connection to it stays until
+    // it closes, and then it is not reconnected (EnsureConnections drops the slot).
+    const std::string& lookupd = o.lookupd_http_addresses[next_lookupd % lookupds];
+    ++next_lookupd;
     std::map<std::string, std::set<std::string>> found;
     for (const std::string& topic : topics) {
-      for (const std::string& lookupd : o.lookupd_http_addresses) {
-        absl::StatusOr<std::vector<std::string>> r =
-            co_await LookupProducers(core_->io(), lookupd, topic, o.timeouts.connect);
-        if (!r.ok()) {
-          core_->Log(LogLevel::kWarning, "lookup_failed",
-                     absl::StrCat("consumer of ", queue_, ": ", r.status().message()),
-                     r.status().message());
-          continue;
-        }
-        found[topic].insert(r->begin(), r->end());
+      absl::StatusOr<std::vector<std::string>> r =
+          co_await LookupProducers(core_->io(), lookupd, topic, o.timeouts.connect);
+      if (!r.ok()) {
+        core_->Log(LogLevel::kWarning, "lookup_failed",
+                   absl::StrCat("consumer of ", queue_, ": ", r.status().message()),
+                   r.status().message());
+        continue;  // what the last poll found for the topic stays
       }
+      found[topic].insert(r->begin(), r->end());
     }
     {
       absl::MutexLock lock(&mu_);
       if (stopped_) co_return;
       for (auto& [topic, addrs] : found) {
-        auto& known = discovered_[topic];
+        std::set<std::string>& known = discovered_[topic];
         for (const std::string& a : addrs) {
-          if (known.insert(a).second) {
+          if (!known.contains(a)) {
             core_->Log(LogLevel::kInfo, "nsqd_discovered",
                        absl::StrCat("consumer of ", queue_, ": lookupd lists nsqd ", a,
                                     " for topic ", topic));
           }
         }
+        for (const std::string& a : known) {
+          if (!addrs.contains(a)) {
+            core_->Log(LogLevel::kInfo, "nsqd_unlisted",
+                       absl::StrCat("consumer of ", queue_, ": lookupd ", lookupd,
+                                    " no longer lists nsqd ", a, " for topic ", topic,
+                                    "; not reconnected once its connection closes"));
+          }
+        }
+        known = std::move(addrs);
       }
       EnsureConnections();
     }

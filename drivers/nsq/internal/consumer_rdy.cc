@@ -35,8 +35,8 @@ awaitable<void> ConsumerState::TickLoop([[maybe_unused]] std::shared_ptr<Consume
   }
 }
 
-// Plans RDY (drivers/nsq/rdy_planner.h) over the live connections, in slot order, and sends
-// what changed.
+// Plans RDY (drivers/nsq/internal/rdy_planner.h) over the live connections, in slot order, and
+// sends what changed.
 void ConsumerState::DistributeRdy() {
   std::vector<Slot*> live;
   std::vector<RdyConnection> conns;

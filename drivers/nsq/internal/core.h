@@ -6,8 +6,8 @@
 //   auto core = std::make_shared<nsq::Core>(WithNsqDefaults(options));
 //   auto conn = nsq::Connection::Create(core->NextIo(), core->ConnOptions(addr, lease), listener);
 //
-// Ownership: shared by the driver and its consumers (drivers/nsq/consumer.h), so consumers may
-// outlive the driver; only those user-facing objects own it, so it is never destroyed on one of
+// Ownership: shared by the driver and its consumers (drivers/nsq/internal/consumer.h), so consumers
+// may outlive the driver; only those user-facing objects own it, so it is never destroyed on one of
 // its own I/O threads. Destroying it stops and joins the threads.
 //
 // Thread-safety: safe for concurrent use.
@@ -30,6 +30,7 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
+#include "bus/random.h"
 #include "drivers/nsq/internal/connection.h"
 #include "drivers/nsq/nsq_options.h"
 

@@ -1,6 +1,8 @@
 #include "drivers/nsq/internal/lookup.h"
 
 #include <chrono>
+#include <cstdint>
+#include <exception>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,15 +25,18 @@ using boost::system::error_code;
 
 namespace {
 
-awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::verb verb,
-                                                    std::string address, std::string target,
-                                                    absl::string_view what,
-                                                    absl::Duration timeout) {
+// The most a response's body may hold (lookup.h), and the most the read buffer holds at once:
+// the header (Beast's 8 KiB header limit) and one read of body, which the parser moves into the
+// body as it goes.
+constexpr uint64_t kBodyLimit = uint64_t{16} << 20;
+constexpr size_t kReadBufferLimit = size_t{1} << 20;
+
+awaitable<absl::StatusOr<HttpResponse>> HttpRequestOnce(asio::io_context& io, http::verb verb,
+                                                        std::string address, std::string target,
+                                                        absl::string_view what,
+                                                        absl::Duration timeout) {
   absl::string_view hostport = address;
   if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
-  if (const size_t slash = hostport.find('/'); slash != absl::string_view::npos) {
-    hostport = hostport.substr(0, slash);
-  }
   std::string host, port;
   if (absl::Status s = SplitHostPort(hostport, &host, &port); !s.ok()) co_return s;
 
@@ -51,6 +56,11 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::
     return absl::UnavailableError(absl::StrCat(what, " ", hostport, ": ", step, ": ",
                                                timed_out ? "timed out" : ec.message()));
   };
+  auto too_large = [&] {
+    deadline.cancel();
+    return absl::UnavailableError(
+        absl::StrCat(what, " ", hostport, ": response body over ", kBodyLimit >> 20, " MiB"));
+  };
 
   error_code ec;
   asio::ip::tcp::resolver resolver(io);
@@ -67,16 +77,40 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::
   co_await http::async_write(socket, req, asio::redirect_error(use_awaitable, ec));
   if (ec) co_return unavailable("write", ec);
 
-  boost::beast::flat_buffer buffer;
+  // The header is read alone: Beast 1.74 parses eagerly in http::async_read, and when the
+  // header and the start of the body arrive in one read, basic_parser::put drops the body_limit
+  // error of a too large Content-Length and string_body reserves all of it (std::bad_alloc for
+  // 10^12). async_read_header parses no further than the header, so the limit holds there, and
+  // the string body is sized only for a length within it.
+  boost::beast::flat_buffer buffer(kReadBufferLimit);
   http::response_parser<http::string_body> parser;
-  parser.body_limit(16 << 20);
+  parser.body_limit(kBodyLimit);
+  co_await http::async_read_header(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+  if (ec == http::error::body_limit) co_return too_large();
+  if (ec) co_return unavailable("read header", ec);
   co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+  if (ec == http::error::body_limit) co_return too_large();
   if (ec) co_return unavailable("read", ec);
   deadline.cancel();
   error_code ignored;
   socket.close(ignored);
   co_return HttpResponse{static_cast<int>(parser.get().result_int()),
                          std::move(parser.get().body())};
+}
+
+// HttpRequestOnce with no exception out of it: the callers are coroutines (the consumer's
+// detached lookupd poll among them) where one would end the I/O thread or the process.
+awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::verb verb,
+                                                    std::string address, std::string target,
+                                                    absl::string_view what,
+                                                    absl::Duration timeout) {
+  std::string error;
+  try {
+    co_return co_await HttpRequestOnce(io, verb, address, std::move(target), what, timeout);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  co_return absl::UnavailableError(absl::StrCat(what, " ", address, ": ", error));
 }
 
 // An nsqd action (POST `target`): OK for 200, and for 404 (the topic or channel is not there).

@@ -7,9 +7,9 @@
 //   absl::Status s = pool.Publish(pub_command, "orders", channels);
 //
 // Failover (docs/nsq.md, "Publishing to several nsqd"): each command is tried on the nsqd that
-// are up, in the order that `publishing.policy` gives (drivers/nsq/publish_planner.h), each at
-// most once, until one answers OK or `publishing.timeout` passes. An nsqd that refuses (an error
-// nsqd maps to Unavailable: E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED), resets the
+// are up, in the order that `publishing.policy` gives (drivers/nsq/internal/publish_planner.h),
+// each at most once, until one answers OK or `publishing.timeout` passes. An nsqd that refuses (an
+// error nsqd maps to Unavailable: E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED), resets the
 // connection or does not answer within `timeouts.request` makes the command go to the next
 // one; its connection is closed, and the next publish through it connects again. An nsqd that
 // cannot be connected to is down: it is skipped with backoff and tried again when the backoff

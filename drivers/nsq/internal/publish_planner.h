@@ -1,6 +1,6 @@
 // Which nsqd one publish is tried on, in order: the pure part of the producer pool's failover
-// (drivers/nsq/producer_pool.h). No I/O, no clock (the caller passes `now`), so every rule is
-// unit tested (drivers/nsq/publish_planner_test.cc).
+// (drivers/nsq/internal/producer_pool.h). No I/O, no clock (the caller passes `now`), so every rule
+// is unit tested (drivers/nsq/internal/publish_planner_test.cc).
 //
 //   std::vector<nsq::NsqdHealth> health = ...;   // one per known nsqd, in a stable order
 //   for (size_t i : nsq::PublishOrder(/*spread=*/true, health, now, turn++)) {

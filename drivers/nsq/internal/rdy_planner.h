@@ -1,6 +1,6 @@
 // The RDY plan of one NSQ consumer: given its live connections, max_in_flight and what is in
 // flight, what RDY each connection should have. Pure: no I/O, no clock (the caller passes
-// `now`), so every rule is unit tested (drivers/nsq/rdy_planner_test.cc).
+// `now`), so every rule is unit tested (drivers/nsq/internal/rdy_planner_test.cc).
 //
 //   std::vector<nsq::RdyConnection> conns = ...;  // one per live connection, in a stable order
 //   nsq::RdyPlan plan = nsq::PlanRdy(conns, {.max_in_flight = 8, .idle = interval, ...}, now);

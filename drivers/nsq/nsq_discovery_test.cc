@@ -1,0 +1,128 @@
+// A consumer's nsqlookupd discovery against fake nsqlookupds (HTTP on loopback) and a fake
+// nsqd: one lookupd is asked per poll, in turn; an nsqd the lookupd stops listing is not
+// reconnected; addresses the driver cannot use (https://, a path) are refused at validation.
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "bus/clock.h"
+#include "drivers/nsq/nsq_driver.h"
+#include "gtest/gtest.h"
+#include "tests/testing/fake_server.h"
+#include "tests/testing/wait.h"
+
+namespace bus {
+namespace {
+
+// Reads one request's header and returns its request line.
+std::string ReadRequestLine(int fd) {
+  std::string got;
+  char buf[4096];
+  while (!absl::StrContains(got, "\r\n\r\n")) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got.substr(0, got.find("\r\n"));
+}
+
+// A fake nsqlookupd: answers every /lookup with the producers `body()` gives, counting requests.
+class FakeLookupd {
+ public:
+  explicit FakeLookupd(std::function<std::string()> body)
+      : body_(std::move(body)), server_([this](int fd, int) {
+          if (!absl::StartsWith(ReadRequestLine(fd), "GET /lookup?")) return;
+          const std::string json = body_();
+          testing::SendAll(fd, absl::StrCat("HTTP/1.1 200 OK\r\nContent-Length: ", json.size(),
+                                            "\r\nConnection: close\r\n\r\n", json));
+          ++requests_;
+        }) {}
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", server_.port()); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  std::function<std::string()> body_;
+  std::atomic<int> requests_{0};
+  testing::FakeServer server_;
+};
+
+std::string Producers(int tcp_port) {
+  if (tcp_port == 0) return R"({"channels":[],"producers":[]})";
+  return absl::StrCat(R"({"channels":[],"producers":[{"broadcast_address":"127.0.0.1",)",
+                      R"("hostname":"fake","tcp_port":)", tcp_port, R"(,"http_port":1}]})");
+}
+
+TEST(NsqDiscoveryTest, HttpsAndPathsAreRefusedAtValidation) {
+  NsqOptions o;
+  o.lookupd_http_addresses = {"https://127.0.0.1:4161"};
+  absl::Status st = ValidateNsqOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "https:// is not supported")) << st;
+  o.lookupd_http_addresses = {"http://127.0.0.1:4161/nsq"};
+  st = ValidateNsqOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "a path is not supported")) << st;
+  o.lookupd_http_addresses = {"http://127.0.0.1:4161", "127.0.0.1:4162"};
+  EXPECT_TRUE(ValidateNsqOptions(o).ok());
+}
+
+// The clock never moves, so only the first poll and the early poll that a new binding asks for
+// happen: the first asks lookupd a (for the queue's topic), the second lookupd b (for both
+// topics). Asking every lookupd each poll, a would have been asked three times.
+TEST(NsqDiscoveryTest, EachPollAsksOneLookupdInTurn) {
+  FakeLookupd a([] { return Producers(0); });
+  FakeLookupd b([] { return Producers(0); });
+  NsqOptions o;
+  o.lookupd_http_addresses = {a.address(), b.address()};
+  o.discovery.lookupd_poll_interval = absl::Seconds(1);
+  o.clock = std::make_shared<FakeClock>();
+  absl::StatusOr<std::shared_ptr<Driver>> d = NewNsqDriver(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::unique_ptr<Consumer>> c =
+      (*d)->NewConsumer("rotated", ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(testing::WaitUntil([&] { return a.requests() >= 1; }));
+  ASSERT_TRUE((*d)->Subscribe("rotated_topic", "rotated", "#").ok());
+  ASSERT_TRUE(testing::WaitUntil([&] { return b.requests() >= 2; }));
+  EXPECT_EQ(a.requests(), 1);
+  EXPECT_EQ(b.requests(), 2);
+}
+
+// The fake nsqd closes every connection at once, so the consumer keeps reconnecting (backoff
+// 10ms..50ms) while lookupd lists it. Once lookupd stops listing it, the next poll forgets it:
+// over the following polls (each at least 100ms apart) it is not connected to again.
+TEST(NsqDiscoveryTest, AnNsqdNoLongerListedIsNotReconnected) {
+  std::atomic<int> accepts{0};
+  testing::FakeServer nsqd([&](int, int) { ++accepts; });
+  std::atomic<bool> listed{true};
+  const int port = nsqd.port();
+  FakeLookupd lookupd([&] { return Producers(listed ? port : 0); });
+  NsqOptions o;
+  o.lookupd_http_addresses = {lookupd.address()};
+  o.discovery.lookupd_poll_interval = absl::Milliseconds(200);
+  o.reconnect_backoff = {.initial = absl::Milliseconds(10), .max = absl::Milliseconds(50)};
+  absl::StatusOr<std::shared_ptr<Driver>> d = NewNsqDriver(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::unique_ptr<Consumer>> c =
+      (*d)->NewConsumer("unlisted", ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(testing::WaitUntil([&] { return accepts >= 3; }));
+  listed = false;
+  const int polls = lookupd.requests();
+  // polls + 1 is the first poll wholly after the change; by polls + 2 it has been applied.
+  ASSERT_TRUE(testing::WaitUntil([&] { return lookupd.requests() >= polls + 2; }));
+  const int after = accepts;
+  ASSERT_TRUE(testing::WaitUntil([&] { return lookupd.requests() >= polls + 5; }));
+  EXPECT_LE(accepts, after + 1)
+      << "the consumer kept reconnecting to an nsqd lookupd no longer lists";
+}
+
+}  // namespace
+}  // namespace bus
