@@ -131,6 +131,7 @@ struct PostgresDatabase::Impl {
   int64_t connects ABSL_GUARDED_BY(mu) = 0;
   int64_t discarded ABSL_GUARDED_BY(mu) = 0;
   std::atomic<int64_t> retries{0};
+  std::atomic<int64_t> round_trips{0};
 
   absl::Mutex migrate_mu;
   std::atomic<bool> migrated{false};
@@ -216,6 +217,7 @@ PostgresDatabase::Stats PostgresDatabase::stats() const {
   s.connects = impl_->connects;
   s.discarded = impl_->discarded;
   s.retries = impl_->retries.load();
+  s.round_trips = impl_->round_trips.load();
   return s;
 }
 
@@ -238,6 +240,7 @@ absl::Status PostgresDatabase::WithConnection(
 absl::StatusOr<std::vector<Result>> PostgresDatabase::Run(absl::Span<const Statement> statements) {
   std::vector<Result> out;
   absl::Status st = WithConnection([&](Connection& c) {
+    impl_->round_trips.fetch_add(1);
     absl::StatusOr<std::vector<Result>> r = c.Pipeline(statements, Deadline(statements.size()));
     if (!r.ok()) return r.status();
     out = *std::move(r);

@@ -149,6 +149,8 @@ class PostgresDatabase {
     int64_t discarded = 0;
     // Transactions run again after a serialization failure or deadlock.
     int64_t retries = 0;
+    // Statement lists Run() sent, each in one round trip (retries included).
+    int64_t round_trips = 0;
   };
   Stats stats() const;
 
