@@ -230,7 +230,7 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
     }
     if (PQsendQueryParams(c, s.sql->c_str(), static_cast<int>(s.params.size()), nullptr,
                           values.data(), lengths.data(), formats.data(),
-                          /*resultFormat=*/1) != 1) {
+                          /*resultFormat=*/s.text_results ? 0 : 1) != 1) {
       return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
     }
   }

@@ -44,10 +44,12 @@ struct Param {
   bool binary = false;
 };
 
-// One statement with its parameters ($1, $2, ...). `sql` must outlive the call.
+// One statement with its parameters ($1, $2, ...). `sql` must outlive the call. Results come in
+// the binary format, or as text with `text_results` (for the inbox's users).
 struct Statement {
   const std::string* sql;
   std::vector<Param> params{};
+  bool text_results = false;
 };
 
 class Result {
@@ -55,6 +57,7 @@ class Result {
   explicit Result(PGresult* r) : res_(r, &PQclear) {}
 
   int rows() const { return PQntuples(res_.get()); }
+  int columns() const { return PQnfields(res_.get()); }
   // Rows changed by INSERT, UPDATE or DELETE (PQcmdTuples); 0 for other statements.
   int64_t affected() const;
   bool IsNull(int row, int col) const { return PQgetisnull(res_.get(), row, col) != 0; }
@@ -118,6 +121,9 @@ class Connection {
   std::string redacted_;
   bool broken_ = false;
 };
+
+// True when `st` came from SQLSTATE 40001 or 40P01 (PgStatus maps exactly those to Aborted).
+inline bool IsSerializationFailure(const absl::Status& st) { return absl::IsAborted(st); }
 
 // The one mapping of a failed result to a Status, by SQLSTATE:
 //   08xxx (connection exception), 57P01..57P03 (shutdown), 53xxx (resources): Unavailable

@@ -1,0 +1,245 @@
+#include "transactional/postgres/inbox.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "idempotency/postgres/idempotency_sql.h"
+#include "storage/postgres/db/connection.h"
+
+namespace bus {
+
+using pg_internal::Connection;
+using pg_internal::Param;
+using pg_internal::Result;
+using pg_internal::Statement;
+
+namespace {
+
+// The key's row, locked for the rest of the transaction: true when `owner` ($2) holds a live
+// lease on it ($1). No row: nobody holds it.
+constexpr char kLockKeySql[] =
+    "SELECT owner = $2 AND NOT done AND expires_at > clock_timestamp() "
+    "FROM {schema}.idempotency_keys WHERE key = $1 FOR UPDATE";
+
+// The transaction statements, which name no table.
+struct TransactionSql {
+  const std::string commit = "COMMIT";
+  const std::string rollback = "ROLLBACK";
+  const std::string savepoint = "SAVEPOINT bus_entry";
+  const std::string release = "RELEASE SAVEPOINT bus_entry";
+  const std::string rollback_to = "ROLLBACK TO SAVEPOINT bus_entry";
+};
+const TransactionSql& Tx() {
+  static const TransactionSql* const sql = new TransactionSql;
+  return *sql;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
+    absl::string_view sql, std::vector<Value> params, int64_t* affected) {
+  const std::string text(sql);
+  Statement s{&text, {}, /*text_results=*/true};
+  s.params.reserve(params.size());
+  for (Value& v : params) {
+    s.params.push_back(v.has_value() ? Param::Text(*std::move(v)) : Param::Null());
+  }
+  absl::StatusOr<std::vector<Result>> r = conn_.Pipeline({&s, 1}, db_.Deadline(1));
+  if (!r.ok()) {
+    if (pg_internal::IsSerializationFailure(r.status())) must_retry_ = true;
+    return r.status();
+  }
+  const Result& res = (*r)[0];
+  std::vector<Row> rows;
+  rows.reserve(static_cast<size_t>(res.rows()));
+  for (int i = 0; i < res.rows(); ++i) {
+    Row row;
+    for (int j = 0; j < res.columns(); ++j) {
+      row.push_back(res.IsNull(i, j) ? Value() : Value(std::string(res.Bytes(i, j))));
+    }
+    rows.push_back(std::move(row));
+  }
+  *affected = res.affected() > 0 ? res.affected() : res.rows();
+  return rows;
+}
+
+absl::StatusOr<int64_t> PostgresTransaction::Execute(absl::string_view sql,
+                                                     std::vector<Value> params) {
+  int64_t affected = 0;
+  absl::StatusOr<std::vector<Row>> rows = Run(sql, std::move(params), &affected);
+  if (!rows.ok()) return rows.status();
+  return affected;
+}
+
+absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Query(
+    absl::string_view sql, std::vector<Value> params) {
+  int64_t affected = 0;
+  return Run(sql, std::move(params), &affected);
+}
+
+PGconn* PostgresTransaction::raw() { return conn_.raw(); }
+
+namespace {
+
+std::string BeginSql(PostgresInboxOptions::Isolation isolation) {
+  switch (isolation) {
+    case PostgresInboxOptions::Isolation::kRepeatableRead:
+      return "BEGIN ISOLATION LEVEL REPEATABLE READ";
+    case PostgresInboxOptions::Isolation::kSerializable:
+      return "BEGIN ISOLATION LEVEL SERIALIZABLE";
+    case PostgresInboxOptions::Isolation::kReadCommitted:
+      break;
+  }
+  return "BEGIN ISOLATION LEVEL READ COMMITTED";
+}
+
+}  // namespace
+
+PostgresInbox::PostgresInbox(std::shared_ptr<PostgresDatabase> db,
+                             std::shared_ptr<IdempotencyStore> keys,
+                             PostgresInboxOptions::Isolation isolation)
+    : db_(std::move(db)),
+      keys_(std::move(keys)),
+      begin_(BeginSql(isolation)),
+      lock_key_(db_->Sql(kLockKeySql)),
+      mark_done_(db_->Sql(pg_internal::kMarkDoneSql)) {}
+
+absl::StatusOr<std::shared_ptr<PostgresInbox>> NewPostgresInbox(
+    std::shared_ptr<PostgresDatabase> db, const PostgresInboxOptions& options) {
+  if (db == nullptr) return absl::InvalidArgumentError("NewPostgresInbox: no database");
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> keys =
+      NewPostgresIdempotencyStore(db, options.idempotency);
+  if (!keys.ok()) return keys.status();
+  return std::shared_ptr<PostgresInbox>(
+      new PostgresInbox(std::move(db), *std::move(keys), options.isolation));
+}
+
+TransactionalHandleFn PostgresInbox::Handle(PostgresHandleFn fn) const {
+  return [fn = std::move(fn)](const Message& msg, Transaction& tx) -> absl::Status {
+    auto* pg = dynamic_cast<PostgresTransaction*>(&tx);
+    if (pg == nullptr) {
+      return absl::FailedPreconditionError(
+          "PostgresInbox::Handle: the Handler's idempotency store is not a PostgresInbox");
+    }
+    return fn(msg, *pg);
+  };
+}
+
+PostgresInbox::Stats PostgresInbox::stats() const {
+  return {committed_.load(std::memory_order_relaxed), rolled_back_.load(std::memory_order_relaxed),
+          batch_retries_.load(std::memory_order_relaxed)};
+}
+
+absl::StatusOr<bool> PostgresInbox::Acquire(absl::string_view key, absl::string_view owner,
+                                            absl::Duration lease) {
+  return keys_->Acquire(key, owner, lease);
+}
+absl::Status PostgresInbox::MarkDone(absl::string_view key, absl::string_view owner,
+                                     absl::Duration retention) {
+  return keys_->MarkDone(key, owner, retention);
+}
+absl::Status PostgresInbox::Release(absl::string_view key, absl::string_view owner) {
+  return keys_->Release(key, owner);
+}
+void PostgresInbox::AcquireMany(absl::Span<const absl::string_view> keys,
+                                absl::Span<const absl::string_view> owners, absl::Duration lease,
+                                absl::Span<absl::StatusOr<bool>> results) {
+  keys_->AcquireMany(keys, owners, lease, results);
+}
+void PostgresInbox::MarkDoneMany(absl::Span<const absl::string_view> keys,
+                                 absl::Span<const absl::string_view> owners,
+                                 absl::Duration retention, absl::Span<absl::Status> results) {
+  keys_->MarkDoneMany(keys, owners, retention, results);
+}
+absl::Status PostgresInbox::Ping(absl::Duration timeout) { return keys_->Ping(timeout); }
+
+void PostgresInbox::RunAndMarkDone(
+    absl::Span<const Entry> entries, absl::Duration retention,
+    absl::FunctionRef<absl::Status(size_t i, Transaction& tx)> effect,
+    absl::Span<absl::Status> results) {
+  const size_t n = entries.size();
+  if (n == 0) return;
+  if (retention <= absl::ZeroDuration()) {
+    for (absl::Status& r : results) r = absl::InvalidArgumentError("RunAndMarkDone: retention");
+    return;
+  }
+  std::vector<absl::Status> local(n);
+  int runs = 0;
+  // One statement list in one round trip.
+  const auto exec = [this](Connection& c, std::vector<Statement> list) {
+    return c.Pipeline(list, db_->Deadline(list.size())).status();
+  };
+  // Ends the transaction after `why` (when the connection still can), and returns `why`.
+  const auto abandon = [&](Connection& c, absl::Status why) {
+    if (!c.broken()) exec(c, {{&Tx().rollback}}).IgnoreError();
+    return why;
+  };
+  // Aborted (a serialization failure or deadlock) makes the database layer run this again.
+  const absl::Status s = db_->WithConnection([&](Connection& c) -> absl::Status {
+    if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
+    local.assign(n, absl::OkStatus());
+    if (absl::Status st = exec(c, {{&begin_}}); !st.ok()) return abandon(c, st);
+    for (size_t i = 0; i < n; ++i) {
+      const Entry& e = entries[i];
+      const bool keyed = !e.key.empty();
+      std::vector<Statement> head = {{&Tx().savepoint}};
+      if (keyed) {
+        head.push_back(
+            {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}});
+      }
+      absl::StatusOr<std::vector<Result>> locked = c.Pipeline(head, db_->Deadline(head.size()));
+      if (!locked.ok()) return abandon(c, locked.status());
+      const bool owned = !keyed || ((*locked)[1].rows() == 1 && (*locked)[1].Bool(0, 0));
+
+      PostgresTransaction tx(*db_, c);
+      absl::Status st = effect(i, tx);
+      if (tx.must_retry_) {
+        return abandon(c, absl::AbortedError("inbox: a serialization failure or deadlock in "
+                                             "the handler's statements; the batch runs again"));
+      }
+      if (c.broken()) return absl::UnavailableError("inbox: the connection broke");
+      if (st.ok() && !owned) {
+        st = absl::FailedPreconditionError(
+            absl::StrCat("inbox: the caller holds no live lease on idempotency key '", e.key,
+                         "' (it ran out or another owner holds it)"));
+      }
+      if (st.ok()) {
+        std::vector<Statement> tail;
+        if (keyed) {
+          tail.push_back(
+              {&mark_done_,
+               {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner)),
+                Param::Int(std::max<int64_t>(1, absl::ToInt64Microseconds(retention)))}});
+        }
+        tail.push_back({&Tx().release});
+        absl::StatusOr<std::vector<Result>> marked = c.Pipeline(tail, db_->Deadline(tail.size()));
+        st = marked.status();
+        if (pg_internal::IsSerializationFailure(st) || c.broken()) return abandon(c, st);
+        if (st.ok() && keyed && (*marked)[0].affected() != 1) {
+          // The lease ran out while the effect ran (the row lock kept everyone else off the
+          // key): not marked done, so the effect must not commit either. The savepoint was
+          // released: undo the message's work from its start.
+          return abandon(c, absl::AbortedError(
+                                "inbox: a lease ran out during its effect; the batch runs again"));
+        }
+      }
+      if (!st.ok()) {
+        local[i] = st;
+        if (absl::Status back = exec(c, {{&Tx().rollback_to}}); !back.ok()) {
+          return abandon(c, back);
+        }
+      }
+    }
+    if (absl::Status st = exec(c, {{&Tx().commit}}); !st.ok()) return abandon(c, st);
+    return absl::OkStatus();
+  });
+  uint64_t ok = 0;
+  for (size_t i = 0; i < n; ++i) {
+    results[i] = s.ok() ? local[i] : s;
+    if (results[i].ok()) ++ok;
+  }
+  committed_.fetch_add(ok, std::memory_order_relaxed);
+  rolled_back_.fetch_add(n - ok, std::memory_order_relaxed);
+}
+
+}  // namespace bus
