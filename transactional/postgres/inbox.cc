@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "idempotency/postgres/idempotency_sql.h"
 #include "storage/postgres/db/connection.h"
@@ -34,10 +36,26 @@ const TransactionSql& Tx() {
   return *sql;
 }
 
+// Whether `sql` starts with a transaction-control command, which belongs to the inbox.
+bool ControlsTheTransaction(absl::string_view sql) {
+  sql = absl::StripLeadingAsciiWhitespace(sql);
+  const absl::string_view word = sql.substr(0, sql.find_first_of(" \t\r\n;("));
+  for (absl::string_view w : {"begin", "start", "commit", "end", "rollback", "abort", "savepoint",
+                              "release", "prepare"}) {
+    if (absl::EqualsIgnoreCase(word, w)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
     absl::string_view sql, std::vector<Value> params, int64_t* affected) {
+  if (ControlsTheTransaction(sql)) {
+    return absl::InvalidArgumentError(
+        "PostgresTransaction: the inbox begins, commits and rolls back its transaction; "
+        "transaction-control statements are refused");
+  }
   const std::string text(sql);
   Statement s{&text, {}, /*text_results=*/true};
   s.params.reserve(params.size());

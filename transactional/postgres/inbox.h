@@ -67,7 +67,9 @@ class PostgresTransaction final : public Transaction {
 
   // Runs one statement with bound parameters ($1, $2, ...) and returns the rows it changed (or
   // returned). Errors as the database layer maps them (postgres_db.h); after an error the
-  // message's work is rolled back whatever the function returns.
+  // message's work is rolled back whatever the function returns. Transaction control (BEGIN,
+  // START, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE) is InvalidArgument: the
+  // inbox owns the transaction.
   absl::StatusOr<int64_t> Execute(absl::string_view sql, std::vector<Value> params = {});
   // Runs a query and returns its rows, every value as text (NULL as nullopt).
   absl::StatusOr<std::vector<Row>> Query(absl::string_view sql, std::vector<Value> params = {});

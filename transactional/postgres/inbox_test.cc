@@ -293,6 +293,67 @@ TEST_F(PostgresInboxCallTest, TheRawConnectionRunsInTheSameTransaction) {
   EXPECT_TRUE(Done("raw"));
 }
 
+TEST_F(PostgresInboxCallTest, TransactionControlIsRefused) {
+  ASSERT_TRUE(*inbox_->Acquire("orders.tc", "me", absl::Minutes(5)));
+  absl::Status effect;
+  const absl::Status st =
+      RunOne(*inbox_, "orders.tc", "me", Effect([](const Message&, PostgresTransaction& tx) {
+        return tx.Execute("  commit").status();
+      }),
+             &effect);
+  EXPECT_TRUE(absl::IsInvalidArgument(effect)) << effect;
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(Count(""), 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(RunOne(
+      *inbox_, "orders.tc", "me",
+      [](const Message&, PostgresTransaction& tx) { return tx.Execute("SAVEPOINT x").status(); })));
+}
+
+// The server restarts while a batch's transaction is open: nothing of it commits, the key stays
+// leased, and the next run commits the message once.
+TEST_F(PostgresInboxCallTest, AServerRestartMidBatchCommitsNothing) {
+  ASSERT_TRUE(*inbox_->Acquire("orders.r1", "me", absl::Minutes(5)));
+  ASSERT_TRUE(*inbox_->Acquire("orders.r2", "me", absl::Minutes(5)));
+  const TransactionalStore::Entry entries[] = {{"orders.r1", "me"}, {"orders.r2", "me"}};
+  absl::Status results[2];
+  const PostgresHandleFn fn = Effect();
+  const TransactionalHandleFn handle = inbox_->Handle(fn);
+  int calls = 0;
+  inbox_->RunAndMarkDone(
+      entries, absl::Minutes(5),
+      [&](size_t i, Transaction& tx) {
+        Message msg;
+        msg.biz_uid = i == 0 ? "r1" : "r2";
+        absl::Status st = handle(msg, tx);
+        if (++calls == 1) {
+          EXPECT_TRUE(testing::SharedPostgresServer()
+                          ->Restart(testing::PostgresServer::Shutdown::kImmediate)
+                          .ok());
+        }
+        return st;
+      },
+      results);
+  EXPECT_TRUE(absl::IsUnavailable(results[0])) << results[0];
+  EXPECT_TRUE(absl::IsUnavailable(results[1])) << results[1];
+  EXPECT_EQ(Count(""), 0);
+  // Still leased to the caller; handled again, once each.
+  calls = 1;
+  inbox_->RunAndMarkDone(
+      entries, absl::Minutes(5),
+      [&](size_t i, Transaction& tx) {
+        Message msg;
+        msg.biz_uid = i == 0 ? "r1" : "r2";
+        return handle(msg, tx);
+      },
+      results);
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+  EXPECT_EQ(Effects("r1"), 1);
+  EXPECT_EQ(Effects("r2"), 1);
+  EXPECT_TRUE(Done("r1"));
+  EXPECT_TRUE(Done("r2"));
+}
+
 // Two inboxes (two processes) race on one row under REPEATABLE READ: the later one's update
 // fails with a serialization failure, its batch runs again, and each effect commits once.
 TEST_F(PostgresInboxCallTest, ASerializationFailureRunsTheBatchAgain) {
