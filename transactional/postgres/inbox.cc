@@ -5,8 +5,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "bus/envelope.h"
+#include "bus/names.h"
 #include "idempotency/postgres/idempotency_sql.h"
 #include "storage/postgres/db/connection.h"
+#include "transactional/postgres/outbox_sql.h"
 
 namespace bus {
 
@@ -97,6 +100,52 @@ absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Query
 
 PGconn* PostgresTransaction::raw() { return conn_.raw(); }
 
+absl::StatusOr<std::string> PostgresTransaction::SendToQueue(absl::string_view queue, Outgoing out,
+                                                             absl::Duration delay) {
+  if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
+  if (delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("PostgresTransaction::SendToQueue: negative delay");
+  }
+  return Append(0, queue, "", delay, std::move(out));
+}
+
+absl::StatusOr<std::string> PostgresTransaction::PublishToTopic(absl::string_view topic,
+                                                                absl::string_view route_key,
+                                                                Outgoing out) {
+  if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
+  if (absl::Status s = ValidateRouteKey(route_key); !s.ok()) return s;
+  return Append(1, topic, route_key, absl::ZeroDuration(), std::move(out));
+}
+
+absl::StatusOr<std::string> PostgresTransaction::Append(int kind, absl::string_view destination,
+                                                        absl::string_view route_key,
+                                                        absl::Duration delay, Outgoing out) {
+  constexpr size_t kMaxEnvelopeBytes = size_t{16} << 20;
+  Message msg;
+  msg.id = NewMessageId();
+  msg.biz_uid = std::move(out.biz_uid);
+  msg.payload = std::move(out.payload);
+  msg.headers = std::move(out.headers);
+  msg.created_at = db_.options().clock->Now();
+  msg.route_key = std::string(route_key);
+  std::string wire = EncodeEnvelope(msg);
+  if (wire.size() > kMaxEnvelopeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("outbox: the message to ", destination, " is ",
+                                                   wire.size(), " bytes, over 16 MiB"));
+  }
+  const Statement s{&append_sql_,
+                    {Param::Int(kind), Param::Text(std::string(destination)),
+                     Param::Text(std::string(route_key)), Param::Text(msg.id),
+                     Param::Bytes(std::move(wire)), Param::Int(absl::ToInt64Microseconds(delay))}};
+  absl::StatusOr<std::vector<Result>> r = conn_.Pipeline({&s, 1}, db_.Deadline(1));
+  if (!r.ok()) {
+    if (pg_internal::IsSerializationFailure(r.status())) must_retry_ = true;
+    return r.status();
+  }
+  ++published_;
+  return std::move(msg.id);
+}
+
 namespace {
 
 std::string BeginSql(PostgresInboxOptions::Isolation isolation) {
@@ -114,13 +163,22 @@ std::string BeginSql(PostgresInboxOptions::Isolation isolation) {
 }  // namespace
 
 PostgresInbox::PostgresInbox(std::shared_ptr<PostgresDatabase> db,
-                             std::shared_ptr<IdempotencyStore> keys,
-                             PostgresInboxOptions::Isolation isolation)
+                             std::shared_ptr<IdempotencyStore> keys, PostgresInboxOptions options)
     : db_(std::move(db)),
       keys_(std::move(keys)),
-      begin_(BeginSql(isolation)),
+      options_(std::move(options)),
+      begin_(BeginSql(options_.isolation)),
       lock_key_(db_->Sql(kLockKeySql)),
-      mark_done_(db_->Sql(pg_internal::kMarkDoneSql)) {}
+      mark_done_(db_->Sql(pg_internal::kMarkDoneSql)),
+      append_(db_->Sql(pg_internal::kAppendOutboxSql)),
+      notify_(pg_internal::kNotifyOutboxSql),
+      channel_(pg_internal::OutboxChannel(db_->options().schema)) {}
+
+std::vector<std::shared_ptr<BackgroundTask>> PostgresInbox::BackgroundTasks(
+    const std::shared_ptr<Driver>& driver, const std::shared_ptr<Logger>& logger) {
+  if (!options_.relay_in_handler) return {};
+  return {std::make_shared<PostgresOutboxRelay>(db_, driver, logger, options_.relay)};
+}
 
 absl::StatusOr<std::shared_ptr<PostgresInbox>> NewPostgresInbox(
     std::shared_ptr<PostgresDatabase> db, const PostgresInboxOptions& options) {
@@ -128,8 +186,9 @@ absl::StatusOr<std::shared_ptr<PostgresInbox>> NewPostgresInbox(
   absl::StatusOr<std::shared_ptr<IdempotencyStore>> keys =
       NewPostgresIdempotencyStore(db, options.idempotency);
   if (!keys.ok()) return keys.status();
+  if (absl::Status st = ValidatePostgresRelayOptions(options.relay); !st.ok()) return st;
   return std::shared_ptr<PostgresInbox>(
-      new PostgresInbox(std::move(db), *std::move(keys), options.isolation));
+      new PostgresInbox(std::move(db), *std::move(keys), options));
 }
 
 TransactionalHandleFn PostgresInbox::Handle(PostgresHandleFn fn) const {
@@ -145,7 +204,8 @@ TransactionalHandleFn PostgresInbox::Handle(PostgresHandleFn fn) const {
 
 PostgresInbox::Stats PostgresInbox::stats() const {
   return {committed_.load(std::memory_order_relaxed), rolled_back_.load(std::memory_order_relaxed),
-          batch_retries_.load(std::memory_order_relaxed)};
+          batch_retries_.load(std::memory_order_relaxed),
+          published_.load(std::memory_order_relaxed)};
 }
 
 absl::StatusOr<bool> PostgresInbox::Acquire(absl::string_view key, absl::string_view owner,
@@ -182,6 +242,7 @@ void PostgresInbox::RunAndMarkDone(
     return;
   }
   std::vector<absl::Status> local(n);
+  std::vector<int> published(n, 0);
   int runs = 0;
   // One statement list in one round trip.
   const auto exec = [this](Connection& c, std::vector<Statement> list) {
@@ -196,6 +257,7 @@ void PostgresInbox::RunAndMarkDone(
   const absl::Status s = db_->WithConnection([&](Connection& c) -> absl::Status {
     if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
     local.assign(n, absl::OkStatus());
+    published.assign(n, 0);
     if (absl::Status st = exec(c, {{&begin_}}); !st.ok()) return abandon(c, st);
     for (size_t i = 0; i < n; ++i) {
       const Entry& e = entries[i];
@@ -209,7 +271,7 @@ void PostgresInbox::RunAndMarkDone(
       if (!locked.ok()) return abandon(c, locked.status());
       const bool owned = !keyed || ((*locked)[1].rows() == 1 && (*locked)[1].Bool(0, 0));
 
-      PostgresTransaction tx(*db_, c);
+      PostgresTransaction tx(*db_, c, append_);
       absl::Status st = effect(i, tx);
       if (tx.must_retry_) {
         return abandon(c, absl::AbortedError("inbox: a serialization failure or deadlock in "
@@ -241,6 +303,7 @@ void PostgresInbox::RunAndMarkDone(
                                 "inbox: a lease ran out during its effect; the batch runs again"));
         }
       }
+      if (st.ok()) published[i] = tx.published_;
       if (!st.ok()) {
         local[i] = st;
         if (absl::Status back = exec(c, {{&Tx().rollback_to}}); !back.ok()) {
@@ -248,14 +311,27 @@ void PostgresInbox::RunAndMarkDone(
         }
       }
     }
-    if (absl::Status st = exec(c, {{&Tx().commit}}); !st.ok()) return abandon(c, st);
+    // The relay's wake-up, delivered by the server at COMMIT (and dropped with a rollback).
+    std::vector<Statement> end;
+    for (int p : published) {
+      if (p > 0) {
+        end.push_back({&notify_, {Param::Text(channel_)}});
+        break;
+      }
+    }
+    end.push_back({&Tx().commit});
+    if (absl::Status st = exec(c, std::move(end)); !st.ok()) return abandon(c, st);
     return absl::OkStatus();
   });
-  uint64_t ok = 0;
+  uint64_t ok = 0, rows = 0;
   for (size_t i = 0; i < n; ++i) {
     results[i] = s.ok() ? local[i] : s;
-    if (results[i].ok()) ++ok;
+    if (results[i].ok()) {
+      ++ok;
+      rows += static_cast<uint64_t>(published[i]);
+    }
   }
+  published_.fetch_add(rows, std::memory_order_relaxed);
   committed_.fetch_add(ok, std::memory_order_relaxed);
   rolled_back_.fetch_add(n - ok, std::memory_order_relaxed);
 }

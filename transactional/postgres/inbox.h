@@ -14,7 +14,9 @@
 //             .status();
 //       });
 //
-// What commits together, per message: the effect's statements and the mark-done of the key. The
+// What commits together, per message: the effect's statements, the messages it publishes
+// (SendToQueue, PublishToTopic: rows of the outbox, sent by a PostgresOutboxRelay after the
+// commit, transactional/postgres/outbox_relay.h) and the mark-done of the key. The
 // key's row is locked (SELECT ... FOR UPDATE) before the effect runs and the lease checked
 // there, so a worker whose lease ran out commits nothing, and no other worker can take the key
 // while the effect runs. A failure (an error status or an exception from the function, a lost
@@ -49,10 +51,12 @@
 #include "absl/strings/string_view.h"
 #include "bus/handler_options.h"
 #include "bus/message.h"
+#include "bus/publisher.h"
 #include "bus/stores.h"
 #include "bus/transactional.h"
 #include "idempotency/postgres/idempotency_store.h"
 #include "storage/postgres/db/postgres_db.h"
+#include "transactional/postgres/outbox_relay.h"
 
 typedef struct pg_conn PGconn;
 
@@ -74,6 +78,15 @@ class PostgresTransaction final : public Transaction {
   // Runs a query and returns its rows, every value as text (NULL as nullopt).
   absl::StatusOr<std::vector<Row>> Query(absl::string_view sql, std::vector<Value> params = {});
 
+  // Publishes through the outbox, with the transaction: to a queue after `delay` (counted from
+  // now, not from when the relay sends it), or to a topic with a route key. Returns the message
+  // id, fixed now. InvalidArgument for a bad queue or topic name (bus/names.h), a bad route key,
+  // a negative delay, or an envelope over 16 MiB.
+  absl::StatusOr<std::string> SendToQueue(absl::string_view queue, Outgoing out,
+                                          absl::Duration delay = absl::ZeroDuration());
+  absl::StatusOr<std::string> PublishToTopic(absl::string_view topic, absl::string_view route_key,
+                                             Outgoing out);
+
   // The connection itself, for code that already uses libpq or libpqxx on the same transaction.
   // Run statements on it; never COMMIT, ROLLBACK, or leave a result unread or a pipeline open:
   // the inbox commits or rolls back.
@@ -81,14 +94,22 @@ class PostgresTransaction final : public Transaction {
 
  private:
   friend class PostgresInbox;
-  PostgresTransaction(PostgresDatabase& db, pg_internal::Connection& conn) : db_(db), conn_(conn) {}
+  PostgresTransaction(PostgresDatabase& db, pg_internal::Connection& conn,
+                      const std::string& append_sql)
+      : db_(db), conn_(conn), append_sql_(append_sql) {}
   absl::StatusOr<std::vector<Row>> Run(absl::string_view sql, std::vector<Value> params,
                                        int64_t* affected);
+  absl::StatusOr<std::string> Append(int kind, absl::string_view destination,
+                                     absl::string_view route_key, absl::Duration delay,
+                                     Outgoing out);
 
   PostgresDatabase& db_;
   pg_internal::Connection& conn_;
+  const std::string& append_sql_;
   // A statement failed with a serialization failure or deadlock: the batch runs again.
   bool must_retry_ = false;
+  // Messages published through this transaction.
+  int published_ = 0;
 };
 
 using PostgresHandleFn = std::function<absl::Status(const Message& msg, PostgresTransaction& tx)>;
@@ -100,6 +121,10 @@ struct PostgresInboxOptions {
   // failure and their batch runs again.
   enum class Isolation { kReadCommitted, kRepeatableRead, kSerializable };
   Isolation isolation = Isolation::kReadCommitted;
+  // Whether a Handler on this inbox runs the outbox relay on its own driver while it consumes.
+  // false: run a PostgresOutboxRelay yourself (to relay to another broker, say).
+  bool relay_in_handler = true;
+  PostgresRelayOptions relay{};
 };
 
 class PostgresInbox final : public IdempotencyStore, public TransactionalStore {
@@ -115,6 +140,8 @@ class PostgresInbox final : public IdempotencyStore, public TransactionalStore {
     uint64_t rolled_back = 0;
     // Batches run again after a serialization failure or deadlock.
     uint64_t batch_retries = 0;
+    // Messages published through committed transactions (outbox rows written).
+    uint64_t published = 0;
   };
   Stats stats() const;
 
@@ -139,19 +166,24 @@ class PostgresInbox final : public IdempotencyStore, public TransactionalStore {
   void RunAndMarkDone(absl::Span<const Entry> entries, absl::Duration retention,
                       absl::FunctionRef<absl::Status(size_t i, Transaction& tx)> effect,
                       absl::Span<absl::Status> results) override;
+  // The outbox relay on `driver`, unless relay_in_handler is false.
+  std::vector<std::shared_ptr<BackgroundTask>> BackgroundTasks(
+      const std::shared_ptr<Driver>& driver, const std::shared_ptr<Logger>& logger) override;
 
  private:
   friend absl::StatusOr<std::shared_ptr<PostgresInbox>> NewPostgresInbox(
       std::shared_ptr<PostgresDatabase> db, const PostgresInboxOptions& options);
   PostgresInbox(std::shared_ptr<PostgresDatabase> db, std::shared_ptr<IdempotencyStore> keys,
-                PostgresInboxOptions::Isolation isolation);
+                PostgresInboxOptions options);
 
   const std::shared_ptr<PostgresDatabase> db_;
   const std::shared_ptr<IdempotencyStore> keys_;
-  const std::string begin_, lock_key_, mark_done_;
+  const PostgresInboxOptions options_;
+  const std::string begin_, lock_key_, mark_done_, append_, notify_, channel_;
   std::atomic<uint64_t> committed_{0};
   std::atomic<uint64_t> rolled_back_{0};
   std::atomic<uint64_t> batch_retries_{0};
+  std::atomic<uint64_t> published_{0};
 };
 
 // An inbox over `db` (shared with the dead-letter store). `db` must not be null.

@@ -67,6 +67,7 @@ class PostgresInboxTest : public ::testing::TestWithParam<int> {
     inbox_ = *inbox;
     table_ = absl::StrCat(options_.schema, ".effects");
     ASSERT_TRUE(inbox_->Ping(absl::Seconds(60)).ok());
+    ASSERT_TRUE(driver_->CreateQueue("invoices", absl::ZeroDuration()).ok());
     ASSERT_TRUE(db_->Migrate().ok());
     ASSERT_TRUE(Exec(absl::StrCat("CREATE TABLE ", table_,
                                   " (biz_uid text NOT NULL, attempt integer NOT NULL)"))
@@ -113,6 +114,9 @@ class PostgresInboxTest : public ::testing::TestWithParam<int> {
                      {msg.biz_uid, absl::StrCat(attempt)});
       if (!n.ok()) return n.status();
       if (*n != 1) return absl::InternalError("the insert changed no row");
+      absl::StatusOr<std::string> id =
+          tx.SendToQueue("invoices", Outgoing{msg.biz_uid, "invoice", {}});
+      if (!id.ok()) return id.status();
       return tail != nullptr ? tail(msg, tx) : absl::OkStatus();
     };
   }
@@ -181,6 +185,27 @@ TEST_P(PostgresInboxTest, EffectAndMarkDoneCommitTogetherOncePerMessage) {
   EXPECT_EQ(handler_->Stats().duplicates, 25u);
   EXPECT_EQ(inbox_->stats().committed, 100u);
   EXPECT_EQ(inbox_->stats().rolled_back, 0u);
+}
+
+// The Handler runs the outbox relay on its own driver: what the effects publish arrives once.
+TEST_P(PostgresInboxTest, PublishedMessagesCommitWithTheEffectAndTheHandlersRelaySendsThem) {
+  for (int i = 0; i < 50; ++i) Publish(absl::StrCat("order-", i));
+  StartHandler(Effect([](const Message& msg, PostgresTransaction&) -> absl::Status {
+                 if (msg.biz_uid == "order-7") return Permanent(absl::InternalError("declined"));
+                 return absl::OkStatus();
+               }),
+               GetParam());
+  // order-7's invoice was written before its effect failed, and rolled back with it.
+  ASSERT_TRUE(WaitUntil([&] { return Ended(50); }, absl::Seconds(120)));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<QueueCounts> c = driver_->InspectQueue("invoices");
+        return c.ok() && c->ready == 49;
+      },
+      absl::Seconds(60)));
+  EXPECT_EQ(inbox_->stats().published, 49u);
+  ASSERT_TRUE(WaitUntil([&] { return PostgresOutboxPending(*db_)->pending == 0; }));
+  EXPECT_EQ(Effects("order-7"), 0);
 }
 
 TEST_P(PostgresInboxTest, AFailingOrThrowingMessageRollsBackAloneAndIsHandledLaterOnce) {

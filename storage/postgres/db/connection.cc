@@ -63,6 +63,14 @@ bool Result::Bool(int row, int col) const {
   return PQgetlength(res_.get(), row, col) == 1 && PQgetvalue(res_.get(), row, col)[0] != 0;
 }
 
+double Result::Float(int row, int col) const {
+  if (PQgetlength(res_.get(), row, col) != 8) return 0;
+  const uint64_t bits = LoadBigEndian(PQgetvalue(res_.get(), row, col), 8);
+  double v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
 absl::Time Result::Time(int row, int col) const {
   return absl::FromUnixMicros(Int(row, col) + kPostgresEpochUnixMicros);
 }
@@ -203,6 +211,38 @@ absl::Status Connection::Wait(bool write, absl::Time deadline) {
     return Abandon(PgStatus(nullptr, conn_.get(), "PostgreSQL", redacted_));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Connection::AwaitNotification(absl::Time deadline, int wake_fd) {
+  const auto drain = [this] {
+    bool any = false;
+    while (PGnotify* n = PQnotifies(conn_.get())) {
+      any = true;
+      PQfreemem(n);
+    }
+    return any;
+  };
+  while (true) {
+    if (drain()) return true;
+    pollfd fds[2] = {};
+    fds[0].fd = PQsocket(conn_.get());
+    fds[0].events = POLLIN;
+    fds[1].fd = wake_fd;
+    fds[1].events = POLLIN;
+    // Real time: the wait for the server's notification over the network.
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    const int n = poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(left) + 1));
+    if (n < 0 && errno != EINTR) {
+      return Abandon(absl::UnavailableError(
+          absl::StrCat("PostgreSQL: poll: ", std::strerror(errno), " [", redacted_, "]")));
+    }
+    if (n <= 0) continue;
+    if ((fds[1].revents & POLLIN) != 0) return false;
+    if (PQconsumeInput(conn_.get()) == 0 || PQstatus(conn_.get()) != CONNECTION_OK) {
+      return Abandon(PgStatus(nullptr, conn_.get(), "PostgreSQL: LISTEN", redacted_));
+    }
+  }
 }
 
 bool Connection::Stale() {

@@ -66,6 +66,8 @@ class Result {
   // int2, int4 or int8.
   int64_t Int(int row, int col) const;
   bool Bool(int row, int col) const;
+  // float8.
+  double Float(int row, int col) const;
   // timestamptz.
   absl::Time Time(int row, int col) const;
 
@@ -100,6 +102,11 @@ class Connection {
   // The connection can no longer be used (lost, or left in an unknown state); the pool closes
   // it.
   bool broken() const { return broken_ || PQstatus(conn_.get()) != CONNECTION_OK; }
+
+  // For a LISTENing session: waits until a notification arrives, `wake_fd` becomes readable, or
+  // `deadline` passes. True when notifications came (every pending one is consumed); false on
+  // the wake-up or the deadline. Unavailable when the connection broke.
+  absl::StatusOr<bool> AwaitNotification(absl::Time deadline, int wake_fd);
 
   // True when the server said something (or closed the socket) while nothing was asked: an
   // idle connection of a server that was restarted or shut down. Checked before reuse.

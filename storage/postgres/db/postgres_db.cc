@@ -250,6 +250,11 @@ absl::StatusOr<std::vector<Result>> PostgresDatabase::Run(absl::Span<const State
   return out;
 }
 
+absl::StatusOr<std::unique_ptr<Connection>> PostgresDatabase::OpenSession() {
+  if (absl::Status st = Migrate(); !st.ok()) return st;
+  return Connection::Open(impl_->spec);
+}
+
 absl::Status PostgresDatabase::Migrate() {
   return WithConnection([](Connection&) { return absl::OkStatus(); });
 }

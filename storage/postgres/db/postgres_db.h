@@ -108,7 +108,7 @@ class PostgresDatabase {
   static absl::StatusOr<std::shared_ptr<PostgresDatabase>> Open(PostgresOptions options);
 
   // The schema version this library writes and reads.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   ~PostgresDatabase();
   PostgresDatabase(const PostgresDatabase&) = delete;
@@ -137,6 +137,11 @@ class PostgresDatabase {
   // return). `op` is run again when it returns Aborted (a serialization failure or deadlock),
   // up to max_retries times, on another connection if this one broke.
   absl::Status WithConnection(absl::FunctionRef<absl::Status(pg_internal::Connection&)> op);
+
+  // For work that needs a session of its own beside the pool (the outbox relay's LISTEN and
+  // advisory lock): a new connection, not counted in max_connections, after the schema is
+  // migrated. Errors as above.
+  absl::StatusOr<std::unique_ptr<pg_internal::Connection>> OpenSession();
 
   // The client's deadline for `statements` statements sent now (see statement_timeout).
   absl::Time Deadline(size_t statements) const;

@@ -82,8 +82,9 @@ TEST_F(PostgresDatabaseTest, OpenConnectsToNothingAndTheFirstCallMigrates) {
       Column(*db, absl::StrCat("SELECT tablename::text FROM pg_tables WHERE schemaname = '",
                                good.schema, "' ORDER BY tablename"));
   ASSERT_TRUE(tables.ok()) << tables.status();
-  EXPECT_THAT(*tables, ElementsAre("bus_meta", "dead_letters", "idempotency_keys"));
-  EXPECT_THAT(*Column(*db, db->Sql(pg_internal::kSchemaVersionSql)), ElementsAre("2"));
+  EXPECT_THAT(*tables, ElementsAre("bus_meta", "dead_letters", "idempotency_keys", "outbox"));
+  EXPECT_THAT(*Column(*db, db->Sql(pg_internal::kSchemaVersionSql)),
+              ElementsAre(absl::StrCat(PostgresDatabase::kSchemaVersion)));
   // A second database object (another process) finds it migrated.
   std::shared_ptr<PostgresDatabase> again = Open(good);
   EXPECT_TRUE(again->Migrate().ok());
@@ -100,7 +101,8 @@ TEST_F(PostgresDatabaseTest, ProcessesMigratingTogetherSerializeOnTheAdvisoryLoc
   }
   for (auto& t : threads) t.join();
   for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
-  EXPECT_THAT(*Column(*dbs[0], dbs[0]->Sql(pg_internal::kSchemaVersionSql)), ElementsAre("2"));
+  EXPECT_THAT(*Column(*dbs[0], dbs[0]->Sql(pg_internal::kSchemaVersionSql)),
+              ElementsAre(absl::StrCat(PostgresDatabase::kSchemaVersion)));
 }
 
 TEST_F(PostgresDatabaseTest, AnOldSchemaIsUpgradedInPlaceKeepingItsRows) {
@@ -123,7 +125,8 @@ TEST_F(PostgresDatabaseTest, AnOldSchemaIsUpgradedInPlaceKeepingItsRows) {
 
   std::shared_ptr<PostgresDatabase> db = Open(o);
   ASSERT_TRUE(db->Migrate().ok());
-  EXPECT_THAT(*Column(*db, db->Sql(pg_internal::kSchemaVersionSql)), ElementsAre("2"));
+  EXPECT_THAT(*Column(*db, db->Sql(pg_internal::kSchemaVersionSql)),
+              ElementsAre(absl::StrCat(PostgresDatabase::kSchemaVersion)));
   EXPECT_THAT(*Column(*db, db->Sql("SELECT count(*)::text FROM {schema}.idempotency_keys")),
               ElementsAre("1"));
   EXPECT_THAT(*Column(*db, db->Sql("SELECT queue FROM {schema}.dead_letters")), ElementsAre("q"));

@@ -64,11 +64,28 @@ inline constexpr const char* kMigrationV2[] = {
     "CREATE INDEX dead_letters_by_kind ON {schema}.dead_letters (queue, kind, id)",
 };
 
+// Version 3: the outbox of the PostgreSQL inbox (transactional/postgres). A message published
+// inside an inbox transaction is one row, its envelope encoded (and its id fixed) when the row
+// was written; kind 0 is a queue (sent not before not_before), 1 a topic (with route_key). The
+// relay sends rows in seq order and deletes each once the broker took it.
+inline constexpr const char* kMigrationV3[] = {
+    "CREATE TABLE {schema}.outbox ("
+    "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    "  kind smallint NOT NULL,"
+    "  destination text NOT NULL,"
+    "  route_key text NOT NULL,"
+    "  message_id text NOT NULL,"
+    "  data bytea NOT NULL,"
+    "  not_before timestamptz NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+};
+
 // The migration to version i + 1 is kMigrations[i].
 inline const std::vector<std::vector<const char*>>& Migrations() {
   static const auto* m = new std::vector<std::vector<const char*>>{
       {std::begin(kMigrationV1), std::end(kMigrationV1)},
       {std::begin(kMigrationV2), std::end(kMigrationV2)},
+      {std::begin(kMigrationV3), std::end(kMigrationV3)},
   };
   return *m;
 }
