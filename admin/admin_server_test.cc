@@ -563,7 +563,7 @@ TEST(AdminServerRedisTest, MetricsMatchStatsAndReadyzFollowsTheServer) {
   RedisOptions ro;
   ro.port = (*server)->port();
   ro.logger = NullLogger();
-  ro.request_timeout = absl::Seconds(1);
+  ro.timeouts.request = absl::Seconds(1);
   auto driver = NewRedisDriver(ro);
   auto dl = NewRedisDeadLetterStore(ro);
   auto idem = NewRedisIdempotencyStore(ro);
@@ -608,7 +608,7 @@ TEST(AdminServerNsqTest, MetricsMatchStats) {
   ASSERT_TRUE(nsqd.ok()) << nsqd.status();
   NsqOptions no;
   no.nsqd_tcp_addresses = {(*nsqd)->tcp_address()};
-  no.nsqd_http_addresses = {(*nsqd)->http_address()};
+  no.discovery.nsqd_http_addresses = {(*nsqd)->http_address()};
   no.logger = NullLogger();
   auto driver = NewNsqDriver(no);
   ASSERT_TRUE(driver.ok()) << driver.status();

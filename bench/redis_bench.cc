@@ -46,6 +46,8 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/redis/client/client.h"
+#include "drivers/redis/client/connection.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
@@ -302,7 +304,8 @@ int main(int argc, char** argv) {
   }
   if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
     bus::redis::IoThread io;
-    auto conn = bus::redis::Connection::Create(&io, bus::ToConnectionOptions(options));
+    auto conn = bus::redis::Connection::Create(
+        &io, bus::redis::ToConnectionOptions(options, options.host, options.port));
     constexpr int kPings = 20000;
     const absl::Time start = absl::Now();
     std::vector<std::thread> ts;

@@ -42,10 +42,10 @@ TEST(ObservabilityNsqTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
 
   NsqOptions options;
   options.nsqd_tcp_addresses = {(*nsqd)->tcp_address()};
-  options.auth_secret = kSecret;
+  options.auth.secret = kSecret;
   options.logger = logger;
-  options.reconnect_backoff_base = absl::Milliseconds(20);
-  options.reconnect_backoff_max = absl::Milliseconds(200);
+  options.reconnect_backoff.initial = absl::Milliseconds(20);
+  options.reconnect_backoff.max = absl::Milliseconds(200);
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewNsqDriver(options);
   ASSERT_TRUE(driver.ok()) << driver.status();
 

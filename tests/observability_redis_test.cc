@@ -43,8 +43,8 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   options.port = (*server)->port();
   options.password = kPassword;
   options.logger = logger;
-  options.connect_timeout = absl::Milliseconds(500);
-  options.request_timeout = absl::Milliseconds(500);
+  options.timeouts.connect = absl::Milliseconds(500);
+  options.timeouts.request = absl::Milliseconds(500);
   auto driver = NewRedisDriver(options);
   auto dead_letters = NewRedisDeadLetterStore(options);
   auto idempotency = NewRedisIdempotencyStore(options);

@@ -154,14 +154,6 @@ class Params {
                absl::StrCat("\"", absl::CEscape(*v), "\" is not an integer")));
     }
   }
-  void Double(absl::string_view name, double* out) {
-    auto v = Take(name);
-    if (!v) return;
-    if (!absl::SimpleAtod(*v, out)) {
-      Fail(Bad(absl::StrCat("parameter ", name),
-               absl::StrCat("\"", absl::CEscape(*v), "\" is not a number")));
-    }
-  }
   void Bool(absl::string_view name, bool* out) {
     auto v = Take(name);
     if (!v) return;
@@ -394,18 +386,19 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
     if (!absl::SimpleAtoi(*db, &o.db) || o.db < 0) return Bad("db", "not a database number");
   }
   p.String("key_prefix", &o.key_prefix);
+  // The parameters keep flat names (connect_timeout for timeouts.connect), as for nsq://.
   if (absl::Duration timeout; p.Duration("timeout", &timeout)) {
-    o.connect_timeout = o.request_timeout = timeout;
+    o.timeouts.connect = o.timeouts.request = timeout;
   }
-  p.Duration("connect_timeout", &o.connect_timeout);
-  p.Duration("request_timeout", &o.request_timeout);
-  p.Duration("reconnect_backoff_base", &o.reconnect_backoff_base);
-  p.Duration("reconnect_backoff_max", &o.reconnect_backoff_max);
-  p.Integer("script_batch", &o.script_batch);
-  p.Integer("max_reply_bytes", &o.max_reply_bytes);
-  p.Integer("max_reply_elements", &o.max_reply_elements);
-  p.Integer("wait_replicas", &o.wait_replicas);
-  p.Duration("wait_timeout", &o.wait_timeout);
+  p.Duration("connect_timeout", &o.timeouts.connect);
+  p.Duration("request_timeout", &o.timeouts.request);
+  p.Duration("reconnect_backoff_base", &o.backoff.initial);
+  p.Duration("reconnect_backoff_max", &o.backoff.max);
+  p.Integer("script_batch", &o.limits.script_batch);
+  p.Integer("max_reply_bytes", &o.limits.max_reply_bytes);
+  p.Integer("max_reply_elements", &o.limits.max_reply_elements);
+  p.Integer("wait_replicas", &o.replication.wait_replicas);
+  p.Duration("wait_timeout", &o.replication.wait_timeout);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
   return o;
@@ -425,41 +418,42 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   for (const std::string& a : p.TakeList("nsqd_http")) {
     absl::StatusOr<UrlHost> h = ParseHost(a);
     if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
-    o.nsqd_http_addresses.push_back(JoinHost(*h, 4151));
+    o.discovery.nsqd_http_addresses.push_back(JoinHost(*h, 4151));
   }
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
   }
   if (auto secret = p.Take("auth_secret")) {
-    o.auth_secret = *secret;
+    o.auth.secret = *secret;
   } else if (env) {
-    if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth_secret = *s;
+    if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth.secret = *s;
   }
-  p.String("client_id", &o.client_id);
+  p.String("client_id", &o.auth.client_id);
   p.String("queue_channel", &o.queue_channel);
   if (auto policy = p.Take("publish_policy")) {
     absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
     if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
-    o.publish_policy = *parsed;
+    o.publishing.policy = *parsed;
   }
-  p.Duration("publish_timeout", &o.publish_timeout);
-  p.Bool("publish_discovery", &o.publish_discovery);
-  p.Duration("connect_timeout", &o.connect_timeout);
-  p.Duration("request_timeout", &o.request_timeout);
-  p.Duration("heartbeat_interval", &o.heartbeat_interval);
-  p.Duration("output_buffer_timeout", &o.output_buffer_timeout);
-  p.Integer("output_buffer_size", &o.output_buffer_size);
-  p.Duration("lookupd_poll_interval", &o.lookupd_poll_interval);
-  p.Double("lookupd_poll_jitter", &o.lookupd_poll_jitter);
-  p.Duration("max_defer", &o.max_defer);
-  p.Duration("reconnect_backoff_base", &o.reconnect_backoff_base);
-  p.Duration("reconnect_backoff_max", &o.reconnect_backoff_max);
-  p.Duration("rdy_redistribute_interval", &o.rdy_redistribute_interval);
+  // The parameters keep the flat names shared with redis:// (connect_timeout,
+  // reconnect_backoff_base, ...); each sets one field of NsqOptions' groups.
+  p.Duration("publish_timeout", &o.publishing.timeout);
+  p.Bool("publish_discovery", &o.publishing.use_lookupd);
+  p.Integer("publish_connections", &o.publishing.connections);
+  p.Duration("rdy_redistribute_interval", &o.consuming.rdy_redistribute_interval);
+  p.Duration("close_timeout", &o.consuming.close_timeout);
+  p.Duration("output_buffer_timeout", &o.consuming.output_buffer_timeout);
+  p.Integer("output_buffer_size", &o.consuming.output_buffer_size);
+  p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
+  p.Duration("connect_timeout", &o.timeouts.connect);
+  p.Duration("request_timeout", &o.timeouts.request);
+  p.Duration("heartbeat_interval", &o.timeouts.heartbeat_interval);
+  p.Integer("max_message_bytes", &o.limits.max_message_bytes);
+  p.Integer("max_batch_bytes", &o.limits.max_batch_bytes);
+  p.Duration("max_defer", &o.limits.max_defer);
+  p.Duration("reconnect_backoff_base", &o.reconnect_backoff.initial);
+  p.Duration("reconnect_backoff_max", &o.reconnect_backoff.max);
   p.Integer("io_threads", &o.io_threads);
-  p.Integer("publish_connections", &o.publish_connections);
-  p.Integer("max_message_bytes", &o.max_message_bytes);
-  p.Integer("max_batch_bytes", &o.max_batch_bytes);
-  p.Duration("close_timeout", &o.close_timeout);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
   return o;

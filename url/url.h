@@ -75,21 +75,24 @@ using GetEnv = std::function<std::optional<std::string>(absl::string_view name)>
 GetEnv ProcessEnv();
 
 // redis:// → RedisOptions. Port default 6379, db from the path ("/2"), password from the URL
-// or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, connect_timeout,
-// request_timeout, timeout (both), reconnect_backoff_base, reconnect_backoff_max,
-// script_batch, max_reply_bytes, max_reply_elements, db, wait_replicas, wait_timeout.
+// or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, db, connect_timeout and
+// request_timeout (timeouts.connect, timeouts.request), timeout (both), reconnect_backoff_base
+// and reconnect_backoff_max (backoff.initial, backoff.max), script_batch, max_reply_bytes,
+// max_reply_elements (limits.*), wait_replicas, wait_timeout (replication.*).
 // redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0). The
 // result is validated (ValidateRedisOptions).
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with
-// `lookupd`. Parameters: lookupd, nsqd_http, auth_secret (else NSQ_AUTH_SECRET in `env`),
-// client_id, queue_channel, publish_policy (prefer or spread), publish_timeout,
-// publish_discovery, connect_timeout, request_timeout, heartbeat_interval,
-// output_buffer_timeout, output_buffer_size, lookupd_poll_interval, lookupd_poll_jitter,
-// max_defer, reconnect_backoff_base, reconnect_backoff_max, rdy_redistribute_interval,
-// io_threads, publish_connections, max_message_bytes, max_batch_bytes, close_timeout.
-// Validated (ValidateNsqOptions).
+// `lookupd`. Parameters (the NsqOptions field each sets, docs/nsq.md): lookupd
+// (lookupd_http_addresses), nsqd_http (discovery.nsqd_http_addresses), auth_secret (else
+// NSQ_AUTH_SECRET in `env`; auth.secret), client_id (auth.client_id), queue_channel;
+// publishing: publish_policy (prefer or spread), publish_timeout, publish_discovery
+// (publishing.use_lookupd), publish_connections; consuming: rdy_redistribute_interval,
+// close_timeout, output_buffer_timeout, output_buffer_size; discovery: lookupd_poll_interval;
+// timeouts: connect_timeout, request_timeout, heartbeat_interval; limits: max_message_bytes,
+// max_batch_bytes, max_defer; reconnect_backoff_base and reconnect_backoff_max
+// (reconnect_backoff.initial and .max); io_threads. Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // What a sqlite:// URL sets: the database and each store's own options.

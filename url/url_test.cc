@@ -57,7 +57,7 @@ TEST(RedisUrl, Defaults) {
   EXPECT_EQ(o->db, 0);
   EXPECT_EQ(o->password, "");
   EXPECT_EQ(o->key_prefix, d.key_prefix);
-  EXPECT_EQ(o->request_timeout, d.request_timeout);
+  EXPECT_EQ(o->timeouts.request, d.timeouts.request);
   // No host at all: the default address.
   o = Redis("redis://");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -76,20 +76,20 @@ TEST(RedisUrl, EveryPart) {
   EXPECT_EQ(o->port, 6380);
   EXPECT_EQ(o->db, 3);
   EXPECT_EQ(o->key_prefix, "app:");
-  EXPECT_EQ(o->connect_timeout, absl::Milliseconds(250));
-  EXPECT_EQ(o->request_timeout, absl::Seconds(3));
-  EXPECT_EQ(o->reconnect_backoff_base, absl::Milliseconds(10));
-  EXPECT_EQ(o->reconnect_backoff_max, absl::Seconds(1));
-  EXPECT_EQ(o->script_batch, 100);
-  EXPECT_EQ(o->max_reply_bytes, 4096);
-  EXPECT_EQ(o->max_reply_elements, 10);
+  EXPECT_EQ(o->timeouts.connect, absl::Milliseconds(250));
+  EXPECT_EQ(o->timeouts.request, absl::Seconds(3));
+  EXPECT_EQ(o->backoff.initial, absl::Milliseconds(10));
+  EXPECT_EQ(o->backoff.max, absl::Seconds(1));
+  EXPECT_EQ(o->limits.script_batch, 100);
+  EXPECT_EQ(o->limits.max_reply_bytes, 4096);
+  EXPECT_EQ(o->limits.max_reply_elements, 10);
 }
 
 TEST(RedisUrl, TimeoutSetsBothAndTheSpecificOneWins) {
   absl::StatusOr<RedisOptions> o = Redis("redis://h?timeout=7s&connect_timeout=1s");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->connect_timeout, absl::Seconds(1));
-  EXPECT_EQ(o->request_timeout, absl::Seconds(7));
+  EXPECT_EQ(o->timeouts.connect, absl::Seconds(1));
+  EXPECT_EQ(o->timeouts.request, absl::Seconds(7));
 }
 
 TEST(RedisUrl, PercentEncodedUserAndPassword) {
@@ -125,8 +125,8 @@ TEST(RedisUrl, ClusterSeeds) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->seeds, (std::vector<std::string>{"10.0.0.1:7000", "[::1]:7001", "h3:6379"}));
   EXPECT_EQ(o->password, "pw");
-  EXPECT_EQ(o->wait_replicas, 1);
-  EXPECT_EQ(o->wait_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(o->replication.wait_replicas, 1);
+  EXPECT_EQ(o->replication.wait_timeout, absl::Milliseconds(250));
   ExpectBad(Redis("redis+cluster://").status(), "host");
   ExpectBad(Redis("redis+cluster://h1:7000/2").status(), "db");
   ExpectBad(Redis("redis://h1:7000,h2:7001").status(), "host");
@@ -180,8 +180,10 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://h?=x").status(), "parameter");
   ExpectBad(Redis("redis://h#frag").status(), "fragment");
   // Out of range: the option's own validation, named.
-  ExpectBad(Redis("redis://h?script_batch=0").status(), "script_batch");
-  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "request_timeout");
+  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch");
+  ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "timeouts.request");
+  // 0: the library's choice.
+  EXPECT_TRUE(Redis("redis://h?script_batch=0").ok());
 }
 
 TEST(RedisUrl, APasswordWithSlashOrQuestionMarkIsNeverEchoed) {
@@ -226,32 +228,31 @@ TEST(NsqUrl, EveryParameter) {
       Nsq("nsq://n1?lookupd=l1:4161,l2&lookupd=l3:5000&nsqd_http=n1:4151&auth_secret=t%26p&"
           "client_id=me&queue_channel=ch&connect_timeout=1s&request_timeout=2s&"
           "heartbeat_interval=3s&output_buffer_timeout=50ms&output_buffer_size=32768&"
-          "lookupd_poll_interval=4s&lookupd_poll_jitter=0.5&max_defer=30m&"
+          "lookupd_poll_interval=4s&max_defer=30m&"
           "reconnect_backoff_base=5ms&reconnect_backoff_max=6s&rdy_redistribute_interval=7ms&"
           "io_threads=3&publish_connections=4&max_message_bytes=1000&max_batch_bytes=2000&"
           "close_timeout=8s");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_THAT(o->lookupd_http_addresses, ElementsAre("l1:4161", "l2:4161", "l3:5000"));
-  EXPECT_THAT(o->nsqd_http_addresses, ElementsAre("n1:4151"));
-  EXPECT_EQ(o->auth_secret, "t&p");
-  EXPECT_EQ(o->client_id, "me");
+  EXPECT_THAT(o->discovery.nsqd_http_addresses, ElementsAre("n1:4151"));
+  EXPECT_EQ(o->auth.secret, "t&p");
+  EXPECT_EQ(o->auth.client_id, "me");
   EXPECT_EQ(o->queue_channel, "ch");
-  EXPECT_EQ(o->connect_timeout, absl::Seconds(1));
-  EXPECT_EQ(o->request_timeout, absl::Seconds(2));
-  EXPECT_EQ(o->heartbeat_interval, absl::Seconds(3));
-  EXPECT_EQ(o->output_buffer_timeout, absl::Milliseconds(50));
-  EXPECT_EQ(o->output_buffer_size, 32768);
-  EXPECT_EQ(o->lookupd_poll_interval, absl::Seconds(4));
-  EXPECT_EQ(o->lookupd_poll_jitter, 0.5);
-  EXPECT_EQ(o->max_defer, absl::Minutes(30));
-  EXPECT_EQ(o->reconnect_backoff_base, absl::Milliseconds(5));
-  EXPECT_EQ(o->reconnect_backoff_max, absl::Seconds(6));
-  EXPECT_EQ(o->rdy_redistribute_interval, absl::Milliseconds(7));
+  EXPECT_EQ(o->timeouts.connect, absl::Seconds(1));
+  EXPECT_EQ(o->timeouts.request, absl::Seconds(2));
+  EXPECT_EQ(o->timeouts.heartbeat_interval, absl::Seconds(3));
+  EXPECT_EQ(o->consuming.output_buffer_timeout, absl::Milliseconds(50));
+  EXPECT_EQ(o->consuming.output_buffer_size, 32768);
+  EXPECT_EQ(o->discovery.lookupd_poll_interval, absl::Seconds(4));
+  EXPECT_EQ(o->limits.max_defer, absl::Minutes(30));
+  EXPECT_EQ(o->reconnect_backoff.initial, absl::Milliseconds(5));
+  EXPECT_EQ(o->reconnect_backoff.max, absl::Seconds(6));
+  EXPECT_EQ(o->consuming.rdy_redistribute_interval, absl::Milliseconds(7));
   EXPECT_EQ(o->io_threads, 3);
-  EXPECT_EQ(o->publish_connections, 4);
-  EXPECT_EQ(o->max_message_bytes, 1000u);
-  EXPECT_EQ(o->max_batch_bytes, 2000u);
-  EXPECT_EQ(o->close_timeout, absl::Seconds(8));
+  EXPECT_EQ(o->publishing.connections, 4);
+  EXPECT_EQ(o->limits.max_message_bytes, 1000u);
+  EXPECT_EQ(o->limits.max_batch_bytes, 2000u);
+  EXPECT_EQ(o->consuming.close_timeout, absl::Seconds(8));
 }
 
 TEST(NsqUrl, SeveralNsqdAndThePublishPolicy) {
@@ -260,16 +261,16 @@ TEST(NsqUrl, SeveralNsqdAndThePublishPolicy) {
           "publish_discovery=true");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_THAT(o->nsqd_tcp_addresses, ElementsAre("n1:4150", "n2:4250"));
-  EXPECT_EQ(o->publish_policy, NsqPublishPolicy::kSpread);
-  EXPECT_EQ(o->publish_timeout, absl::Seconds(5));
-  EXPECT_TRUE(o->publish_discovery);
+  EXPECT_EQ(o->publishing.policy, NsqPublishPolicy::kSpread);
+  EXPECT_EQ(o->publishing.timeout, absl::Seconds(5));
+  EXPECT_TRUE(o->publishing.use_lookupd);
   o = Nsq("nsq://n1,n2?publish_policy=prefer");
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->publish_policy, NsqPublishPolicy::kPrefer);
-  EXPECT_FALSE(o->publish_discovery);
+  EXPECT_EQ(o->publishing.policy, NsqPublishPolicy::kPrefer);
+  EXPECT_FALSE(o->publishing.use_lookupd);
   ExpectBad(Nsq("nsq://n1,n2?publish_policy=roundrobin").status(), "parameter publish_policy");
-  ExpectBad(Nsq("nsq://n1?publish_timeout=0s").status(), "publish_timeout");
-  ExpectBad(Nsq("nsq://n1?publish_discovery=true").status(), "publish_discovery");
+  ExpectBad(Nsq("nsq://n1?publish_timeout=0s").status(), "publishing.timeout");
+  ExpectBad(Nsq("nsq://n1?publish_discovery=true").status(), "publishing.use_lookupd");
 }
 
 TEST(NsqUrl, LookupdOnlyAndSecretFromTheEnvironment) {
@@ -278,7 +279,7 @@ TEST(NsqUrl, LookupdOnlyAndSecretFromTheEnvironment) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->nsqd_tcp_addresses.empty());
   EXPECT_THAT(o->lookupd_http_addresses, ElementsAre("[::1]:4161"));
-  EXPECT_EQ(o->auth_secret, "envsecret");
+  EXPECT_EQ(o->auth.secret, "envsecret");
 }
 
 TEST(NsqUrl, Errors) {
@@ -290,7 +291,8 @@ TEST(NsqUrl, Errors) {
   ExpectBad(Nsq("nsq://u:p@n1").status(), "user");
   ExpectBad(Nsq("nsq://n1/path").status(), "path");
   ExpectBad(Nsq("nsq://n1?io_threads=0").status(), "io_threads");
-  ExpectBad(Nsq("nsq://n1?lookupd_poll_jitter=x").status(), "parameter lookupd_poll_jitter");
+  ExpectBad(Nsq("nsq://n1?lookupd_poll_interval=x").status(), "parameter lookupd_poll_interval");
+  ExpectBad(Nsq("nsq://n1?lookupd_poll_jitter=0.5").status(), "unknown: lookupd_poll_jitter");
   ExpectBad(Nsq("nsq://n1?auth_secret=hunter2&bogus=1").status(), "unknown: bogus", "hunter2");
   ExpectBad(Nsq("redis://n1").status(), "scheme");
 }

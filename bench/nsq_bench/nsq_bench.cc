@@ -22,7 +22,7 @@
 
 ABSL_FLAG(std::string, mode, "write", "write or read");
 ABSL_FLAG(std::string, nsqd, "127.0.0.1:4150", "nsqd TCP addresses, comma-separated");
-ABSL_FLAG(std::string, publish_policy, "prefer", "NsqOptions.publish_policy: prefer or spread");
+ABSL_FLAG(std::string, publish_policy, "prefer", "NsqOptions.publishing.policy: prefer or spread");
 ABSL_FLAG(std::string, topic, "ours", "queue (NSQ topic) to use");
 ABSL_FLAG(int, size, 200, "message size in bytes");
 ABSL_FLAG(int, batch_size, 200, "messages per SendBatchToQueue");
@@ -30,10 +30,10 @@ ABSL_FLAG(int, threads, 2, "publishing threads / consumers (bench_* use GOMAXPRO
 ABSL_FLAG(int, rdy, 2500, "max in flight per consumer");
 ABSL_FLAG(bool, driver_per_consumer, false, "read: one driver (own I/O threads) per consumer");
 ABSL_FLAG(int, io_threads, 2, "NsqOptions.io_threads");
-ABSL_FLAG(int64_t, output_buffer_size, bus::NsqOptions().output_buffer_size,
-          "NsqOptions.output_buffer_size");
-ABSL_FLAG(absl::Duration, output_buffer_timeout, bus::NsqOptions().output_buffer_timeout,
-          "NsqOptions.output_buffer_timeout");
+ABSL_FLAG(int64_t, output_buffer_size, bus::NsqOptions().consuming.output_buffer_size,
+          "NsqOptions.consuming.output_buffer_size");
+ABSL_FLAG(absl::Duration, output_buffer_timeout, bus::NsqOptions().consuming.output_buffer_timeout,
+          "NsqOptions.consuming.output_buffer_timeout");
 ABSL_FLAG(absl::Duration, runfor, absl::Seconds(10), "how long to run");
 ABSL_FLAG(int64_t, count, 0, "write: stop after this many messages (0: run for --runfor only)");
 
@@ -47,11 +47,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", policy.status().ToString().c_str());
     return 1;
   }
-  options.publish_policy = *policy;
+  options.publishing.policy = *policy;
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.io_threads = absl::GetFlag(FLAGS_io_threads);
-  options.output_buffer_size = absl::GetFlag(FLAGS_output_buffer_size);
-  options.output_buffer_timeout = absl::GetFlag(FLAGS_output_buffer_timeout);
+  options.consuming.output_buffer_size = absl::GetFlag(FLAGS_output_buffer_size);
+  options.consuming.output_buffer_timeout = absl::GetFlag(FLAGS_output_buffer_timeout);
   auto driver_or = bus::NewNsqDriver(options);
   if (!driver_or.ok()) {
     std::fprintf(stderr, "%s\n", driver_or.status().ToString().c_str());

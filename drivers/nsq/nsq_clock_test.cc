@@ -39,8 +39,8 @@ Fixture Start(absl::Duration max_defer = absl::Hours(1)) {
   if (!nsqd.ok()) return f;
   f.nsqd = std::move(*nsqd);
   auto d = NewNsqDriver({.nsqd_tcp_addresses = {f.nsqd->tcp_address()},
-                         .max_defer = max_defer,
                          .logger = StderrLogger(LogLevel::kWarning),
+                         .limits = {.max_defer = max_defer},
                          .clock = f.clock});
   EXPECT_TRUE(d.ok()) << d.status();
   if (d.ok()) f.driver = *d;
@@ -58,8 +58,8 @@ std::vector<Delivery> ReceiveOne(Consumer& c) {
 }
 
 TEST(NsqClockTest, NegativeCloseTimeoutIsInvalid) {
-  auto d =
-      NewNsqDriver({.nsqd_tcp_addresses = {"127.0.0.1:1"}, .close_timeout = absl::Seconds(-1)});
+  auto d = NewNsqDriver(
+      {.nsqd_tcp_addresses = {"127.0.0.1:1"}, .consuming = {.close_timeout = absl::Seconds(-1)}});
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
   EXPECT_TRUE(absl::StrContains(d.status().message(), "close_timeout"));
 }

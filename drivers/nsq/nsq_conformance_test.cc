@@ -24,13 +24,15 @@ class NsqHarness final : public DriverHarness {
     if (server_ == nullptr) return nullptr;
     NsqOptions options;
     options.nsqd_tcp_addresses = {server_->tcp_address()};
-    options.nsqd_http_addresses = {server_->http_address()};
+    options.discovery.nsqd_http_addresses = {server_->http_address()};
     options.logger = StderrLogger(LogLevel::kWarning);
     auto driver = NewNsqDriver(options);
     EXPECT_TRUE(driver.ok()) << driver.status();
     return driver.ok() ? *driver : nullptr;
   }
 
+  // nsqd measures delays and leases on its own (real) clock, which a test cannot move: time
+  // passes on a real broker only by waiting, so this sleep is the one way to advance it.
   void Advance(absl::Duration d) override { absl::SleepFor(d); }
 
   // nsqd accepts leases from 1s, but it only starts scanning a new channel for due deferred

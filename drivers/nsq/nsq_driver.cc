@@ -1,9 +1,10 @@
-// The NSQ driver: bus::Driver over the parts in this folder. Options are validated and
+// The NSQ driver: bus::Driver over the parts in internal/. Options are validated and
 // defaulted in nsq_options.cc; the I/O threads and connection settings are the Core (core.h);
 // publishing and channel pre-creation are the ProducerPool (producer_pool.h); consuming is the
-// ConsumerState (consumer.h), whose RDY comes from the planner (rdy_planner.h). What stays here:
-// argument checks, the message wrapper and delay mapping, and the bindings and queue delays of
-// this driver instance.
+// ConsumerState (consumer.h), whose RDY comes from the planner (rdy_planner.h).
+// What stays here: the NSQ-specific argument checks (delays, message sizes; names,
+// route keys and consumer options arrive validated from bus::Driver), the message wrapper and
+// delay mapping, and the bindings and queue delays of this driver instance.
 
 #include "drivers/nsq/nsq_driver.h"
 
@@ -22,13 +23,12 @@
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_future.hpp"
 #include "bus/names.h"
-#include "bus/route_key.h"
-#include "drivers/nsq/connection.h"
-#include "drivers/nsq/consumer.h"
-#include "drivers/nsq/core.h"
-#include "drivers/nsq/lookup.h"
-#include "drivers/nsq/producer_pool.h"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/consumer.h"
+#include "drivers/nsq/internal/core.h"
+#include "drivers/nsq/internal/lookup.h"
+#include "drivers/nsq/internal/producer_pool.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus {
 namespace {
@@ -75,7 +75,6 @@ class NsqDriver final : public Driver {
   std::shared_ptr<Clock> clock() const override { return core_->options().clock; }
 
   absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
     }
@@ -85,10 +84,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
-                         absl::string_view binding_key) override {
-    if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
-    if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
+                           absl::string_view binding_key) override {
     AddBinding(std::string(topic), std::string(queue), std::string(binding_key));
     if (!producers_.configured()) return absl::OkStatus();
     return producers_.EnsureChannelEverywhere(topic, queue);
@@ -97,17 +93,14 @@ class NsqDriver final : public Driver {
   // Forgets the key here; the last key of queue Q on topic T gone (or none known here), channel
   // Q of topic T is deleted on every nsqd that inspection reads (the binding is that channel).
   absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
-                           absl::string_view binding_key) override {
-    if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
-    if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
+                             absl::string_view binding_key) override {
     const std::string t(topic), q(queue);
     if (RemoveBinding(t, q, std::string(binding_key))) return absl::OkStatus();
     producers_.ForgetChannel(t, q);
     return OnEveryNsqd([t, q](std::shared_ptr<Core> core,
                               std::string http) -> boost::asio::awaitable<absl::Status> {
       co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), t, q,
-                                                core->options().request_timeout);
+                                                core->options().timeouts.request);
     });
   }
 
@@ -115,7 +108,6 @@ class NsqDriver final : public Driver {
   // is deleted when it has no other channel (none is a binding of another queue to a topic
   // named Q), else that one channel.
   absl::Status DoDeleteQueue(absl::string_view queue) override {
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     const std::string q(queue);
     {
       absl::MutexLock lock(&mu_);
@@ -126,22 +118,21 @@ class NsqDriver final : public Driver {
                            std::string http) -> boost::asio::awaitable<absl::Status> {
       const NsqOptions& o = core->options();
       absl::StatusOr<std::vector<nsq::ChannelStats>> stats =
-          co_await nsq::NsqdStats(core->io(), http, o.request_timeout);
+          co_await nsq::NsqdStats(core->io(), http, o.timeouts.request);
       if (!stats.ok()) co_return stats.status();
       const bool shared = std::any_of(stats->begin(), stats->end(), [&](const auto& c) {
         return c.topic == q && c.channel != o.queue_channel;
       });
       if (shared) {
         co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), q, o.queue_channel,
-                                                  o.request_timeout);
+                                                  o.timeouts.request);
       }
-      co_return co_await nsq::NsqdDeleteTopic(core->io(), std::move(http), q, o.request_timeout);
+      co_return co_await nsq::NsqdDeleteTopic(core->io(), std::move(http), q, o.timeouts.request);
     });
   }
 
   absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
-                           absl::Duration delay) override {
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
+                             absl::Duration delay) override {
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("SendToQueue: delay must be >= 0");
@@ -150,8 +141,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
-                                absl::Duration delay) override {
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
+                                  absl::Duration delay) override {
     for (const std::string& d : data) {
       if (absl::Status s = CheckSize(d); !s.ok()) return s;
     }
@@ -170,7 +160,7 @@ class NsqDriver final : public Driver {
       return absl::OkStatus();
     }
     // One MPUB per max_batch_bytes, built in place.
-    const size_t limit = core_->options().max_batch_bytes;
+    const size_t limit = core_->options().limits.max_batch_bytes;
     size_t begin = 0;
     while (begin < data.size()) {
       size_t end = begin;
@@ -189,9 +179,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
-                           absl::string_view route_key) override {
-    if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
-    if (absl::Status s = ValidateRouteKey(route_key); !s.ok()) return s;
+                             absl::string_view route_key) override {
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
     std::string body;
     const std::string key(route_key);
@@ -204,9 +192,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
-                                                        const ConsumerOptions& options) override {
-    if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
-    if (absl::Status s = ValidateConsumerOptions(options); !s.ok()) return s;
+                                                          const ConsumerOptions& options) override {
     std::shared_ptr<ConsumerState> state = RegisterConsumer(std::string(queue), options);
     state->Start();
     return std::unique_ptr<Consumer>(new NsqConsumer(core_, std::move(state)));
@@ -234,7 +220,6 @@ class NsqDriver final : public Driver {
   // the re-deferrals of a delay above max_defer), in_flight is leased; summed over every nsqd,
   // over the queue channel of topic Q and channel Q of every other topic (the bindings).
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     absl::StatusOr<std::vector<nsq::ChannelStats>> stats = AllChannelStats();
     if (!stats.ok()) return stats.status();
     QueueCounts counts{.queue = std::string(queue)};
@@ -288,7 +273,7 @@ class NsqDriver final : public Driver {
       }
       return absl::OkStatus();
     };
-    for (const std::string& address : core_->options().nsqd_http_addresses) {
+    for (const std::string& address : core_->options().discovery.nsqd_http_addresses) {
       if (absl::Status st = http_ping(address, "nsqd"); !st.ok()) return st;
     }
     for (const std::string& address : core_->options().lookupd_http_addresses) {
@@ -298,12 +283,13 @@ class NsqDriver final : public Driver {
   }
 
  private:
-  // The channel stats of every nsqd that inspection reads (NsqOptions::nsqd_http_addresses).
-  // Unavailable when any of them (or a lookupd) cannot be read: partial counts would mislead.
+  // The channel stats of every nsqd that inspection reads
+  // (NsqOptions::discovery.nsqd_http_addresses). Unavailable when any of them (or a lookupd) cannot
+  // be read: partial counts would mislead.
   absl::StatusOr<std::vector<nsq::ChannelStats>> AllChannelStats() {
     auto gather = [](std::shared_ptr<Core> core)
         -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
-      const absl::Duration timeout = core->options().request_timeout;
+      const absl::Duration timeout = core->options().timeouts.request;
       absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
@@ -319,17 +305,17 @@ class NsqDriver final : public Driver {
   }
 
   // The HTTP addresses of the nsqds that inspection reads and deletion changes:
-  // NsqOptions::nsqd_http_addresses, else every nsqd the lookupds list and each of
+  // NsqOptions::discovery.nsqd_http_addresses, else every nsqd the lookupds list and each of
   // nsqd_tcp_addresses they do not list at its port + 1.
   static boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> NsqdHttpAddresses(
       std::shared_ptr<Core> core) {
     const NsqOptions& o = core->options();
-    std::vector<std::string> http = o.nsqd_http_addresses;
+    std::vector<std::string> http = o.discovery.nsqd_http_addresses;
     if (!http.empty()) co_return http;
     std::set<std::string> listed_tcp;
     for (const std::string& lookupd : o.lookupd_http_addresses) {
       absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
-          co_await nsq::LookupNodes(core->io(), lookupd, o.request_timeout);
+          co_await nsq::LookupNodes(core->io(), lookupd, o.timeouts.request);
       if (!nodes.ok()) co_return nodes.status();
       for (nsq::LookupNode& n : *nodes) {
         if (!listed_tcp.insert(n.tcp_address).second) continue;
@@ -368,10 +354,10 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status CheckSize(absl::string_view data) const {
-    if (data.size() > core_->options().max_message_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("nsq: message of ", data.size(),
-                                                     " bytes exceeds max_message_bytes (",
-                                                     core_->options().max_message_bytes, ")"));
+    if (data.size() > core_->options().limits.max_message_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nsq: message of ", data.size(), " bytes exceeds limits.max_message_bytes (",
+                       core_->options().limits.max_message_bytes, ")"));
     }
     return absl::OkStatus();
   }
@@ -385,7 +371,7 @@ class NsqDriver final : public Driver {
                            absl::Duration delay) const {
     std::string body;
     std::string cmd;
-    const absl::Duration max_defer = core_->options().max_defer;
+    const absl::Duration max_defer = core_->options().limits.max_defer;
     if (delay <= absl::ZeroDuration()) {
       nsq::AppendWrapped(data, nullptr, std::nullopt, &body);
       nsq::AppendPub(queue, body, &cmd);

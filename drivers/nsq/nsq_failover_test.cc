@@ -43,8 +43,8 @@ std::unique_ptr<NsqdServer> StartNsqd(NsqdConfig config = {}) {
 
 std::shared_ptr<Driver> MakeDriver(NsqOptions options) {
   options.logger = StderrLogger(LogLevel::kError);
-  options.reconnect_backoff_base = absl::Milliseconds(50);
-  options.reconnect_backoff_max = absl::Milliseconds(500);
+  options.reconnect_backoff.initial = absl::Milliseconds(50);
+  options.reconnect_backoff.max = absl::Milliseconds(500);
   auto d = NewNsqDriver(std::move(options));
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *d : nullptr;
@@ -101,7 +101,7 @@ TEST(NsqFailoverTest, PreferKeepsToTheFirstNsqd) {
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   auto driver = MakeDriver({.nsqd_tcp_addresses = {a->tcp_address(), b->tcp_address()},
-                            .publish_policy = NsqPublishPolicy::kPrefer});
+                            .publishing = {.policy = NsqPublishPolicy::kPrefer}});
   const std::string q = "preferred";
   ASSERT_TRUE(driver->CreateQueue(q, absl::ZeroDuration()).ok());
   std::set<std::string> sent;
@@ -116,7 +116,7 @@ TEST(NsqFailoverTest, SpreadBalancesOverBothNsqd) {
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   auto driver = MakeDriver({.nsqd_tcp_addresses = {a->tcp_address(), b->tcp_address()},
-                            .publish_policy = NsqPublishPolicy::kSpread});
+                            .publishing = {.policy = NsqPublishPolicy::kSpread}});
   const std::string q = "spread";
   ASSERT_TRUE(driver->CreateQueue(q, absl::ZeroDuration()).ok());
   std::set<std::string> sent;
@@ -152,7 +152,7 @@ TEST_P(NsqKillTest, EveryAcceptedPublishIsConsumedAndTheReturningNsqdIsUsedAgain
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   auto producer = MakeDriver({.nsqd_tcp_addresses = {a->tcp_address(), b->tcp_address()},
-                              .publish_policy = GetParam().policy});
+                              .publishing = {.policy = GetParam().policy}});
   const std::string q = "killed";
   ASSERT_TRUE(producer->CreateQueue(q, absl::ZeroDuration()).ok());
 
@@ -251,8 +251,8 @@ TEST(NsqFailoverTest, EveryNsqdDownIsUnavailableNamingEach) {
   auto p2 = testing::PickFreePort();
   ASSERT_TRUE(p1.ok() && p2.ok());
   const std::string a = absl::StrCat("127.0.0.1:", *p1), b = absl::StrCat("127.0.0.1:", *p2);
-  auto driver =
-      MakeDriver({.nsqd_tcp_addresses = {a, b}, .publish_policy = NsqPublishPolicy::kSpread});
+  auto driver = MakeDriver(
+      {.nsqd_tcp_addresses = {a, b}, .publishing = {.policy = NsqPublishPolicy::kSpread}});
   absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), a)) << st;
@@ -269,20 +269,20 @@ TEST(NsqFailoverTest, LookupdDiscoveryIsOffByDefault) {
   auto driver = MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()}});
   absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "publish_discovery")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "publishing.use_lookupd")) << st;
 }
 
 // Only a lookupd configured: the producer publishes to the nsqd it lists, and to one that
-// registers later (the list is asked for again every lookupd_poll_interval).
+// registers later (the list is asked for again every discovery.lookupd_poll_interval).
 TEST(NsqFailoverTest, ProducerPublishesToTheNsqdThatLookupdLists) {
   auto lookupd = NsqlookupdServer::Start();
   ASSERT_TRUE(lookupd.ok()) << lookupd.status();
   auto a = StartNsqd({.lookupd_tcp_address = (*lookupd)->tcp_address()});
   ASSERT_NE(a, nullptr);
-  auto producer = MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()},
-                              .publish_policy = NsqPublishPolicy::kSpread,
-                              .publish_discovery = true,
-                              .lookupd_poll_interval = absl::Milliseconds(200)});
+  auto producer =
+      MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()},
+                  .publishing = {.policy = NsqPublishPolicy::kSpread, .use_lookupd = true},
+                  .discovery = {.lookupd_poll_interval = absl::Milliseconds(200)}});
   const std::string q = "discovered";
   std::set<std::string> sent;
   int i = 0;
@@ -307,8 +307,9 @@ TEST(NsqFailoverTest, ProducerPublishesToTheNsqdThatLookupdLists) {
   EXPECT_GT(MessageCount(*a, q), 10);
   EXPECT_GE(MessageCount(*b, q), 10);
 
-  auto consumer_driver = MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()},
-                                     .lookupd_poll_interval = absl::Milliseconds(300)});
+  auto consumer_driver =
+      MakeDriver({.lookupd_http_addresses = {(*lookupd)->http_address()},
+                  .discovery = {.lookupd_poll_interval = absl::Milliseconds(300)}});
   auto c = consumer_driver->NewConsumer(q, ConsumerOptions{64, absl::Seconds(30)});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(Drain(c->get(), sent), sent);
@@ -316,20 +317,20 @@ TEST(NsqFailoverTest, ProducerPublishesToTheNsqdThatLookupdLists) {
 
 TEST(NsqFailoverTest, BadPublishOptionsAreRejectedNamingTheField) {
   NsqOptions o{.nsqd_tcp_addresses = {"127.0.0.1:1"}};
-  o.publish_policy = static_cast<NsqPublishPolicy>(7);
+  o.publishing.policy = static_cast<NsqPublishPolicy>(7);
   absl::Status st = ValidateNsqOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "publish_policy")) << st;
-  o.publish_policy = NsqPublishPolicy::kSpread;
-  o.publish_timeout = absl::ZeroDuration();
+  EXPECT_TRUE(absl::StrContains(st.message(), "publishing.policy")) << st;
+  o.publishing.policy = NsqPublishPolicy::kSpread;
+  o.publishing.timeout = absl::ZeroDuration();
   st = ValidateNsqOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "publish_timeout")) << st;
-  o.publish_timeout = absl::Seconds(1);
-  o.publish_discovery = true;
+  EXPECT_TRUE(absl::StrContains(st.message(), "publishing.timeout")) << st;
+  o.publishing.timeout = absl::Seconds(1);
+  o.publishing.use_lookupd = true;
   st = ValidateNsqOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "publish_discovery")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "publishing.use_lookupd")) << st;
   o.lookupd_http_addresses = {"127.0.0.1:4161"};
   EXPECT_TRUE(ValidateNsqOptions(o).ok());
 

@@ -195,6 +195,7 @@ class FakeNsqd {
           writer = std::thread([&] {
             while (!done && !stop_) {
               if (!WriteAll(fd, &write_mu, Frame(0, "_heartbeat_"))) return;
+              // The fake's heartbeat rate, as nsqd sends them: pacing, not a wait for a state.
               std::this_thread::sleep_for(std::chrono::milliseconds(100));
             }
           });
@@ -274,10 +275,10 @@ std::shared_ptr<Driver> MakeDriver(const std::string& address, std::shared_ptr<L
   NsqOptions options;
   options.nsqd_tcp_addresses = {address};
   options.logger = std::move(logger);
-  options.request_timeout = absl::Milliseconds(500);
-  options.heartbeat_interval = absl::Seconds(1);
-  options.reconnect_backoff_base = absl::Milliseconds(50);
-  options.reconnect_backoff_max = absl::Milliseconds(500);
+  options.timeouts.request = absl::Milliseconds(500);
+  options.timeouts.heartbeat_interval = absl::Seconds(1);
+  options.reconnect_backoff.initial = absl::Milliseconds(50);
+  options.reconnect_backoff.max = absl::Milliseconds(500);
   auto d = NewNsqDriver(options);
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *d : nullptr;
@@ -297,10 +298,10 @@ absl::Status CallWithin(std::unique_ptr<FakeNsqd>& server, std::function<absl::S
 TEST(NsqHostileServerTest, OptionsRefuseANonPositiveRequestTimeout) {
   NsqOptions o;
   o.nsqd_tcp_addresses = {"127.0.0.1:1"};
-  o.request_timeout = absl::ZeroDuration();
+  o.timeouts.request = absl::ZeroDuration();
   auto d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
-  EXPECT_TRUE(absl::StrContains(d.status().message(), "request_timeout")) << d.status();
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "timeouts.request")) << d.status();
 }
 
 // Two nsqd, the first of which refuses every publish (E_PUB_FAILED, E_MPUB_FAILED,
@@ -312,7 +313,7 @@ TEST(NsqHostileServerTest, ARefusedPublishGoesToTheNextNsqd) {
   ASSERT_TRUE(real.ok()) << real.status();
   NsqOptions options;
   options.nsqd_tcp_addresses = {refusing->address(), (*real)->tcp_address()};
-  options.publish_policy = NsqPublishPolicy::kPrefer;
+  options.publishing.policy = NsqPublishPolicy::kPrefer;
   options.logger = StderrLogger(LogLevel::kError);
   auto d = NewNsqDriver(options);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -360,21 +361,21 @@ TEST(NsqHostileServerTest, ASendWhoseDeadlinePassesWithEveryNsqdSilentIsDeadline
   auto silent_b = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoIdentifyResponse);
   NsqOptions options;
   options.nsqd_tcp_addresses = {silent_a->address(), silent_b->address()};
-  options.publish_policy = NsqPublishPolicy::kSpread;
-  options.connect_timeout = 2 * kPatience;
-  options.publish_timeout = absl::Milliseconds(300);
+  options.publishing.policy = NsqPublishPolicy::kSpread;
+  options.timeouts.connect = 2 * kPatience;
+  options.publishing.timeout = absl::Milliseconds(300);
   options.logger = StderrLogger(LogLevel::kError);
   auto d = NewNsqDriver(options);
   ASSERT_TRUE(d.ok()) << d.status();
   absl::Status st =
       CallWithin(silent_a, [&] { return (*d)->SendToQueue("q", "x", absl::ZeroDuration()); });
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "publish_timeout")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "publishing.timeout")) << st;
 
   auto mute = std::make_unique<FakeNsqd>(FakeNsqd::Mode::kNoPublishResponse);
   options.nsqd_tcp_addresses = {mute->address()};
-  options.connect_timeout = absl::Seconds(5);
-  options.request_timeout = 2 * kPatience;
+  options.timeouts.connect = absl::Seconds(5);
+  options.timeouts.request = 2 * kPatience;
   d = NewNsqDriver(options);
   ASSERT_TRUE(d.ok()) << d.status();
   st = CallWithin(mute, [&] { return (*d)->SendToQueue("q", "x", absl::ZeroDuration()); });
@@ -403,7 +404,7 @@ TEST(NsqHostileServerTest, APublishNsqdNeverAnswersEndsAtTheRequestTimeout) {
     SCOPED_TRACE(absl::StrCat("call ", i));
     absl::Status st = CallWithin(server, calls[i]);
     EXPECT_TRUE(absl::IsUnavailable(st)) << st;
-    EXPECT_TRUE(absl::StrContains(st.message(), "request_timeout")) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "timeouts.request")) << st;
     if (server == nullptr) return;
   }
   EXPECT_EQ(server->publishes(), 4);
@@ -421,7 +422,7 @@ TEST(NsqHostileServerTest, ASubNsqdNeverAnswersEndsAtTheRequestTimeout) {
   absl::Status st =
       CallWithin(server, [&] { return driver->CreateQueue("stuck", absl::ZeroDuration()); });
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "request_timeout")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "timeouts.request")) << st;
   if (server == nullptr) return;
 
   auto c = driver->NewConsumer("stuck", ConsumerOptions{1, absl::Seconds(30)});
@@ -433,7 +434,7 @@ TEST(NsqHostileServerTest, ASubNsqdNeverAnswersEndsAtTheRequestTimeout) {
     rst = (*c)->Receive(1, absl::Milliseconds(100), {}, &got);
   }
   EXPECT_TRUE(absl::IsUnavailable(rst)) << rst;
-  EXPECT_TRUE(absl::StrContains(rst.message(), "request_timeout")) << rst;
+  EXPECT_TRUE(absl::StrContains(rst.message(), "timeouts.request")) << rst;
 }
 
 // Peak resident memory of this process (VmHWM), in bytes.

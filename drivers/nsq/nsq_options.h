@@ -1,8 +1,17 @@
 // Options of the NSQ driver (bus::NewNsqDriver in drivers/nsq/nsq_driver.h): what each field
 // means, its default, and the one place they are validated and defaulted.
 //
-//   bus::NsqOptions options{.nsqd_tcp_addresses = {"127.0.0.1:4150"}};
-//   absl::Status s = bus::ValidateNsqOptions(options);   // InvalidArgument naming the field
+// Most programs set the first few fields and nothing else:
+//
+//   bus::NsqOptions options{
+//       .nsqd_tcp_addresses = {"127.0.0.1:4150"},      // where to publish (and consume from)
+//       .lookupd_http_addresses = {"127.0.0.1:4161"},  // optional: discover more nsqd
+//       .auth = {.secret = "s3cret"},                  // only with nsqd's --auth-http-address
+//   };
+//   absl::Status s = bus::ValidateNsqOptions(options);  // InvalidArgument naming the field
+//
+// The rest are grouped by what they tune: `publishing`, `consuming` (flow), `discovery`,
+// `timeouts`, `limits` (nsqd's own limits, mirrored), `reconnect_backoff`.
 //
 // Thread-safety: plain data; the functions share no state.
 
@@ -19,11 +28,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 
 namespace bus {
+
+// The largest wrapper (route key, "not before" time; docs/wire-format.md) the driver puts
+// before an application's bytes: nsqd's --max-msg-size counts it, so the driver accepts this
+// much less than that limit.
+inline constexpr size_t kNsqMaxWrapperBytes = 4 + 1 + 255 + 8;
 
 // Which nsqd a publish goes to (docs/nsq.md, "Publishing to several nsqd").
 enum class NsqPublishPolicy {
@@ -34,45 +49,42 @@ enum class NsqPublishPolicy {
   kSpread,
 };
 
-struct NsqOptions {
-  // nsqd TCP addresses ("host:port"). Publishing needs at least one; consumers connect to them
-  // directly as well. At least one of this and `lookupd_http_addresses` is required.
-  std::vector<std::string> nsqd_tcp_addresses{};
-  // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
-  // connect to the union of the producers.
-  std::vector<std::string> lookupd_http_addresses{};
+// AUTH and IDENTIFY.
+struct NsqAuth {
+  // Secret for nsqd's AUTH (only sent when nsqd says auth_required). Never logged.
+  std::string secret{};
+  // IDENTIFY client_id and hostname; empty: the machine's host name.
+  std::string client_id{};
+};
+
+struct NsqPublishing {
   // How a publish picks among the nsqd (see NsqPublishPolicy). Whatever the policy, an nsqd
   // that refuses a publish (E_PUB_FAILED and the like), cannot be reached, resets or times out
   // is skipped with backoff and the publish goes to the next one. Default kPrefer.
-  NsqPublishPolicy publish_policy = NsqPublishPolicy::kPrefer;
+  NsqPublishPolicy policy = NsqPublishPolicy::kPrefer;
   // Bound on one publishing command (PUB, MPUB, DPUB) over every nsqd it is tried on: no nsqd
   // is tried once it has passed, and the wait for a connection or an answer ends with it
   // (DeadlineExceeded). Default 30s; > 0.
-  absl::Duration publish_timeout = absl::Seconds(30);
+  absl::Duration timeout = absl::Seconds(30);
+  // Publishing connections per nsqd; concurrent publishers take them in turn. nsqd serves each
+  // connection on one goroutine, so more than one lets it use more cores. Default 2; >= 1.
+  int connections = 2;
   // Also publish to the nsqd that the nsqlookupds of `lookupd_http_addresses` list (/nodes),
-  // asked again every `lookupd_poll_interval`; they come after `nsqd_tcp_addresses` in the
-  // prefer order. Needs lookupd_http_addresses. Default false.
-  bool publish_discovery = false;
-  // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
-  // from. Empty: every nsqd that the nsqlookupds list (/nodes), and each of
-  // `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's default layout, 4150 and
-  // 4151).
-  std::vector<std::string> nsqd_http_addresses{};
-  // Secret for nsqd's AUTH (only sent when nsqd says auth_required). Never logged.
-  std::string auth_secret{};
-  // IDENTIFY client_id and hostname; empty: the machine's host name.
-  std::string client_id{};
-  // Channel through which queues are consumed. Default "bus".
-  std::string queue_channel = "bus";
-  // TCP connect plus handshake (IDENTIFY, AUTH) bound. Default 5s; > 0.
-  absl::Duration connect_timeout = absl::Seconds(5);
-  // Bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the call. An
-  // nsqd that does not answer in time has its connection dropped (the next call reconnects) and
-  // the call fails with Unavailable. Default 10s; > 0.
-  absl::Duration request_timeout = absl::Seconds(10);
-  // Heartbeat interval asked for in IDENTIFY; a connection silent for twice this is dropped.
-  // Default 30s; >= 1s (nsqd's minimum).
-  absl::Duration heartbeat_interval = absl::Seconds(30);
+  // asked again every `discovery.lookupd_poll_interval`; they come after `nsqd_tcp_addresses`
+  // in the prefer order. Needs lookupd_http_addresses. Default false.
+  bool use_lookupd = false;
+};
+
+// Consumer flow: RDY, nsqd's output buffering for this client, closing.
+struct NsqConsuming {
+  // How often a consumer re-balances RDY across its connections when it has more connections
+  // than max_in_flight (an idle connection's RDY moves on to the next), and writes the acks it
+  // has batched. Default 100ms; > 0.
+  absl::Duration rdy_redistribute_interval = absl::Milliseconds(100);
+  // How long closing a consumer waits for nsqd to confirm CLS (CLOSE_WAIT) on its connections
+  // before closing them anyway (each CLS is also bounded by `timeouts.request`). Default 2s;
+  // >= 0 (zero: close at once).
+  absl::Duration close_timeout = absl::Seconds(2);
   // nsqd's flush interval for this client's output buffer; lower means lower latency at some
   // nsqd CPU cost. Default 25ms (nsqd's minimum); zero keeps nsqd's default (250ms).
   absl::Duration output_buffer_timeout = absl::Milliseconds(25);
@@ -80,36 +92,76 @@ struct NsqOptions {
   // nsqd (less CPU on both sides under load). Must not exceed nsqd's --max-output-buffer-size
   // (default 64 KiB). Default 64 KiB; zero keeps nsqd's default (16 KiB).
   int64_t output_buffer_size = 64 * 1024;
-  // nsqlookupd polling period and jitter fraction in [0, 1]: each wait is
-  // interval * (1 + jitter * (u - 0.5) * 2) for uniform u. Defaults 15s and 0.3.
+};
+
+// nsqlookupd polling and the nsqd that inspection reads.
+struct NsqDiscovery {
+  // How often consumers ask the nsqlookupds (/lookup) which nsqd hold their topics: each wait
+  // is uniform in [interval/2, interval] (a bus::Backoff with equal jitter), so consumers
+  // started together do not poll together; a lost connection or a new binding asks at once.
+  // Default 15s; > 0.
   absl::Duration lookupd_poll_interval = absl::Seconds(15);
-  double lookupd_poll_jitter = 0.3;
-  // Longest delay handed to nsqd at once (nsqd's --max-req-timeout). Default 1h.
+  // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
+  // from, and Unsubscribe / DeleteQueue change. Empty: every nsqd that the nsqlookupds list
+  // (/nodes), and each of `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's
+  // default layout, 4150 and 4151).
+  std::vector<std::string> nsqd_http_addresses{};
+};
+
+struct NsqTimeouts {
+  // TCP connect plus handshake (IDENTIFY, AUTH), and one nsqlookupd request. Default 5s; > 0.
+  absl::Duration connect = absl::Seconds(5);
+  // Bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the call. An
+  // nsqd that does not answer in time has its connection dropped (the next call reconnects) and
+  // the call fails with Unavailable. Default 10s; > 0.
+  absl::Duration request = absl::Seconds(10);
+  // Heartbeat interval asked for in IDENTIFY; a connection silent for twice this is dropped.
+  // Default 30s; >= 1s (nsqd's minimum).
+  absl::Duration heartbeat_interval = absl::Seconds(30);
+};
+
+// nsqd's own limits, which the driver has to know.
+struct NsqLimits {
+  // Largest application message accepted by SendToQueue / SendToTopic: nsqd's --max-msg-size
+  // less kNsqMaxWrapperBytes. Default kDefaultMaxMessageBytes - kNsqMaxWrapperBytes (nsqd's
+  // default limit of 1 MiB, bus/driver.h); > 0.
+  size_t max_message_bytes = kDefaultMaxMessageBytes - kNsqMaxWrapperBytes;
+  // Largest MPUB command body (nsqd's --max-body-size); bigger batches are split. Default
+  // 5 MiB; > 0.
+  size_t max_batch_bytes = 5 << 20;
+  // Longest delay handed to nsqd at once (nsqd's --max-req-timeout); a longer one is carried
+  // in the message and re-deferred until due. Default 1h; >= 1s.
   absl::Duration max_defer = absl::Hours(1);
-  // Reconnect backoff: base * 2^failures, capped, with jitter. Defaults 100ms and 30s.
-  absl::Duration reconnect_backoff_base = absl::Milliseconds(100);
-  absl::Duration reconnect_backoff_max = absl::Seconds(30);
-  // How often a consumer re-balances RDY across its connections when it has more connections
-  // than max_in_flight (an idle connection's RDY moves on to the next). Default 100ms.
-  absl::Duration rdy_redistribute_interval = absl::Milliseconds(100);
+};
+
+struct NsqOptions {
+  // nsqd TCP addresses ("host:port"). Publishing needs at least one (or publishing.use_lookupd);
+  // consumers connect to them directly as well. At least one of this and
+  // `lookupd_http_addresses` is required.
+  std::vector<std::string> nsqd_tcp_addresses{};
+  // nsqlookupd HTTP addresses ("host:port"); consumers poll /lookup on every one of them and
+  // connect to the union of the producers.
+  std::vector<std::string> lookupd_http_addresses{};
+  // Channel through which queues are consumed. Default "bus".
+  std::string queue_channel = "bus";
+  NsqAuth auth{};
+  // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
+  std::shared_ptr<Logger> logger{};
+
+  NsqPublishing publishing{};
+  NsqConsuming consuming{};
+  NsqDiscovery discovery{};
+  NsqTimeouts timeouts{};
+  NsqLimits limits{};
+  // The wait before connecting again to an nsqd after consecutive failures, per connection
+  // (consumers) and per nsqd (publishing). initial > 0, max >= initial.
+  BackoffPolicy reconnect_backoff{.initial = absl::Milliseconds(100),
+                                  .max = absl::Seconds(30),
+                                  .jitter = BackoffPolicy::Jitter::kEqual};
   // Threads running the driver's network I/O; each connection lives on one of them, new
   // connections take them in turn. Default 2; in [1, 64].
   int io_threads = 2;
-  // Publishing connections per nsqd; concurrent publishers take them in turn. nsqd serves each
-  // connection on one goroutine, so more than one lets it use more cores. Default 2; >= 1.
-  int publish_connections = 2;
-  // Largest application message accepted by SendToQueue / SendToTopic (nsqd's --max-msg-size,
-  // less the driver's wrapper). Default kDefaultMaxMessageBytes - 512 (nsqd's default limit
-  // of 1 MiB counts the wrapper too).
-  size_t max_message_bytes = kDefaultMaxMessageBytes - 512;
-  // Largest MPUB command body (nsqd's --max-body-size); bigger batches are split. Default 5 MiB.
-  size_t max_batch_bytes = 5 << 20;
-  // How long closing a consumer waits for nsqd to confirm CLS (CLOSE_WAIT) on its connections
-  // before closing them anyway (each CLS is also bounded by `request_timeout`). Default 2s;
-  // >= 0 (zero: close at once).
-  absl::Duration close_timeout = absl::Seconds(2);
-  // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
-  std::shared_ptr<Logger> logger{};
+
   // The time that the driver's logic reads: reconnect and retry-allowed times, leases of held
   // messages, RDY demand and idleness, lookupd poll schedule, a long delay's due time, how long
   // Receive and closing a consumer wait. Network pacing (connect, request and heartbeat
@@ -117,6 +169,9 @@ struct NsqOptions {
   // long delay's due time travels in the message, so producers and consumers of a queue should
   // share a clock. Default RealClock().
   std::shared_ptr<Clock> clock{};
+  // Jitter of the reconnect backoff and of the lookupd poll schedule (tests pin it).
+  // Default DefaultRandom().
+  std::shared_ptr<RandomSource> random{};
 };
 
 // "prefer" / "spread" (as in the nsq:// URL's publish_policy); InvalidArgument otherwise.
@@ -126,8 +181,8 @@ absl::string_view NsqPublishPolicyName(NsqPublishPolicy policy);
 // OK, or InvalidArgument naming the first field that is out of range.
 absl::Status ValidateNsqOptions(const NsqOptions& options);
 
-// `options` with the defaults that depend on the environment filled in: client_id (the host
-// name), logger (stderr, info) and clock (RealClock()).
+// `options` with the defaults that depend on the environment filled in: auth.client_id (the
+// host name), logger (stderr, info), clock (RealClock()) and random (DefaultRandom()).
 NsqOptions WithNsqDefaults(NsqOptions options);
 
 }  // namespace bus

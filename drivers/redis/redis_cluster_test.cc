@@ -135,7 +135,7 @@ TEST(RedisClusterDriverTest, ABusyQueuesSlotMovesToAnotherMasterMidStream) {
   RedisCluster& c = **started;
   RedisOptions o;
   o.seeds = c.Seeds();
-  o.request_timeout = absl::Seconds(10);
+  o.timeouts.request = absl::Seconds(10);
   std::shared_ptr<Driver> producer_driver = *NewRedisDriver(o);
   std::shared_ptr<Driver> consumer_driver = *NewRedisDriver(o);
   const std::string queue = "busy";
@@ -195,7 +195,7 @@ int LostInFailover(RedisCluster& c, const RedisOptions& o, const std::string& qu
   const int64_t writes = *c.node(master).CommandCalls("evalsha");
   // Sends the master ran while no replica took them: many without WAIT; with WAIT the first
   // one blocks (and fails over into a retry) until a replica has it.
-  const int64_t window = o.wait_replicas > 0 ? 1 : 200;
+  const int64_t window = o.replication.wait_replicas > 0 ? 1 : 200;
   EXPECT_TRUE(
       WaitUntil([&] { return *c.node(master).CommandCalls("evalsha") >= writes + window; }));
   c.Kill(master);
@@ -222,7 +222,7 @@ TEST(RedisClusterDriverTest, AFailoverLosesAcknowledgedSendsUnlessTheyWaitForARe
   RedisCluster& c = **started;
   RedisOptions o;
   o.seeds = c.Seeds();
-  o.request_timeout = absl::Seconds(15);
+  o.timeouts.request = absl::Seconds(15);
   int duplicates = 0;
   const int lost_async = LostInFailover(c, o, "async", &duplicates);
   std::printf("failover without WAIT: %d acknowledged sends lost, %d duplicates\n", lost_async,
@@ -231,8 +231,8 @@ TEST(RedisClusterDriverTest, AFailoverLosesAcknowledgedSendsUnlessTheyWaitForARe
   // The sends of the cut-off window were acknowledged and are gone.
   EXPECT_GT(lost_async, 0);
 
-  o.wait_replicas = 1;
-  o.wait_timeout = absl::Milliseconds(500);
+  o.replication.wait_replicas = 1;
+  o.replication.wait_timeout = absl::Milliseconds(500);
   const int lost_waited = LostInFailover(c, o, "waited", &duplicates);
   std::printf("failover with wait_replicas=1: %d acknowledged sends lost, %d duplicates\n",
               lost_waited, duplicates);

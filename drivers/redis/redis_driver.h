@@ -28,7 +28,7 @@
 //
 // Errors: as bus::Driver. Unavailable while Redis cannot be reached (the driver reconnects on
 // its own, with backoff; DriverStats::reconnects counts it), Unauthenticated when AUTH is
-// refused, DeadlineExceeded when a request gets no answer within request_timeout.
+// refused, DeadlineExceeded when a request gets no answer within timeouts.request.
 //
 // Thread-safety: the driver and its consumers are safe for concurrent use. Consumers keep the
 // driver's connection machinery alive, so they may outlive the Driver object.
@@ -40,7 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "bus/driver.h"
-#include "drivers/redis/client/redis_options.h"
+#include "drivers/redis/redis_options.h"
 
 namespace bus {
 

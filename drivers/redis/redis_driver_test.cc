@@ -29,8 +29,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "bus/backoff.h"
+#include "bus/clock.h"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/queue_scripts.h"
 #include "gmock/gmock.h"
@@ -72,6 +76,7 @@ std::set<std::string> Drain(Consumer* c, size_t want) {
     std::vector<Delivery> got;
     absl::Status st = c->Receive(500, absl::Milliseconds(500), {}, &got);
     if (!st.ok()) {
+      // Paces the retries while the server is away; the loop waits on what it received.
       absl::SleepFor(absl::Milliseconds(50));
       continue;
     }
@@ -95,6 +100,26 @@ int64_t Calls(const RedisServer& server, absl::string_view command) {
   EXPECT_TRUE(n.ok()) << n.status();
   return n.value_or(-1);
 }
+
+// Clients blocked in BLPOP (INFO clients).
+int64_t BlockedClients(const RedisServer& server) {
+  absl::StatusOr<std::string> info = server.Cli({"INFO", "clients"});
+  if (!info.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+    if (absl::ConsumePrefix(&line, "blocked_clients:")) return Int(line);
+  }
+  return -1;
+}
+
+// Always the same number, so a test knows every backoff pause.
+class FixedRandom final : public RandomSource {
+ public:
+  explicit FixedRandom(double value) : value_(value) {}
+  double Uniform() override { return value_; }
+
+ private:
+  const double value_;
+};
 
 TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {
   auto server = MustStart();
@@ -123,7 +148,7 @@ TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {
       held.push_back(line);
     }
     if (line == "ready") break;
-    absl::SleepFor(absl::Milliseconds(20));
+    absl::SleepFor(absl::Milliseconds(20));  // polls the child's file until it says "ready"
   }
   ASSERT_EQ(held.size(), 40u);
   (*child)->Kill(SIGKILL);
@@ -155,14 +180,14 @@ int ChildConsumer(int port, const std::string& queue, int n, const std::string& 
     for (const Delivery& d : held) out << d.data << "\n";
     out << "ready\n";
   }
-  while (true) absl::SleepFor(absl::Seconds(1));
+  while (true) absl::SleepFor(absl::Seconds(1));  // holds the leases until killed
 }
 
 TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLost) {
   auto server = MustStart({.append_only = true});
   ASSERT_NE(server, nullptr);
   RedisOptions options = OptionsFor(*server);
-  options.request_timeout = absl::Seconds(2);
+  options.timeouts.request = absl::Seconds(2);
   auto producer = MustDriver(options);
   auto consumer_driver = MustDriver(options);
   const std::string q = "restart";
@@ -183,6 +208,7 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
       } else {
         failures.fetch_add(1);
       }
+      // Spreads the sends over the restart; not a wait for a condition.
       if (i % 100 == 0) absl::SleepFor(absl::Milliseconds(5));
     }
     producing = false;
@@ -199,6 +225,7 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
       }
       std::vector<Delivery> got;
       if (!(*consumer)->Receive(100, absl::Milliseconds(200), {}, &got).ok()) {
+        // Paces the retries while the server restarts; not a wait for a condition.
         absl::SleepFor(absl::Milliseconds(20));
         continue;
       }
@@ -217,7 +244,9 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
                         kPatience);
   }
   server->Stop(SIGKILL);
-  absl::SleepFor(absl::Milliseconds(300));
+  // Restart once both clients have seen the server gone, so each has a connection to re-open.
+  ASSERT_TRUE(WaitUntil([&] { return !producer->Ping(absl::Seconds(1)).ok(); }));
+  ASSERT_TRUE(WaitUntil([&] { return !consumer_driver->Ping(absl::Seconds(1)).ok(); }));
   ASSERT_TRUE(server->Restart().ok());
   produce.join();
   consume.join();
@@ -225,6 +254,40 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
   EXPECT_GT(accepted.size(), 300u);
   for (const std::string& a : accepted) ASSERT_TRUE(consumed.count(a)) << a << " was lost";
   EXPECT_GE(producer->Stats().reconnects + consumer_driver->Stats().reconnects, 1u);
+}
+
+TEST(RedisDriverTest, ASendRetriesAfterItsBackoffOnTheInjectedClock) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto clock = std::make_shared<FakeClock>();
+  RedisOptions options = OptionsFor(*server);
+  options.clock = clock;
+  options.random = std::make_shared<FixedRandom>(0.5);
+  // Fake time passes only by Advance: the send keeps retrying until the server is back.
+  options.timeouts.request = absl::Hours(1);
+  auto driver = MustDriver(options);
+  ASSERT_TRUE(driver->CreateQueue("retry", absl::ZeroDuration()).ok());
+  server->Stop(SIGKILL);
+  absl::Status sent = absl::UnknownError("not yet");
+  absl::Notification done;
+  std::thread send([&] {
+    sent = driver->SendToQueue("retry", "m", absl::ZeroDuration());
+    done.Notify();
+  });
+  // The send failed and pauses on the injected clock, where real time does not end the pause.
+  ASSERT_TRUE(WaitUntil([&] { return clock->parked() == 1; }));
+  EXPECT_FALSE(done.HasBeenNotified());
+  ASSERT_TRUE(server->Restart().ok());
+  // Each advance ends one pause; a retry once the server answers succeeds.
+  EXPECT_TRUE(WaitUntil([&] {
+    if (clock->parked() == 1) clock->Advance(options.backoff.max);
+    return done.HasBeenNotified();
+  }));
+  send.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  absl::StatusOr<QueueCounts> counts = driver->InspectQueue("retry");
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->ready, 1);
 }
 
 // A clock `offset` away from the real one.
@@ -318,7 +381,7 @@ TEST(RedisDriverTest, ABacklogOfDelayedMessagesFallingDueAtOnceIsDeliveredInBoun
     ASSERT_TRUE((*c)->Receive(1, absl::Seconds(5), {}, &first).ok());
     ASSERT_EQ(first.size(), 1u);
     EXPECT_GE(Int(*server->Cli({"ZCARD", "bus:q:{backlog}:delayed"})),
-              kCount - RedisOptions{}.script_batch);
+              kCount - kDefaultRedisScriptBatch);
     ASSERT_TRUE((*c)->Nack(first[0].receipt, absl::ZeroDuration()).ok());
   }
 
@@ -399,7 +462,7 @@ TEST(RedisDriverTest, AnUnreachableServerIsUnavailableWithinTheDeadline) {
   ASSERT_TRUE(port.ok());
   RedisOptions options;
   options.port = *port;
-  options.request_timeout = absl::Seconds(1);
+  options.timeouts.request = absl::Seconds(1);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
@@ -417,12 +480,14 @@ TEST(RedisDriverTest, ARequestThatCannotBeSentBeforeItsDeadlineIsUnavailable) {
   ASSERT_TRUE(port.ok());
   RedisOptions options;
   options.port = *port;
-  options.request_timeout = absl::Milliseconds(100);
-  // After the first failed connection attempt the next one waits up to 10 s (full jitter), so
-  // the second send almost always reaches its deadline unsent: the server is unreachable, not
-  // slow, and that is Unavailable, never DeadlineExceeded.
-  options.reconnect_backoff_base = absl::Seconds(10);
-  options.reconnect_backoff_max = absl::Seconds(10);
+  options.timeouts.request = absl::Milliseconds(100);
+  // After the first failed connection attempt the next one waits 9.9 s (full jitter pinned by
+  // the random source), so the second send reaches its deadline unsent: the server is
+  // unreachable, not slow, and that is Unavailable, never DeadlineExceeded.
+  options.backoff = {.initial = absl::Seconds(10),
+                     .max = absl::Seconds(10),
+                     .jitter = BackoffPolicy::Jitter::kFull};
+  options.random = std::make_shared<FixedRandom>(0.99);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   for (int i = 0; i < 2; ++i) {
@@ -441,7 +506,7 @@ TEST(RedisDriverTest, AServerThatClosesMidReplyIsUnavailableNotACrash) {
   });
   RedisOptions options;
   options.port = fake.port();
-  options.request_timeout = absl::Seconds(2);
+  options.timeouts.request = absl::Seconds(2);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   auto c = driver->NewConsumer("q", {1, absl::Seconds(1)});
@@ -464,7 +529,7 @@ TEST(RedisDriverTest, AServerThatNeverAnswersFailsAtTheDeadline) {
   });
   RedisOptions options;
   options.port = fake.port();
-  options.request_timeout = absl::Milliseconds(500);
+  options.timeouts.request = absl::Milliseconds(500);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   absl::Status st = driver->SendToQueue("q", "x", absl::ZeroDuration());
@@ -499,9 +564,9 @@ TEST(RedisDriverTest, AnIdleConsumerBlocksInsteadOfPolling) {
   EXPECT_LE(Calls(*server, "evalsha"), 3);
   EXPECT_LE(Calls(*server, "blpop"), 2);
 
-  // A message sent while the consumer waits wakes it.
+  // A message sent while the consumer waits in BLPOP wakes it.
   std::thread later([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_TRUE(WaitUntil([&] { return BlockedClients(*server) == 1; }));
     EXPECT_TRUE(driver->SendToQueue("idle", "wake", absl::ZeroDuration()).ok());
   });
   const absl::Time deadline = absl::Now() + kPatience;

@@ -149,7 +149,7 @@ absl::StatusOr<Backend> MakeBackend() {
     nsq.nsqd_tcp_addresses = absl::GetFlag(FLAGS_nsqd);
     nsq.lookupd_http_addresses = absl::GetFlag(FLAGS_lookupd);
     if (const char* secret = std::getenv("NSQ_AUTH_SECRET"); secret != nullptr) {
-      nsq.auth_secret = secret;
+      nsq.auth.secret = secret;
     }
     nsq.logger = bus::StderrLogger(bus::LogLevel::kError);
     absl::StatusOr<std::shared_ptr<bus::Driver>> d = bus::NewNsqDriver(nsq);

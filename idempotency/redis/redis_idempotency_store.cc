@@ -77,7 +77,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     }
     absl::StatusOr<Reply> r = client_->Command(
         {"SET", KeyOf(key), absl::StrCat("held:", owner), "NX", "PX", absl::StrCat(Millis(lease))},
-        options_.request_timeout);
+        options_.timeouts.request);
     if (!r.ok()) return r.status();
     if (r->is_error()) return redis::ReplyStatus(*r);
     return !r->is_nil();
@@ -109,7 +109,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     if (sent.empty()) return;
     // In a cluster, a node that fails fails the keys it serves, not the others.
     std::vector<absl::StatusOr<Reply>> replies =
-        client_->ExecuteEach(std::move(commands), options_.request_timeout);
+        client_->ExecuteEach(std::move(commands), options_.timeouts.request);
     for (size_t k = 0; k < sent.size(); ++k) {
       absl::StatusOr<bool>& out = results[sent[k]];
       if (k >= replies.size()) {
@@ -149,7 +149,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
       // One server: one script run per script_batch keys, pipelined (a script run costs the
       // server far more than the GET and SET in it).
       std::vector<std::vector<std::string>> calls;
-      const size_t per_call = static_cast<size_t>(options_.script_batch);
+      const size_t per_call = static_cast<size_t>(options_.limits.script_batch);
       for (size_t from = 0; from < sent.size(); from += per_call) {
         const size_t to = std::min(sent.size(), from + per_call);
         std::vector<std::string> call = {absl::StrCat(to - from)};
@@ -159,7 +159,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         calls.push_back(std::move(call));
       }
       absl::StatusOr<std::vector<Reply>> replies =
-          client_->Eval(MarkDoneManyScript(), std::move(calls), options_.request_timeout);
+          client_->Eval(MarkDoneManyScript(), std::move(calls), options_.timeouts.request);
       if (!replies.ok()) return fail_all(replies.status());
       for (size_t c = 0, from = 0; from < sent.size(); ++c, from += per_call) {
         const size_t to = std::min(sent.size(), from + per_call);
@@ -181,7 +181,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     std::vector<std::vector<std::string>> calls;
     for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
     std::vector<absl::StatusOr<Reply>> replies =
-        client_->EvalEach(MarkDoneScript(), std::move(calls), options_.request_timeout);
+        client_->EvalEach(MarkDoneScript(), std::move(calls), options_.timeouts.request);
     for (size_t k = 0; k < sent.size(); ++k) {
       if (k >= replies.size()) {
         results[sent[k]] = absl::InternalError("redis: missing mark-done reply");
@@ -220,7 +220,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));
     absl::StatusOr<std::vector<Reply>> replies =
-        client_->Eval(script, {std::move(call)}, options_.request_timeout);
+        client_->Eval(script, {std::move(call)}, options_.timeouts.request);
     if (!replies.ok()) return replies.status();
     const Reply& r = (*replies)[0];
     if (r.is_error()) return redis::ReplyStatus(r);
@@ -236,7 +236,7 @@ class RedisIdempotencyStore final : public IdempotencyStore {
 absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewRedisIdempotencyStore(RedisOptions options) {
   if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
   return std::shared_ptr<IdempotencyStore>(
-      std::make_shared<RedisIdempotencyStore>(std::move(options)));
+      std::make_shared<RedisIdempotencyStore>(redis::WithDefaults(std::move(options))));
 }
 
 }  // namespace bus

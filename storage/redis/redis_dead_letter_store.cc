@@ -183,7 +183,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
                           {{"9", k.seq, k.ids, k.data, k.reason, k.time, k.meta,
                             k.kind[static_cast<int>(letter.kind)], k.msg, k.bymsg, letter.data,
                             letter.reason, meta, message_key}},
-                          options_.request_timeout));
+                          options_.timeouts.request));
     if (!r.ok()) return r.status();
     return r->str;
   }
@@ -208,7 +208,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     call.push_back(min);
     call.push_back(absl::StrCat(limit));
     absl::StatusOr<Reply> r =
-        One(client_->Eval(FetchScript(), {std::move(call)}, options_.request_timeout));
+        One(client_->Eval(FetchScript(), {std::move(call)}, options_.timeouts.request));
     if (!r.ok()) return r.status();
     std::vector<DeadLetter> out;
     for (size_t i = 0; i + 5 < r->elements.size(); i += 6) {
@@ -240,7 +240,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     return One(client_->Eval(RemoveScript(),
                              {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
                                k.kind[2], k.msg, k.bymsg, std::string(id)}},
-                             options_.request_timeout))
+                             options_.timeouts.request))
         .status();
   }
 
@@ -250,7 +250,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     for (const std::string& index : Indexes(k, kinds)) call.push_back(index);
     call[0] = absl::StrCat(call.size() - 1);
     absl::StatusOr<Reply> r =
-        One(client_->Eval(CountScript(), {std::move(call)}, options_.request_timeout));
+        One(client_->Eval(CountScript(), {std::move(call)}, options_.timeouts.request));
     if (!r.ok()) return r.status();
     return r->integer;
   }
@@ -259,11 +259,11 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     const Keys k = KeysOf(queue);
     for (const std::string& index : Indexes(k, kinds)) {
       while (true) {
-        absl::StatusOr<Reply> r = One(
-            client_->Eval(PurgeScript(),
-                          {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
-                            k.kind[2], k.msg, k.bymsg, index, absl::StrCat(options_.script_batch)}},
-                          options_.request_timeout));
+        absl::StatusOr<Reply> r = One(client_->Eval(
+            PurgeScript(),
+            {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], k.msg,
+              k.bymsg, index, absl::StrCat(options_.limits.script_batch)}},
+            options_.timeouts.request));
         if (!r.ok()) return r.status();
         if (r->integer == 0) break;
       }
@@ -308,7 +308,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
 absl::StatusOr<std::shared_ptr<DeadLetterStore>> NewRedisDeadLetterStore(RedisOptions options) {
   if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
   return std::shared_ptr<DeadLetterStore>(
-      std::make_shared<RedisDeadLetterStore>(std::move(options)));
+      std::make_shared<RedisDeadLetterStore>(redis::WithDefaults(std::move(options))));
 }
 
 }  // namespace bus

@@ -65,7 +65,7 @@ TEST(RedisIdempotencyStoreTest, MarkDoneManyRunsOneScriptPerScriptBatch) {
   RedisStoreHarness h;
   ASSERT_NE(h.server(), nullptr);
   RedisOptions options = h.Options();
-  options.script_batch = 2;
+  options.limits.script_batch = 2;
   absl::StatusOr<std::shared_ptr<IdempotencyStore>> store = NewRedisIdempotencyStore(options);
   ASSERT_TRUE(store.ok()) << store.status();
   for (const char* k : {"a", "b", "d", "e"})
@@ -97,7 +97,7 @@ TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatche
   RedisStoreHarness h;
   ASSERT_NE(h.server(), nullptr);
   RedisOptions options = h.Options();
-  options.script_batch = 7;
+  options.limits.script_batch = 7;
   {
     auto store = NewRedisDeadLetterStore(options);
     ASSERT_TRUE(store.ok());
@@ -116,7 +116,7 @@ TEST(RedisStoresTest, AnUnreachableServerIsUnavailable) {
   ASSERT_TRUE(port.ok());
   RedisOptions options;
   options.port = *port;
-  options.request_timeout = absl::Seconds(1);
+  options.timeouts.request = absl::Seconds(1);
   auto dlq = NewRedisDeadLetterStore(options);
   auto idem = NewRedisIdempotencyStore(options);
   ASSERT_TRUE(dlq.ok() && idem.ok());

@@ -4,6 +4,8 @@
 //
 // Usage: nsq_hold_consumer <nsqd tcp address> <queue> <count> <lease ms> <marker path>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -33,5 +35,5 @@ int main(int argc, char** argv) {
   }
   if (static_cast<int>(held.size()) < count) return 6;
   std::ofstream(argv[5]) << held.size() << "\n";
-  while (true) absl::SleepFor(absl::Seconds(1));  // hold until SIGKILL
+  while (true) pause();  // hold until SIGKILL
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "bus/logger.h"
 #include "drivers/redis/client/cluster_client.h"
 
 namespace bus {
@@ -17,6 +18,29 @@ absl::Status Ping(Connection& conn, absl::Duration timeout) {
     return absl::UnavailableError(absl::StrCat("redis PING answered \"", r->str, "\""));
   }
   return absl::OkStatus();
+}
+
+RedisOptions WithDefaults(RedisOptions options) {
+  if (options.clock == nullptr) options.clock = RealClock();
+  if (options.logger == nullptr) options.logger = StderrLogger(LogLevel::kWarning);
+  if (options.random == nullptr) options.random = DefaultRandom();
+  if (options.limits.script_batch == 0) options.limits.script_batch = kDefaultRedisScriptBatch;
+  return options;
+}
+
+ConnectionOptions ToConnectionOptions(const RedisOptions& o, const std::string& host, int port) {
+  ConnectionOptions c;
+  c.host = host;
+  c.port = port;
+  c.username = o.username;
+  c.password = o.password;
+  c.db = o.db;
+  c.connect_timeout = o.timeouts.connect;
+  c.backoff = o.backoff;
+  c.random = o.random;
+  c.max_reply_bytes = o.limits.max_reply_bytes;
+  c.max_reply_elements = o.limits.max_reply_elements;
+  return c;
 }
 
 absl::StatusOr<Reply> Client::Command(std::vector<std::string> args, absl::Duration timeout,
@@ -62,17 +86,19 @@ std::vector<absl::StatusOr<Reply>> Client::EvalEach(const Script& script,
 }
 
 std::vector<std::string> WaitCommand(const RedisOptions& options) {
-  return {"WAIT", absl::StrCat(options.wait_replicas),
-          absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.wait_timeout)))};
+  const RedisOptions::Replication& r = options.replication;
+  return {"WAIT", absl::StrCat(r.wait_replicas),
+          absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(r.wait_timeout)))};
 }
 
 absl::Status CheckWaitReply(const RedisOptions& options, const Reply& r, absl::string_view where) {
+  const RedisOptions::Replication& want = options.replication;
   if (r.is_error()) return ReplyStatus(r);
   if (r.type != Reply::Type::kInteger) return absl::InternalError("redis: bad WAIT reply");
-  if (r.integer >= options.wait_replicas) return absl::OkStatus();
+  if (r.integer >= want.wait_replicas) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
-      "redis WAIT on ", where, ": ", r.integer, " of ", options.wait_replicas,
-      " replicas acknowledged the write within ", absl::FormatDuration(options.wait_timeout),
+      "redis WAIT on ", where, ": ", r.integer, " of ", want.wait_replicas,
+      " replicas acknowledged the write within ", absl::FormatDuration(want.wait_timeout),
       " (it may be lost if the master fails)"));
 }
 
@@ -96,7 +122,8 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
     if (on_reconnect_) {
       cb = [this] { on_reconnect_(absl::StrCat(options_.host, ":", options_.port)); };
     }
-    return Connection::Create(io_.get(), ToConnectionOptions(options_), std::move(cb));
+    return Connection::Create(
+        io_.get(), ToConnectionOptions(options_, options_.host, options_.port), std::move(cb));
   }
 
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
@@ -108,7 +135,8 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
   absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
                                           std::vector<std::vector<std::string>> calls,
                                           absl::Duration timeout, Durability durability) override {
-    const bool wait = durability == Durability::kReplicated && options_.wait_replicas > 0;
+    const bool wait =
+        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
     if (!wait) return conn_->Eval(script, std::move(calls), timeout);
     absl::StatusOr<std::vector<Reply>> r =
         conn_->Eval(script, std::move(calls), timeout, WaitCommand(options_));
@@ -179,7 +207,7 @@ absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::s
 
 std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback on_reconnect) {
   if (!options.seeds.empty()) return NewClusterClient(options, std::move(on_reconnect));
-  return std::make_shared<SingleClient>(options, std::move(on_reconnect));
+  return std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect));
 }
 
 }  // namespace redis

@@ -21,9 +21,9 @@
 //    sent there.
 //  - ASK (a slot being migrated): ASKING and the command, pipelined on the named node (a
 //    script as EVAL with its source, so it needs no SCRIPT LOAD there).
-//  - TRYAGAIN, CLUSTERDOWN, or no known master for a slot: again after a backoff (full jitter
-//    over reconnect_backoff_base..max), while the call's timeout allows; at its end the last
-//    error reply is returned.
+//  - TRYAGAIN, CLUSTERDOWN, or no known master for a slot: again after RedisOptions::backoff
+//    (a blocking bus::SleepUntil on RedisOptions::clock), while the call's timeout allows; at
+//    its end the last error reply is returned.
 //  - NOSCRIPT: the script is loaded on that node and the call repeated there.
 // A transport failure (a node down) fails the whole call with Unavailable and makes the next
 // call read the map again (a replica may have taken over): requests written to a lost
@@ -32,8 +32,8 @@
 // are returned (one node down leaves the keys of the other masters usable).
 //
 // Durable writes: Eval(..., Durability::kReplicated) pipelines `WAIT wait_replicas
-// wait_timeout` after the calls on each node when RedisOptions::wait_replicas > 0 and fails the
-// call with Unavailable when fewer replicas acknowledged in time.
+// wait_timeout` after the calls on each node when RedisOptions::replication.wait_replicas > 0
+// and fails the call with Unavailable when fewer replicas acknowledged in time.
 //
 // Errors: as Connection (connection.h): Unavailable, DeadlineExceeded, Cancelled,
 // Unauthenticated, Internal; a Redis error reply is a Reply of type kError in an OK result.
@@ -56,8 +56,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "drivers/redis/client/connection.h"
-#include "drivers/redis/client/redis_options.h"
 #include "drivers/redis/client/resp.h"
+#include "drivers/redis/redis_options.h"
 
 namespace bus {
 namespace redis {
@@ -68,7 +68,7 @@ absl::Status Ping(Connection& conn, absl::Duration timeout);
 
 enum class Durability {
   kDefault,     // acknowledged by the master
-  kReplicated,  // and by RedisOptions::wait_replicas replicas (when set), with WAIT
+  kReplicated,  // and by replication.wait_replicas replicas (when set), with WAIT
 };
 
 // A connection for blocking commands (BLPOP), never shared with pipelined requests: a command
@@ -129,8 +129,18 @@ class Client {
 // Called with "host:port" each time a lost connection is re-established.
 using ReconnectCallback = std::function<void(const std::string& address)>;
 
-// A Client for `options` (valid: ValidateRedisOptions): a cluster client when options.seeds is
-// set, else one server. Does not connect: the first request does.
+// `options` (valid: ValidateRedisOptions) with every default the library chooses filled in:
+// clock RealClock(), logger StderrLogger(kWarning), random DefaultRandom(),
+// limits.script_batch kDefaultRedisScriptBatch. The driver and the stores keep these.
+RedisOptions WithDefaults(RedisOptions options);
+
+// The settings of one connection to `host`:`port` for `options`.
+ConnectionOptions ToConnectionOptions(const RedisOptions& options, const std::string& host,
+                                      int port);
+
+// A Client for `options` (valid: ValidateRedisOptions; defaults filled in by WithDefaults): a
+// cluster client when options.seeds is set, else one server. Does not connect: the first
+// request does.
 std::shared_ptr<Client> NewClient(const RedisOptions& options,
                                   ReconnectCallback on_reconnect = nullptr);
 

@@ -12,10 +12,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "bus/backoff.h"
+#include "bus/clock.h"
+#include "bus/logger.h"
 #include "drivers/redis/client/client.h"
 #include "drivers/redis/client/slot.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/wait.h"
 
@@ -26,6 +30,39 @@ using ::bus::testing::RedisCluster;
 using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
+// Always the same number, so a test knows every backoff pause.
+class FixedRandom final : public RandomSource {
+ public:
+  explicit FixedRandom(double value) : value_(value) {}
+  double Uniform() override { return value_; }
+
+ private:
+  const double value_;
+};
+
+TEST(ClusterClientBackoffTest, RoundsWithoutAMasterPauseOnTheInjectedClock) {
+  absl::StatusOr<int> port = ::bus::testing::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto clock = std::make_shared<FakeClock>();
+  RedisOptions options;
+  options.seeds = {absl::StrCat("127.0.0.1:", *port)};  // nothing listens: no slot map
+  options.clock = clock;
+  options.random = std::make_shared<FixedRandom>(0.5);
+  options.logger = NullLogger();
+  std::shared_ptr<Client> client = NewClient(options);
+  absl::StatusOr<Reply> reply;
+  std::thread call([&] { reply = client->Command({"GET", "k"}, absl::Seconds(10)); });
+  // No master for the key: the round pauses on the fake clock for full jitter over the first
+  // backoff step, pinned by the random source.
+  ASSERT_TRUE(WaitUntil([&] { return clock->parked() == 1; }));
+  EXPECT_EQ(clock->NextDeadline() - clock->Now(), options.backoff.initial / 2);
+  // Past the call's deadline on that clock, the call ends with the map's failure.
+  clock->Advance(absl::Seconds(10));
+  call.join();
+  EXPECT_TRUE(absl::IsUnavailable(reply.status())) << reply.status();
+  EXPECT_THAT(reply.status().message(), HasSubstr("CLUSTER SLOTS"));
+}
+
 class ClusterClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,7 +71,7 @@ class ClusterClientTest : public ::testing::Test {
     cluster_ = *c;
     ASSERT_TRUE(cluster_->WaitHealthy().ok());
     options_.seeds = {cluster_->Seeds()[0]};
-    options_.request_timeout = absl::Seconds(5);
+    options_.timeouts.request = absl::Seconds(5);
     client_ = NewClient(options_);
   }
 
@@ -184,8 +221,8 @@ TEST_F(ClusterClientTest, BlockingCommandsWaitOnTheirNode) {
 TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
   static const Script set("return redis.call('SET', KEYS[1], ARGV[1])");
   RedisOptions o = options_;
-  o.wait_replicas = 1;
-  o.wait_timeout = absl::Seconds(5);
+  o.replication.wait_replicas = 1;
+  o.replication.wait_timeout = absl::Seconds(5);
   std::shared_ptr<Client> one = NewClient(o);
   std::vector<std::vector<std::string>> calls;
   for (int i = 0; i < 10; ++i) calls.push_back({"1", absl::StrCat("wait:", i), "v"});
@@ -194,8 +231,8 @@ TEST_F(ClusterClientTest, ReplicatedWritesWaitForReplicas) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->size(), 10u);
   // Each master has one replica: two can never acknowledge.
-  o.wait_replicas = 2;
-  o.wait_timeout = absl::Milliseconds(100);
+  o.replication.wait_replicas = 2;
+  o.replication.wait_timeout = absl::Milliseconds(100);
   std::shared_ptr<Client> two = NewClient(o);
   r = two->Eval(set, calls, absl::Seconds(10), Durability::kReplicated);
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();

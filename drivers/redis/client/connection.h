@@ -15,7 +15,8 @@
 //    fails with DeadlineExceeded; when it was already written, the socket is closed (the server
 //    may be hung) and the next request reconnects.
 //  - Reconnection: the connection is opened lazily by the first request and re-opened after a
-//    loss, with exponential backoff and full jitter (bus::FullJitterDelay) between failed attempts.
+//    loss, with options.backoff (bus::Backoff, jitter from options.random) between failed
+//    attempts.
 //    Requests that were written on a lost connection fail with Unavailable; they are not
 //    re-sent (the caller decides what is safe to repeat). Each re-established connection calls
 //    `on_reconnect`.
@@ -60,6 +61,7 @@
 #include "absl/time/time.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
+#include "bus/backoff.h"
 #include "drivers/redis/client/resp.h"
 
 namespace bus::redis {
@@ -76,9 +78,11 @@ struct ConnectionOptions {
   int db = 0;
   // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
   absl::Duration connect_timeout = absl::Seconds(2);
-  // Backoff between failed connect attempts: full jitter over base * 2^(attempt-1), capped.
-  absl::Duration reconnect_backoff_base = absl::Milliseconds(50);
-  absl::Duration reconnect_backoff_max = absl::Seconds(2);
+  // The pause between failed connect attempts, and its jitter (nullptr: DefaultRandom()).
+  BackoffPolicy backoff{.initial = absl::Milliseconds(50),
+                        .max = absl::Seconds(2),
+                        .jitter = BackoffPolicy::Jitter::kFull};
+  std::shared_ptr<RandomSource> random{};
   // Bounds on one reply (drivers/redis/client/reply_scanner.h): its bytes, headers and nested
   // arrays included, and its array elements in all. A server that announces or sends more has the
   // connection closed; the requests pending on it fail with Unavailable. Defaults 512 MiB

@@ -2,7 +2,7 @@
 
 #include "drivers/redis/client/slot.h"
 
-#include "drivers/redis/client/cluster_client.h"
+#include "drivers/redis/client/cluster_map.h"
 #include "gtest/gtest.h"
 
 namespace bus::redis {

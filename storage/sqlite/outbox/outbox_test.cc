@@ -213,8 +213,8 @@ TEST_F(OutboxTest, WhileTheBrokerIsDownTheRelayBacksOffAndSendsEverythingOnceItI
   RedisOptions redis;
   redis.port = (*server)->port();
   redis.logger = NullLogger();
-  redis.connect_timeout = absl::Milliseconds(200);
-  redis.request_timeout = absl::Milliseconds(500);
+  redis.timeouts.connect = absl::Milliseconds(200);
+  redis.timeouts.request = absl::Milliseconds(500);
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(redis);
   ASSERT_TRUE(driver.ok()) << driver.status();
   Open(SqliteOutboxOptions{.relay_batch = 50});

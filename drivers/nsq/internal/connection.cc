@@ -1,4 +1,4 @@
-#include "drivers/nsq/connection.h"
+#include "drivers/nsq/internal/connection.h"
 
 #include <sys/socket.h>
 
@@ -6,7 +6,6 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "boost/asio/buffer.hpp"
@@ -38,31 +37,6 @@ std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
 }
 
 }  // namespace
-
-absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port) {
-  size_t colon;
-  if (!address.empty() && address[0] == '[') {
-    const size_t close = address.find(']');
-    if (close == absl::string_view::npos || close + 1 >= address.size() ||
-        address[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("bad address \"", address, "\""));
-    }
-    *host = std::string(address.substr(1, close - 1));
-    colon = close + 1;
-  } else {
-    colon = address.rfind(':');
-    if (colon == absl::string_view::npos || colon == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not host:port"));
-    }
-    *host = std::string(address.substr(0, colon));
-  }
-  *port = std::string(address.substr(colon + 1));
-  int p = 0;
-  if (!absl::SimpleAtoi(*port, &p) || p <= 0 || p > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" has a bad port"));
-  }
-  return absl::OkStatus();
-}
 
 std::shared_ptr<Connection> Connection::Create(asio::io_context& io, ConnectionOptions options,
                                                std::weak_ptr<Listener> listener) {
@@ -349,7 +323,7 @@ awaitable<void> Connection::RequestWatch([[maybe_unused]] std::shared_ptr<Connec
       CloseOnIo(absl::UnavailableError(
           absl::StrCat("nsqd ", options_.address, ": no response within ",
                        absl::FormatDuration(options_.request_timeout),
-                       " (NsqOptions.request_timeout); connection dropped")));
+                       " (NsqOptions.timeouts.request); connection dropped")));
       co_return;
     }
     request_timer_.expires_at(next);

@@ -1,8 +1,9 @@
 // One NSQ consumer's state: its subscriptions (the queue's channel and the topic bindings), a
 // connection per subscription per nsqd (direct and discovered through nsqlookupd), RDY (planned
-// by drivers/nsq/rdy_planner.h), the messages received and not yet handed out, the deliveries
-// held by the application, settling (FIN / REQ / TOUCH), reconnects with backoff and lookupd
-// polling.
+// by drivers/nsq/internal/rdy_planner.h), the messages received and not yet handed out, the
+// deliveries held by the application, settling (FIN / REQ / TOUCH), reconnects with backoff and
+// lookupd polling. User calls are in consumer.cc, connections in consumer_connections.cc, the RDY
+// tick in consumer_rdy.cc, lookupd polling in consumer_discovery.cc.
 //
 //   auto state = std::make_shared<nsq::ConsumerState>(core.get(), "orders", options, bindings);
 //   state->Start();
@@ -16,8 +17,8 @@
 // Thread-safety: driven from the I/O threads (connections, RDY, discovery) and from user threads
 // (Receive, Settle, AckMany, AddBinding, RemoveBinding, Stop); safe for concurrent use.
 
-#ifndef DRIVERS_NSQ_CONSUMER_H_
-#define DRIVERS_NSQ_CONSUMER_H_
+#ifndef DRIVERS_NSQ_INTERNAL_CONSUMER_H_
+#define DRIVERS_NSQ_INTERNAL_CONSUMER_H_
 
 #include <cstdint>
 #include <deque>
@@ -39,10 +40,11 @@
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/steady_timer.hpp"
+#include "bus/backoff.h"
 #include "bus/driver.h"
-#include "drivers/nsq/connection.h"
-#include "drivers/nsq/core.h"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/core.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 
@@ -116,7 +118,8 @@ class ConsumerState : public Connection::Listener,
     std::shared_ptr<Connection> conn{};
     bool connecting = false;
     bool ever_connected = false;
-    int failures = 0;
+    // Next() after each failed or short-lived connection gives the wait before the next try.
+    bus::Backoff backoff{};
     absl::Time next_attempt = absl::InfinitePast();
     absl::Time connected_at = absl::InfinitePast();
     int64_t rdy = 0;
@@ -196,4 +199,4 @@ class ConsumerState : public Connection::Listener,
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_CONSUMER_H_
+#endif  // DRIVERS_NSQ_INTERNAL_CONSUMER_H_

@@ -1,4 +1,4 @@
-#include "drivers/nsq/lookup.h"
+#include "drivers/nsq/internal/lookup.h"
 
 #include <chrono>
 
@@ -11,8 +11,8 @@
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/http.hpp"
-#include "drivers/nsq/connection.h"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;

@@ -1,4 +1,4 @@
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/protocol.h"
 
 #include <cstring>
 

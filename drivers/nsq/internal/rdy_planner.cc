@@ -1,4 +1,4 @@
-#include "drivers/nsq/rdy_planner.h"
+#include "drivers/nsq/internal/rdy_planner.h"
 
 #include <algorithm>
 

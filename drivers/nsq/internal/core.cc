@@ -1,10 +1,9 @@
-#include "drivers/nsq/core.h"
+#include "drivers/nsq/internal/core.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "bus/retry.h"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 
@@ -36,31 +35,27 @@ void Core::Log(LogLevel level, absl::string_view event, absl::string_view text,
   options_.logger->Write(r);
 }
 
-double Core::Uniform() {
-  absl::MutexLock lock(&rng_mu_);
-  return absl::Uniform<double>(rng_, 0.0, 1.0);
-}
-
-absl::Duration Core::Backoff(int failures) {
-  // failures counts from 0; the retry functions count attempts from 1.
-  return EqualJitterDelay(options_.reconnect_backoff_base, options_.reconnect_backoff_max,
-                          failures + 1, Uniform());
+bus::Backoff Core::LookupdPollSchedule() const {
+  const absl::Duration interval = options_.discovery.lookupd_poll_interval;
+  return bus::Backoff(
+      {.initial = interval, .max = interval, .jitter = BackoffPolicy::Jitter::kEqual},
+      options_.random);
 }
 
 ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration msg_timeout) const {
   ConnectionOptions c;
   c.address = address;
-  c.auth_secret = options_.auth_secret;
-  c.connect_timeout = options_.connect_timeout;
-  c.request_timeout = options_.request_timeout;
-  c.max_frame_bytes = options_.max_message_bytes + kWrapperMaxBytes + 4096;
-  c.identify.client_id = options_.client_id;
-  c.identify.hostname = options_.client_id;
+  c.auth_secret = options_.auth.secret;
+  c.connect_timeout = options_.timeouts.connect;
+  c.request_timeout = options_.timeouts.request;
+  c.max_frame_bytes = options_.limits.max_message_bytes + kNsqMaxWrapperBytes + 4096;
+  c.identify.client_id = options_.auth.client_id;
+  c.identify.hostname = options_.auth.client_id;
   c.identify.user_agent = "msgbus-cpp-nsq/1.0";
-  c.identify.heartbeat_interval_ms = ToMs(options_.heartbeat_interval);
+  c.identify.heartbeat_interval_ms = ToMs(options_.timeouts.heartbeat_interval);
   c.identify.msg_timeout_ms = ToMs(msg_timeout);
-  c.identify.output_buffer_timeout_ms = ToMs(options_.output_buffer_timeout);
-  c.identify.output_buffer_size = options_.output_buffer_size;
+  c.identify.output_buffer_timeout_ms = ToMs(options_.consuming.output_buffer_timeout);
+  c.identify.output_buffer_size = options_.consuming.output_buffer_size;
   return c;
 }
 

@@ -18,8 +18,8 @@
 //
 // Thread-safety: pure functions.
 
-#ifndef DRIVERS_NSQ_PUBLISH_PLANNER_H_
-#define DRIVERS_NSQ_PUBLISH_PLANNER_H_
+#ifndef DRIVERS_NSQ_INTERNAL_PUBLISH_PLANNER_H_
+#define DRIVERS_NSQ_INTERNAL_PUBLISH_PLANNER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -43,4 +43,4 @@ std::vector<size_t> PublishOrder(bool spread, absl::Span<const NsqdHealth> nsqd,
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_PUBLISH_PLANNER_H_
+#endif  // DRIVERS_NSQ_INTERNAL_PUBLISH_PLANNER_H_

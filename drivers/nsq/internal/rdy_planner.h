@@ -23,8 +23,8 @@
 //
 // Thread-safety: a pure function.
 
-#ifndef DRIVERS_NSQ_RDY_PLANNER_H_
-#define DRIVERS_NSQ_RDY_PLANNER_H_
+#ifndef DRIVERS_NSQ_INTERNAL_RDY_PLANNER_H_
+#define DRIVERS_NSQ_INTERNAL_RDY_PLANNER_H_
 
 #include <cstdint>
 #include <vector>
@@ -68,4 +68,4 @@ RdyPlan PlanRdy(absl::Span<const RdyConnection> connections, const RdyLimits& li
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_RDY_PLANNER_H_
+#endif  // DRIVERS_NSQ_INTERNAL_RDY_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "drivers/nsq/producer_pool.h"
+#include "drivers/nsq/internal/producer_pool.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,9 +12,9 @@
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/use_future.hpp"
-#include "drivers/nsq/lookup.h"
-#include "drivers/nsq/protocol.h"
-#include "drivers/nsq/publish_planner.h"
+#include "drivers/nsq/internal/lookup.h"
+#include "drivers/nsq/internal/protocol.h"
+#include "drivers/nsq/internal/publish_planner.h"
 
 namespace bus::nsq {
 namespace {
@@ -33,13 +33,13 @@ absl::Status HandshakeBlocking(const std::shared_ptr<Connection>& conn) {
 
 absl::Status DeadlinePassed(absl::Duration publish_timeout, absl::string_view what) {
   return absl::DeadlineExceededError(absl::StrCat(
-      "nsq: publish_timeout (", absl::FormatDuration(publish_timeout), ") passed ", what));
+      "nsq: publishing.timeout (", absl::FormatDuration(publish_timeout), ") passed ", what));
 }
 
 }  // namespace
 
 ProducerPool::ProducerPool(Core* core)
-    : core_(core), spread_(core->options().publish_policy == NsqPublishPolicy::kSpread) {
+    : core_(core), spread_(core->options().publishing.policy == NsqPublishPolicy::kSpread) {
   absl::MutexLock lock(&nodes_mu_);
   for (const std::string& address : core_->options().nsqd_tcp_addresses) {
     nodes_.push_back(NewNsqd(address, false));
@@ -51,14 +51,18 @@ std::unique_ptr<ProducerPool::Nsqd> ProducerPool::NewNsqd(std::string address,
   auto n = std::make_unique<Nsqd>();
   n->address = std::move(address);
   n->discovered = discovered;
-  for (int i = 0; i < core_->options().publish_connections; ++i) {
+  {
+    absl::MutexLock lock(&n->mu);
+    n->backoff = core_->ReconnectBackoff();
+  }
+  for (int i = 0; i < core_->options().publishing.connections; ++i) {
     n->slots.push_back(std::make_unique<Slot>());
   }
   return n;
 }
 
 bool ProducerPool::configured() const {
-  return !core_->options().nsqd_tcp_addresses.empty() || core_->options().publish_discovery;
+  return !core_->options().nsqd_tcp_addresses.empty() || core_->options().publishing.use_lookupd;
 }
 
 std::vector<ProducerPool::Nsqd*> ProducerPool::Known() {
@@ -72,7 +76,7 @@ std::vector<ProducerPool::Nsqd*> ProducerPool::Known() {
 
 void ProducerPool::DiscoverIfDue() {
   const NsqOptions& o = core_->options();
-  if (!o.publish_discovery) return;
+  if (!o.publishing.use_lookupd) return;
   bool known;
   {
     absl::MutexLock lock(&nodes_mu_);
@@ -93,7 +97,7 @@ void ProducerPool::DiscoverIfDue() {
   std::vector<std::string> errors;
   for (const std::string& lookupd : o.lookupd_http_addresses) {
     absl::StatusOr<std::vector<LookupNode>> nodes =
-        asio::co_spawn(core_->io(), LookupNodes(core_->io(), lookupd, o.connect_timeout),
+        asio::co_spawn(core_->io(), LookupNodes(core_->io(), lookupd, o.timeouts.connect),
                        asio::use_future)
             .get();
     if (!nodes.ok()) {
@@ -104,7 +108,7 @@ void ProducerPool::DiscoverIfDue() {
       if (seen.insert(n.tcp_address).second) listed.push_back(std::move(n.tcp_address));
     }
   }
-  next_discovery_ = core_->Now() + o.lookupd_poll_interval;
+  next_discovery_ = core_->Now() + o.discovery.lookupd_poll_interval;
   if (errors.size() == o.lookupd_http_addresses.size()) {
     // No lookupd answered: keep what is known.
     discovery_error_ = absl::UnavailableError(absl::StrJoin(errors, "; "));
@@ -146,10 +150,10 @@ absl::Status ProducerPool::Publish(std::string command, absl::string_view topic,
   const NsqOptions& o = core_->options();
   if (!configured()) {
     return absl::FailedPreconditionError(
-        "nsq: publishing needs NsqOptions.nsqd_tcp_addresses or publish_discovery (lookupd is "
+        "nsq: publishing needs NsqOptions.nsqd_tcp_addresses or publishing.use_lookupd (lookupd is "
         "otherwise for consumers)");
   }
-  const absl::Time deadline = core_->Now() + o.publish_timeout;
+  const absl::Time deadline = core_->Now() + o.publishing.timeout;
   std::vector<Nsqd*> nsqd = Known();
   std::vector<NsqdHealth> health(nsqd.size());
   for (size_t i = 0; i < nsqd.size(); ++i) {
@@ -189,7 +193,7 @@ absl::Status ProducerPool::Publish(std::string command, absl::string_view topic,
     Nsqd& n = *nsqd[order[k]];
     if (core_->Now() >= deadline) {
       return DeadlinePassed(
-          o.publish_timeout,
+          o.publishing.timeout,
           absl::StrCat("before nsqd ", n.address, " could be tried",
                        failures.empty() ? "" : absl::StrCat(": ", all_failed().message())));
     }
@@ -282,7 +286,7 @@ absl::StatusOr<std::string> ProducerPool::RequestWithin(const std::shared_ptr<Co
   // The connection's request_timeout bounds the wait too; this cuts it to the send's deadline.
   const absl::Duration left = std::max(absl::ZeroDuration(), deadline - core_->Now());
   if (f.wait_for(absl::ToChronoNanoseconds(left)) != std::future_status::ready) {
-    return DeadlinePassed(core_->options().publish_timeout,
+    return DeadlinePassed(core_->options().publishing.timeout,
                           absl::StrCat("waiting for nsqd ", conn->address(),
                                        " to answer (it may have accepted the command)"));
   }
@@ -300,7 +304,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ProducerPool::SlotConnection(Nsqd& n
     // Either way the nsqd backs off, so a wrong secret costs one attempt per backoff step.
     MarkFailed(n, s, "connect_failed");
     if (absl::IsUnavailable(s) && core_->Now() >= deadline) {
-      return DeadlinePassed(core_->options().publish_timeout,
+      return DeadlinePassed(core_->options().publishing.timeout,
                             absl::StrCat("connecting to nsqd ", n.address, ": ", s.message()));
     }
     return s;
@@ -320,8 +324,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ProducerPool::SlotConnection(Nsqd& n
 
 void ProducerPool::MarkFailed(Nsqd& n, const absl::Status& why, absl::string_view event) {
   absl::MutexLock lock(&n.mu);
-  const absl::Duration wait = core_->Backoff(n.failures);
-  ++n.failures;
+  const absl::Duration wait = n.backoff.Next();
   n.retry_at = core_->Now() + wait;
   n.last_error = why;
   core_->Log(LogLevel::kWarning, event,
@@ -332,7 +335,7 @@ void ProducerPool::MarkFailed(Nsqd& n, const absl::Status& why, absl::string_vie
 
 void ProducerPool::MarkHealthy(Nsqd& n) {
   absl::MutexLock lock(&n.mu);
-  n.failures = 0;
+  n.backoff.Reset();
 }
 
 bool ProducerPool::ChannelEnsured(Nsqd& n, absl::string_view topic, absl::string_view channel) {

@@ -6,8 +6,8 @@
 //
 // Thread-safety: the coroutines run on the given io_context; they share no state.
 
-#ifndef DRIVERS_NSQ_LOOKUP_H_
-#define DRIVERS_NSQ_LOOKUP_H_
+#ifndef DRIVERS_NSQ_INTERNAL_LOOKUP_H_
+#define DRIVERS_NSQ_INTERNAL_LOOKUP_H_
 
 #include <string>
 #include <vector>
@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/io_context.hpp"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 
@@ -76,4 +76,4 @@ boost::asio::awaitable<absl::Status> NsqdDeleteTopic(boost::asio::io_context& io
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_LOOKUP_H_
+#endif  // DRIVERS_NSQ_INTERNAL_LOOKUP_H_

@@ -1,7 +1,11 @@
-// Pure functions of the Redis client: option validation, redaction, backoff, error mapping.
+// Pure functions: RedisOptions' validation and redaction, what the client takes from them, and
+// its error mapping.
 
-#include "drivers/redis/client/redis_options.h"
+#include "drivers/redis/redis_options.h"
 
+#include "absl/strings/str_cat.h"
+#include "drivers/redis/client/address.h"
+#include "drivers/redis/client/client.h"
 #include "drivers/redis/client/connection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,17 +30,18 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
       {"username", [](RedisOptions& o) { o.username = "alice"; }},
       {"db", [](RedisOptions& o) { o.db = -1; }},
       {"key_prefix", [](RedisOptions& o) { o.key_prefix = "a{b"; }},
-      {"connect_timeout", [](RedisOptions& o) { o.connect_timeout = absl::ZeroDuration(); }},
-      {"request_timeout", [](RedisOptions& o) { o.request_timeout = -absl::Seconds(1); }},
-      {"reconnect_backoff_base",
-       [](RedisOptions& o) { o.reconnect_backoff_base = absl::ZeroDuration(); }},
-      {"reconnect_backoff_max",
-       [](RedisOptions& o) { o.reconnect_backoff_max = absl::Milliseconds(1); }},
-      {"script_batch", [](RedisOptions& o) { o.script_batch = 0; }},
-      {"max_reply_bytes", [](RedisOptions& o) { o.max_reply_bytes = 1023; }},
-      {"max_reply_bytes", [](RedisOptions& o) { o.max_reply_bytes = (int64_t{4} << 30) + 1; }},
-      {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = 0; }},
-      {"max_reply_elements", [](RedisOptions& o) { o.max_reply_elements = int64_t{1} << 31; }},
+      {"timeouts.connect", [](RedisOptions& o) { o.timeouts.connect = absl::ZeroDuration(); }},
+      {"timeouts.request", [](RedisOptions& o) { o.timeouts.request = -absl::Seconds(1); }},
+      {"backoff.initial", [](RedisOptions& o) { o.backoff.initial = absl::ZeroDuration(); }},
+      {"backoff.max", [](RedisOptions& o) { o.backoff.max = absl::Milliseconds(1); }},
+      {"limits.script_batch", [](RedisOptions& o) { o.limits.script_batch = -1; }},
+      {"limits.script_batch", [](RedisOptions& o) { o.limits.script_batch = 5001; }},
+      {"limits.max_reply_bytes", [](RedisOptions& o) { o.limits.max_reply_bytes = 1023; }},
+      {"limits.max_reply_bytes",
+       [](RedisOptions& o) { o.limits.max_reply_bytes = (int64_t{4} << 30) + 1; }},
+      {"limits.max_reply_elements", [](RedisOptions& o) { o.limits.max_reply_elements = 0; }},
+      {"limits.max_reply_elements",
+       [](RedisOptions& o) { o.limits.max_reply_elements = int64_t{1} << 31; }},
       {"seeds", [](RedisOptions& o) { o.seeds = {"127.0.0.1"}; }},
       {"seeds", [](RedisOptions& o) { o.seeds = {"127.0.0.1:0"}; }},
       {"seeds", [](RedisOptions& o) { o.seeds = {"::1:7000"}; }},
@@ -49,12 +54,12 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
          o.seeds = {"h:7000"};
          o.db = 1;
        }},
-      {"wait_replicas", [](RedisOptions& o) { o.wait_replicas = -1; }},
-      {"wait_replicas", [](RedisOptions& o) { o.wait_replicas = 17; }},
-      {"wait_timeout",
+      {"replication.wait_replicas", [](RedisOptions& o) { o.replication.wait_replicas = -1; }},
+      {"replication.wait_replicas", [](RedisOptions& o) { o.replication.wait_replicas = 17; }},
+      {"replication.wait_timeout",
        [](RedisOptions& o) {
-         o.wait_replicas = 1;
-         o.wait_timeout = absl::ZeroDuration();
+         o.replication.wait_replicas = 1;
+         o.replication.wait_timeout = absl::ZeroDuration();
        }},
   };
   for (const Case& c : cases) {
@@ -75,20 +80,39 @@ TEST(RedisOptionsTest, SeedsReplaceHostAndPort) {
   EXPECT_THAT(ToString(o), HasSubstr("seeds=10.0.0.1:7000,[::1]:7001,redis-2.local:7002"));
   std::string host;
   int port = 0;
-  ASSERT_TRUE(ParseHostPort("[::1]:7001", &host, &port).ok());
+  ASSERT_TRUE(redis::ParseHostPort("[::1]:7001", &host, &port).ok());
   EXPECT_EQ(host, "::1");
   EXPECT_EQ(port, 7001);
 }
 
-TEST(RedisOptionsTest, TheReplyBoundsReachTheConnection) {
+TEST(RedisOptionsTest, ZeroScriptBatchIsTheLibrarysChoice) {
   RedisOptions o;
-  EXPECT_EQ(o.max_reply_bytes, int64_t{512} << 20);
-  EXPECT_EQ(o.max_reply_elements, int64_t{1} << 20);
-  o.max_reply_bytes = 4096;
-  o.max_reply_elements = 7;
-  const redis::ConnectionOptions c = ToConnectionOptions(o);
+  EXPECT_EQ(o.limits.script_batch, 0);
+  EXPECT_TRUE(ValidateRedisOptions(o).ok());
+  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch, kDefaultRedisScriptBatch);
+  o.limits.script_batch = 7;
+  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch, 7);
+  const RedisOptions d = redis::WithDefaults({});
+  EXPECT_NE(d.clock, nullptr);
+  EXPECT_NE(d.logger, nullptr);
+  EXPECT_NE(d.random, nullptr);
+}
+
+TEST(RedisOptionsTest, TheConnectionGetsTheReplyBoundsAndTheBackoff) {
+  RedisOptions o;
+  EXPECT_EQ(o.limits.max_reply_bytes, int64_t{512} << 20);
+  EXPECT_EQ(o.limits.max_reply_elements, int64_t{1} << 20);
+  o.limits.max_reply_bytes = 4096;
+  o.limits.max_reply_elements = 7;
+  o.backoff.initial = absl::Milliseconds(3);
+  o.random = SeededRandom(1);
+  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "h", 7000);
+  EXPECT_EQ(c.host, "h");
+  EXPECT_EQ(c.port, 7000);
   EXPECT_EQ(c.max_reply_bytes, 4096);
   EXPECT_EQ(c.max_reply_elements, 7);
+  EXPECT_EQ(c.backoff.initial, absl::Milliseconds(3));
+  EXPECT_EQ(c.random, o.random);
 }
 
 TEST(RedisOptionsTest, ToStringRedactsThePassword) {

@@ -16,8 +16,8 @@
 //
 // Thread-safety: free functions are pure; a FrameReader is owned by one thread.
 
-#ifndef DRIVERS_NSQ_PROTOCOL_H_
-#define DRIVERS_NSQ_PROTOCOL_H_
+#ifndef DRIVERS_NSQ_INTERNAL_PROTOCOL_H_
+#define DRIVERS_NSQ_INTERNAL_PROTOCOL_H_
 
 #include <array>
 #include <cstddef>
@@ -189,4 +189,4 @@ Wrapped Unwrap(absl::string_view body);
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_PROTOCOL_H_
+#endif  // DRIVERS_NSQ_INTERNAL_PROTOCOL_H_

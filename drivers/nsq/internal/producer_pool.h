@@ -1,5 +1,5 @@
 // The NSQ driver's publishing side: the nsqd it publishes to (`nsqd_tcp_addresses`, then those
-// that nsqlookupd lists when `publish_discovery` is on), `publish_connections` connections per
+// that nsqlookupd lists when `publishing.use_lookupd` is on), `publishing.connections` per
 // nsqd made on first use, the health of each nsqd (backoff after a failure), and the channels
 // it has made sure exist on each nsqd (channel pre-creation, docs/nsq.md).
 //
@@ -7,10 +7,10 @@
 //   absl::Status s = pool.Publish(pub_command, "orders", channels);
 //
 // Failover (docs/nsq.md, "Publishing to several nsqd"): each command is tried on the nsqd that
-// are up, in the order that `publish_policy` gives (drivers/nsq/publish_planner.h), each at
-// most once, until one answers OK or `publish_timeout` passes. An nsqd that refuses (an error
+// are up, in the order that `publishing.policy` gives (drivers/nsq/publish_planner.h), each at
+// most once, until one answers OK or `publishing.timeout` passes. An nsqd that refuses (an error
 // nsqd maps to Unavailable: E_PUB_FAILED, E_MPUB_FAILED, E_DPUB_FAILED), resets the
-// connection or does not answer within `request_timeout` makes the command go to the next
+// connection or does not answer within `timeouts.request` makes the command go to the next
 // one; its connection is closed, and the next publish through it connects again. An nsqd that
 // cannot be connected to is down: it is skipped with backoff and tried again when the backoff
 // has passed, so it takes publishes again once it is back. A command written to an nsqd that
@@ -25,8 +25,8 @@
 // Ownership: holds a Core* that must outlive the pool. Thread-safety: safe for concurrent use;
 // the calls block the calling (user) thread, never an I/O thread of the Core.
 
-#ifndef DRIVERS_NSQ_PRODUCER_POOL_H_
-#define DRIVERS_NSQ_PRODUCER_POOL_H_
+#ifndef DRIVERS_NSQ_INTERNAL_PRODUCER_POOL_H_
+#define DRIVERS_NSQ_INTERNAL_PRODUCER_POOL_H_
 
 #include <atomic>
 #include <cstddef>
@@ -44,8 +44,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "drivers/nsq/connection.h"
-#include "drivers/nsq/core.h"
+#include "bus/backoff.h"
+#include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/core.h"
 
 namespace bus::nsq {
 
@@ -56,7 +57,7 @@ class ProducerPool {
   ProducerPool(const ProducerPool&) = delete;
   ProducerPool& operator=(const ProducerPool&) = delete;
 
-  // True when there is somewhere to publish: nsqd_tcp_addresses or publish_discovery.
+  // True when there is somewhere to publish: nsqd_tcp_addresses or publishing.use_lookupd.
   bool configured() const;
 
   // Sends one command with a response (PUB, MPUB, DPUB) to an nsqd that is up, as the policy
@@ -64,7 +65,7 @@ class ProducerPool {
   // that `channels` of `topic` exist on that nsqd (so the message is kept for them).
   // OK once an nsqd answered OK; FailedPrecondition without anywhere to publish; Unavailable
   // when every nsqd is down, backing off or refused it (the message names each);
-  // DeadlineExceeded when publish_timeout passed first (the command may have been accepted by
+  // DeadlineExceeded when publishing.timeout passed first (the command may have been accepted by
   // the nsqd it was waiting on); nsqd's mapped error otherwise (InvalidArgument,
   // PermissionDenied ...: the same on every nsqd, so not tried elsewhere).
   absl::Status Publish(std::string command, absl::string_view topic,
@@ -96,7 +97,8 @@ class ProducerPool {
 
     absl::Mutex mu;
     bool listed ABSL_GUARDED_BY(mu) = true;
-    int failures ABSL_GUARDED_BY(mu) = 0;
+    // Reset by a success; Next() after each failure gives how long publishes skip this nsqd.
+    bus::Backoff backoff ABSL_GUARDED_BY(mu);
     absl::Time retry_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     absl::Status last_error ABSL_GUARDED_BY(mu);
 
@@ -109,8 +111,8 @@ class ProducerPool {
   std::unique_ptr<Nsqd> NewNsqd(std::string address, bool discovered) const;
   // The nsqd known now (discovery refreshed first when due).
   std::vector<Nsqd*> Known();
-  // Asks the lookupds for /nodes when `lookupd_poll_interval` has passed since the last time
-  // (one thread at a time; the others go on with what is known, unless nothing is).
+  // Asks the lookupds for /nodes when `discovery.lookupd_poll_interval` has passed since the last
+  // time (one thread at a time; the others go on with what is known, unless nothing is).
   void DiscoverIfDue();
   absl::StatusOr<std::shared_ptr<Connection>> SlotConnection(Nsqd& nsqd, Slot& slot,
                                                              absl::Time deadline);
@@ -145,4 +147,4 @@ class ProducerPool {
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_PRODUCER_POOL_H_
+#endif  // DRIVERS_NSQ_INTERNAL_PRODUCER_POOL_H_

@@ -1,4 +1,4 @@
-#include "drivers/nsq/publish_planner.h"
+#include "drivers/nsq/internal/publish_planner.h"
 
 #include <vector>
 

@@ -21,8 +21,8 @@
 // thread; Handshake runs on the io_context. Callbacks (request completions and the listener) run
 // on the io_context's thread.
 
-#ifndef DRIVERS_NSQ_CONNECTION_H_
-#define DRIVERS_NSQ_CONNECTION_H_
+#ifndef DRIVERS_NSQ_INTERNAL_CONNECTION_H_
+#define DRIVERS_NSQ_INTERNAL_CONNECTION_H_
 
 #include <atomic>
 #include <chrono>
@@ -42,7 +42,8 @@
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/steady_timer.hpp"
-#include "drivers/nsq/protocol.h"
+#include "drivers/nsq/internal/address.h"
+#include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 
@@ -154,9 +155,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 
-// Splits "host:port" / "[v6]:port". InvalidArgument when malformed.
-absl::Status SplitHostPort(absl::string_view address, std::string* host, std::string* port);
-
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_CONNECTION_H_
+#endif  // DRIVERS_NSQ_INTERNAL_CONNECTION_H_

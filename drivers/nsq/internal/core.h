@@ -1,6 +1,7 @@
 // What the NSQ driver's parts share: the options (validated, defaults applied), the I/O threads
-// that run every connection, logging, the reconnect count and backoff, and the settings every
-// connection is made with.
+// that run every connection, logging, the reconnect count, the reconnect backoff (a bus::Backoff
+// per connection or nsqd, with the options' random source), and the settings every connection
+// is made with.
 //
 //   auto core = std::make_shared<nsq::Core>(WithNsqDefaults(options));
 //   auto conn = nsq::Connection::Create(core->NextIo(), core->ConnOptions(addr, lease), listener);
@@ -11,8 +12,8 @@
 //
 // Thread-safety: safe for concurrent use.
 
-#ifndef DRIVERS_NSQ_CORE_H_
-#define DRIVERS_NSQ_CORE_H_
+#ifndef DRIVERS_NSQ_INTERNAL_CORE_H_
+#define DRIVERS_NSQ_INTERNAL_CORE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -22,22 +23,17 @@
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/random/random.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
+#include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
-#include "drivers/nsq/connection.h"
+#include "drivers/nsq/internal/connection.h"
 #include "drivers/nsq/nsq_options.h"
 
 namespace bus::nsq {
-
-// The largest wrapper the driver puts before an application's bytes (docs/nsq.md).
-inline constexpr size_t kWrapperMaxBytes = 4 + 1 + 255 + 8;
 
 inline int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
@@ -67,10 +63,13 @@ class Core {
   void CountReconnect() { reconnects_.fetch_add(1); }
   uint64_t reconnects() const { return reconnects_.load(); }
 
-  // A uniform draw in [0, 1).
-  double Uniform();
-  // The wait before the next connection attempt after `failures` failed ones.
-  absl::Duration Backoff(int failures);
+  // A fresh reconnect backoff (NsqOptions::reconnect_backoff with the options' random source):
+  // one per consumer connection slot and per publishing nsqd.
+  bus::Backoff ReconnectBackoff() const {
+    return bus::Backoff(options_.reconnect_backoff, options_.random);
+  }
+  // The lookupd poll schedule: each wait uniform in [interval/2, interval].
+  bus::Backoff LookupdPollSchedule() const;
 
   // Settings for a connection to `address`; `msg_timeout` is the lease asked for in IDENTIFY
   // (zero: nsqd's default; producers receive no messages).
@@ -83,11 +82,8 @@ class Core {
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> next_io_{0};
   std::atomic<uint64_t> reconnects_{0};
-
-  absl::Mutex rng_mu_;
-  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
 };
 
 }  // namespace bus::nsq
 
-#endif  // DRIVERS_NSQ_CORE_H_
+#endif  // DRIVERS_NSQ_INTERNAL_CORE_H_

@@ -1,0 +1,131 @@
+// Internal to connection.cc and connection_impl.cc: the state of one Connection and the
+// coroutines that run it on its IoThread (connect and handshake, the writer, the read loop, the
+// deadline sweep, the reconnect loop). connection.h says what they do for a caller.
+//
+// Thread-safety: every member is used on the IoThread only; the public methods of Connection
+// hand their requests over with asio::post.
+
+#ifndef DRIVERS_REDIS_CLIENT_CONNECTION_IMPL_H_
+#define DRIVERS_REDIS_CLIENT_CONNECTION_IMPL_H_
+
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "boost/asio/awaitable.hpp"
+#include "boost/asio/io_context.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/steady_timer.hpp"
+#include "bus/backoff.h"
+#include "drivers/redis/client/connection.h"
+#include "drivers/redis/client/reply_scanner.h"
+#include "drivers/redis/client/resp.h"
+
+namespace bus::redis {
+
+struct ReaderDeleter {
+  void operator()(redisReader* r) const { redisReaderFree(r); }
+};
+using ReaderPtr = std::unique_ptr<redisReader, ReaderDeleter>;
+
+// `d` as a steady-clock duration (negative: zero).
+std::chrono::steady_clock::duration ToChrono(absl::Duration d);
+
+struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
+  struct Request {
+    std::string wire;
+    size_t expected = 0;
+    std::vector<Reply> replies;
+    std::promise<absl::StatusOr<std::vector<Reply>>> promise;
+    bool done = false;
+    bool cancel = false;
+    bool written = false;
+    absl::Duration timeout;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  using RequestPtr = std::shared_ptr<Request>;
+
+  Impl(boost::asio::io_context& io, ConnectionOptions options, std::function<void()> on_reconnect);
+
+  // Requests (connection.cc hands them over on the IoThread).
+  void Submit(const RequestPtr& req);
+  void Cancel(const RequestPtr& req);
+  void Shutdown();
+
+  // Completes `req` once; later outcomes (a late reply, a sweep) are dropped.
+  void Complete(const RequestPtr& req, absl::StatusOr<std::vector<Reply>> result);
+  void CloseSocket();
+  // Appends a request to the output buffer and wakes the writer.
+  void Enqueue(const RequestPtr& req);
+  void OnDeadline(const RequestPtr& req);
+  void FailWaiting(const absl::Status& status);
+  void FailInflight(const absl::Status& status);
+  // Hands received bytes to the reader as far as the scanner accepted them. A refusal is
+  // returned in `*refused`: the replies completed before it are still read, then the connection
+  // is closed.
+  absl::Status Feed(const char* data, size_t n, absl::Status* refused);
+  // Counts one reply against the front request; pops it when all its replies arrived.
+  void Dispatched(RequestPtr& front);
+
+  // One connection attempt: resolve, connect, handshake, within options.connect_timeout.
+  boost::asio::awaitable<absl::Status> Connect();
+  // AUTH and SELECT, before any request is written.
+  boost::asio::awaitable<absl::Status> Handshake();
+  // Reads until the reader yields one reply (used by the handshake, before the read loop).
+  boost::asio::awaitable<absl::StatusOr<Reply>> ReadOne();
+  // Reads replies and completes requests until the connection fails; returns why.
+  boost::asio::awaitable<absl::Status> ReadLoop();
+  // A connected session: the queued requests go out, the read loop runs until the loss.
+  boost::asio::awaitable<void> Serve();
+
+  // The coroutines, each holding the Impl alive.
+  static boost::asio::awaitable<void> Session(std::shared_ptr<Impl> self);
+  static boost::asio::awaitable<void> Writer(std::shared_ptr<Impl> self, uint64_t gen);
+  static boost::asio::awaitable<void> Sweep(std::shared_ptr<Impl> self);
+
+  boost::asio::io_context& io;
+  const ConnectionOptions options;
+  std::function<void()> on_reconnect;
+  std::atomic<uint64_t> reconnects{0};
+
+  boost::asio::ip::tcp::socket socket;
+  boost::asio::steady_timer write_signal;
+  // Armed with Backoff::Next() between failed connect attempts (an asynchronous wait: the
+  // IoThread must not block).
+  boost::asio::steady_timer backoff_timer;
+  boost::asio::steady_timer sweep;
+  Backoff backoff;
+  bool sweeping = false;  // the Sweep coroutine is alive
+  ReaderPtr reader;
+  // Checks every byte received on the current connection before `reader` sees it.
+  std::optional<ReplyScanner> scanner;
+  bool running = false;  // the session coroutine is alive
+  bool ready = false;    // connected and handshaken
+  bool shutdown = false;
+  bool closed_by_us = false;
+  bool ever_connected = false;
+  bool lost = false;        // the last connection was lost, not closed by us
+  uint64_t generation = 0;  // of the current connection: a writer of an older one stops
+  size_t front_seen = 0;    // replies received for inflight.front()
+  std::string out_buf;
+  // Why the latest connection attempt failed; OK once one succeeds.
+  absl::Status last_connect_error;
+  std::deque<RequestPtr> waiting;   // not written yet (no connection)
+  std::deque<RequestPtr> inflight;  // in out_buf or written, awaiting replies
+};
+
+}  // namespace bus::redis
+
+#endif  // DRIVERS_REDIS_CLIENT_CONNECTION_IMPL_H_

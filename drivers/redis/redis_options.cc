@@ -1,0 +1,74 @@
+#include "drivers/redis/redis_options.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "drivers/redis/client/address.h"
+
+namespace bus {
+
+absl::Status ValidateRedisOptions(const RedisOptions& o) {
+  auto bad = [](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("RedisOptions.", field, " ", why));
+  };
+  if (o.seeds.empty()) {
+    if (o.host.empty()) return bad("host", "must not be empty");
+    if (o.port < 1 || o.port > 65535) return bad("port", "must be 1 to 65535");
+  }
+  for (const std::string& seed : o.seeds) {
+    std::string host;
+    int port = 0;
+    if (absl::Status st = redis::ParseHostPort(seed, &host, &port); !st.ok()) {
+      return bad("seeds", st.message());
+    }
+  }
+  if (!o.seeds.empty() && o.db != 0) {
+    return bad("db", "must be 0 with seeds (a cluster has db 0 only)");
+  }
+  if (!o.username.empty() && o.password.empty()) return bad("username", "needs a password");
+  if (o.db < 0) return bad("db", "must be >= 0");
+  if (o.key_prefix.find_first_of("{}") != std::string::npos) {
+    return bad("key_prefix", "must not contain '{' or '}' (they delimit hash tags)");
+  }
+  if (o.timeouts.connect <= absl::ZeroDuration()) return bad("timeouts.connect", "must be > 0");
+  if (o.timeouts.request <= absl::ZeroDuration()) return bad("timeouts.request", "must be > 0");
+  const RedisOptions::Replication& r = o.replication;
+  if (r.wait_replicas < 0 || r.wait_replicas > 16) {
+    return bad("replication.wait_replicas", "must be 0 to 16");
+  }
+  if (r.wait_replicas > 0 && r.wait_timeout <= absl::ZeroDuration()) {
+    return bad("replication.wait_timeout", "must be > 0");
+  }
+  const RedisOptions::Limits& l = o.limits;
+  if (l.script_batch < 0 || l.script_batch > 5000) {
+    return bad("limits.script_batch", "must be 0 (the default) to 5000 (Lua unpack limit)");
+  }
+  if (l.max_reply_bytes < 1024 || l.max_reply_bytes > (int64_t{4} << 30)) {
+    return bad("limits.max_reply_bytes", "must be 1024 (1 KiB) to 4294967296 (4 GiB)");
+  }
+  // hiredis counts an array's elements in an int.
+  if (l.max_reply_elements < 1 || l.max_reply_elements > std::numeric_limits<int32_t>::max()) {
+    return bad("limits.max_reply_elements", "must be 1 to 2147483647");
+  }
+  if (o.backoff.initial <= absl::ZeroDuration()) return bad("backoff.initial", "must be > 0");
+  if (o.backoff.max < o.backoff.initial) return bad("backoff.max", "must be >= backoff.initial");
+  return absl::OkStatus();
+}
+
+std::string ToString(const RedisOptions& o) {
+  const std::string where = o.seeds.empty() ? absl::StrCat("host=", o.host, " port=", o.port)
+                                            : absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
+  return absl::StrCat("redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
+                      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
+                      " key_prefix=\"", o.key_prefix,
+                      "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
+                      " timeouts.request=", absl::FormatDuration(o.timeouts.request),
+                      " replication.wait_replicas=", o.replication.wait_replicas,
+                      " limits.script_batch=", o.limits.script_batch,
+                      " limits.max_reply_bytes=", o.limits.max_reply_bytes,
+                      " limits.max_reply_elements=", o.limits.max_reply_elements, "}");
+}
+
+}  // namespace bus

@@ -1,0 +1,118 @@
+// RedisOptions: the options of the Redis driver (drivers/redis/redis_driver.h) and of the Redis
+// stores (storage/redis, idempotency/redis), one struct for all three. Most programs set the
+// first group only:
+//
+//   bus::RedisOptions redis;
+//   redis.host = "10.0.0.5";
+//   redis.password = secret;               // optional: AUTH
+//   redis.timeouts.request = absl::Seconds(2);
+//
+// The groups: where the server is and how to authenticate (top level), `timeouts`,
+// `replication` (WAIT after sends), `limits` (script batches, reply bounds), `backoff`
+// (reconnects and retries), and the injected clock, logger and random source. A field whose
+// default is 0 means "chosen by the library" where the comment says so. The factories validate
+// the options (ValidateRedisOptions) and name the bad field.
+//
+// Thread-safety: a plain struct.
+
+#ifndef DRIVERS_REDIS_REDIS_OPTIONS_H_
+#define DRIVERS_REDIS_REDIS_OPTIONS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "bus/backoff.h"
+#include "bus/clock.h"
+#include "bus/logger.h"
+
+namespace bus {
+
+// RedisOptions::limits.script_batch 0: script calls move at most this many messages.
+inline constexpr int kDefaultRedisScriptBatch = 500;
+
+struct RedisOptions {
+  // Where and who. One server at host:port (default 127.0.0.1:6379), or a Redis Cluster:
+  // `seeds` holds "host:port" of one or more of its nodes ("[v6]:port" for IPv6); the client
+  // reads the slot map from them (CLUSTER SLOTS), keeps one pipelined connection per master
+  // and routes every command by its key's slot, following MOVED and ASK (docs/redis.md).
+  // host and port are not used with seeds, and db must be 0 there.
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::vector<std::string> seeds{};
+  // AUTH password; empty: no AUTH. Never appears in logs, errors or ToString().
+  std::string password{};
+  // ACL user name; empty: the default user. Only used with a password.
+  std::string username{};
+  // Database number for SELECT; default 0 (no SELECT).
+  int db = 0;
+  // Prefix of every key the driver or a store writes. Default "bus:". Each queue's keys share
+  // one hash tag, "{queue}", so they live in one cluster slot.
+  std::string key_prefix = "bus:";
+
+  struct Timeouts {
+    // One connect attempt (TCP connect, AUTH, SELECT). Default 2 s; > 0.
+    absl::Duration connect = absl::Seconds(2);
+    // Every request, and the internal retries of a send. Default 5 s; > 0.
+    absl::Duration request = absl::Seconds(5);
+  };
+  Timeouts timeouts{};
+
+  // After each write that acknowledges a send, wait (WAIT) until `wait_replicas` replicas have
+  // it, for at most `wait_timeout`; a send that fewer replicas acknowledged in time fails with
+  // Unavailable (and is retried within timeouts.request, without duplicates). Replication is
+  // asynchronous otherwise: a master lost right after acknowledging a send can lose it when a
+  // replica takes over.
+  struct Replication {
+    // Default 0: no WAIT. 0 to 16.
+    int wait_replicas = 0;
+    // Default 1 s; > 0 when wait_replicas is set.
+    absl::Duration wait_timeout = absl::Seconds(1);
+  };
+  Replication replication{};
+
+  struct Limits {
+    // Most messages one script call moves (promoting due delayed messages, recovering expired
+    // leases, purging letters, acking many): bounds the time Redis spends in one call.
+    // 0 (the default): kDefaultRedisScriptBatch. 0 to 5000 (a Lua unpack() limit).
+    int script_batch = 0;
+    // Bounds on one reply from the server: its bytes (nested arrays included) and its array
+    // elements in all. A reply that announces or sends more closes the connection (the
+    // requests on it fail with Unavailable), so a broken or hostile server cannot make the
+    // client buffer or allocate without limit. Defaults 512 MiB (Redis's largest string,
+    // proto-max-bulk-len) and 1,048,576 elements; max_reply_bytes 1 KiB to 4 GiB,
+    // max_reply_elements 1 to 2^31 - 1.
+    int64_t max_reply_bytes = int64_t{512} << 20;
+    int64_t max_reply_elements = int64_t{1} << 20;
+  };
+  Limits limits{};
+
+  // The pause after a failure: between reconnect attempts, between the retries of a send, and
+  // between the rounds of a cluster call that got TRYAGAIN or CLUSTERDOWN. Default full jitter
+  // over 50 ms doubling up to 2 s; initial > 0, max >= initial.
+  BackoffPolicy backoff{.initial = absl::Milliseconds(50),
+                        .max = absl::Seconds(2),
+                        .jitter = BackoffPolicy::Jitter::kFull};
+
+  // Clock for client-side waits: how long Receive blocks, the deadline of a send's retries and
+  // of a cluster call's rounds, and the pauses between them. Delays and leases are measured by
+  // the Redis server's clock (TIME), never this one. Default RealClock().
+  std::shared_ptr<Clock> clock{};
+  // Where reconnects and failures are logged. Default: StderrLogger(kWarning).
+  std::shared_ptr<Logger> logger{};
+  // The jitter of `backoff`. Default DefaultRandom(); tests inject SeededRandom(seed).
+  std::shared_ptr<RandomSource> random{};
+};
+
+// InvalidArgument naming the first bad field ("RedisOptions.timeouts.request must be > 0").
+absl::Status ValidateRedisOptions(const RedisOptions& options);
+
+// A one-line description for logs, with the password shown as "<redacted>".
+std::string ToString(const RedisOptions& options);
+
+}  // namespace bus
+
+#endif  // DRIVERS_REDIS_REDIS_OPTIONS_H_
