@@ -6,8 +6,9 @@
 //    when it is delivered more than once.
 //
 // Implementations: memory (storage/memory, idempotency/memory), SQLite (storage/sqlite,
-// idempotency/sqlite) and Redis (storage/redis, idempotency/redis). Each passes the store
-// conformance suites in tests/ unchanged.
+// idempotency/sqlite), Redis (storage/redis, idempotency/redis) and PostgreSQL
+// (storage/postgres, idempotency/postgres). Each passes the store conformance suites in tests/
+// unchanged.
 //
 // Thread-safety: every implementation is safe for concurrent use from multiple threads without
 // external synchronization.

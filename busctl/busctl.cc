@@ -72,7 +72,8 @@ Commands:
 
 Global flags:
   --driver=URL     broker: memory://, redis://..., nsq://... (default: $BUS_DRIVER)
-  --stores=URL     dead-letter store: memory://, redis://..., sqlite://... (default: $BUS_STORES)
+  --stores=URL     dead-letter store: memory://, redis://..., sqlite://..., postgres://...
+                   (default: $BUS_STORES)
   --json           one JSON object per line instead of tables (default: false)
   --help           this text; `busctl COMMAND --help` for a command's flags
 

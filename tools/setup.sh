@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the build, the tests and the benchmarks need on Debian 12: the compiler,
 # Bazel, CMake, Ninja and pkg-config (for the CMake build and tools/cmake_check.sh), the system
-# libraries, clang-format, redis-server, and nsqd/nsqlookupd plus nsq's bench_writer/bench_reader
+# libraries, clang-format, redis-server, PostgreSQL 15 (the server the PostgreSQL tests start
+# as the unprivileged `postgres` user the package creates, and libpq), and nsqd/nsqlookupd plus nsq's bench_writer/bench_reader
 # built from the Go module github.com/nsqio/nsq v1.3.0, curl, and a Python venv with the
 # official Prometheus client (its text-format parser checks /metrics in the admin tests), and
 # chromium (headless, for the web console's browser tests, docs/console.md).
@@ -13,6 +14,7 @@ packages=(
   libabsl-dev libboost-dev libboost-system-dev libhiredis-dev libsqlite3-dev sqlite3
   nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   redis-server redis-tools golang-go curl python3-venv chromium
+  postgresql-15 postgresql-client-15 libpq-dev
 )
 nsq_version=v1.3.0
 nsq_bin=/usr/local/bin
@@ -44,6 +46,21 @@ fi
 # servers on free ports, so the system one is not needed.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
   "${sudo_cmd[@]}" systemctl stop redis-server || true
+fi
+
+# postgresql-15 creates and starts a cluster of its own (15/main on port 5432); the tests run
+# /usr/lib/postgresql/15/bin/postgres in temporary directories on free ports
+# (tests/testing/postgres_server.h), so the system one is stopped.
+if command -v pg_ctlcluster >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | grep -q online; then
+  pg_lsclusters -h | awk '$4 == "online" {print $1, $2}' | while read -r version cluster; do
+    "${sudo_cmd[@]}" pg_ctlcluster "$version" "$cluster" stop || true
+  done
+fi
+# The tests run the server as `postgres` (it refuses to run as root); the package creates the
+# user, this makes sure it exists where the package was installed without it.
+if ! id -u postgres >/dev/null 2>&1; then
+  "${sudo_cmd[@]}" useradd --system --user-group --home-dir /var/lib/postgresql \
+    --shell /bin/bash postgres
 fi
 
 have_nsq() {

@@ -7,9 +7,11 @@
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/postgres/idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_database.h"
@@ -74,6 +76,21 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {
+  if (IsPostgresUrl(text)) {
+    // libpq parses these URLs (url.h): the generic parser below would refuse some of its forms.
+    absl::StatusOr<PostgresUrlOptions> pg = PostgresOptionsFromUrl(text);
+    if (!pg.ok()) return pg.status();
+    if (o.clock != nullptr) pg->db.clock = o.clock;
+    absl::StatusOr<std::shared_ptr<PostgresDatabase>> db = PostgresDatabase::Open(pg->db);
+    if (!db.ok()) return db.status();
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> dl =
+        NewPostgresDeadLetterStore(*db, pg->dead_letters);
+    if (!dl.ok()) return dl.status();
+    absl::StatusOr<std::shared_ptr<IdempotencyStore>> idem =
+        NewPostgresIdempotencyStore(*db, pg->idempotency);
+    if (!idem.ok()) return idem.status();
+    return Stores{*std::move(dl), *std::move(idem)};
+  }
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
   Stores s;
@@ -110,7 +127,7 @@ absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o
     s.idempotency = *std::move(idem);
     return s;
   }
-  return UnknownScheme(*url, "memory, redis, sqlite");
+  return UnknownScheme(*url, "memory, redis, sqlite, postgres");
 }
 
 absl::StatusOr<std::shared_ptr<DeadLetterStore>> OpenDeadLetterStore(absl::string_view url,

@@ -4,9 +4,10 @@
 //   absl::StatusOr<bus::Stores> stores = bus::OpenStores("sqlite:///var/lib/orders/bus.db");
 //
 // One call per kind: OpenDriver (memory, redis, nsq), OpenDeadLetterStore and
-// OpenIdempotencyStore (memory, redis, sqlite), and OpenStores for both over one connection
-// (one SQLite database, or one Redis address). Like the factories they call, none of them
-// connects: an unreachable server shows up as Unavailable from the first call that needs it.
+// OpenIdempotencyStore (memory, redis, sqlite, postgres), and OpenStores for both over one
+// connection (one SQLite database, one PostgreSQL database and its pool, or one Redis address).
+// Like the factories they call, none of them connects: an unreachable server shows up as
+// Unavailable from the first call that needs it.
 //
 // Errors: InvalidArgument naming the URL part or parameter (never with the password or secret),
 // or what the factory returns (SqliteDatabase::Open opens the file).
@@ -52,7 +53,8 @@ struct Stores {
   std::shared_ptr<IdempotencyStore> idempotency{};
 };
 
-// Both stores from one URL, sharing the SQLite database when it is sqlite://.
+// Both stores from one URL, sharing the SQLite database when it is sqlite://, the PostgreSQL
+// database (its connection pool and schema) when it is postgres:// or postgresql://.
 absl::StatusOr<Stores> OpenStores(absl::string_view url, const OpenOverrides& overrides = {});
 
 }  // namespace bus

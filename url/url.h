@@ -6,6 +6,8 @@
 //   redis+cluster://[user[:password]@]host1[:port][,host2[:port]...][?...]   (seed nodes)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
+//   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
+//   postgresql://...   (the same)
 //
 //   absl::StatusOr<bus::ParsedUrl> url = bus::ParseUrl("redis://:s3cret@[::1]:6380/2");
 //   absl::StatusOr<bus::RedisOptions> redis = bus::RedisOptionsFromUrl(*url);
@@ -36,9 +38,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "drivers/nsq/nsq_options.h"
-#include "drivers/redis/redis_driver.h"            // RedisOptions
-#include "idempotency/sqlite/idempotency_store.h"  // SqliteIdempotencyOptions
-#include "storage/sqlite/dead_letter_store.h"      // SqliteDeadLetterOptions
+#include "drivers/redis/redis_driver.h"              // RedisOptions
+#include "idempotency/postgres/idempotency_store.h"  // PostgresIdempotencyOptions
+#include "idempotency/sqlite/idempotency_store.h"    // SqliteIdempotencyOptions
+#include "storage/postgres/dead_letter_store.h"      // PostgresOptions, PostgresDeadLetterOptions
+#include "storage/sqlite/dead_letter_store.h"        // SqliteDeadLetterOptions
 #include "storage/sqlite/sqlite_options.h"
 
 namespace bus {
@@ -105,6 +109,26 @@ struct SqliteUrlOptions {
 // for the database; purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for
 // the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
 absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
+
+// What a postgres:// URL sets: the database and each store's own options.
+struct PostgresUrlOptions {
+  PostgresOptions db{};
+  PostgresDeadLetterOptions dead_letters{};
+  PostgresIdempotencyOptions idempotency{};
+};
+
+// postgres:// or postgresql:// → PostgresUrlOptions. The URL is libpq's own connection URI,
+// which libpq parses (hosts, user, password, database and libpq's parameters such as sslmode,
+// sslrootcert, connect_timeout, target_session_attrs; PGPASSWORD and the passfile when the URL
+// has no password). The library's parameters are taken out of its query before libpq sees it:
+// schema, max_connections, pool_timeout, statement_timeout, max_retries for the database;
+// purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for the idempotency
+// store. Validated (ValidatePostgresOptions, which has libpq parse the rest, and the stores'
+// Validate*).
+absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url);
+
+// True when `url` starts with postgres:// or postgresql:// (any case).
+bool IsPostgresUrl(absl::string_view url);
 
 // memory:// for the memory driver: its one parameter, max_message_bytes.
 struct MemoryUrlOptions {

@@ -373,6 +373,46 @@ TEST(Redaction, PasswordsAndSecretsNeverShow) {
   EXPECT_THAT(ToString(*o), Not(HasSubstr("s3cret")));
 }
 
+TEST(PostgresUrl, LibpqGetsTheUrlAndTheLibraryItsOwnParameters) {
+  absl::StatusOr<PostgresUrlOptions> o = PostgresOptionsFromUrl(
+      "postgres://orders:s3cr%40t@db1:5433,db2/orders?sslmode=require&schema=orders_bus&"
+      "max_connections=4&statement_timeout=2s&connect_timeout=3&purge_batch=10&"
+      "cleanup_batch=20&cleanup_interval=1m&pool_timeout=7s&max_retries=2");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->db.conninfo,
+            "postgres://orders:s3cr%40t@db1:5433,db2/orders?sslmode=require&connect_timeout=3");
+  EXPECT_EQ(o->db.schema, "orders_bus");
+  EXPECT_EQ(o->db.max_connections, 4);
+  EXPECT_EQ(o->db.statement_timeout, absl::Seconds(2));
+  EXPECT_EQ(o->db.pool_timeout, absl::Seconds(7));
+  EXPECT_EQ(o->db.max_retries, 2);
+  EXPECT_EQ(o->dead_letters.purge_batch, 10);
+  EXPECT_EQ(o->idempotency.cleanup_batch, 20);
+  EXPECT_EQ(o->idempotency.cleanup_interval, absl::Minutes(1));
+
+  o = PostgresOptionsFromUrl("postgresql:///orders");  // libpq's defaults for the host
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->db.conninfo, "postgresql:///orders");
+  EXPECT_EQ(o->db.schema, PostgresOptions().schema);
+  EXPECT_TRUE(IsPostgresUrl("POSTGRES://h/db"));
+  EXPECT_FALSE(IsPostgresUrl("sqlite:///x.db"));
+}
+
+TEST(PostgresUrl, BadPartsAreNamedWithoutThePassword) {
+  // libpq refuses a parameter it does not know.
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?colour=blue").status(), "conninfo",
+            "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?schema=Bad-Name").status(), "schema",
+            "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?statement_timeout=soon").status(),
+            "statement_timeout", "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?cleanup_batch=0").status(),
+            "cleanup_batch", "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?schema=a&schema=b").status(),
+            "given twice", "hunter2");
+  EXPECT_EQ(RedactedUrl("postgres://u:hunter2@h:5432/db"), "postgres://u:<redacted>@h:5432/db");
+}
+
 TEST(Open, EveryKindAndUnknownSchemes) {
   absl::StatusOr<std::shared_ptr<Driver>> d = OpenDriver("memory://");
   ASSERT_TRUE(d.ok()) << d.status();
@@ -394,6 +434,12 @@ TEST(Open, EveryKindAndUnknownSchemes) {
   ASSERT_TRUE(OpenIdempotencyStore("memory://").ok());
   ASSERT_TRUE(OpenIdempotencyStore("redis://127.0.0.1:1").ok());
   ExpectBad(OpenStores("nsq://h").status(), "scheme");
+  // postgres:// opens both stores without connecting.
+  absl::StatusOr<Stores> pg = OpenStores("postgresql://u:pw@127.0.0.1:1/db?schema=s");
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  EXPECT_NE(pg->dead_letters, nullptr);
+  EXPECT_NE(pg->idempotency, nullptr);
+  ExpectBad(OpenStores("postgres://u:pw@h/db?nope=1").status(), "conninfo", "pw@");
   // A directory that does not exist: SqliteDatabase::Open's error.
   EXPECT_EQ(OpenStores("sqlite:///nonexistent-dir/x.db").status().code(),
             absl::StatusCode::kFailedPrecondition);

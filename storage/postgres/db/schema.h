@@ -1,0 +1,98 @@
+// Internal to the PostgreSQL stores: the tables of the library in its schema (one version
+// number in bus_meta), and the migrations that bring a schema to kSchemaVersion. Each statement
+// names its tables as "{schema}.table"; the database layer puts the quoted schema name there.
+// The statements each store runs live with the store (storage/postgres/dead_letter_sql.h,
+// idempotency/postgres/idempotency_sql.h). docs/postgres.md shows all of them.
+
+#ifndef STORAGE_POSTGRES_DB_SCHEMA_H_
+#define STORAGE_POSTGRES_DB_SCHEMA_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace bus::pg_internal {
+
+// The bookkeeping table, created with the schema (before any migration).
+inline constexpr char kCreateMetaTableSql[] =
+    "CREATE TABLE IF NOT EXISTS {schema}.bus_meta (name text PRIMARY KEY, value text NOT NULL)";
+inline constexpr char kSchemaVersionSql[] =
+    "SELECT value FROM {schema}.bus_meta WHERE name = 'schema_version'";
+// $1 the version.
+inline constexpr char kSetSchemaVersionSql[] =
+    "INSERT INTO {schema}.bus_meta (name, value) VALUES ('schema_version', $1) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+
+// Version 1: idempotency keys and dead letters.
+//
+// idempotency_keys holds one row per key: a lease (done = false) or a done marker (done =
+// true), each live until expires_at (the server's clock). Keys and owners are bytea: any bytes.
+//
+// dead_letters.id is an identity column, never reused, so a late Remove() of a letter that was
+// replayed cannot delete a newer one. data and reason are bytea (any bytes); queue and
+// message_id text. The message index makes storing a letter again (same queue, message and
+// attempts) a no-op.
+inline constexpr const char* kMigrationV1[] = {
+    "CREATE TABLE {schema}.idempotency_keys ("
+    "  key bytea PRIMARY KEY,"
+    "  owner bytea NOT NULL,"
+    "  done boolean NOT NULL,"
+    "  expires_at timestamptz NOT NULL)",
+    "CREATE TABLE {schema}.dead_letters ("
+    "  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    "  queue text NOT NULL,"
+    "  data bytea NOT NULL,"
+    "  reason bytea NOT NULL,"
+    "  kind smallint NOT NULL,"
+    "  attempts integer NOT NULL,"
+    "  first_failed_at timestamptz NOT NULL,"
+    "  last_failed_at timestamptz NOT NULL,"
+    "  replays integer NOT NULL,"
+    "  message_id text,"
+    "  stored_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    "CREATE INDEX dead_letters_by_queue ON {schema}.dead_letters (queue, id)",
+    "CREATE UNIQUE INDEX dead_letters_by_message "
+    "ON {schema}.dead_letters (queue, message_id, attempts) WHERE message_id IS NOT NULL",
+};
+
+// Version 2: the indexes of the housekeeping and of the replay loop. The expiry index lets
+// cleanup delete expired keys in bounded batches without reading live ones; the kind index
+// serves a fetch of one kind of letter without reading the others.
+inline constexpr const char* kMigrationV2[] = {
+    "CREATE INDEX idempotency_keys_by_expiry ON {schema}.idempotency_keys (expires_at)",
+    "CREATE INDEX dead_letters_by_kind ON {schema}.dead_letters (queue, kind, id)",
+};
+
+// Version 3: the outbox of the PostgreSQL inbox (transactional/postgres). A message published
+// inside an inbox transaction is one row, its envelope encoded (and its id fixed) when the row
+// was written; kind 0 is a queue (sent not before not_before), 1 a topic (with route_key). The
+// relay sends rows in seq order and deletes each once the broker took it.
+inline constexpr const char* kMigrationV3[] = {
+    "CREATE TABLE {schema}.outbox ("
+    "  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    "  kind smallint NOT NULL,"
+    "  destination text NOT NULL,"
+    "  route_key text NOT NULL,"
+    "  message_id text NOT NULL,"
+    "  data bytea NOT NULL,"
+    "  not_before timestamptz NOT NULL,"
+    "  created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+};
+
+// The migration to version i + 1 is kMigrations[i].
+inline const std::vector<std::vector<const char*>>& Migrations() {
+  static const auto* m = new std::vector<std::vector<const char*>>{
+      {std::begin(kMigrationV1), std::end(kMigrationV1)},
+      {std::begin(kMigrationV2), std::end(kMigrationV2)},
+      {std::begin(kMigrationV3), std::end(kMigrationV3)},
+  };
+  return *m;
+}
+
+// `sql` with every "{schema}" replaced by `quoted_schema`.
+std::string WithSchema(absl::string_view sql, absl::string_view quoted_schema);
+
+}  // namespace bus::pg_internal
+
+#endif  // STORAGE_POSTGRES_DB_SCHEMA_H_
