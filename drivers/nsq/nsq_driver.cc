@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_future.hpp"
@@ -85,7 +86,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
-                         absl::string_view binding_key) override {
+                           absl::string_view binding_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
@@ -97,7 +98,7 @@ class NsqDriver final : public Driver {
   // Forgets the key here; the last key of queue Q on topic T gone (or none known here), channel
   // Q of topic T is deleted on every nsqd that inspection reads (the binding is that channel).
   absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
-                           absl::string_view binding_key) override {
+                             absl::string_view binding_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = ValidateRouteKey(binding_key); !s.ok()) return s;
@@ -140,7 +141,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
-                           absl::Duration delay) override {
+                             absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
     if (delay < absl::ZeroDuration()) {
@@ -150,7 +151,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
-                                absl::Duration delay) override {
+                                  absl::Duration delay) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     for (const std::string& d : data) {
       if (absl::Status s = CheckSize(d); !s.ok()) return s;
@@ -189,7 +190,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
-                           absl::string_view route_key) override {
+                             absl::string_view route_key) override {
     if (absl::Status s = ValidateName("topic", topic); !s.ok()) return s;
     if (absl::Status s = ValidateRouteKey(route_key); !s.ok()) return s;
     if (absl::Status s = CheckSize(data); !s.ok()) return s;
@@ -204,7 +205,7 @@ class NsqDriver final : public Driver {
   }
 
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
-                                                        const ConsumerOptions& options) override {
+                                                          const ConsumerOptions& options) override {
     if (absl::Status s = ValidateName("queue", queue); !s.ok()) return s;
     if (absl::Status s = ValidateConsumerOptions(options); !s.ok()) return s;
     std::shared_ptr<ConsumerState> state = RegisterConsumer(std::string(queue), options);
@@ -304,13 +305,13 @@ class NsqDriver final : public Driver {
     auto gather = [](std::shared_ptr<Core> core)
         -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
       const absl::Duration timeout = core->options().request_timeout;
-      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      absl::StatusOr<std::vector<NsqdHttp>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
-      for (const std::string& address : *http) {
+      for (const NsqdHttp& nsqd : *http) {
         absl::StatusOr<std::vector<nsq::ChannelStats>> one =
-            co_await nsq::NsqdStats(core->io(), address, timeout);
-        if (!one.ok()) co_return one.status();
+            co_await nsq::NsqdStats(core->io(), nsqd.address, timeout);
+        if (!one.ok()) co_return NameGiven(one.status(), nsqd);
         all.insert(all.end(), one->begin(), one->end());
       }
       co_return all;
@@ -318,13 +319,31 @@ class NsqDriver final : public Driver {
     return boost::asio::co_spawn(core_->io(), gather(core_), boost::asio::use_future).get();
   }
 
+  // An nsqd's HTTP address, and the TCP address it was derived from (given in
+  // nsqd_tcp_addresses, the HTTP API at its port + 1), else empty.
+  struct NsqdHttp {
+    std::string address{};
+    std::string from_tcp{};
+  };
+
+  // An error about an nsqd whose HTTP address was derived names the address the user gave.
+  static absl::Status NameGiven(const absl::Status& status, const NsqdHttp& nsqd) {
+    if (status.ok() || nsqd.from_tcp.empty()) return status;
+    absl::string_view what = status.message();
+    absl::ConsumePrefix(&what, absl::StrCat("nsqd ", nsqd.address, ": "));
+    return absl::Status(status.code(),
+                        absl::StrCat("nsqd ", nsqd.from_tcp, " (HTTP API at ", nsqd.address,
+                                     ", its TCP port + 1; nsqd_http names another): ", what));
+  }
+
   // The HTTP addresses of the nsqds that inspection reads and deletion changes:
   // NsqOptions::nsqd_http_addresses, else every nsqd the lookupds list and each of
   // nsqd_tcp_addresses they do not list at its port + 1.
-  static boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> NsqdHttpAddresses(
+  static boost::asio::awaitable<absl::StatusOr<std::vector<NsqdHttp>>> NsqdHttpAddresses(
       std::shared_ptr<Core> core) {
     const NsqOptions& o = core->options();
-    std::vector<std::string> http = o.nsqd_http_addresses;
+    std::vector<NsqdHttp> http;
+    for (const std::string& address : o.nsqd_http_addresses) http.push_back({.address = address});
     if (!http.empty()) co_return http;
     std::set<std::string> listed_tcp;
     for (const std::string& lookupd : o.lookupd_http_addresses) {
@@ -333,7 +352,7 @@ class NsqDriver final : public Driver {
       if (!nodes.ok()) co_return nodes.status();
       for (nsq::LookupNode& n : *nodes) {
         if (!listed_tcp.insert(n.tcp_address).second) continue;
-        http.push_back(std::move(n.http_address));
+        http.push_back({.address = std::move(n.http_address)});
       }
     }
     for (const std::string& tcp : o.nsqd_tcp_addresses) {
@@ -341,8 +360,10 @@ class NsqDriver final : public Driver {
       std::string host, port;
       int p = 0;
       if (!nsq::SplitHostPort(tcp, &host, &port).ok() || !absl::SimpleAtoi(port, &p)) continue;
-      http.push_back(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", p + 1)
-                                                         : absl::StrCat(host, ":", p + 1));
+      http.push_back({.address = host.find(':') != std::string::npos
+                                     ? absl::StrCat("[", host, "]:", p + 1)
+                                     : absl::StrCat(host, ":", p + 1),
+                      .from_tcp = tcp});
     }
     co_return http;
   }
@@ -353,11 +374,12 @@ class NsqDriver final : public Driver {
   absl::Status OnEveryNsqd(Action action) {
     auto run = [](std::shared_ptr<Core> core,
                   Action action) -> boost::asio::awaitable<absl::Status> {
-      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      absl::StatusOr<std::vector<NsqdHttp>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       absl::Status first;
-      for (const std::string& address : *http) {
-        absl::Status s = co_await action(core, address);
+      for (const NsqdHttp& nsqd : *http) {
+        absl::Status s = co_await action(core, nsqd.address);
+        s = NameGiven(s, nsqd);
         if (first.ok()) first = s;
       }
       co_return first;
