@@ -149,6 +149,8 @@ TEST(FakeClockTest, TheConditionStillWakesAWaiter) {
   EXPECT_TRUE(result);
 }
 
+// Real time on purpose: the real clock's own contract. Only a lower bound is asserted, which
+// a slow machine cannot break.
 TEST(RealClockTest, WaitsForRealUntilTheDeadline) {
   auto clock = RealClock();
   absl::Mutex mu;
