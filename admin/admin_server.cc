@@ -1,6 +1,9 @@
 #include "admin/admin_server.h"
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <list>
 #include <thread>
 #include <utility>
 
@@ -17,6 +20,7 @@
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/http.hpp"
+#include "bus/backoff.h"
 #include "nlohmann/json.hpp"
 
 namespace bus {
@@ -62,6 +66,16 @@ struct AdminServer::Impl {
   std::thread thread;
   int port = 0;
   std::atomic<bool> stopped{false};
+  // The open connections' sockets, oldest first; touched on the I/O thread only.
+  std::list<tcp::socket*> open;
+  std::atomic<int> open_count{0};
+
+  // Closes the oldest connection: its session's pending read or write fails and it ends.
+  void CloseOldest() {
+    if (open.empty()) return;
+    error_code ignored;
+    open.front()->close(ignored);
+  }
 
   // /healthz: reads each handler's state only (no I/O), on the I/O thread.
   Response Health() const {
@@ -118,11 +132,14 @@ struct AdminServer::Impl {
   }
 
   awaitable<void> Session(tcp::socket socket) {
+    const std::list<tcp::socket*>::iterator self = open.insert(open.end(), &socket);
+    open_count.store(static_cast<int>(open.size()), std::memory_order_relaxed);
     boost::beast::flat_buffer buffer;
     asio::steady_timer deadline(io);
     for (;;) {
-      // A client that does not send a whole request in time is cut off.
-      deadline.expires_after(absl::ToChronoNanoseconds(options.read_timeout));
+      // One deadline for the whole exchange: a client that does not send a whole request, or
+      // does not read the answer, in time is cut off.
+      deadline.expires_after(absl::ToChronoNanoseconds(options.exchange_timeout));
       deadline.async_wait([&socket](const error_code& ec) {
         if (!ec) {
           error_code ignored;
@@ -133,28 +150,40 @@ struct AdminServer::Impl {
       parser.body_limit(64 * 1024);
       error_code ec;
       co_await http::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
-      deadline.cancel();
       if (ec) break;
       const http::request<http::string_body>& req = parser.get();
       Response res = co_await Respond(req);
       res.keep_alive(req.keep_alive());
       res.prepare_payload();
       co_await http::async_write(socket, res, asio::redirect_error(use_awaitable, ec));
+      deadline.cancel();
       if (ec || !res.keep_alive()) break;
     }
+    deadline.cancel();
     error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
+    open.erase(self);
+    open_count.store(static_cast<int>(open.size()), std::memory_order_relaxed);
   }
 
   awaitable<void> Accept() {
+    // Accepting fails when the process is out of file descriptors (EMFILE, ENFILE) or the
+    // kernel is short of memory; the asio timer is armed by the one Backoff (bus/backoff.h).
+    Backoff backoff({.initial = absl::Milliseconds(1), .max = absl::Seconds(1)});
+    asio::steady_timer pause(io);
     for (;;) {
       error_code ec;
       tcp::socket socket = co_await acceptor.async_accept(asio::redirect_error(use_awaitable, ec));
       if (ec) {
         if (!acceptor.is_open()) co_return;
+        if (ec.value() == EMFILE || ec.value() == ENFILE) CloseOldest();
+        pause.expires_after(absl::ToChronoNanoseconds(backoff.Next()));
+        co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
         continue;
       }
+      backoff.Reset();
+      if (static_cast<int>(open.size()) >= options.max_connections) CloseOldest();
       asio::co_spawn(io, Session(std::move(socket)), asio::detached);
     }
   }
@@ -163,7 +192,10 @@ struct AdminServer::Impl {
 absl::StatusOr<std::unique_ptr<AdminServer>> AdminServer::Start(AdminServerOptions options) {
   if (options.port < 0 || options.port > 65535) return Invalid("port", "must be in [0, 65535]");
   if (options.ping_timeout <= absl::ZeroDuration()) return Invalid("ping_timeout", "must be > 0");
-  if (options.read_timeout <= absl::ZeroDuration()) return Invalid("read_timeout", "must be > 0");
+  if (options.exchange_timeout <= absl::ZeroDuration()) {
+    return Invalid("exchange_timeout", "must be > 0");
+  }
+  if (options.max_connections < 1) return Invalid("max_connections", "must be >= 1");
   if (options.probe_threads < 1) return Invalid("probe_threads", "must be >= 1");
   for (const Handler* h : options.handlers) {
     if (h == nullptr) return Invalid("handlers", "null handler");
@@ -194,6 +226,8 @@ AdminServer::AdminServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdminServer::~AdminServer() { Stop(); }
 
 int AdminServer::port() const { return impl_->port; }
+
+int AdminServer::connections() const { return impl_->open_count.load(std::memory_order_relaxed); }
 
 void AdminServer::Stop() {
   if (impl_->stopped.exchange(true)) return;

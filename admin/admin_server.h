@@ -19,8 +19,8 @@
 // collectors may call a store) run on a small pool of their own, so a slow store delays those
 // answers only, bounded by ping_timeout per Ping. docs/operations.md has the semantics.
 //
-// Ownership: the handlers must outlive the server (Stop() it first). Thread-safety: port() and
-// Stop() may be called from any thread.
+// Ownership: the handlers must outlive the server (Stop() it first). Thread-safety: port(),
+// connections() and Stop() may be called from any thread.
 
 #ifndef ADMIN_ADMIN_SERVER_H_
 #define ADMIN_ADMIN_SERVER_H_
@@ -48,8 +48,15 @@ struct AdminServerOptions {
   std::vector<const Handler*> handlers{};
   // Bound on each Ping of /readyz; > 0. Default 1s.
   absl::Duration ping_timeout = absl::Seconds(1);
-  // A connection that has not sent a whole request for this long is closed; > 0. Default 10s.
-  absl::Duration read_timeout = absl::Seconds(10);
+  // A connection must send a whole request and take the whole answer within this, or it is
+  // closed (a client that pipelines requests and never reads holds nothing longer); > 0.
+  // Default 10s.
+  absl::Duration exchange_timeout = absl::Seconds(10);
+  // Connections open at once; >= 1. Default 64. At the cap, the oldest connection is closed to
+  // make room, so a probe always gets through; when the process runs out of file descriptors
+  // (EMFILE), the oldest is closed too and accepting backs off (1ms doubling to 1s) instead of
+  // spinning.
+  int max_connections = 64;
   // Threads that answer /readyz and /metrics; >= 1. Default 2.
   int probe_threads = 2;
 };
@@ -66,6 +73,9 @@ class AdminServer {
 
   // The port bound (the one chosen when options.port was 0).
   int port() const;
+
+  // Connections open now.
+  int connections() const;
 
   // Stops accepting, closes the connections and waits for the threads (a probe in progress
   // finishes first). Idempotent.

@@ -4,6 +4,15 @@
 // including /readyz flipping while redis-server is stopped and restarted.
 #include "admin/admin_server.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -389,13 +398,163 @@ TEST(AdminServerMemoryTest, RoutesMethodsAndOptions) {
   EXPECT_THAT(start({.handlers = {nullptr}}).message(), HasSubstr("AdminServerOptions.handlers"));
   EXPECT_THAT(start({.ping_timeout = absl::ZeroDuration()}).message(),
               HasSubstr("AdminServerOptions.ping_timeout"));
-  EXPECT_THAT(start({.read_timeout = absl::ZeroDuration()}).message(),
-              HasSubstr("AdminServerOptions.read_timeout"));
+  EXPECT_THAT(start({.exchange_timeout = absl::ZeroDuration()}).message(),
+              HasSubstr("AdminServerOptions.exchange_timeout"));
+  EXPECT_THAT(start({.max_connections = 0}).message(),
+              HasSubstr("AdminServerOptions.max_connections"));
   EXPECT_THAT(start({.probe_threads = 0}).message(), HasSubstr("AdminServerOptions.probe_threads"));
   EXPECT_TRUE(absl::IsUnavailable(start({.port = admin->port()})));
   admin->Stop();
   admin->Stop();  // idempotent
   EXPECT_FALSE(Curl(Url(*admin, "/healthz")).ok());
+}
+
+// A client socket to 127.0.0.1:port (blocking connect), or -1.
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server has closed `fd` (a read returns end of file or an error), without blocking
+// and without reading what is buffered for a live connection.
+bool ClosedByServer(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLERR)) != 0) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+// A registry whose page is about 200 KiB: answers that fill a socket's buffers quickly.
+std::shared_ptr<MetricsRegistry> LargePageRegistry() {
+  auto metrics = std::make_shared<MetricsRegistry>();
+  metrics->AddCollector([](MetricsWriter& w) {
+    for (int i = 0; i < 2000; ++i) {
+      w.Gauge("bus_test_filler", "Filler to make the page large.",
+              {{"series", absl::StrCat("series-number-", i, "-with-a-long-label-value-to-fill")}},
+              static_cast<double>(i));
+    }
+  });
+  return metrics;
+}
+
+TEST(AdminServerHostileClientTest, AClientThatNeverReadsIsClosedAtTheExchangeDeadline) {
+  AdminServerOptions ao;
+  ao.metrics = LargePageRegistry();
+  ao.exchange_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<AdminServer>> admin = AdminServer::Start(std::move(ao));
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  // 10 clients each pipeline 1,000 requests for the large page and never read: the answers
+  // fill the socket buffers and every write blocks.
+  std::string requests;
+  for (int i = 0; i < 1000; ++i) requests += "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n";
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) {
+    const int fd = ConnectTo((*admin)->port());
+    ASSERT_GE(fd, 0);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    // What does not fit in the buffers now is simply not sent.
+    (void)!send(fd, requests.data(), requests.size(), MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  EXPECT_TRUE(WaitUntil([&] { return (*admin)->connections() >= 1; }, kPatience));
+  // Every one of them is cut off (before the deadline covered the write, none was), and the
+  // probe still answers.
+  EXPECT_TRUE(WaitUntil([&] { return (*admin)->connections() == 0; }, kPatience));
+  for (int fd : fds) {
+    EXPECT_TRUE(WaitUntil([&] { return ClosedByServer(fd); }, kPatience));
+    close(fd);
+  }
+  EXPECT_EQ(StatusOf(**admin, "/healthz"), 200);
+}
+
+TEST(AdminServerHostileClientTest, AtTheCapTheOldestConnectionGivesWay) {
+  AdminServerOptions ao;
+  ao.max_connections = 4;
+  ao.exchange_timeout = absl::Hours(1);
+  absl::StatusOr<std::unique_ptr<AdminServer>> admin = AdminServer::Start(std::move(ao));
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  // 10 idle connections, opened one after another (each accepted before the next opens).
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) {
+    const int fd = ConnectTo((*admin)->port());
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    const int expected = std::min(i + 1, 4);
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          int closed = 0;
+          for (int f : fds) closed += ClosedByServer(f) ? 1 : 0;
+          return closed == static_cast<int>(fds.size()) - expected;
+        },
+        kPatience))
+        << "after connection " << i + 1;
+  }
+  // The first six went, oldest first; the last four are open.
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(ClosedByServer(fds[i]), i < 6) << "connection " << i;
+  EXPECT_EQ(StatusOf(**admin, "/healthz"), 200);
+  for (int fd : fds) close(fd);
+}
+
+TEST(AdminServerHostileClientTest, OutOfFileDescriptorsTheProbeStillAnswers) {
+  // The server runs in a child process whose descriptor limit is small; the parent holds more
+  // idle connections to it than the child can have open, then probes.
+  int port_pipe[2], hold_pipe[2];
+  ASSERT_EQ(pipe(port_pipe), 0);
+  ASSERT_EQ(pipe(hold_pipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(port_pipe[0]);
+    close(hold_pipe[1]);
+    rlimit limit{48, 48};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(2);
+    AdminServerOptions ao;
+    ao.exchange_timeout = absl::Hours(1);
+    absl::StatusOr<std::unique_ptr<AdminServer>> admin = AdminServer::Start(std::move(ao));
+    if (!admin.ok()) _exit(3);
+    const int port = (*admin)->port();
+    if (write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) _exit(4);
+    char c;
+    while (read(hold_pipe[0], &c, 1) > 0) {
+    }
+    (*admin)->Stop();
+    _exit(0);
+  }
+  close(port_pipe[1]);
+  close(hold_pipe[0]);
+  int port = 0;
+  ASSERT_EQ(read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(port_pipe[0]);
+  // More connections than the child has descriptors: the kernel completes them (backlog) while
+  // the server's accept fails with EMFILE.
+  std::vector<int> fds;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ConnectTo(port);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  EXPECT_GT(fds.size(), 48u);
+  const std::string url = absl::StrCat("http://127.0.0.1:", port, "/healthz");
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<HttpReply> r = Curl(url);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200);
+  }
+  for (int fd : fds) close(fd);
+  close(hold_pipe[1]);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << wstatus;
 }
 
 TEST(AdminServerRedisTest, MetricsMatchStatsAndReadyzFollowsTheServer) {

@@ -18,27 +18,14 @@
 #ifndef BUS_BACKOFF_H_
 #define BUS_BACKOFF_H_
 
-#include <cstdint>
 #include <memory>
 #include <stop_token>
 
 #include "absl/time/time.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 
 namespace bus {
-
-// Uniform numbers in [0, 1) for jitter. Implementations are thread-safe.
-class RandomSource {
- public:
-  virtual ~RandomSource() = default;
-  virtual double Uniform() = 0;
-};
-
-// The process-wide source (absl::BitGen behind a lock).
-std::shared_ptr<RandomSource> DefaultRandom();
-
-// A deterministic source for tests: the same seed gives the same sequence.
-std::shared_ptr<RandomSource> SeededRandom(uint64_t seed);
 
 struct BackoffPolicy {
   enum class Jitter {

@@ -4,9 +4,6 @@
 #include <memory>
 #include <utility>
 
-#include "absl/random/random.h"
-#include "absl/synchronization/mutex.h"
-
 namespace bus {
 
 absl::Duration ExponentialDelay(absl::Duration base, absl::Duration cap, int attempts) {
@@ -37,19 +34,21 @@ RetryDelayFn ExponentialBackoff(absl::Duration base, absl::Duration cap) {
   return [base, cap](int attempts) { return ExponentialDelay(base, cap, attempts); };
 }
 
-RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap) {
-  struct Rng {
-    absl::Mutex mu;
-    absl::BitGen gen ABSL_GUARDED_BY(mu);
+RetryDelayFn LinearBackoff(absl::Duration step, absl::Duration cap) {
+  return [step, cap](int attempts) {
+    if (step <= absl::ZeroDuration()) return absl::ZeroDuration();
+    const int n = std::max(attempts, 1);
+    // Compared before multiplying, so that a large attempt count cannot overflow.
+    if (step >= cap / n) return cap;
+    return std::min(step * n, cap);
   };
-  auto rng = std::make_shared<Rng>();
-  return [base, cap, rng](int attempts) {
-    double u;
-    {
-      absl::MutexLock lock(&rng->mu);
-      u = absl::Uniform(rng->gen, 0.0, 1.0);
-    }
-    return FullJitterDelay(base, cap, attempts, u);
+}
+
+RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap,
+                               std::shared_ptr<RandomSource> random) {
+  if (random == nullptr) random = DefaultRandom();
+  return [base, cap, random = std::move(random)](int attempts) {
+    return FullJitterDelay(base, cap, attempts, random->Uniform());
   };
 }
 

@@ -17,8 +17,10 @@
 #define BUS_RETRY_H_
 
 #include <functional>
+#include <memory>
 
 #include "absl/time/time.h"
+#include "bus/random.h"
 
 namespace bus {
 
@@ -46,8 +48,13 @@ RetryDelayFn FixedBackoff(absl::Duration delay);
 // ExponentialDelay(base, cap, attempts).
 RetryDelayFn ExponentialBackoff(absl::Duration base, absl::Duration cap);
 
-// FullJitterDelay with a thread-safe random source.
-RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap);
+// step * attempts, capped at `cap`: go-nsq's default requeue delay (DefaultRequeueDelay times
+// the attempt, capped by MaxRequeueDelay); attempts < 1 count as 1.
+RetryDelayFn LinearBackoff(absl::Duration step, absl::Duration cap);
+
+// FullJitterDelay with numbers from `random` (nullptr: DefaultRandom()).
+RetryDelayFn FullJitterBackoff(absl::Duration base, absl::Duration cap,
+                               std::shared_ptr<RandomSource> random = nullptr);
 
 // Returns NoRetry() once `attempts` reaches `max_attempts` failed attempts (so the handler runs
 // at most `max_attempts` times in all); otherwise defers to `inner`.

@@ -1,5 +1,8 @@
 #include "bus/retry.h"
 
+#include <memory>
+
+#include "bus/random.h"
 #include "gtest/gtest.h"
 
 namespace bus {
@@ -61,6 +64,31 @@ TEST(RetryTest, FactoriesWrapThePureFunctions) {
     EXPECT_GE(d, absl::ZeroDuration());
     EXPECT_LE(d, absl::Seconds(8));
   }
+}
+
+TEST(RetryTest, FullJitterTakesAnInjectedSource) {
+  class Fixed final : public RandomSource {
+   public:
+    double Uniform() override { return 0.25; }
+  };
+  const RetryDelayFn jitter =
+      FullJitterBackoff(absl::Seconds(1), absl::Seconds(8), std::make_shared<Fixed>());
+  EXPECT_EQ(jitter(1), absl::Milliseconds(250));
+  EXPECT_EQ(jitter(3), absl::Seconds(1));
+  EXPECT_EQ(jitter(10), absl::Seconds(2));
+}
+
+TEST(RetryTest, LinearGrowsByTheStepUpToTheCap) {
+  // go-nsq's default: DefaultRequeueDelay (90s) times the attempt, capped by MaxRequeueDelay
+  // (15m).
+  const RetryDelayFn linear = LinearBackoff(absl::Seconds(90), absl::Minutes(15));
+  EXPECT_EQ(linear(0), absl::Seconds(90));
+  EXPECT_EQ(linear(1), absl::Seconds(90));
+  EXPECT_EQ(linear(2), absl::Seconds(180));
+  EXPECT_EQ(linear(10), absl::Minutes(15));
+  EXPECT_EQ(linear(11), absl::Minutes(15));
+  EXPECT_EQ(linear(1 << 30), absl::Minutes(15));  // no overflow
+  EXPECT_EQ(LinearBackoff(absl::ZeroDuration(), absl::Minutes(1))(5), absl::ZeroDuration());
 }
 
 TEST(RetryTest, MaxAttemptsStopsAfterThatManyFailures) {

@@ -68,7 +68,7 @@ absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
     if (h.host.empty()) return Bad("host", "empty IPv6 address");
     for (char c : h.host) {
       if (!absl::ascii_isxdigit(c) && c != ':' && c != '.') {
-        return Bad("host", absl::StrCat("bad IPv6 address \"", h.host, "\""));
+        return Bad("host", "bad IPv6 address");
       }
     }
     rest = text.substr(close + 1);
@@ -80,7 +80,7 @@ absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
     if (h.host.empty()) return Bad("host", "empty");
     for (char c : h.host) {
       if (!absl::ascii_isalnum(c) && c != '-' && c != '.' && c != '_') {
-        return Bad("host", absl::StrCat("bad character in \"", absl::CEscape(h.host), "\""));
+        return Bad("host", "bad character (percent-encode '/', '?', '#' and '@' in a password)");
       }
     }
   }
@@ -88,7 +88,9 @@ absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
     rest.remove_prefix(1);  // ':'
     if (rest.empty() || !absl::SimpleAtoi(rest, &h.port) || h.port < 1 || h.port > 65535 ||
         !absl::ascii_isdigit(rest[0])) {
-      return Bad("port", absl::StrCat("\"", absl::CEscape(rest), "\" is not in 1..65535"));
+      // Never echoed: after a password with an unencoded ':' or '@', this text is part of it.
+      return Bad("port",
+                 "not a number in 1..65535 (percent-encode '/', '?', '#' and '@' in a password)");
     }
   }
   return h;
@@ -229,8 +231,24 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
   if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
     return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
   }
+  // A user or password may hold an unencoded '/' (base64 passwords do): the user information
+  // runs to the last '@' before the query, and the host, path and query start after it.
+  const size_t first_query = rest.find('?');
+  const size_t at =
+      url.scheme == "sqlite" ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
+  if (at == absl::string_view::npos && first_query != absl::string_view::npos) {
+    // "u:pa?ss@h": an '@' after the '?' with no parameter before it is a password's '?'. Its
+    // text is never echoed.
+    const absl::string_view after = rest.substr(first_query + 1);
+    const size_t later_at = after.find('@');
+    if (later_at != absl::string_view::npos &&
+        after.substr(0, later_at).find_first_of("=&") == absl::string_view::npos) {
+      return Bad("password", "an unencoded '?' in the user or password (percent-encode it as %3F)");
+    }
+  }
+  const size_t host_start = at == absl::string_view::npos ? 0 : at + 1;
   absl::string_view query;
-  if (const size_t q = rest.find('?'); q != absl::string_view::npos) {
+  if (const size_t q = rest.find('?', host_start); q != absl::string_view::npos) {
     query = rest.substr(q + 1);
     rest = rest.substr(0, q);
   }
@@ -241,7 +259,7 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
     if (!path.ok()) return path.status();
     url.path = *std::move(path);
   } else {
-    const size_t slash = rest.find('/');
+    const size_t slash = rest.find('/', host_start);
     authority = rest.substr(0, slash);
     if (slash != absl::string_view::npos) {
       absl::StatusOr<std::string> path = Decode(rest.substr(slash + 1), "path");
@@ -305,7 +323,11 @@ std::string RedactedUrl(const ParsedUrl& url) {
   absl::StrAppend(&out, absl::StrJoin(hosts, ","));
   if (!url.path.empty()) {
     if (url.scheme != "sqlite") out.push_back('/');
-    absl::StrAppend(&out, url.path);
+    // Encoded again, '/' kept, so that the redacted URL parses to the same path.
+    for (absl::string_view segment : absl::StrSplit(url.path, '/')) {
+      if (segment.data() != url.path.data()) out.push_back('/');
+      absl::StrAppend(&out, Encode(segment));
+    }
   }
   for (size_t i = 0; i < url.params.size(); ++i) {
     const auto& [k, v] = url.params[i];

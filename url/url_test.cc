@@ -184,6 +184,29 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "request_timeout");
 }
 
+TEST(RedisUrl, APasswordWithSlashOrQuestionMarkIsNeverEchoed) {
+  // Base64 passwords often hold '/': the user information runs to the last '@'.
+  absl::StatusOr<ParsedUrl> url = ParseUrl("redis://default:WRONG/pass+123/x@127.0.0.1:6379/2");
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(url->user, "default");
+  EXPECT_EQ(url->password, "WRONG/pass+123/x");
+  ASSERT_EQ(url->hosts.size(), 1u);
+  EXPECT_EQ(url->hosts[0].port, 6379);
+  EXPECT_EQ(url->path, "2");
+  // An unencoded '?' cannot be told from the query: refused, naming neither part.
+  ExpectBad(Redis("redis://default:WRONG?pass123@127.0.0.1:6379").status(), "password", "pass123");
+  ExpectBad(Redis("redis://default:WRONG?pass123@127.0.0.1:6379").status(), "%3F", "WRONG");
+  // Host and port errors show none of the text, which may be part of a password.
+  ExpectBad(Redis("redis://default:s3cretpw123").status(), "port", "s3cretpw123");
+  ExpectBad(Redis("redis://s3c%20ret:x").status(), "host", "s3c");
+  // A '@' in a parameter's value is not user information.
+  absl::StatusOr<ParsedUrl> nsq = ParseUrl("nsq://h:4150?auth_secret=a@b");
+  ASSERT_TRUE(nsq.ok()) << nsq.status();
+  EXPECT_TRUE(nsq->user.empty());
+  ASSERT_EQ(nsq->params.size(), 1u);
+  EXPECT_EQ(nsq->params[0].second, "a@b");
+}
+
 TEST(RedisUrl, UnknownParametersAreNamed) {
   absl::Status st = Redis("redis://:pw@h?key_prefx=a&zz=1&key_prefix=b").status();
   ExpectBad(st, "unknown: key_prefx, zz", "pw");
@@ -332,6 +355,12 @@ TEST(Redaction, PasswordsAndSecretsNeverShow) {
   EXPECT_EQ(RedactedUrl("nsq://n1,n2:1?auth_secret=hunter2&lookupd=l"),
             "nsq://n1,n2:1?auth_secret=<redacted>&lookupd=l");
   EXPECT_EQ(RedactedUrl("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+  // A decoded path is encoded again, so the redacted URL parses to the same path.
+  EXPECT_EQ(RedactedUrl("unix:///Es%25w"), "unix:///Es%25w");
+  EXPECT_EQ(RedactedUrl("sqlite:///tmp/a%20b/x.db"), "sqlite:///tmp/a%20b/x.db");
+  absl::StatusOr<ParsedUrl> again = ParseUrl(RedactedUrl("sqlite:///tmp/a%20b/x.db"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->path, "/tmp/a b/x.db");
   EXPECT_EQ(RedactedUrl("redis://:pw@h:bad"), "redis://<unparsed>");
   EXPECT_EQ(RedactedUrl("nonsense"), "<not a URL>");
   // The option structs' own ToString redacts too.
