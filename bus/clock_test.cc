@@ -21,18 +21,49 @@ TEST(FakeClockTest, MovesOnlyWhenAdvanced) {
 TEST(FakeClockTest, AdvanceWakesAWaiterWhoseDeadlinePassed) {
   FakeClock clock;
   absl::Mutex mu;
-  bool never = false;
+  // The waiter's condition counts its evaluations: each is the waiter checking, with `mu` held,
+  // whether to stop waiting. `returned` is set (under `mu`) once AwaitWithDeadline returned.
+  struct State {
+    int checks = 0;
+    bool returned = false;
+  } state;
   bool result = true;
   std::thread waiter([&] {
     absl::MutexLock lock(&mu);
-    result = clock.AwaitWithDeadline(&mu, absl::Condition(&never), clock.Now() + absl::Hours(1));
+    result = clock.AwaitWithDeadline(&mu,
+                                     absl::Condition(
+                                         +[](State* s) {
+                                           ++s->checks;
+                                           return false;
+                                         },
+                                         &state),
+                                     clock.Now() + absl::Hours(1));
+    state.returned = true;
   });
   while (clock.waiters() == 0) absl::SleepFor(absl::Milliseconds(1));
+  int checks_before = 0;
+  {
+    absl::MutexLock lock(&mu);
+    checks_before = state.checks;
+  }
   clock.Advance(absl::Minutes(59));
-  absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_EQ(clock.waiters(), 1);  // not yet
+  // Not yet: the waiter checked again after the advance (three times, so at least twice after
+  // it, and a check that found the deadline passed would have been its last) and still waits.
+  {
+    absl::MutexLock lock(&mu);
+    struct Wanted {
+      const State* state;
+      int checks;
+    } wanted{&state, checks_before + 3};
+    mu.Await(absl::Condition(
+        +[](Wanted* w) { return w->state->checks >= w->checks; }, &wanted));
+    EXPECT_FALSE(state.returned);
+  }
+  EXPECT_EQ(clock.waiters(), 1);
+  EXPECT_EQ(clock.parked(), 1);
   clock.Advance(absl::Minutes(1));
   waiter.join();
+  EXPECT_TRUE(state.returned);
   EXPECT_FALSE(result);
   EXPECT_EQ(clock.waiters(), 0);
 }
@@ -118,6 +149,8 @@ TEST(FakeClockTest, TheConditionStillWakesAWaiter) {
   EXPECT_TRUE(result);
 }
 
+// Real time on purpose: the real clock's own contract. Only a lower bound is asserted, which
+// a slow machine cannot break.
 TEST(RealClockTest, WaitsForRealUntilTheDeadline) {
   auto clock = RealClock();
   absl::Mutex mu;

@@ -1,6 +1,7 @@
 // Creating a Handler: option validation and the defaults Create fills in.
 // On the memory driver and memory stores with a fake clock (tests/testing/handler_fixture.h).
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"

@@ -2,6 +2,7 @@
 // letters.
 // On the memory driver and memory stores with a fake clock (tests/testing/handler_fixture.h).
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"

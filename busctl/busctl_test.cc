@@ -18,7 +18,9 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "bus/envelope.h"
 #include "bus/handler.h"
+#include "bus/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -51,16 +53,20 @@ struct Result {
   std::string err{};  // stderr
 };
 
-// Runs busctl with `args` and `env` ("NAME=value") and waits for it.
-Result Busctl(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+// Runs busctl with `args`, `env` ("NAME=value") and `input` on its stdin, and waits for it.
+Result Busctl(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+              const std::string& input = "") {
   const std::string dir = MakeTempDir("busctl");
-  const std::string out = dir + "/out", err = dir + "/err";
-  // sh splits stdout from stderr; stdin is empty.
-  std::vector<std::string> argv = {
-      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$BUSCTL_ERR\" </dev/null", Runfile("busctl/busctl")};
+  const std::string out = dir + "/out", err = dir + "/err", in = dir + "/in";
+  std::ofstream(in, std::ios::binary) << input;
+  // sh splits stdout from stderr and gives stdin.
+  std::vector<std::string> argv = {"/bin/sh", "-c",
+                                   "exec \"$0\" \"$@\" 2>\"$BUSCTL_ERR\" <\"$BUSCTL_IN\"",
+                                   Runfile("busctl/busctl")};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<std::string> e = env;
   e.push_back("BUSCTL_ERR=" + err);
+  e.push_back("BUSCTL_IN=" + in);
   Result r;
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(argv, out, e);
   EXPECT_TRUE(child.ok()) << child.status();
@@ -199,6 +205,16 @@ TEST_F(BusctlRedisTest, PublishStatsDeadLetterListShowReplayPurge) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["permanent"], 1);
   EXPECT_EQ(lines[0]["total"], 1);
+  // --kind counts that kind only, and shows no other kind (not as 0).
+  r = Busctl({stores_, "dead-letters", "count", "orders", "--kind=exhausted", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"queue\":\"orders\",\"exhausted\":0,\"total\":0}\n");
+  r = Busctl({stores_, "dead-letters", "count", "orders", "--kind=exhausted"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "QUEUE   EXHAUSTED  TOTAL\norders  0          0\n");
+  r = Busctl({stores_, "dead-letters", "count", "orders", "--kind", "permanent"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "QUEUE   PERMANENT  TOTAL\norders  1          1\n");
 
   // replay: back to the queue, removed from the store; a Handler that succeeds takes it.
   r = Busctl({driver_, stores_, "dead-letters", "replay", "orders", "--id=" + letter, "--json"});
@@ -280,11 +296,70 @@ TEST_F(BusctlRedisTest, UsageErrorsExitTwo) {
            {{"dead-letters", "explode", "q"}, "unknown dead-letters command"},
            {{"dead-letters", "list"}, "usage: busctl dead-letters list QUEUE"},
            {{"stats", "q", "--driver"}, "flag --driver needs a value"},
+           {{"queues", "--bogus"}, "unknown flag --bogus"},
+           {{"queues", "--bogus", "x"}, "unknown flag --bogus"},
+           {{"--json=maybe", "queues"}, "flag 'json'"},
+           {{"--version=1"}, "flag --version takes no value"},
+           {{driver_, "queues", "--route-key=k"}, "queues takes no flag --route-key"},
+           {{driver_, "publish", "q", "--data=x", "--delay=5x"}, "flag 'delay'"},
+           {{driver_, "publish", "q", "--data=x", "--delay=-1s"}, "--delay=-1s: want >= 0"},
+           {{driver_, "publish", "--topic=t", "--data=x", "--delay=1s"}, "topics take no delay"},
+           {{driver_, "publish", "q", "--header=novalue"}, "--header=novalue: want k=v"},
+           {{driver_, "publish", "q", "--data=x", "--raw"}, "--raw"},
+           {{stores_, "dead-letters", "list", "q", "--kind=weird"}, "flag 'kind'"},
+           {{stores_, "dead-letters", "list", "q", "--limit=abc"}, "flag 'limit'"},
+           {{stores_, "dead-letters", "list", "q", "--limit=0"}, "--limit=0: want at least 1"},
+           {{stores_, "dead-letters", "list", "q", "--since=yesterday"}, "flag 'since'"},
+           {{driver_, stores_, "dead-letters", "replay", "orders"}, "exactly one of"},
+           {{driver_, stores_, "dead-letters", "replay", "q", "--all", "--kind=permanent"},
+            "exactly one of"},
+           {{"queues"}, "no broker: give --driver"},
+           {{stores_, "stats", "q"}, "no broker: give --driver"},
+           {{stores_, "dead-letters", "show", "1"}, "give --driver"},
+           {{driver_, "dead-letters", "count", "q"}, "no store: give --stores"},
        }) {
     Result r = Busctl(c.args);
     EXPECT_EQ(r.exit, 2) << absl::StrJoin(c.args, " ");
     EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
   }
+}
+
+TEST(BusctlVersion, PrintsTheLibraryVersion) {
+  Result r = Busctl({"--version"});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, absl::StrCat("busctl ", Version(), "\n"));
+  r = Busctl({"queues", "--version"});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, absl::StrCat("busctl ", Version(), "\n"));
+}
+
+// The payload a Handler of `queue` receives first.
+std::string FirstPayload(const std::string& driver_url, const std::string& queue) {
+  absl::StatusOr<std::shared_ptr<Driver>> driver = OpenDriver(driver_url);
+  EXPECT_TRUE(driver.ok()) << driver.status();
+  if (!driver.ok()) return "";
+  absl::StatusOr<std::unique_ptr<Consumer>> consumer =
+      (*driver)->NewConsumer(queue, {.max_in_flight = 1, .lease = absl::Seconds(30)});
+  EXPECT_TRUE(consumer.ok()) << consumer.status();
+  if (!consumer.ok()) return "";
+  std::vector<Delivery> got;
+  EXPECT_TRUE((*consumer)->Receive(1, absl::Seconds(30), {}, &got).ok());
+  if (got.size() != 1) return "";
+  EXPECT_TRUE((*consumer)->Ack(got[0].receipt).ok());
+  absl::StatusOr<Message> msg = DecodeEnvelope(got[0].data, got[0].data.size() + 1);
+  EXPECT_TRUE(msg.ok()) << msg.status();
+  return msg.ok() ? msg->payload : "";
+}
+
+TEST_F(BusctlRedisTest, StdinLosesOneTrailingNewlineUnlessRaw) {
+  ASSERT_EQ(Busctl({driver_, "publish", "a"}, {}, "fail\n").exit, 0);
+  EXPECT_EQ(FirstPayload(DriverUrl(), "a"), "fail");
+  ASSERT_EQ(Busctl({driver_, "publish", "b"}, {}, "two\n\n").exit, 0);
+  EXPECT_EQ(FirstPayload(DriverUrl(), "b"), "two\n");
+  ASSERT_EQ(Busctl({driver_, "publish", "c", "--raw"}, {}, "fail\n").exit, 0);
+  EXPECT_EQ(FirstPayload(DriverUrl(), "c"), "fail\n");
+  ASSERT_EQ(Busctl({driver_, "publish", "d", "--data=kept\n"}).exit, 0);
+  EXPECT_EQ(FirstPayload(DriverUrl(), "d"), "kept\n");
 }
 
 TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
@@ -299,8 +374,6 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
            {{"--driver=kafka://h", "queues"}, "URL scheme"},
            {{"--driver=redis://h?key_prefx=a", "queues"}, "unknown: key_prefx"},
            {{"--stores=sqlite://", "dead-letters", "count", "q"}, "URL path"},
-           {{"queues"}, "no broker: give --driver"},
-           {{"dead-letters", "count", "q"}, "no store: give --stores"},
            {{absl::StrCat("--driver=redis://:hunter2@127.0.0.1:", *free_port, "?timeout=500ms"),
              "stats", "q"},
             "UNAVAILABLE"},
@@ -308,11 +381,11 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
                           "?nsqd_http=127.0.0.1:", *free_port, "&request_timeout=1s"),
              "queues"},
             "UNAVAILABLE"},
-           {{driver_, "publish", "q", "--data=x", "--delay=soon"}, "--delay"},
-           {{stores_, "dead-letters", "list", "q", "--kind=weird"}, "--kind"},
-           {{stores_, "dead-letters", "list", "q", "--limit=0"}, "--limit"},
-           {{stores_, "dead-letters", "list", "q", "--since=yesterday"}, "--since"},
-           {{driver_, stores_, "dead-letters", "replay", "q"}, "exactly one of"},
+           // nsqd's HTTP API is at its TCP port + 1: the error names the address given.
+           {{absl::StrCat("--driver=nsq://127.0.0.1:", *free_port, "?request_timeout=1s"),
+             "queues"},
+            absl::StrCat("nsqd 127.0.0.1:", *free_port, " (HTTP API at 127.0.0.1:", *free_port + 1,
+                         ", its TCP port + 1")},
            {{driver_, "tail", "bad topic"}, "INVALID_ARGUMENT"},
            {{absl::StrCat("--driver=redis://127.0.0.1:", *free_port, "?timeout=500ms"), "tail",
              "t"},

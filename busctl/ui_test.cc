@@ -44,8 +44,12 @@ TEST(ServeUiTest, ShowsTheBrokerAndTheStoreAndStopsOnRequest) {
   std::shared_ptr<bus::DeadLetterStore> store = bus::NewMemoryDeadLetterStore();
   ASSERT_TRUE(driver->SendToQueue("orders", "a", absl::ZeroDuration()).ok());
   ASSERT_TRUE(driver->SendToQueue("orders", "b", absl::ZeroDuration()).ok());
-  ASSERT_TRUE(store->Store({.queue = "orders", .data = "raw", .reason = "bad bytes",
-                            .kind = bus::DeadLetterKind::kMalformed}).ok());
+  ASSERT_TRUE(store
+                  ->Store({.queue = "orders",
+                           .data = "raw",
+                           .reason = "bad bytes",
+                           .kind = bus::DeadLetterKind::kMalformed})
+                  .ok());
   absl::StatusOr<int> port = bus::testing::PickFreePort();
   ASSERT_TRUE(port.ok());
   std::stop_source stop;

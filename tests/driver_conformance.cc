@@ -18,10 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "bus/names.h"
 #include "bus/internal/receive_loop.h"
+#include "bus/names.h"
 #include "gmock/gmock.h"
+#include "tests/testing/fault_injection.h"
 #include "tests/testing/wait.h"
 
 namespace bus::testing {
@@ -663,7 +665,8 @@ TEST_P(DriverConformanceTest, ReceiveOnAnEmptyQueueReturnsNothingAndStopInterrup
     absl::Status st = c->Receive(1, absl::Hours(1), stop.get_token(), &out);
     return std::make_pair(st, out.size());
   });
-  absl::SleepFor(absl::Milliseconds(50));
+  // Stop lands once Receive is blocked, not before it began.
+  ASSERT_TRUE(WaitUntil([&] { return harness_->ReceiveBlocked(); }));
   stop.request_stop();
   ASSERT_EQ(waiting.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   auto [st, n] = waiting.get();
@@ -909,7 +912,7 @@ TEST_P(DriverConformanceTest, StopGivesBackTheUnstartedRestOfABatch) {
 TEST_P(DriverConformanceTest, StopAbandonsACallbackThatOutlivesTheShutdownTimeout) {
   const std::string q = Unique("q");
   ASSERT_TRUE(driver_->SendToQueue(q, "stuck", absl::ZeroDuration()).ok());
-  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto release = std::make_shared<absl::Notification>();
   auto started = std::make_shared<std::atomic<bool>>(false);
   ReceiveOptions options;
   options.poll_wait = harness_->ShortLease();
@@ -918,9 +921,7 @@ TEST_P(DriverConformanceTest, StopAbandonsACallbackThatOutlivesTheShutdownTimeou
   auto loop =
       std::make_unique<ReceiveLoop>(driver_.get(), q, options, [release, started](const Delivery&) {
         started->store(true);
-        while (!release->load()) {
-          absl::SleepFor(absl::Milliseconds(1));
-        }
+        release->WaitForNotification();
         return Settlement::Done();
       });
   ASSERT_TRUE(WaitUntil([&] { return started->load(); }));
@@ -936,7 +937,7 @@ TEST_P(DriverConformanceTest, StopAbandonsACallbackThatOutlivesTheShutdownTimeou
   auto c = NewConsumer(q);
   auto again = Collect(c.get(), 1);
   EXPECT_THAT(Datas(again), ElementsAre("stuck"));
-  release->store(true);  // the abandoned callback finishes; it must not settle anything
+  release->Notify();  // the abandoned callback finishes; it must not settle anything
   AckAll(c.get(), again);
 }
 
@@ -944,24 +945,32 @@ TEST_P(DriverConformanceTest, ReceiveMessageExtendsTheLeaseOfALongCallback) {
   const std::string q = Unique("q");
   ASSERT_TRUE(driver_->SendToQueue(q, "slow", absl::ZeroDuration()).ok());
   std::atomic<int> calls{0};
-  std::atomic<bool> release{false};
+  absl::Notification release;
   ReceiveOptions options;
   options.poll_wait = harness_->ShortLease();
   options.lease = harness_->ShortLease() * 2;
-  ReceiveLoop loop(driver_.get(), q, options, [&](const Delivery&) {
+  // Counts the keeper's renewals (Consumer::Extend).
+  FaultyDriver counting(driver_);
+  ReceiveLoop loop(&counting, q, options, [&](const Delivery&) {
     calls.fetch_add(1);
-    while (!release.load()) absl::SleepFor(absl::Milliseconds(1));
+    release.WaitForNotification();
     return Settlement::Done();
   });
   ASSERT_TRUE(WaitUntil([&] { return calls.load() == 1; }));
-  // Three leases pass in small steps; the loop's keeper renews the lease each half lease.
+  // The worker is in the callback; the one thread left waiting on the clock is the keeper.
+  ASSERT_TRUE(WaitUntil([&] { return harness_->ClockWaiters() >= 1; }));
+  // Three leases pass in small steps; the loop's keeper renews the lease each half lease: after
+  // each half lease, wait for that renewal before time moves on.
   auto other = NewConsumer(q);
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 1; i <= 12; ++i) {
     harness_->Advance(options.lease / 4);
-    absl::SleepFor(absl::Milliseconds(10));  // let the keeper run its renewal
+    if (i % 2 == 0) {
+      ASSERT_TRUE(WaitUntil([&] { return counting.extends.load() >= i / 2; }))
+          << counting.extends.load() << " renewals after " << i << " quarter leases";
+    }
   }
   EXPECT_THAT(Poll(other.get()), IsEmpty());
-  release.store(true);
+  release.Notify();
   auto& result = loop.Stop();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(result.get().ok());

@@ -39,6 +39,16 @@ class DriverHarness {
   // to honour it: any for the memory driver, about a second for servers.
   virtual absl::Duration ShortLease() const = 0;
 
+  // True while a Consumer::Receive of this harness's drivers waits for a message (memory: a
+  // thread parked on the fake clock; Redis: a client blocked in the server; NSQ: a thread
+  // waiting on the driver's clock), so a test can act on a Receive that is blocked for sure.
+  virtual bool ReceiveBlocked() = 0;
+
+  // Threads waiting on the clock of this harness's drivers now (FakeClock::waiters() for the
+  // memory driver; a WatchedClock given to a server's drivers), so a test can wait until a loop
+  // that times its work on that clock (ReceiveMessage's lease keeper) is waiting.
+  virtual int ClockWaiters() const = 0;
+
   // The `wait` the suite passes to Consumer::Receive while polling for messages that should
   // arrive. Zero for the memory driver (its clock only moves when the test advances it, so any
   // wait would block); a short real wait for servers.

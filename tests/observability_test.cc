@@ -354,6 +354,8 @@ TEST_F(ObservabilityTest, ASlowObserverDropsEventsAndNeverBlocksThePipeline) {
   o.idempotency = NullIdempotencyStore();
   o.observer_queue = 64;
   o.observer = [&](const Event&) {
+    // The slowness under test, not a wait for a condition: nothing here depends on how long
+    // the sleep really takes.
     absl::SleepFor(absl::Milliseconds(10));
     delivered.fetch_add(1);
   };

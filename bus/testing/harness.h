@@ -19,7 +19,8 @@
 //
 // The periodic replay of dead letters is off (HandlerOptions::replay_interval is set to zero: it
 // would replay letters at moments that depend on how far RunUntilIdle() moved time): a test
-// replays with ReplayDeadLetters(), which runs the letters through the pipeline.
+// replays with ReplayDeadLetters(), which runs the letters through the pipeline before it
+// returns.
 //
 // Thread-safety: the harness's own calls are for the test's thread; the recorded outcomes are
 // written by the Handler's workers and safe to read at any time.
@@ -71,8 +72,11 @@ class Harness {
   absl::Status RunUntilIdle(absl::Duration max_advance = absl::Hours(24 * 7),
                             absl::Duration real_timeout = absl::Seconds(30));
 
-  // Replays the queue's dead letters (of every kind, through Handler::ReplayDeadLetters);
-  // returns how many went back to the queue. Follow with RunUntilIdle().
+  // Replays the queue's dead letters of every kind through the Handler's pipeline, on this
+  // thread (Handler::ReplayDeadLetters); returns how many left the store. Each letter's handle
+  // call is done when it returns: Handled() and Failures() show it, with no RunUntilIdle()
+  // needed. A letter that fails again is retried through the queue after its retry delay (or
+  // is dead-lettered again): RunUntilIdle() runs those retries.
   absl::StatusOr<int> ReplayDeadLetters();
 
   // What happened, in the order it happened. Handled(): messages whose handle returned OK.

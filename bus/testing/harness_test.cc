@@ -47,12 +47,44 @@ TEST(HarnessTest, AMessageThatKeepsFailingIsDeadLetteredThenReplayed) {
   ASSERT_TRUE((*h)->RunUntilIdle().ok());
   ASSERT_EQ((*h)->DeadLetters().size(), 1u);
   EXPECT_EQ((*h)->DeadLetters()[0].kind, DeadLetterKind::kExhausted);
+  EXPECT_EQ(DeadLetterKindName((*h)->DeadLetters()[0].kind), "exhausted");
   EXPECT_TRUE((*h)->Handled().empty());
   broken = false;  // the card works again: replay
   ASSERT_EQ(*(*h)->ReplayDeadLetters(), 1);
-  ASSERT_TRUE((*h)->RunUntilIdle().ok());
+  // Handled by the time the replay returns: no RunUntilIdle() needed.
   EXPECT_EQ((*h)->Handled().size(), 1u);
   EXPECT_TRUE((*h)->DeadLetters().empty());
+}
+
+// A replayed letter that fails again is retried through the queue: RunUntilIdle() runs that.
+TEST(HarnessTest, AReplayedLetterThatFailsAgainIsRetriedByRunUntilIdle) {
+  std::atomic<int> calls{0};
+  HandlerOptions options;
+  options.retry_delay = FixedBackoff(absl::Minutes(1));
+  options.handle = [&](const Message&) -> absl::Status {
+    switch (calls.fetch_add(1)) {
+      case 0:
+        return Permanent(absl::InvalidArgumentError("unknown customer"));
+      case 1:
+        return absl::UnavailableError("the customer service is down");
+      default:
+        return absl::OkStatus();
+    }
+  };
+  auto h = Harness::Start(options);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE((*h)->Publish({.biz_uid = "order-3"}).ok());
+  ASSERT_TRUE((*h)->RunUntilIdle().ok());
+  ASSERT_EQ((*h)->DeadLetters().size(), 1u);
+  EXPECT_EQ((*h)->DeadLetters()[0].kind, DeadLetterKind::kPermanent);
+  const absl::Time replayed_at = (*h)->clock().Now();
+  ASSERT_EQ(*(*h)->ReplayDeadLetters(), 1);
+  EXPECT_TRUE((*h)->DeadLetters().empty());  // taken: re-sent with its retry delay
+  EXPECT_TRUE((*h)->Handled().empty());
+  EXPECT_EQ((*h)->Failures().size(), 2u);
+  ASSERT_TRUE((*h)->RunUntilIdle().ok());
+  EXPECT_EQ((*h)->Handled().size(), 1u);
+  EXPECT_EQ((*h)->clock().Now() - replayed_at, absl::Minutes(1));
 }
 
 TEST(HarnessTest, AMessageSentWithADelayIsHandledOnceItIsDue) {

@@ -15,6 +15,8 @@ class MemoryHarness final : public DriverHarness {
   void Advance(absl::Duration d) override { clock_->Advance(d); }
   absl::Duration ShortLease() const override { return absl::Seconds(1); }
   absl::Duration PollWait() const override { return absl::ZeroDuration(); }
+  bool ReceiveBlocked() override { return clock_->parked() > 0; }
+  int ClockWaiters() const override { return clock_->waiters(); }
 
  private:
   std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();

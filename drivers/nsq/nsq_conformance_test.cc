@@ -8,6 +8,7 @@
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
 #include "tests/testing/nsq_server.h"
+#include "tests/testing/watched_clock.h"
 
 namespace bus::testing {
 namespace {
@@ -26,6 +27,7 @@ class NsqHarness final : public DriverHarness {
     options.nsqd_tcp_addresses = {server_->tcp_address()};
     options.discovery.nsqd_http_addresses = {server_->http_address()};
     options.logger = StderrLogger(LogLevel::kWarning);
+    options.clock = clock_;
     auto driver = NewNsqDriver(options);
     EXPECT_TRUE(driver.ok()) << driver.status();
     return driver.ok() ? *driver : nullptr;
@@ -35,6 +37,10 @@ class NsqHarness final : public DriverHarness {
   // passes on a real broker only by waiting, so this sleep is the one way to advance it.
   void Advance(absl::Duration d) override { absl::SleepFor(d); }
 
+  // A Receive waits for messages on the driver's clock.
+  bool ReceiveBlocked() override { return clock_->waiters() > 0; }
+  int ClockWaiters() const override { return clock_->waiters(); }
+
   // nsqd accepts leases from 1s, but it only starts scanning a new channel for due deferred
   // and timed-out messages at its next channel-list refresh (every 5s, not configurable), so
   // delays of 2 * ShortLease() must reach past that for the suite's timing to hold.
@@ -42,6 +48,7 @@ class NsqHarness final : public DriverHarness {
 
  private:
   std::unique_ptr<NsqdServer> server_;
+  std::shared_ptr<WatchedClock> clock_ = std::make_shared<WatchedClock>();
 };
 
 INSTANTIATE_TEST_SUITE_P(Nsq, DriverConformanceTest,

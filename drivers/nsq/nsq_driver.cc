@@ -19,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/use_future.hpp"
@@ -293,10 +294,10 @@ class NsqDriver final : public Driver {
       absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
-      for (const std::string& address : *http) {
+      for (const NsqdHttp& nsqd : *http) {
         absl::StatusOr<std::vector<nsq::ChannelStats>> one =
-            co_await nsq::NsqdStats(core->io(), address, timeout);
-        if (!one.ok()) co_return one.status();
+            co_await nsq::NsqdStats(core->io(), nsqd.address, timeout);
+        if (!one.ok()) co_return NameGiven(one.status(), nsqd);
         all.insert(all.end(), one->begin(), one->end());
       }
       co_return all;
@@ -304,10 +305,27 @@ class NsqDriver final : public Driver {
     return boost::asio::co_spawn(core_->io(), gather(core_), boost::asio::use_future).get();
   }
 
+  // An nsqd's HTTP address, and the TCP address it was derived from (given in
+  // nsqd_tcp_addresses, the HTTP API at its port + 1), else empty.
+  struct NsqdHttp {
+    std::string address{};
+    std::string from_tcp{};
+  };
+
+  // An error about an nsqd whose HTTP address was derived names the address the user gave.
+  static absl::Status NameGiven(const absl::Status& status, const NsqdHttp& nsqd) {
+    if (status.ok() || nsqd.from_tcp.empty()) return status;
+    absl::string_view what = status.message();
+    absl::ConsumePrefix(&what, absl::StrCat("nsqd ", nsqd.address, ": "));
+    return absl::Status(status.code(),
+                        absl::StrCat("nsqd ", nsqd.from_tcp, " (HTTP API at ", nsqd.address,
+                                     ", its TCP port + 1; nsqd_http names another): ", what));
+  }
+
   // The HTTP addresses of the nsqds that inspection reads and deletion changes:
   // NsqOptions::discovery.nsqd_http_addresses, else every nsqd the lookupds list and each of
   // nsqd_tcp_addresses they do not list at its port + 1.
-  static boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> NsqdHttpAddresses(
+  static boost::asio::awaitable<absl::StatusOr<std::vector<NsqdHttp>>> NsqdHttpAddresses(
       std::shared_ptr<Core> core) {
     const NsqOptions& o = core->options();
     std::vector<std::string> http = o.discovery.nsqd_http_addresses;
@@ -319,7 +337,7 @@ class NsqDriver final : public Driver {
       if (!nodes.ok()) co_return nodes.status();
       for (nsq::LookupNode& n : *nodes) {
         if (!listed_tcp.insert(n.tcp_address).second) continue;
-        http.push_back(std::move(n.http_address));
+        http.push_back({.address = std::move(n.http_address)});
       }
     }
     for (const std::string& tcp : o.nsqd_tcp_addresses) {
@@ -327,8 +345,10 @@ class NsqDriver final : public Driver {
       std::string host, port;
       int p = 0;
       if (!nsq::SplitHostPort(tcp, &host, &port).ok() || !absl::SimpleAtoi(port, &p)) continue;
-      http.push_back(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", p + 1)
-                                                         : absl::StrCat(host, ":", p + 1));
+      http.push_back({.address = host.find(':') != std::string::npos
+                                     ? absl::StrCat("[", host, "]:", p + 1)
+                                     : absl::StrCat(host, ":", p + 1),
+                      .from_tcp = tcp});
     }
     co_return http;
   }
@@ -339,11 +359,12 @@ class NsqDriver final : public Driver {
   absl::Status OnEveryNsqd(Action action) {
     auto run = [](std::shared_ptr<Core> core,
                   Action action) -> boost::asio::awaitable<absl::Status> {
-      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      absl::StatusOr<std::vector<NsqdHttp>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       absl::Status first;
-      for (const std::string& address : *http) {
-        absl::Status s = co_await action(core, address);
+      for (const NsqdHttp& nsqd : *http) {
+        absl::Status s = co_await action(core, nsqd.address);
+        s = NameGiven(s, nsqd);
         if (first.ok()) first = s;
       }
       co_return first;

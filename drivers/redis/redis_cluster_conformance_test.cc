@@ -33,6 +33,16 @@ class RedisClusterHarness final : public RedisDriverHarnessBase {
     return options;
   }
 
+  // A Receive waits in BLPOP on the node that holds the queue's keys.
+  bool ReceiveBlocked() override {
+    if (cluster_ == nullptr) return false;
+    for (int i = 0; i < cluster_->size(); ++i) {
+      absl::StatusOr<int64_t> blocked = cluster_->node(i).BlockedClients();
+      if (blocked.ok() && *blocked > 0) return true;
+    }
+    return false;
+  }
+
  private:
   RedisCluster* cluster_ = nullptr;
   std::string prefix_;

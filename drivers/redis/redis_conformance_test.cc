@@ -26,6 +26,13 @@ class RedisHarness final : public RedisDriverHarnessBase {
     return options;
   }
 
+  // A Receive waits in BLPOP on the server.
+  bool ReceiveBlocked() override {
+    if (server_ == nullptr) return false;
+    absl::StatusOr<int64_t> blocked = server_->BlockedClients();
+    return blocked.ok() && *blocked > 0;
+  }
+
  private:
   std::unique_ptr<RedisServer> server_;
 };

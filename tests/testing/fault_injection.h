@@ -56,18 +56,22 @@ class FaultSwitch {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
-// A consumer that marks deliveries whose bytes equal `corrupt_data` as corrupt
-// (Delivery::corrupt), as a driver does when the broker's record of a message is broken.
+// A consumer that marks deliveries whose bytes equal `corrupt_data` (when not empty) as corrupt
+// (Delivery::corrupt), as a driver does when the broker's record of a message is broken, and
+// counts the leases it renewed in `*extends`.
 class CorruptingConsumer final : public Consumer {
  public:
-  CorruptingConsumer(std::unique_ptr<Consumer> base, std::string corrupt_data)
-      : base_(std::move(base)), corrupt_data_(std::move(corrupt_data)) {}
+  CorruptingConsumer(std::unique_ptr<Consumer> base, std::string corrupt_data,
+                     std::atomic<int>* extends)
+      : base_(std::move(base)), corrupt_data_(std::move(corrupt_data)), extends_(extends) {}
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out) override {
     const size_t before = out->size();
     absl::Status st = base_->Receive(max, wait, stop, out);
     for (size_t i = before; i < out->size(); ++i) {
-      if ((*out)[i].data == corrupt_data_) (*out)[i].corrupt = "injected: broker record corrupt";
+      if (!corrupt_data_.empty() && (*out)[i].data == corrupt_data_) {
+        (*out)[i].corrupt = "injected: broker record corrupt";
+      }
     }
     return st;
   }
@@ -78,11 +82,16 @@ class CorruptingConsumer final : public Consumer {
   absl::Status Nack(absl::string_view receipt, absl::Duration delay) override {
     return base_->Nack(receipt, delay);
   }
-  absl::Status Extend(absl::string_view receipt) override { return base_->Extend(receipt); }
+  absl::Status Extend(absl::string_view receipt) override {
+    absl::Status st = base_->Extend(receipt);
+    if (st.ok()) extends_->fetch_add(1);
+    return st;
+  }
 
  private:
   std::unique_ptr<Consumer> base_;
   const std::string corrupt_data_;
+  std::atomic<int>* const extends_;
 };
 
 class FaultyDriver final : public Driver {
@@ -95,6 +104,8 @@ class FaultyDriver final : public Driver {
   // Non-empty: consumers mark deliveries with exactly these bytes as corrupt. Set before
   // NewConsumer.
   std::string corrupt_data;
+  // Leases that consumers of this driver renewed (Consumer::Extend calls that succeeded).
+  std::atomic<int> extends{0};
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
@@ -106,28 +117,30 @@ class FaultyDriver final : public Driver {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Subscribe(t, q, k);
   }
-  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data,
+                             absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToQueue(q, data, d);
   }
   absl::Status DoSendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
-                                absl::Duration d) override {
+                                  absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendBatchToQueue(q, data, d);
   }
   absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
-                           absl::string_view k) override {
+                             absl::string_view k) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToTopic(t, data, k);
   }
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
-                                                        const ConsumerOptions& o) override {
+                                                          const ConsumerOptions& o) override {
     absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
-    if (!c.ok() || corrupt_data.empty()) return c;
-    return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
+    if (!c.ok()) return c;
+    return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data, &extends));
   }
   DriverStats Stats() const override { return base_->Stats(); }
-  absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+  absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q,
+                             absl::string_view k) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Unsubscribe(t, q, k);
   }

@@ -7,6 +7,7 @@
 #ifndef TESTS_TESTING_HANDLER_FIXTURE_H_
 #define TESTS_TESTING_HANDLER_FIXTURE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -20,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"
@@ -123,13 +125,28 @@ class HandlerTest : public ::testing::Test {
     ASSERT_TRUE(WaitUntil([&] { return clock_->parked() >= parked; }));
   }
 
-  // Advances the fake clock in steps until `cond` holds.
-  bool AdvanceUntil(const std::function<bool()>& cond, absl::Duration step) {
-    const absl::Time deadline = absl::Now() + kPatience;
+  // Moves the fake clock until `cond` holds, `limit` at most. Time moves only while every
+  // thread that waits on the clock is parked, as many as ever were during this call (a thread
+  // that the last move woke has done what fell due and waits again), and then jumps to the
+  // earliest deadline among them. So the fake time that passes is set by the deadlines the code
+  // computes, not by the machine's speed. False when `cond` does not hold within kPatience of
+  // real time (the next deadline lying beyond `limit`, say).
+  bool AdvanceUntil(const std::function<bool()>& cond, absl::Duration limit) {
+    const absl::Time end = clock_->Now() + limit;
+    const absl::Time patience = absl::Now() + kPatience;
+    int most_parked = 0;
     while (!cond()) {
-      if (absl::Now() > deadline) return false;
-      clock_->Advance(step);
-      absl::SleepFor(absl::Milliseconds(1));
+      if (absl::Now() > patience) return false;
+      const int waiters = clock_->waiters();
+      const int parked = clock_->parked();
+      most_parked = std::max(most_parked, parked);
+      const absl::Time next = clock_->NextDeadline();
+      if (waiters == 0 || parked < waiters || parked < most_parked ||
+          next == absl::InfiniteFuture() || next > end) {
+        std::this_thread::yield();  // polling state, not waiting for time to pass
+        continue;
+      }
+      clock_->Advance(next - clock_->Now());
     }
     return true;
   }

@@ -13,6 +13,7 @@
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/driver_conformance.h"
+#include "tests/testing/watched_clock.h"
 
 namespace bus::testing {
 
@@ -23,12 +24,18 @@ class RedisDriverHarnessBase : public DriverHarness {
   std::shared_ptr<Driver> NewDriver() override {
     std::optional<RedisOptions> options = Options();
     if (!options) return nullptr;
+    options->clock = clock_;
     absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(*options);
     EXPECT_TRUE(driver.ok()) << driver.status();
     return driver.ok() ? *driver : nullptr;
   }
   void Advance(absl::Duration d) override { absl::SleepFor(d); }
   absl::Duration ShortLease() const override { return absl::Seconds(1); }
+  int ClockWaiters() const override { return clock_->waiters(); }
+
+ private:
+  // The drivers' clock: the real one, watched.
+  const std::shared_ptr<WatchedClock> clock_ = std::make_shared<WatchedClock>();
 };
 
 }  // namespace bus::testing

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -145,6 +146,20 @@ absl::StatusOr<int64_t> RedisServer::CommandCalls(absl::string_view command) con
     return n;
   }
   return 0;
+}
+
+absl::StatusOr<int64_t> RedisServer::BlockedClients() const {
+  absl::StatusOr<std::string> info = Cli({"INFO", "clients"});
+  if (!info.ok()) return info.status();
+  for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+    if (!absl::ConsumePrefix(&line, "blocked_clients:")) continue;
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(line), &n)) {
+      return absl::InternalError(absl::StrCat("redis-server: bad clients line: ", line));
+    }
+    return n;
+  }
+  return absl::InternalError("redis-server: INFO clients has no blocked_clients");
 }
 
 }  // namespace bus::testing

@@ -61,6 +61,9 @@ class RedisServer {
   // CONFIG RESETSTAT, from INFO commandstats; commands run by scripts count too. 0 when none.
   absl::StatusOr<int64_t> CommandCalls(absl::string_view command) const;
 
+  // Clients blocked in a command (BLPOP, say) now, from INFO clients.
+  absl::StatusOr<int64_t> BlockedClients() const;
+
  private:
   RedisServer(RedisServerOptions options, int port, std::string dir)
       : options_(std::move(options)), port_(port), dir_(std::move(dir)) {}
