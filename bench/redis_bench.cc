@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
   if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
     bus::redis::IoThread io;
     auto conn = bus::redis::Connection::Create(
-        &io, bus::redis::ToConnectionOptions(options, options.host, options.port));
+        &io, bus::redis::ToConnectionOptions(options, "redis bench", options.host, options.port));
     constexpr int kPings = 20000;
     const absl::Time start = absl::Now();
     std::vector<std::thread> ts;

@@ -117,8 +117,13 @@ TEST(RedisOptionsTest, TheConnectionGetsTheReplyBoundsAndTheBackoff) {
   o.limits.max_reply_elements = 7;
   o.backoff.initial = absl::Milliseconds(3);
   o.random = SeededRandom(1);
-  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "h", 7000);
+  o.password_source = "REDIS_PASSWORD";
+  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "redis driver", "h", 7000);
   EXPECT_EQ(c.host, "h");
+  EXPECT_EQ(c.component, "redis driver");
+  EXPECT_EQ(c.password_source, "REDIS_PASSWORD");
+  EXPECT_EQ(redis::ToConnectionOptions(RedisOptions{}, "x", "h", 1).password_source,
+            "RedisOptions.password");
   EXPECT_EQ(c.port, 7000);
   EXPECT_EQ(c.max_reply_bytes, 4096);
   EXPECT_EQ(c.max_reply_elements, 7);

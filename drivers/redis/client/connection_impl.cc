@@ -326,6 +326,12 @@ awaitable<absl::Status> Connection::Impl::ReadLoop() {
     const size_t n = co_await socket.async_read_some(asio::buffer(buf),
                                                      asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return TransportError("read", ec);
+    // A reply trickling in past its request's deadline is cut here even when the sweep is late
+    // (each read is at most 64 KiB, so this runs often during a large reply).
+    if (!inflight.empty() && !inflight.front()->done &&
+        std::chrono::steady_clock::now() > inflight.front()->deadline) {
+      OnDeadline(inflight.front());
+    }
     absl::Status refused;
     if (absl::Status st = Feed(buf.data(), n, &refused); !st.ok()) co_return st;
     while (true) {
@@ -363,6 +369,15 @@ void Connection::Impl::Dispatched(RequestPtr& front) {
   front_seen = 0;
   RequestPtr req = std::move(front);
   inflight.pop_front();
+  if (!req->done && std::chrono::steady_clock::now() > req->deadline) {
+    // The last byte came after the deadline (a large reply read slowly, or this thread ran
+    // late under load and the sweep had not fired yet): the deadline holds all the same.
+    Complete(req,
+             absl::DeadlineExceededError(absl::StrCat(
+                 "redis request to ", options.host, ":", options.port,
+                 " got its reply after its deadline of ", absl::FormatDuration(req->timeout))));
+    return;
+  }
   Complete(req, std::move(req->replies));
 }
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
 #include <thread>
@@ -22,6 +23,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "boost/asio/post.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server.h"
@@ -214,6 +217,39 @@ TEST_F(ConnectionTest, APipelineWithARefusedReplyFailsUnavailable) {
       conn.Execute({{"PING"}, {"PING"}, {"PING"}}, absl::Seconds(5));
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("max_reply_bytes"));
+}
+
+TEST_F(ConnectionTest, AReplyCompletedAfterTheDeadlineIsDeadlineExceeded) {
+  // The server sends the start of a reply, then the rest once the client's thread is busy; the
+  // client's thread resumes only after the deadline passed, finding the whole reply and the
+  // deadline sweep ready at once. The reply must not win: the deadline holds.
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  std::atomic<bool> head_sent{false}, send_tail{false}, tail_sent{false};
+  std::atomic<int64_t> head_at_ns{0};
+  FakeServer fake([&](int fd, int) {
+    ReadRequest(fd);
+    head_at_ns = absl::GetCurrentTimeNanos();
+    (void)SendAll(fd, "$5\r\nhel");
+    head_sent = true;
+    while (!send_tail) std::this_thread::yield();
+    (void)SendAll(fd, "lo\r\n");
+    tail_sent = true;
+    char buf[64];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+  });
+  Connection& conn = Connect(fake.port());
+  std::future<absl::StatusOr<std::vector<Reply>>> f = conn.ExecuteAsync({{"PING"}}, kTimeout);
+  ASSERT_TRUE(testing::WaitUntil([&] { return head_sent.load(); }));
+  boost::asio::post(io_.io(), [&] {
+    send_tail = true;
+    // Blocks the client's thread until the tail is on the socket and the deadline (at most
+    // kTimeout after the server had the request) has passed: the condition under test.
+    const absl::Time deadline = absl::FromUnixNanos(head_at_ns) + kTimeout;
+    while (!tail_sent || absl::Now() <= deadline) std::this_thread::yield();
+  });
+  absl::StatusOr<std::vector<Reply>> r = f.get();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
 }
 
 TEST_F(ConnectionTest, ANumberLineWithALeadingZeroDropsTheConnection) {
