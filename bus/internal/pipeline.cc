@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
@@ -104,35 +103,6 @@ Pipeline::Pipeline(HandlerOptions o, bool user_ensure)
                         : nullptr),
       infra_backoff(BackoffPolicy{options.infra_backoff_base, options.infra_backoff_max,
                                   BackoffPolicy::Jitter::kNone}) {}
-
-HandlerStats Pipeline::Stats() const {
-  HandlerStats out;
-  out.received = received.load(std::memory_order_relaxed);
-  out.succeeded = succeeded.load(std::memory_order_relaxed);
-  out.failed = failed.load(std::memory_order_relaxed);
-  out.retried = retried.load(std::memory_order_relaxed);
-  out.dead_lettered = dead_lettered.load(std::memory_order_relaxed);
-  out.duplicates = duplicates.load(std::memory_order_relaxed);
-  out.malformed = malformed.load(std::memory_order_relaxed);
-  out.replayed = replayed.load(std::memory_order_relaxed);
-  out.redelivered = redelivered.load(std::memory_order_relaxed);
-  out.store_errors = store_errors.load(std::memory_order_relaxed);
-  out.callback_errors = callback_errors.load(std::memory_order_relaxed);
-  out.in_flight = in_flight.load(std::memory_order_relaxed);
-  out.reconnects = options.driver->Stats().reconnects;
-  out.events_dropped = events != nullptr ? events->dropped() : 0;
-  {
-    absl::MutexLock lock(&mu);
-    out.running = running;
-    out.consuming = consuming;
-  }
-  out.latency_p50 = latency.Quantile(0.5);
-  out.latency_p99 = latency.Quantile(0.99);
-  out.latency_max = latency.Max();
-  out.latency_buckets = latency.Buckets();
-  out.latency_sum = latency.Sum();
-  return out;
-}
 
 int Pipeline::AutoBatchLimit() const {
   const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
@@ -437,74 +407,6 @@ absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   return result;
 }
 
-void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
-                                   absl::Span<const std::string> keys,
-                                   absl::Span<const std::string> owners,
-                                   absl::Span<const char> acquired, absl::Span<Settlement> out) {
-  thread_local std::vector<TransactionalStore::Entry> entries;
-  thread_local std::vector<absl::Status> effects;
-  thread_local std::vector<absl::Status> results;
-  entries.clear();
-  for (size_t k = 0; k < pending.size(); ++k) {
-    const size_t i = pending[k];
-    entries.push_back(acquired[k] ? TransactionalStore::Entry{keys[i], owners[i]}
-                                  : TransactionalStore::Entry{});
-  }
-  // An effect not run (the transaction could not start) stays OK here; its result says why.
-  effects.assign(pending.size(), absl::OkStatus());
-  results.assign(pending.size(), absl::OkStatus());
-  // The effect may run on another worker's thread (the group commit's leader), so it reaches
-  // this thread's buffers through references taken here, never by their thread_local names.
-  std::vector<absl::Status>& effect_results = effects;
-  transactional->RunAndMarkDone(
-      entries, options.idempotency_retention,
-      [&](size_t k, Transaction& tx) -> absl::Status {
-        effect_results[k] = CallHandle(msgs[pending[k]], &tx);
-        return effect_results[k];
-      },
-      absl::MakeSpan(results));
-  for (size_t k = 0; k < pending.size(); ++k) {
-    const size_t i = pending[k];
-    const bool under_key = acquired[k] != 0;
-    if (!effects[k].ok()) {
-      // 6. The effect failed and was rolled back: the usual failure path.
-      out[i] = Failed(msgs[i], keys[i], owners[i], under_key, effects[k]);
-      continue;
-    }
-    if (results[k].ok()) {
-      // 5. Committed with its mark-done.
-      out[i] = Succeeded(msgs[i]);
-      continue;
-    }
-    if (under_key && absl::IsFailedPrecondition(results[k])) {
-      // The lease ran out (another worker may hold the key now): the effect was rolled back, so
-      // the message goes back to the broker, to be handled or found done.
-      Log(LogLevel::kError, "lease_lost",
-          absl::StrCat("message ", msgs[i].id, ": ", results[k].message(),
-                       "; its effect was rolled back and it is given back"),
-          &msgs[i], results[k].message(), msgs[i].retried + 1);
-      Emit(EventType::kLeaseLost, &msgs[i], msgs[i].retried + 1, results[k].message(),
-           "idempotency");
-      redelivered.fetch_add(1, std::memory_order_relaxed);
-      out[i] = Settlement::Redeliver();
-      continue;
-    }
-    // The transaction failed (database locked beyond its busy timeout, I/O error): nothing of the
-    // message stands. Give the key back and the delivery with the infrastructure backoff.
-    store_errors.fetch_add(1, std::memory_order_relaxed);
-    const std::string error = results[k].ToString();
-    Log(LogLevel::kError, "store_failed",
-        absl::StrCat("inbox transaction failed for message ", msgs[i].id, ": ", error,
-                     "; its effect was rolled back"),
-        &msgs[i], error, msgs[i].retried + 1);
-    const bool released = !under_key || Release(keys[i], owners[i]);
-    out[i] = InfraFailure(&msgs[i], "store_error", error);
-    if (!released) {
-      out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
-    }
-  }
-}
-
 // ---- 5. Success ----
 
 Settlement Pipeline::Succeeded(const Message& msg) {
@@ -624,67 +526,6 @@ bool Pipeline::Release(absl::string_view key, absl::string_view owner) {
   return false;
 }
 
-// ---- 7. Replay ----
-
-absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
-  if (filter.kinds.empty()) return absl::InvalidArgumentError("ReplayFilter.kinds: empty");
-  if (filter.limit < 0) return absl::InvalidArgumentError("ReplayFilter.limit: negative");
-  const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
-  // Bound the pass by the letters present when it starts: a letter that fails again is stored
-  // anew (after the cursor) and waits for the next pass instead of looping in this one.
-  absl::StatusOr<int64_t> count = options.dead_letters->Count(options.queue, filter.kinds);
-  if (!count.ok()) return count.status();
-  int64_t budget = *count;
-  int removed = 0;
-  std::string after;
-  const std::stop_token token = stop.get_token();
-  std::vector<DeadLetter> chosen;
-  std::vector<Input> inputs;
-  std::vector<Settlement> settlements;
-  while (budget > 0 && !token.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
-    absl::StatusOr<std::vector<DeadLetter>> batch = options.dead_letters->Fetch(
-        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay_batch)), after,
-        filter.kinds);
-    if (!batch.ok()) return batch.status();
-    if (batch->empty()) break;
-    budget -= static_cast<int64_t>(batch->size());
-    after = batch->back().id;
-    chosen.clear();
-    for (DeadLetter& letter : *batch) {
-      if (!ids.empty() && !ids.contains(letter.id)) continue;
-      chosen.push_back(std::move(letter));
-    }
-    // Through the pipeline in batches of batch_size, as deliveries would go.
-    size_t n = 0;
-    for (size_t start = 0; start < chosen.size() && !token.stop_requested(); start += n) {
-      const int limit = options.batch_size > 0 ? options.batch_size : AutoBatchLimit();
-      n = std::min(chosen.size() - start, static_cast<size_t>(limit));
-      if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
-      if (n == 0) break;
-      inputs.clear();
-      for (size_t i = 0; i < n; ++i) {
-        inputs.push_back(Input{chosen[start + i].data, "", chosen[start + i].replays});
-      }
-      settlements.assign(n, Settlement::Redeliver());
-      ProcessBatch(inputs, absl::MakeSpan(settlements));
-      for (size_t i = 0; i < n; ++i) {
-        if (!settlements[i].done) continue;
-        const DeadLetter& letter = chosen[start + i];
-        if (absl::Status st = options.dead_letters->Remove(options.queue, letter.id); !st.ok()) {
-          const std::string error = st.ToString();
-          Log(LogLevel::kError, "replay_remove_failed",
-              absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error), nullptr,
-              error);
-          continue;
-        }
-        replayed.fetch_add(1, std::memory_order_relaxed);
-        ++removed;
-      }
-    }
-  }
-  return removed;
-}
-
 // ---- Settlements ----
 
 Settlement Pipeline::Taken() {
@@ -725,29 +566,7 @@ Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg) {
   return Taken();
 }
 
-// ---- Logging and events ----
-
-void Pipeline::Log(LogLevel level, absl::string_view event, absl::string_view text,
-                   const Message* msg, absl::string_view error, int attempt) const {
-  LogRecord r;
-  r.level = level;
-  r.component = "handler";
-  r.queue = options.queue;
-  r.event = event;
-  r.text = text;
-  r.error = error;
-  r.attempt = attempt;
-  if (msg != nullptr) {
-    r.message_id = msg->id;
-    r.biz_uid = msg->biz_uid;
-    r.trace_id = TraceIdOf(*msg);
-  }
-  try {
-    r.time = options.clock->Now();
-    options.logger->Write(r);
-  } catch (...) {
-  }
-}
+// ---- Events ----
 
 void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::string_view error,
                     absl::string_view detail) {

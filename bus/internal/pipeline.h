@@ -3,8 +3,10 @@
 // owns the Handler's lifecycle (Create, Run, Start, Stats) and drives this.
 //
 // Each step is one function, declared here in the order of the steps and defined in
-// pipeline.cc in the same order. A delivery's walk: the receive loop's worker calls Process
-// (the pipeline is its ReceiveSink, bus/internal/receive_loop.h), which runs ProcessBatch:
+// pipeline.cc in the same order (with an inbox, HandleInTransaction in pipeline_inbox.cc; step 7
+// in pipeline_replay.cc; Stats and Log in pipeline_report.cc). A delivery's walk: the receive
+// loop's worker calls Process (the pipeline is its ReceiveSink, bus/internal/receive_loop.h), which
+// runs ProcessBatch:
 //   1. Decode                 envelope -> Message, or a malformed dead letter
 //   2. Acquire                the batch's idempotency keys in one store call
 //   3. Resolve                a key not acquired (or a store error): recover a lost acquire,
