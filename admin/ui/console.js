@@ -116,7 +116,7 @@ function chart(seriesByName, cls, w, h) {
 
 function legend(names) {
   return el('div', { class: 'legend' },
-    ...names.map((n) => el('span', { class: 'muted' }, '— ' + n.replace('_', ' '))));
+    ...names.map((n) => el('span', { class: 'k-' + n }, '— ' + n.replace('_', ' '))));
 }
 
 function crumbs(...items) {
