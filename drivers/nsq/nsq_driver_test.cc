@@ -761,5 +761,50 @@ TEST(NsqDriverTest, ADelayLongerThanNsqdsMaxReqTimeoutIsReDeferredUntilDue) {
   EXPECT_TRUE((*c)->Ack(got[0].receipt).ok());
 }
 
+// IDENTIFY carries auth.user_agent and consuming.sample_rate (nsqd's /stats shows both per
+// client), and an nsqd whose max RDY (--max-rdy-count=2) is below max_in_flight (8) is warned
+// about once.
+TEST(NsqDriverTest, IdentifyCarriesUserAgentAndSampleRateAndALowMaxRdyIsWarned) {
+  auto nsqd = StartNsqd({.extra_args = {"--max-rdy-count=2"}});
+  ASSERT_NE(nsqd, nullptr);
+  auto logger = std::make_shared<testing::CapturingLogger>();
+  NsqOptions o{.nsqd_tcp_addresses = {nsqd->tcp_address()}, .logger = logger};
+  o.auth.user_agent = "orders-service/3";
+  o.consuming.sample_rate = 50;
+  auto d = NewNsqDriver(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string q = "identified";
+  ASSERT_TRUE((*d)->CreateQueue(q, absl::ZeroDuration()).ok());
+  auto c = (*d)->NewConsumer(q, ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto consumer_seen = [&] {
+    const nlohmann::json j = TopicStats(nsqd->http_address(), q);
+    if (j.is_null()) return false;
+    for (const auto& t : j.at("topics")) {
+      for (const auto& ch : t.at("channels")) {
+        for (const auto& cl : ch.at("clients")) {
+          if (cl.at("user_agent") == "orders-service/3" && cl.at("sample_rate") == 50) return true;
+        }
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(testing::WaitUntil(consumer_seen)) << TopicStats(nsqd->http_address(), q).dump();
+  EXPECT_TRUE(testing::WaitUntil([&] { return logger->Count("allows RDY at most 2") >= 1; }));
+  EXPECT_EQ(logger->Count("below max_in_flight 8"), 1);
+}
+
+TEST(NsqDriverTest, SampleRateAndUserAgentAreValidated) {
+  NsqOptions o{.nsqd_tcp_addresses = {"127.0.0.1:1"}};
+  o.consuming.sample_rate = 100;
+  absl::Status st = ValidateNsqOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sample_rate")) << st;
+  o.consuming.sample_rate = 99;
+  EXPECT_TRUE(ValidateNsqOptions(o).ok());
+  o.auth.user_agent = "";
+  EXPECT_TRUE(absl::StrContains(ValidateNsqOptions(o).message(), "user_agent"));
+}
+
 }  // namespace
 }  // namespace bus
