@@ -16,6 +16,8 @@
 #include "drivers/nsq/nsq_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server.h"
+#include "tests/testing/http.h"
+#include "tests/testing/nsq_server.h"
 #include "tests/testing/wait.h"
 
 namespace bus {
@@ -158,6 +160,34 @@ TEST(NsqDiscoveryTest, AnNsqdNoLongerListedIsNotReconnected) {
   ASSERT_TRUE(testing::WaitUntil([&] { return lookupd.requests() >= polls + 5; }));
   EXPECT_LE(accepts, after + 1)
       << "the consumer kept reconnecting to an nsqd lookupd no longer lists";
+}
+
+// A lost connection asks for a poll at once: the clock never moves, so the only poll after the
+// first is the early one. nsqd closes the consumer's connection when its channel is deleted.
+TEST(NsqDiscoveryTest, ALostConnectionTriggersAnEarlyPoll) {
+  absl::StatusOr<std::unique_ptr<testing::NsqdServer>> nsqd = testing::NsqdServer::Start();
+  ASSERT_TRUE(nsqd.ok()) << nsqd.status();
+  const std::string tcp = (*nsqd)->tcp_address();
+  const int port = std::stoi(tcp.substr(tcp.rfind(':') + 1));
+  FakeLookupd lookupd([port] { return Producers(port); });
+  NsqOptions o;
+  o.lookupd_http_addresses = {lookupd.address()};
+  o.discovery.lookupd_poll_interval = absl::Seconds(1);
+  o.clock = std::make_shared<FakeClock>();
+  absl::StatusOr<std::shared_ptr<Driver>> d = NewNsqDriver(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::unique_ptr<Consumer>> c =
+      (*d)->NewConsumer("early", ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  // The channel exists (404 until then) once the consumer has subscribed.
+  const std::string url = absl::StrCat("http://", (*nsqd)->http_address(),
+                                       "/channel/delete?topic=early&channel=", o.queue_channel);
+  ASSERT_TRUE(testing::WaitUntil([&] {
+    absl::StatusOr<testing::HttpReply> r = testing::Curl(url, "POST");
+    return r.ok() && r->status == 200;
+  }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return lookupd.requests() >= 2; }))
+      << "no lookupd poll after the connection was lost";
 }
 
 }  // namespace
