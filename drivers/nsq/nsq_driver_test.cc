@@ -806,5 +806,34 @@ TEST(NsqDriverTest, SampleRateAndUserAgentAreValidated) {
   EXPECT_TRUE(absl::StrContains(ValidateNsqOptions(o).message(), "user_agent"));
 }
 
+// A consumer closed while holding a message gives it back at once: closing sends REQ 0 for what
+// it holds and buffers before CLS, and nsqd requeues whatever else was in flight on a connection
+// that ends, so a second consumer gets the message long before its 60s lease would have run
+// out (either path keeps this test passing; removing both fails it).
+TEST(NsqDriverTest, AClosedConsumersHeldMessageComesBackAtOnce) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto d = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  ASSERT_NE(d, nullptr);
+  const std::string q = "given_back";
+  ASSERT_TRUE(d->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(d->SendToQueue(q, "held", absl::ZeroDuration()).ok());
+  const absl::Duration lease = absl::Seconds(60);
+  ASSERT_GT(lease, kPatience);
+  {
+    auto first = d->NewConsumer(q, ConsumerOptions{1, lease});
+    ASSERT_TRUE(first.ok()) << first.status();
+    std::vector<Delivery> got;
+    ASSERT_TRUE(testing::WaitUntil([&] {
+      (void)(*first)->Receive(1, absl::Milliseconds(200), {}, &got);
+      return !got.empty();
+    }));
+    EXPECT_EQ(got[0].data, "held");
+  }  // closed holding it, unacked
+  auto second = d->NewConsumer(q, ConsumerOptions{1, lease});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Drain(second->get(), 1), std::set<std::string>{"held"});
+}
+
 }  // namespace
 }  // namespace bus
