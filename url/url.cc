@@ -433,6 +433,8 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
     if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth.secret = *s;
   }
   p.String("client_id", &o.auth.client_id);
+  p.String("user_agent", &o.auth.user_agent);
+  p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
   p.String("queue_channel", &o.queue_channel);
   if (auto policy = p.Take("publish_policy")) {
     absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
@@ -448,6 +450,7 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.Duration("close_timeout", &o.consuming.close_timeout);
   p.Duration("output_buffer_timeout", &o.consuming.output_buffer_timeout);
   p.Integer("output_buffer_size", &o.consuming.output_buffer_size);
+  p.Integer("sample_rate", &o.consuming.sample_rate);
   p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
   p.Duration("connect_timeout", &o.timeouts.connect);
   p.Duration("request_timeout", &o.timeouts.request);

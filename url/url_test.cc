@@ -233,8 +233,11 @@ TEST(NsqUrl, EveryParameter) {
           "lookupd_poll_interval=4s&max_defer=30m&"
           "reconnect_backoff_base=5ms&reconnect_backoff_max=6s&rdy_redistribute_interval=7ms&"
           "io_threads=3&publish_connections=4&max_message_bytes=1000&max_batch_bytes=2000&"
-          "close_timeout=8s");
+          "close_timeout=8s&user_agent=app%2F2&lookupd_authorization=false&sample_rate=25");
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->auth.user_agent, "app/2");
+  EXPECT_FALSE(o->auth.lookupd_authorization);
+  EXPECT_EQ(o->consuming.sample_rate, 25);
   EXPECT_THAT(o->lookupd_http_addresses, ElementsAre("l1:4161", "l2:4161", "l3:5000"));
   EXPECT_THAT(o->discovery.nsqd_http_addresses, ElementsAre("n1:4151"));
   EXPECT_EQ(o->auth.secret, "t&p");

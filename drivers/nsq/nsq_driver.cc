@@ -100,8 +100,8 @@ class NsqDriver final : public Driver {
     producers_.ForgetChannel(t, q);
     return OnEveryNsqd([t, q](std::shared_ptr<Core> core,
                               std::string http) -> boost::asio::awaitable<absl::Status> {
-      co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), t, q,
-                                                core->options().timeouts.request);
+      co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdHeaders(), std::move(http), t,
+                                                q, core->options().timeouts.request);
     });
   }
 
@@ -119,16 +119,17 @@ class NsqDriver final : public Driver {
                            std::string http) -> boost::asio::awaitable<absl::Status> {
       const NsqOptions& o = core->options();
       absl::StatusOr<std::vector<nsq::ChannelStats>> stats =
-          co_await nsq::NsqdStats(core->io(), http, o.timeouts.request);
+          co_await nsq::NsqdStats(core->io(), core->NsqdHeaders(), http, o.timeouts.request);
       if (!stats.ok()) co_return stats.status();
       const bool shared = std::any_of(stats->begin(), stats->end(), [&](const auto& c) {
         return c.topic == q && c.channel != o.queue_channel;
       });
       if (shared) {
-        co_return co_await nsq::NsqdDeleteChannel(core->io(), std::move(http), q, o.queue_channel,
-                                                  o.timeouts.request);
+        co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdHeaders(), std::move(http),
+                                                  q, o.queue_channel, o.timeouts.request);
       }
-      co_return co_await nsq::NsqdDeleteTopic(core->io(), std::move(http), q, o.timeouts.request);
+      co_return co_await nsq::NsqdDeleteTopic(core->io(), core->NsqdHeaders(), std::move(http), q,
+                                              o.timeouts.request);
     });
   }
 
@@ -262,10 +263,12 @@ class NsqDriver final : public Driver {
         return absl::Status(st.code(), absl::StrCat("nsqd ", address, ": ", st.message()));
     }
     // GET /ping (nsqd's and nsqlookupd's health endpoint, "OK") on every HTTP address.
-    auto http_ping = [&](const std::string& address, absl::string_view what) -> absl::Status {
-      std::future<absl::StatusOr<nsq::HttpResponse>> f =
-          asio::co_spawn(core_->io(), nsq::HttpGet(core_->io(), address, "/ping", what, timeout),
-                         asio::use_future);
+    auto http_ping = [&](const std::string& address, absl::string_view what,
+                         nsq::HttpHeaders headers) -> absl::Status {
+      std::future<absl::StatusOr<nsq::HttpResponse>> f = asio::co_spawn(
+          core_->io(),
+          nsq::HttpGet(core_->io(), std::move(headers), address, "/ping", what, timeout),
+          asio::use_future);
       absl::StatusOr<nsq::HttpResponse> r = f.get();
       if (!r.ok()) return r.status();
       if (r->status != 200) {
@@ -275,10 +278,11 @@ class NsqDriver final : public Driver {
       return absl::OkStatus();
     };
     for (const std::string& address : core_->options().discovery.nsqd_http_addresses) {
-      if (absl::Status st = http_ping(address, "nsqd"); !st.ok()) return st;
+      if (absl::Status st = http_ping(address, "nsqd", core_->NsqdHeaders()); !st.ok()) return st;
     }
     for (const std::string& address : core_->options().lookupd_http_addresses) {
-      if (absl::Status st = http_ping(address, "nsqlookupd"); !st.ok()) return st;
+      if (absl::Status st = http_ping(address, "nsqlookupd", core_->LookupdHeaders()); !st.ok())
+        return st;
     }
     return absl::OkStatus();
   }
@@ -291,12 +295,12 @@ class NsqDriver final : public Driver {
     auto gather = [](std::shared_ptr<Core> core)
         -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
       const absl::Duration timeout = core->options().timeouts.request;
-      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      absl::StatusOr<std::vector<NsqdHttp>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
       for (const NsqdHttp& nsqd : *http) {
         absl::StatusOr<std::vector<nsq::ChannelStats>> one =
-            co_await nsq::NsqdStats(core->io(), nsqd.address, timeout);
+            co_await nsq::NsqdStats(core->io(), core->NsqdHeaders(), nsqd.address, timeout);
         if (!one.ok()) co_return NameGiven(one.status(), nsqd);
         all.insert(all.end(), one->begin(), one->end());
       }
@@ -328,12 +332,15 @@ class NsqDriver final : public Driver {
   static boost::asio::awaitable<absl::StatusOr<std::vector<NsqdHttp>>> NsqdHttpAddresses(
       std::shared_ptr<Core> core) {
     const NsqOptions& o = core->options();
-    std::vector<std::string> http = o.discovery.nsqd_http_addresses;
+    std::vector<NsqdHttp> http;
+    for (const std::string& address : o.discovery.nsqd_http_addresses) {
+      http.push_back({.address = address});
+    }
     if (!http.empty()) co_return http;
     std::set<std::string> listed_tcp;
     for (const std::string& lookupd : o.lookupd_http_addresses) {
-      absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
-          co_await nsq::LookupNodes(core->io(), lookupd, o.timeouts.request);
+      absl::StatusOr<std::vector<nsq::LookupNode>> nodes = co_await nsq::LookupNodes(
+          core->io(), core->LookupdHeaders(), lookupd, o.timeouts.request);
       if (!nodes.ok()) co_return nodes.status();
       for (nsq::LookupNode& n : *nodes) {
         if (!listed_tcp.insert(n.tcp_address).second) continue;

@@ -761,5 +761,79 @@ TEST(NsqDriverTest, ADelayLongerThanNsqdsMaxReqTimeoutIsReDeferredUntilDue) {
   EXPECT_TRUE((*c)->Ack(got[0].receipt).ok());
 }
 
+// IDENTIFY carries auth.user_agent and consuming.sample_rate (nsqd's /stats shows both per
+// client), and an nsqd whose max RDY (--max-rdy-count=2) is below max_in_flight (8) is warned
+// about once.
+TEST(NsqDriverTest, IdentifyCarriesUserAgentAndSampleRateAndALowMaxRdyIsWarned) {
+  auto nsqd = StartNsqd({.extra_args = {"--max-rdy-count=2"}});
+  ASSERT_NE(nsqd, nullptr);
+  auto logger = std::make_shared<testing::CapturingLogger>();
+  NsqOptions o{.nsqd_tcp_addresses = {nsqd->tcp_address()}, .logger = logger};
+  o.auth.user_agent = "orders-service/3";
+  o.consuming.sample_rate = 50;
+  auto d = NewNsqDriver(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string q = "identified";
+  ASSERT_TRUE((*d)->CreateQueue(q, absl::ZeroDuration()).ok());
+  auto c = (*d)->NewConsumer(q, ConsumerOptions{8, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto consumer_seen = [&] {
+    const nlohmann::json j = TopicStats(nsqd->http_address(), q);
+    if (j.is_null()) return false;
+    for (const auto& t : j.at("topics")) {
+      for (const auto& ch : t.at("channels")) {
+        for (const auto& cl : ch.at("clients")) {
+          if (cl.at("user_agent") == "orders-service/3" && cl.at("sample_rate") == 50) return true;
+        }
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(testing::WaitUntil(consumer_seen)) << TopicStats(nsqd->http_address(), q).dump();
+  EXPECT_TRUE(testing::WaitUntil([&] { return logger->Count("allows RDY at most 2") >= 1; }));
+  EXPECT_EQ(logger->Count("below max_in_flight 8"), 1);
+}
+
+TEST(NsqDriverTest, SampleRateAndUserAgentAreValidated) {
+  NsqOptions o{.nsqd_tcp_addresses = {"127.0.0.1:1"}};
+  o.consuming.sample_rate = 100;
+  absl::Status st = ValidateNsqOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "sample_rate")) << st;
+  o.consuming.sample_rate = 99;
+  EXPECT_TRUE(ValidateNsqOptions(o).ok());
+  o.auth.user_agent = "";
+  EXPECT_TRUE(absl::StrContains(ValidateNsqOptions(o).message(), "user_agent"));
+}
+
+// A consumer closed while holding a message gives it back at once: closing sends REQ 0 for what
+// it holds and buffers before CLS, and nsqd requeues whatever else was in flight on a connection
+// that ends, so a second consumer gets the message long before its 60s lease would have run
+// out (either path keeps this test passing; removing both fails it).
+TEST(NsqDriverTest, AClosedConsumersHeldMessageComesBackAtOnce) {
+  auto nsqd = StartNsqd();
+  ASSERT_NE(nsqd, nullptr);
+  auto d = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
+  ASSERT_NE(d, nullptr);
+  const std::string q = "given_back";
+  ASSERT_TRUE(d->CreateQueue(q, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(d->SendToQueue(q, "held", absl::ZeroDuration()).ok());
+  const absl::Duration lease = absl::Seconds(60);
+  ASSERT_GT(lease, kPatience);
+  {
+    auto first = d->NewConsumer(q, ConsumerOptions{1, lease});
+    ASSERT_TRUE(first.ok()) << first.status();
+    std::vector<Delivery> got;
+    ASSERT_TRUE(testing::WaitUntil([&] {
+      (void)(*first)->Receive(1, absl::Milliseconds(200), {}, &got);
+      return !got.empty();
+    }));
+    EXPECT_EQ(got[0].data, "held");
+  }  // closed holding it, unacked
+  auto second = d->NewConsumer(q, ConsumerOptions{1, lease});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Drain(second->get(), 1), std::set<std::string>{"held"});
+}
+
 }  // namespace
 }  // namespace bus

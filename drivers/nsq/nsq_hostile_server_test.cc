@@ -64,6 +64,8 @@ class FakeNsqd {
     kRefusePublish,
     // Reads IDENTIFY and never answers it (nor anything else).
     kNoIdentifyResponse,
+    // Answers IDENTIFY, SUB and CLS, and never sends a heartbeat (nor anything else).
+    kSilentAfterSub,
   };
   static constexpr int64_t kFloodCap = int64_t{256} << 20;
 
@@ -104,6 +106,9 @@ class FakeNsqd {
   // Flooded connections that the client closed before the cap, and ones that reached it.
   int closed_by_client() const { return closed_by_client_.load(); }
   int reached_cap() const { return reached_cap_.load(); }
+  // NOPs the clients sent (their answers to heartbeats) and CLS commands they sent.
+  int nops() const { return nops_.load(); }
+  int cls() const { return cls_.load(); }
 
  private:
   struct Conn {
@@ -191,7 +196,7 @@ class FakeNsqd {
         WriteAll(fd, &write_mu,
                  Frame(0, R"({"max_rdy_count":2500,"version":"1.3.0","max_msg_timeout":900000,)"
                           R"("msg_timeout":60000,"auth_required":false})"));
-        if (mode_ != Mode::kFloodIgnoringRdy) {
+        if (mode_ != Mode::kFloodIgnoringRdy && mode_ != Mode::kSilentAfterSub) {
           writer = std::thread([&] {
             while (!done && !stop_) {
               if (!WriteAll(fd, &write_mu, Frame(0, "_heartbeat_"))) return;
@@ -210,7 +215,10 @@ class FakeNsqd {
         }
       } else if (cmd == "RDY" && mode_ == Mode::kFloodIgnoringRdy && !writer.joinable()) {
         writer = std::thread([&] { Flood(fd, &write_mu, done); });
+      } else if (cmd == "NOP") {
+        nops_.fetch_add(1);
       } else if (cmd == "CLS") {
+        cls_.fetch_add(1);
         WriteAll(fd, &write_mu, Frame(0, "CLOSE_WAIT"));
       }
     }
@@ -250,6 +258,8 @@ class FakeNsqd {
   std::atomic<int> publishes_{0};
   std::atomic<int> closed_by_client_{0};
   std::atomic<int> reached_cap_{0};
+  std::atomic<int> nops_{0};
+  std::atomic<int> cls_{0};
 };
 
 class CapturingLogger final : public Logger {
@@ -478,6 +488,35 @@ TEST(NsqHostileServerTest, AConsumerFloodedBeyondItsRdyClosesTheConnection) {
   EXPECT_TRUE(logger->Contains("more messages than RDY"));
   const int64_t growth = PeakRssBytes() - peak_before;
   EXPECT_LT(growth, int64_t{100} << 20) << "peak RSS grew by " << (growth >> 20) << " MiB";
+}
+
+// The consumer answers each of nsqd's heartbeats (every 100ms here) with NOP, as nsqd requires
+// (it closes a client that misses two), and closing it sends CLS and waits for CLOSE_WAIT.
+TEST(NsqHostileServerTest, AConsumerAnswersHeartbeatsWithNopAndClosesWithCls) {
+  FakeNsqd server(FakeNsqd::Mode::kNoPublishResponse);
+  std::shared_ptr<Driver> d = MakeDriver(server.address(), std::make_shared<CapturingLogger>());
+  ASSERT_NE(d, nullptr);
+  auto c = d->NewConsumer("beats", ConsumerOptions{4, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(testing::WaitUntil([&] { return server.nops() >= 3; }))
+      << "no NOP answered nsqd's heartbeats";
+  EXPECT_EQ(server.cls(), 0);
+  c->reset();
+  EXPECT_EQ(server.cls(), 1);
+}
+
+// An nsqd that goes silent after SUB (no heartbeat, no data) is dropped after two heartbeat
+// intervals (1s here) and connected to again.
+TEST(NsqHostileServerTest, ASilentNsqdIsDroppedAfterTwoHeartbeatIntervals) {
+  FakeNsqd server(FakeNsqd::Mode::kSilentAfterSub);
+  auto logger = std::make_shared<CapturingLogger>();
+  std::shared_ptr<Driver> d = MakeDriver(server.address(), logger);
+  ASSERT_NE(d, nullptr);
+  auto c = d->NewConsumer("silent", ConsumerOptions{4, absl::Seconds(30)});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(testing::WaitUntil([&] { return server.connections() >= 2; }))
+      << "the silent connection was never dropped";
+  EXPECT_TRUE(logger->Contains("(two heartbeat intervals)"));
 }
 
 }  // namespace

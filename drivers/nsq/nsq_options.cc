@@ -75,6 +75,13 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
     }
   }
   if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
+  if (o.auth.user_agent.empty()) {
+    return absl::InvalidArgumentError("NsqOptions.auth.user_agent is empty");
+  }
+  if (o.consuming.sample_rate < 0 || o.consuming.sample_rate > 99) {
+    return absl::InvalidArgumentError(absl::StrCat("NsqOptions.consuming.sample_rate is ",
+                                                   o.consuming.sample_rate, "; want 0..99"));
+  }
   if (o.publishing.policy != NsqPublishPolicy::kPrefer &&
       o.publishing.policy != NsqPublishPolicy::kSpread) {
     return absl::InvalidArgumentError(

@@ -56,6 +56,12 @@ struct NsqAuth {
   std::string secret{};
   // IDENTIFY client_id and hostname; empty: the machine's host name.
   std::string client_id{};
+  // IDENTIFY user_agent and the User-Agent of HTTP requests to nsqlookupd and nsqd. Default
+  // "msgbus-cpp-nsq/1.0"; not empty.
+  std::string user_agent = "msgbus-cpp-nsq/1.0";
+  // With a `secret`, queries to nsqlookupd carry "Authorization: Bearer <secret>" (as go-nsq's
+  // LookupdAuthorization); false keeps the secret from nsqlookupd. Default true.
+  bool lookupd_authorization = true;
 };
 
 struct NsqPublishing {
@@ -93,6 +99,10 @@ struct NsqConsuming {
   // nsqd (less CPU on both sides under load). Must not exceed nsqd's --max-output-buffer-size
   // (default 64 KiB). Default 64 KiB; zero keeps nsqd's default (16 KiB).
   int64_t output_buffer_size = 64 * 1024;
+  // IDENTIFY sample_rate: nsqd delivers this percentage of the channel's messages to the
+  // consumer's connections (the rest go to other consumers of the channel). 0 (the default)
+  // asks for every message; 1..99.
+  int sample_rate = 0;
 };
 
 // nsqlookupd polling and the nsqd that inspection reads.

@@ -45,8 +45,8 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
     ++next_lookupd;
     std::map<std::string, std::set<std::string>> found;
     for (const std::string& topic : topics) {
-      absl::StatusOr<std::vector<std::string>> r =
-          co_await LookupProducers(core_->io(), lookupd, topic, o.timeouts.connect);
+      absl::StatusOr<std::vector<std::string>> r = co_await LookupProducers(
+          core_->io(), core_->LookupdHeaders(), lookupd, topic, o.timeouts.connect);
       if (!r.ok()) {
         core_->Log(LogLevel::kWarning, "lookup_failed",
                    absl::StrCat("consumer of ", queue_, ": ", r.status().message()),

@@ -51,12 +51,24 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.max_frame_bytes = options_.limits.max_message_bytes + kNsqMaxWrapperBytes + 4096;
   c.identify.client_id = options_.auth.client_id;
   c.identify.hostname = options_.auth.client_id;
-  c.identify.user_agent = "msgbus-cpp-nsq/1.0";
+  c.identify.user_agent = options_.auth.user_agent;
   c.identify.heartbeat_interval_ms = ToMs(options_.timeouts.heartbeat_interval);
   c.identify.msg_timeout_ms = ToMs(msg_timeout);
   c.identify.output_buffer_timeout_ms = ToMs(options_.consuming.output_buffer_timeout);
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
+  // Only consumers receive messages; a producer's sample rate would mean nothing.
+  if (msg_timeout > absl::ZeroDuration()) c.identify.sample_rate = options_.consuming.sample_rate;
   return c;
+}
+
+HttpHeaders Core::LookupdHeaders() const {
+  HttpHeaders h{.user_agent = options_.auth.user_agent};
+  if (options_.auth.lookupd_authorization) h.bearer = options_.auth.secret;
+  return h;
+}
+
+HttpHeaders Core::NsqdHeaders() const {
+  return HttpHeaders{.user_agent = options_.auth.user_agent};
 }
 
 }  // namespace bus::nsq

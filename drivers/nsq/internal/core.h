@@ -32,6 +32,7 @@
 #include "bus/logger.h"
 #include "bus/random.h"
 #include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/lookup.h"
 #include "drivers/nsq/nsq_options.h"
 
 namespace bus::nsq {
@@ -75,6 +76,10 @@ class Core {
   // Settings for a connection to `address`; `msg_timeout` is the lease asked for in IDENTIFY
   // (zero: nsqd's default; producers receive no messages).
   ConnectionOptions ConnOptions(const std::string& address, absl::Duration msg_timeout) const;
+  // The headers of HTTP requests to nsqlookupd (with the auth secret as a bearer token unless
+  // auth.lookupd_authorization is off) and to nsqd's HTTP API (never the secret).
+  HttpHeaders LookupdHeaders() const;
+  HttpHeaders NsqdHeaders() const;
 
  private:
   NsqOptions options_;

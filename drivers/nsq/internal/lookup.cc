@@ -32,8 +32,8 @@ constexpr uint64_t kBodyLimit = uint64_t{16} << 20;
 constexpr size_t kReadBufferLimit = size_t{1} << 20;
 
 awaitable<absl::StatusOr<HttpResponse>> HttpRequestOnce(asio::io_context& io, http::verb verb,
-                                                        std::string address, std::string target,
-                                                        absl::string_view what,
+                                                        HttpHeaders headers, std::string address,
+                                                        std::string target, absl::string_view what,
                                                         absl::Duration timeout) {
   absl::string_view hostport = address;
   if (absl::StartsWith(hostport, "http://")) hostport.remove_prefix(7);
@@ -73,7 +73,10 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequestOnce(asio::io_context& io, ht
   http::request<http::empty_body> req(verb, target, 11);
   req.set(http::field::host, std::string(hostport));
   req.set(http::field::accept, "application/vnd.nsq; version=1.0");
-  req.set(http::field::user_agent, "msgbus-nsq");
+  req.set(http::field::user_agent, headers.user_agent);
+  if (!headers.bearer.empty()) {
+    req.set(http::field::authorization, absl::StrCat("Bearer ", headers.bearer));
+  }
   co_await http::async_write(socket, req, asio::redirect_error(use_awaitable, ec));
   if (ec) co_return unavailable("write", ec);
 
@@ -101,12 +104,13 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequestOnce(asio::io_context& io, ht
 // HttpRequestOnce with no exception out of it: the callers are coroutines (the consumer's
 // detached lookupd poll among them) where one would end the I/O thread or the process.
 awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::verb verb,
-                                                    std::string address, std::string target,
-                                                    absl::string_view what,
+                                                    HttpHeaders headers, std::string address,
+                                                    std::string target, absl::string_view what,
                                                     absl::Duration timeout) {
   std::string error;
   try {
-    co_return co_await HttpRequestOnce(io, verb, address, std::move(target), what, timeout);
+    co_return co_await HttpRequestOnce(io, verb, std::move(headers), address, std::move(target),
+                                       what, timeout);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -114,9 +118,10 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, http::
 }
 
 // An nsqd action (POST `target`): OK for 200, and for 404 (the topic or channel is not there).
-awaitable<absl::Status> NsqdAction(asio::io_context& io, std::string address, std::string target,
-                                   absl::Duration timeout) {
-  absl::StatusOr<HttpResponse> res = co_await HttpPost(io, address, target, "nsqd", timeout);
+awaitable<absl::Status> NsqdAction(asio::io_context& io, HttpHeaders headers, std::string address,
+                                   std::string target, absl::Duration timeout) {
+  absl::StatusOr<HttpResponse> res =
+      co_await HttpPost(io, std::move(headers), address, target, "nsqd", timeout);
   if (!res.ok()) co_return res.status();
   if (res->status == 200 || res->status == 404) co_return absl::OkStatus();
   co_return absl::UnavailableError(
@@ -125,26 +130,28 @@ awaitable<absl::Status> NsqdAction(asio::io_context& io, std::string address, st
 
 }  // namespace
 
-awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, std::string address,
-                                                std::string target, absl::string_view what,
-                                                absl::Duration timeout) {
-  co_return co_await HttpRequest(io, http::verb::get, std::move(address), std::move(target), what,
-                                 timeout);
+awaitable<absl::StatusOr<HttpResponse>> HttpGet(asio::io_context& io, HttpHeaders headers,
+                                                std::string address, std::string target,
+                                                absl::string_view what, absl::Duration timeout) {
+  co_return co_await HttpRequest(io, http::verb::get, std::move(headers), std::move(address),
+                                 std::move(target), what, timeout);
 }
 
-awaitable<absl::StatusOr<HttpResponse>> HttpPost(asio::io_context& io, std::string address,
-                                                 std::string target, absl::string_view what,
-                                                 absl::Duration timeout) {
-  co_return co_await HttpRequest(io, http::verb::post, std::move(address), std::move(target), what,
-                                 timeout);
+awaitable<absl::StatusOr<HttpResponse>> HttpPost(asio::io_context& io, HttpHeaders headers,
+                                                 std::string address, std::string target,
+                                                 absl::string_view what, absl::Duration timeout) {
+  co_return co_await HttpRequest(io, http::verb::post, std::move(headers), std::move(address),
+                                 std::move(target), what, timeout);
 }
 
 awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_context& io,
+                                                                    HttpHeaders headers,
                                                                     std::string address,
                                                                     std::string topic,
                                                                     absl::Duration timeout) {
   absl::StatusOr<HttpResponse> res =
-      co_await HttpGet(io, address, absl::StrCat("/lookup?topic=", topic), "nsqlookupd", timeout);
+      co_await HttpGet(io, std::move(headers), address, absl::StrCat("/lookup?topic=", topic),
+                       "nsqlookupd", timeout);
   if (!res.ok()) co_return res.status();
   if (res->status == 404) co_return std::vector<std::string>{};
   if (res->status != 200) {
@@ -155,9 +162,11 @@ awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(asio::io_con
 }
 
 awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(asio::io_context& io,
+                                                               HttpHeaders headers,
                                                                std::string address,
                                                                absl::Duration timeout) {
-  absl::StatusOr<HttpResponse> res = co_await HttpGet(io, address, "/nodes", "nsqlookupd", timeout);
+  absl::StatusOr<HttpResponse> res =
+      co_await HttpGet(io, std::move(headers), address, "/nodes", "nsqlookupd", timeout);
   if (!res.ok()) co_return res.status();
   if (res->status != 200) {
     co_return absl::UnavailableError(
@@ -167,10 +176,11 @@ awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(asio::io_context&
 }
 
 awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(asio::io_context& io,
+                                                               HttpHeaders headers,
                                                                std::string address,
                                                                absl::Duration timeout) {
-  absl::StatusOr<HttpResponse> res =
-      co_await HttpGet(io, address, "/stats?format=json&include_clients=false", "nsqd", timeout);
+  absl::StatusOr<HttpResponse> res = co_await HttpGet(
+      io, std::move(headers), address, "/stats?format=json&include_clients=false", "nsqd", timeout);
   if (!res.ok()) co_return res.status();
   if (res->status != 200) {
     co_return absl::UnavailableError(
@@ -181,18 +191,19 @@ awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(asio::io_context&
 
 // Topic and channel names are [.a-zA-Z0-9_-] (bus/names.h; NSQ's own rule, plus "#ephemeral"
 // which the driver never makes): nothing in them needs percent-encoding in a query string.
-awaitable<absl::Status> NsqdDeleteChannel(asio::io_context& io, std::string address,
-                                          std::string topic, std::string channel,
-                                          absl::Duration timeout) {
-  co_return co_await NsqdAction(io, std::move(address),
+awaitable<absl::Status> NsqdDeleteChannel(asio::io_context& io, HttpHeaders headers,
+                                          std::string address, std::string topic,
+                                          std::string channel, absl::Duration timeout) {
+  co_return co_await NsqdAction(io, std::move(headers), std::move(address),
                                 absl::StrCat("/channel/delete?topic=", topic, "&channel=", channel),
                                 timeout);
 }
 
-awaitable<absl::Status> NsqdDeleteTopic(asio::io_context& io, std::string address,
-                                        std::string topic, absl::Duration timeout) {
-  co_return co_await NsqdAction(io, std::move(address), absl::StrCat("/topic/delete?topic=", topic),
-                                timeout);
+awaitable<absl::Status> NsqdDeleteTopic(asio::io_context& io, HttpHeaders headers,
+                                        std::string address, std::string topic,
+                                        absl::Duration timeout) {
+  co_return co_await NsqdAction(io, std::move(headers), std::move(address),
+                                absl::StrCat("/topic/delete?topic=", topic), timeout);
 }
 
 }  // namespace bus::nsq

@@ -21,6 +21,13 @@
 
 namespace bus::nsq {
 
+// What every request says about its client: User-Agent, and for nsqlookupd (when the auth
+// secret is set and NsqOptions::auth.lookupd_authorization) "Authorization: Bearer <secret>".
+struct HttpHeaders {
+  std::string user_agent{};
+  std::string bearer{};  // empty: no Authorization header
+};
+
 struct HttpResponse {
   int status = 0;
   std::string body{};
@@ -30,19 +37,15 @@ struct HttpResponse {
 // names the server in errors ("nsqlookupd", "nsqd"). Any HTTP status is a response.
 // Unavailable when the server cannot be reached or takes longer than `timeout`; InvalidArgument
 // for a malformed address. Bodies above 16 MiB are Unavailable.
-boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpGet(boost::asio::io_context& io,
-                                                             std::string address,
-                                                             std::string target,
-                                                             absl::string_view what,
-                                                             absl::Duration timeout);
+boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpGet(
+    boost::asio::io_context& io, HttpHeaders headers, std::string address, std::string target,
+    absl::string_view what, absl::Duration timeout);
 
 // The same as HttpGet with POST and an empty body (nsqd's /topic/... and /channel/... actions
 // take their arguments in the query string).
-boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpPost(boost::asio::io_context& io,
-                                                              std::string address,
-                                                              std::string target,
-                                                              absl::string_view what,
-                                                              absl::Duration timeout);
+boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpPost(
+    boost::asio::io_context& io, HttpHeaders headers, std::string address, std::string target,
+    absl::string_view what, absl::Duration timeout);
 
 // Asks one nsqlookupd (`address` is "host:port" or "http://host:port") which nsqd hold `topic`.
 // Returns their TCP addresses ("broadcast_address:tcp_port"); an empty list when nsqlookupd
@@ -50,29 +53,31 @@ boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpPost(boost::asio::io_co
 // with another status, or takes longer than `timeout`; InvalidArgument for a malformed address
 // or response.
 boost::asio::awaitable<absl::StatusOr<std::vector<std::string>>> LookupProducers(
-    boost::asio::io_context& io, std::string address, std::string topic, absl::Duration timeout);
+    boost::asio::io_context& io, HttpHeaders headers, std::string address, std::string topic,
+    absl::Duration timeout);
 
 // Every nsqd registered with one nsqlookupd (/nodes). Errors as LookupProducers.
 boost::asio::awaitable<absl::StatusOr<std::vector<LookupNode>>> LookupNodes(
-    boost::asio::io_context& io, std::string address, absl::Duration timeout);
+    boost::asio::io_context& io, HttpHeaders headers, std::string address, absl::Duration timeout);
 
 // Every channel of every topic of one nsqd (`address` is its HTTP "host:port"), from
 // /stats?format=json. Errors as LookupProducers.
 boost::asio::awaitable<absl::StatusOr<std::vector<ChannelStats>>> NsqdStats(
-    boost::asio::io_context& io, std::string address, absl::Duration timeout);
+    boost::asio::io_context& io, HttpHeaders headers, std::string address, absl::Duration timeout);
 
 // Deletes channel `channel` of `topic` on one nsqd (`address` is its HTTP "host:port"), with
 // the messages it holds; nsqd closes the channel's client connections. OK when nsqd deleted it
 // or does not have it (HTTP 404: topic or channel not found). Errors as LookupProducers.
 boost::asio::awaitable<absl::Status> NsqdDeleteChannel(boost::asio::io_context& io,
-                                                       std::string address, std::string topic,
-                                                       std::string channel, absl::Duration timeout);
+                                                       HttpHeaders headers, std::string address,
+                                                       std::string topic, std::string channel,
+                                                       absl::Duration timeout);
 
 // Deletes `topic` on one nsqd with every channel and message of it. OK when nsqd deleted it or
 // does not have it (HTTP 404). Errors as LookupProducers.
 boost::asio::awaitable<absl::Status> NsqdDeleteTopic(boost::asio::io_context& io,
-                                                     std::string address, std::string topic,
-                                                     absl::Duration timeout);
+                                                     HttpHeaders headers, std::string address,
+                                                     std::string topic, absl::Duration timeout);
 
 }  // namespace bus::nsq
 

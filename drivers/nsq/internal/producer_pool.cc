@@ -97,8 +97,10 @@ void ProducerPool::DiscoverIfDue() {
   std::vector<std::string> errors;
   for (const std::string& lookupd : o.lookupd_http_addresses) {
     absl::StatusOr<std::vector<LookupNode>> nodes =
-        asio::co_spawn(core_->io(), LookupNodes(core_->io(), lookupd, o.timeouts.connect),
-                       asio::use_future)
+        asio::co_spawn(
+            core_->io(),
+            LookupNodes(core_->io(), core_->LookupdHeaders(), lookupd, o.timeouts.connect),
+            asio::use_future)
             .get();
     if (!nodes.ok()) {
       errors.push_back(std::string(nodes.status().message()));

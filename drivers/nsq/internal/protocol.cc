@@ -186,6 +186,7 @@ std::string IdentifyBody(const IdentifyRequest& r) {
   if (r.msg_timeout_ms > 0) j["msg_timeout"] = r.msg_timeout_ms;
   if (r.output_buffer_timeout_ms > 0) j["output_buffer_timeout"] = r.output_buffer_timeout_ms;
   if (r.output_buffer_size > 0) j["output_buffer_size"] = r.output_buffer_size;
+  if (r.sample_rate > 0) j["sample_rate"] = r.sample_rate;
   return j.dump();
 }
 

@@ -127,6 +127,7 @@ struct IdentifyRequest {
   int64_t msg_timeout_ms = 0;            // 0: server default
   int64_t output_buffer_timeout_ms = 0;  // 0: server default
   int64_t output_buffer_size = 0;        // 0: server default
+  int sample_rate = 0;                   // 0: every message
 };
 std::string IdentifyBody(const IdentifyRequest& request);
 
