@@ -87,14 +87,14 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with
 // `lookupd`. Parameters (the NsqOptions field each sets, docs/nsq.md): lookupd
 // (lookupd_http_addresses), nsqd_http (discovery.nsqd_http_addresses), auth_secret (else
-// NSQ_AUTH_SECRET in `env`; auth.secret), client_id (auth.client_id), user_agent (auth.user_agent), lookupd_authorization
-// (auth.lookupd_authorization), queue_channel;
-// publishing: publish_policy (prefer or spread), publish_timeout, publish_discovery
-// (publishing.use_lookupd), publish_connections; consuming: rdy_redistribute_interval,
-// close_timeout, output_buffer_timeout, output_buffer_size, sample_rate; discovery: lookupd_poll_interval;
-// timeouts: connect_timeout, request_timeout, heartbeat_interval; limits: max_message_bytes,
-// max_batch_bytes, max_defer; reconnect_backoff_base and reconnect_backoff_max
-// (reconnect_backoff.initial and .max); io_threads. Validated (ValidateNsqOptions).
+// NSQ_AUTH_SECRET in `env`; auth.secret), client_id (auth.client_id), user_agent (auth.user_agent),
+// lookupd_authorization (auth.lookupd_authorization), queue_channel; publishing: publish_policy
+// (prefer or spread), publish_timeout, publish_discovery (publishing.use_lookupd),
+// publish_connections; consuming: rdy_redistribute_interval, close_timeout, output_buffer_timeout,
+// output_buffer_size, sample_rate; discovery: lookupd_poll_interval; timeouts: connect_timeout,
+// request_timeout, heartbeat_interval; limits: max_message_bytes, max_batch_bytes, max_defer;
+// reconnect_backoff_base and reconnect_backoff_max (reconnect_backoff.initial and .max);
+// io_threads. Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // What a sqlite:// URL sets: the database and each store's own options.

@@ -12,7 +12,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "bus/names.h"
 #include "bus/route_key.h"
 
 namespace bus {
@@ -111,7 +110,6 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
   absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("queue delay < 0");
     absl::MutexLock lock(&mu_);
     GetQueue(queue)->delay = delay;
@@ -119,10 +117,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
-                         absl::string_view binding_key) override {
-    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
-    if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
+                           absl::string_view binding_key) override {
     absl::MutexLock lock(&mu_);
     GetQueue(queue);
     std::vector<Binding>& bindings = topics_[topic];
@@ -134,10 +129,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::Status DoUnsubscribe(absl::string_view topic, absl::string_view queue,
-                           absl::string_view binding_key) override {
-    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
-    if (absl::Status st = ValidateRouteKey(binding_key); !st.ok()) return st;
+                             absl::string_view binding_key) override {
     absl::MutexLock lock(&mu_);
     auto it = topics_.find(topic);
     if (it == topics_.end()) return absl::OkStatus();
@@ -148,7 +140,6 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::Status DoDeleteQueue(absl::string_view queue) override {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return absl::OkStatus();
@@ -164,17 +155,17 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
-                           absl::Duration delay) override {
-    if (absl::Status st = CheckSend(queue, data, delay); !st.ok()) return st;
+                             absl::Duration delay) override {
+    if (absl::Status st = CheckSend(data, delay); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     Enqueue(GetQueue(queue), std::string(data), delay);
     return absl::OkStatus();
   }
 
   absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
-                                absl::Duration delay) override {
+                                  absl::Duration delay) override {
     for (const std::string& d : data) {
-      if (absl::Status st = CheckSend(queue, d, delay); !st.ok()) return st;
+      if (absl::Status st = CheckSend(d, delay); !st.ok()) return st;
     }
     absl::MutexLock lock(&mu_);
     Queue* q = GetQueue(queue);
@@ -183,9 +174,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::Status DoSendToTopic(absl::string_view topic, absl::string_view data,
-                           absl::string_view route_key) override {
-    if (absl::Status st = ValidateName("topic", topic); !st.ok()) return st;
-    if (absl::Status st = ValidateRouteKey(route_key); !st.ok()) return st;
+                             absl::string_view route_key) override {
     if (absl::Status st = CheckSize(data); !st.ok()) return st;
     absl::MutexLock lock(&mu_);
     auto it = topics_.find(topic);
@@ -201,9 +190,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
-                                                        const ConsumerOptions& options) override {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
-    if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
+                                                          const ConsumerOptions& options) override {
     absl::MutexLock lock(&mu_);
     const uint64_t id = ++next_consumer_;
     held_[id] = 0;
@@ -225,7 +212,6 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   }
 
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
     QueueCounts counts{.queue = std::string(queue)};
     const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
@@ -256,9 +242,7 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return absl::OkStatus();
   }
 
-  absl::Status CheckSend(absl::string_view queue, absl::string_view data,
-                         absl::Duration delay) const {
-    if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+  absl::Status CheckSend(absl::string_view data, absl::Duration delay) const {
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("delay < 0");
     return CheckSize(data);
   }

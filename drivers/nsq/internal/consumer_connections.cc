@@ -228,10 +228,10 @@ void ConsumerState::Subscribed(const SlotKey& key, const std::shared_ptr<Connect
   if (slot.max_rdy < options_.max_in_flight && !slot.ever_connected) {
     // As go-nsq warns: this nsqd never lets more than its max RDY be in flight on the
     // connection, so max_in_flight is not reached through it.
-    core_->Log(LogLevel::kWarning, "max_rdy_below_max_in_flight",
-               absl::StrCat("consumer of ", queue_, ": nsqd ", what, " allows RDY at most ",
-                            slot.max_rdy, ", below max_in_flight ", options_.max_in_flight,
-                            " (nsqd --max-rdy-count)"));
+    core_->Log(
+        LogLevel::kWarning, "max_rdy_below_max_in_flight",
+        absl::StrCat("consumer of ", queue_, ": nsqd ", what, " allows RDY at most ", slot.max_rdy,
+                     ", below max_in_flight ", options_.max_in_flight, " (nsqd --max-rdy-count)"));
   }
   slot.connected_at = core_->Now();
   by_conn_[conn->id()] = &slot;
