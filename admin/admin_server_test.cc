@@ -207,12 +207,12 @@ HandlerOptions BaseOptions(std::shared_ptr<Driver> driver, std::shared_ptr<DeadL
   HandlerOptions o;
   o.queue = "orders";
   o.driver = std::move(driver);
-  o.dead_letters = std::move(dl);
-  o.idempotency = std::move(idem);
-  o.logger = NullLogger();
-  o.metrics = std::move(metrics);
+  o.stores.dead_letters = std::move(dl);
+  o.stores.idempotency = std::move(idem);
+  o.observability.logger = NullLogger();
+  o.observability.metrics = std::move(metrics);
   o.handle = WorkloadHandle();
-  o.replay_interval = absl::ZeroDuration();
+  o.replay.interval = absl::ZeroDuration();
   return o;
 }
 

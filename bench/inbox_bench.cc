@@ -117,25 +117,25 @@ double RunOnce(bool inbox, int messages, int concurrency, int batch_size) {
   bus::HandlerOptions o;
   o.queue = "bench";
   o.driver = driver;
-  o.logger = bus::StderrLogger(bus::LogLevel::kError);
-  o.dead_letters = bus::NewSqliteDeadLetterStore(db);
+  o.observability.logger = bus::StderrLogger(bus::LogLevel::kError);
+  o.stores.dead_letters = bus::NewSqliteDeadLetterStore(db);
   std::shared_ptr<bus::SqliteInbox> sqlite_inbox;
   if (inbox) {
     sqlite_inbox = *bus::NewSqliteInbox(db);
-    o.idempotency = sqlite_inbox;
+    o.stores.idempotency = sqlite_inbox;
     o.handle_in_transaction =
         sqlite_inbox->Handle([](const bus::Message& msg, bus::SqliteTransaction& tx) {
           return tx.Execute(kInsertEffect, {msg.id, bus::SqlBlob{msg.payload}}).status();
         });
   } else {
     own = std::make_unique<OwnConnection>(path);
-    o.idempotency = bus::NewSqliteIdempotencyStore(db);
+    o.stores.idempotency = bus::NewSqliteIdempotencyStore(db);
     o.handle = [&own](const bus::Message& msg) { return own->Insert(msg); };
   }
-  o.batch_size = batch_size;
-  o.concurrency = concurrency;
-  o.max_in_flight = concurrency * std::max(64, batch_size);
-  o.replay_interval = absl::ZeroDuration();
+  o.flow.batch_size = batch_size;
+  o.flow.concurrency = concurrency;
+  o.flow.max_in_flight = concurrency * std::max(64, batch_size);
+  o.replay.interval = absl::ZeroDuration();
   auto handler = bus::Handler::Create(o);
   if (!handler.ok()) std::abort();
   const absl::Time start = absl::Now();

@@ -48,7 +48,7 @@
 namespace bus {
 
 // The default bound on one message (its envelope's bytes), shared by the Handler
-// (HandlerOptions::max_message_bytes) and the drivers' own limits, so that a message one
+// (HandlerOptions::flow.max_message_bytes) and the drivers' own limits, so that a message one
 // component accepts is not refused by another with default options: 1 MiB, nsqd's default
 // --max-msg-size. A driver whose broker counts its own framing in that limit (NSQ) accepts
 // that much less.

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/internal/handler_metrics.h"
-#include "bus/names.h"
 #include "bus/internal/pipeline.h"
 #include "bus/internal/receive_loop.h"
+#include "bus/names.h"
 
 namespace bus {
 namespace {
@@ -36,59 +36,72 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
     return Invalid("handle_in_transaction", "give either handle or handle_in_transaction");
   }
   if (o.handle_in_transaction != nullptr &&
-      dynamic_cast<TransactionalStore*>(o.idempotency.get()) == nullptr) {
+      dynamic_cast<TransactionalStore*>(o.stores.idempotency.get()) == nullptr) {
     return Invalid("handle_in_transaction",
                    "needs an idempotency store that is a TransactionalStore (an inbox, such as "
                    "NewSqliteInbox)");
   }
-  if (o.queue_delay < absl::ZeroDuration()) return Invalid("queue_delay", "must be >= 0");
-  if (o.subscribe.has_value()) {
-    if (absl::Status st = ValidateName("topic", o.subscribe->topic); !st.ok()) {
-      return Invalid("subscribe.topic", st.message());
+  if (o.setup.queue_delay < absl::ZeroDuration())
+    return Invalid("setup.queue_delay", "must be >= 0");
+  if (o.setup.subscribe.has_value()) {
+    if (absl::Status st = ValidateName("topic", o.setup.subscribe->topic); !st.ok()) {
+      return Invalid("setup.subscribe.topic", st.message());
     }
-    if (absl::Status st = ValidateRouteKey(o.subscribe->route_key); !st.ok()) {
-      return Invalid("subscribe.route_key", st.message());
+    if (absl::Status st = ValidateRouteKey(o.setup.subscribe->route_key); !st.ok()) {
+      return Invalid("setup.subscribe.route_key", st.message());
     }
   }
-  if (o.concurrency < 1) return Invalid("concurrency", "must be >= 1");
-  if (o.max_in_flight == 0) o.max_in_flight = o.concurrency * kAutoInFlightPerWorker;
-  if (o.max_in_flight < o.concurrency) {
-    return Invalid("max_in_flight", "must be 0 or >= concurrency");
+  HandlerOptions::Flow& flow = o.flow;
+  if (flow.concurrency < 1) return Invalid("flow.concurrency", "must be >= 1");
+  if (flow.max_in_flight == 0) flow.max_in_flight = flow.concurrency * kAutoInFlightPerWorker;
+  if (flow.max_in_flight < flow.concurrency) {
+    return Invalid("flow.max_in_flight", "must be 0 (chosen by the library) or >= concurrency");
   }
-  if (o.batch_size < 0) return Invalid("batch_size", "must be 0 (chosen by the Handler) or >= 1");
-  if (o.replay_interval < absl::ZeroDuration() ||
-      (o.replay_interval > absl::ZeroDuration() && o.replay_interval < absl::Milliseconds(1))) {
-    return Invalid("replay_interval", "must be zero (disabled) or >= 1ms");
+  if (flow.batch_size < 0) {
+    return Invalid("flow.batch_size", "must be 0 (chosen by the library) or >= 1");
   }
-  if (o.replay_batch < 1) return Invalid("replay_batch", "must be >= 1");
-  if (o.shutdown_timeout <= absl::ZeroDuration()) {
-    return Invalid("shutdown_timeout", "must be > 0");
+  if (flow.shutdown_timeout <= absl::ZeroDuration()) {
+    return Invalid("flow.shutdown_timeout", "must be > 0");
   }
-  if (o.delivery_lease <= absl::ZeroDuration()) return Invalid("delivery_lease", "must be > 0");
-  if (o.idempotency_lease == absl::ZeroDuration()) o.idempotency_lease = o.delivery_lease / 2;
-  if (o.idempotency_lease <= absl::ZeroDuration() || o.idempotency_lease >= o.delivery_lease) {
+  if (flow.delivery_lease <= absl::ZeroDuration()) {
+    return Invalid("flow.delivery_lease", "must be > 0");
+  }
+  if (flow.max_message_bytes < 64) return Invalid("flow.max_message_bytes", "must be >= 64");
+  HandlerOptions::Stores& stores = o.stores;
+  if (stores.idempotency_lease == absl::ZeroDuration()) {
+    stores.idempotency_lease = flow.delivery_lease / 2;
+  }
+  if (stores.idempotency_lease <= absl::ZeroDuration() ||
+      stores.idempotency_lease >= flow.delivery_lease) {
     // A worker that dies mid-handle leaves its key leased. Its delivery comes back when the
     // delivery lease runs out; the key must be free by then, or the redelivery would be taken
     // for a duplicate and skipped.
-    return Invalid("idempotency_lease", "must be > 0 and shorter than delivery_lease");
+    return Invalid("stores.idempotency_lease", "must be > 0 and shorter than flow.delivery_lease");
   }
-  if (o.idempotency_retention <= absl::ZeroDuration()) {
-    return Invalid("idempotency_retention", "must be > 0");
+  if (stores.idempotency_retention <= absl::ZeroDuration()) {
+    return Invalid("stores.idempotency_retention", "must be > 0");
   }
-  if (o.max_message_bytes < 64) return Invalid("max_message_bytes", "must be >= 64");
-  if (o.infra_backoff_base < absl::ZeroDuration() || o.infra_backoff_max < o.infra_backoff_base) {
-    return Invalid("infra_backoff_base", "must be >= 0 and <= infra_backoff_max");
+  if (o.replay.interval < absl::ZeroDuration() ||
+      (o.replay.interval > absl::ZeroDuration() && o.replay.interval < absl::Milliseconds(1))) {
+    return Invalid("replay.interval", "must be zero (disabled) or >= 1ms");
   }
-  if (o.observer_queue < 1) return Invalid("observer_queue", "must be >= 1");
+  if (o.replay.batch < 1) return Invalid("replay.batch", "must be >= 1");
+  if (o.infra_backoff.initial < absl::ZeroDuration() ||
+      o.infra_backoff.max < o.infra_backoff.initial) {
+    return Invalid("infra_backoff", "initial must be >= 0 and <= max");
+  }
+  if (o.observability.observer_queue < 1) {
+    return Invalid("observability.observer_queue", "must be >= 1");
+  }
 
   const bool user_ensure = o.ensure != nullptr;
-  if (o.logger == nullptr) o.logger = StderrLogger();
-  if (o.idempotency == nullptr) o.idempotency = NullIdempotencyStore();
+  if (o.observability.logger == nullptr) o.observability.logger = StderrLogger();
+  if (stores.idempotency == nullptr) stores.idempotency = NullIdempotencyStore();
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };
   if (o.clock == nullptr) o.clock = o.driver->clock();
-  const bool no_dead_letters = o.dead_letters == nullptr;
-  if (no_dead_letters) o.dead_letters = NullDeadLetterStore();
+  const bool no_dead_letters = stores.dead_letters == nullptr;
+  if (no_dead_letters) stores.dead_letters = NullDeadLetterStore();
   auto handler = std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
   if (no_dead_letters) {
     handler->shared_->Log(LogLevel::kWarning, "no_dead_letter_store",
@@ -101,19 +114,19 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
 Handler::Handler(HandlerOptions options, bool user_ensure)
     : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
   const HandlerOptions& o = shared_->options;
-  if (o.metrics != nullptr) {
+  if (o.observability.metrics != nullptr) {
     // Weakly: the registry may outlive the Handler (the destructor removes the collector).
     std::weak_ptr<internal::Pipeline> weak = shared_;
-    metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
+    metrics_collector_ = o.observability.metrics->AddCollector([weak](MetricsWriter& w) {
       if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
         WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
-                            p->options.dead_letters.get(), w);
+                            p->options.stores.dead_letters.get(), w);
       }
     });
   }
-  if (o.observer != nullptr) {
+  if (o.observability.observer != nullptr) {
     shared_->events = std::make_unique<internal::EventQueue>(
-        o.observer, static_cast<size_t>(o.observer_queue), o.queue,
+        o.observability.observer, static_cast<size_t>(o.observability.observer_queue), o.queue,
         [driver = o.driver] { return driver->Stats().reconnects; },
         [clock = o.clock] { return clock->Now(); });
   }
@@ -125,7 +138,8 @@ Handler::~Handler() {
   Stop();
   // Workers abandoned after the shutdown timeout may still run: their events are dropped.
   if (shared_->events != nullptr) shared_->events->Close();
-  if (metrics_collector_ != 0) shared_->options.metrics->RemoveCollector(metrics_collector_);
+  if (metrics_collector_ != 0)
+    shared_->options.observability.metrics->RemoveCollector(metrics_collector_);
 }
 
 absl::Status Handler::Ready(absl::Duration timeout) const {
@@ -141,10 +155,10 @@ absl::Status Handler::Ready(absl::Duration timeout) const {
   if (absl::Status st = o.driver->Ping(timeout); !st.ok()) {
     return not_ready(absl::StrCat("driver ", o.driver->name(), " does not answer"), st);
   }
-  if (absl::Status st = o.dead_letters->Ping(timeout); !st.ok()) {
+  if (absl::Status st = o.stores.dead_letters->Ping(timeout); !st.ok()) {
     return not_ready("dead-letter store does not answer", st);
   }
-  if (absl::Status st = o.idempotency->Ping(timeout); !st.ok()) {
+  if (absl::Status st = o.stores.idempotency->Ping(timeout); !st.ok()) {
     return not_ready("idempotency store does not answer", st);
   }
   return absl::OkStatus();
@@ -199,9 +213,9 @@ absl::Status Handler::Run() {
   // The queue (and the binding) must exist before consuming. While the broker cannot be
   // reached, keep trying with backoff; only an error that a retry cannot fix ends Run().
   for (int failures = 1;; ++failures) {
-    absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
-    if (setup.ok() && o.subscribe.has_value()) {
-      setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
+    absl::Status setup = o.driver->CreateQueue(o.queue, o.setup.queue_delay);
+    if (setup.ok() && o.setup.subscribe.has_value()) {
+      setup = o.driver->Subscribe(o.setup.subscribe->topic, o.queue, o.setup.subscribe->route_key);
     }
     if (setup.ok()) break;
     const std::string error = setup.ToString();
@@ -222,10 +236,10 @@ absl::Status Handler::Run() {
   // Step 7: the replay loop, on its own thread, until stopped. It replays exhausted letters
   // only; permanent and malformed ones wait for a person.
   std::thread replay;
-  if (o.replay_interval > absl::ZeroDuration()) {
+  if (o.replay.interval > absl::ZeroDuration()) {
     replay = std::thread([this, stop] {
       const HandlerOptions& o = shared_->options;
-      while (!SleepUnlessStopped(*o.clock, o.clock->Now() + o.replay_interval, stop)) {
+      while (!SleepUnlessStopped(*o.clock, o.clock->Now() + o.replay.interval, stop)) {
         ReplayFilter filter;
         filter.kinds = {DeadLetterKind::kExhausted};
         if (absl::StatusOr<int> n = ReplayDeadLetters(filter); !n.ok()) {
@@ -241,7 +255,7 @@ absl::Status Handler::Run() {
   std::vector<std::thread> background;
   if (shared_->transactional != nullptr) {
     for (std::shared_ptr<BackgroundTask>& task :
-         shared_->transactional->BackgroundTasks(o.driver, o.logger)) {
+         shared_->transactional->BackgroundTasks(o.driver, o.observability.logger)) {
       background.emplace_back([this, task = std::move(task), stop] {
         try {
           task->Run(stop);
@@ -254,12 +268,12 @@ absl::Status Handler::Run() {
   }
 
   ReceiveOptions ro;
-  ro.concurrency = o.concurrency;
-  ro.max_in_flight = o.max_in_flight;
-  ro.lease = o.delivery_lease;
-  ro.shutdown_timeout = o.shutdown_timeout;
-  if (o.batch_size > 0) {
-    ro.batch_size = o.batch_size;
+  ro.concurrency = o.flow.concurrency;
+  ro.max_in_flight = o.flow.max_in_flight;
+  ro.lease = o.flow.delivery_lease;
+  ro.shutdown_timeout = o.flow.shutdown_timeout;
+  if (o.flow.batch_size > 0) {
+    ro.batch_size = o.flow.batch_size;
   } else {
     ro.batch_size = kMaxAutoBatch;
     ro.batch_limit = [shared = shared_] { return shared->AutoBatchLimit(); };
@@ -328,7 +342,7 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
   const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
   // Bound the pass by the letters present when it starts: a letter that fails again is stored
   // anew (after the cursor) and waits for the next pass instead of looping in this one.
-  absl::StatusOr<int64_t> count = o.dead_letters->Count(o.queue, filter.kinds);
+  absl::StatusOr<int64_t> count = o.stores.dead_letters->Count(o.queue, filter.kinds);
   if (!count.ok()) return count.status();
   int64_t budget = *count;
   int removed = 0;
@@ -338,8 +352,8 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
   std::vector<internal::Input> inputs;
   std::vector<Settlement> settlements;
   while (budget > 0 && !stop.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
-    absl::StatusOr<std::vector<DeadLetter>> batch = o.dead_letters->Fetch(
-        o.queue, static_cast<int>(std::min<int64_t>(budget, o.replay_batch)), after, filter.kinds);
+    absl::StatusOr<std::vector<DeadLetter>> batch = o.stores.dead_letters->Fetch(
+        o.queue, static_cast<int>(std::min<int64_t>(budget, o.replay.batch)), after, filter.kinds);
     if (!batch.ok()) return batch.status();
     if (batch->empty()) break;
     budget -= static_cast<int64_t>(batch->size());
@@ -349,10 +363,10 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
       if (!ids.empty() && !ids.contains(letter.id)) continue;
       chosen.push_back(std::move(letter));
     }
-    // Through the pipeline in batches of batch_size, as deliveries would go.
+    // Through the pipeline in batches of flow.batch_size, as deliveries would go.
     size_t n = 0;
     for (size_t start = 0; start < chosen.size() && !stop.stop_requested(); start += n) {
-      const int batch = o.batch_size > 0 ? o.batch_size : shared_->AutoBatchLimit();
+      const int batch = o.flow.batch_size > 0 ? o.flow.batch_size : shared_->AutoBatchLimit();
       n = std::min(chosen.size() - start, static_cast<size_t>(batch));
       if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
       if (n == 0) break;
@@ -365,7 +379,7 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
       for (size_t i = 0; i < n; ++i) {
         if (!settlements[i].done) continue;
         const DeadLetter& letter = chosen[start + i];
-        if (absl::Status st = o.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
+        if (absl::Status st = o.stores.dead_letters->Remove(o.queue, letter.id); !st.ok()) {
           const std::string error = st.ToString();
           shared_->Log(LogLevel::kError, "replay_remove_failed",
                        absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error),

@@ -4,8 +4,8 @@
 //   bus::HandlerOptions options;
 //   options.queue = "orders";
 //   options.driver = driver;
-//   options.dead_letters = dead_letters;
-//   options.idempotency = idempotency;
+//   options.stores.dead_letters = dead_letters;
+//   options.stores.idempotency = idempotency;
 //   options.retry_delay = bus::MaxAttempts(5, bus::ExponentialBackoff(absl::Seconds(1),
 //                                                                     absl::Minutes(1)));
 //   options.handle = [](const bus::Message& msg) -> absl::Status {
@@ -28,12 +28,12 @@
 //  3. Not acquired: ask `ensure`; kAlreadyHandled settles and counts a duplicate.
 //  4. Call `handle`. OK is success; an error status is a retryable failure, unless wrapped by
 //     Permanent(); a thrown exception is a retryable failure with the exception's text.
-//  5. Success: mark the key done (kept for `idempotency_retention`), settle.
+//  5. Success: mark the key done (kept for `stores.idempotency_retention`), settle.
 //  6. Failure: release the key, increment `retried`, set `last_error`, ask `retry_delay`. A
 //     negative delay or a permanent failure: store a dead letter of kind exhausted or
 //     permanent. Otherwise re-send the message to the queue with that delay. Only when that
 //     succeeded is the original settled; otherwise it is left to the broker's redelivery.
-//  7. Every `replay_interval`, the queue's exhausted dead letters go through the same pipeline;
+//  7. Every `replay.interval`, the queue's exhausted dead letters go through the same pipeline;
 //     each is removed once the pipeline has taken it. Permanent and malformed letters wait for
 //     ReplayDeadLetters(filter) or a purge.
 // There is one implementation of these steps (a single message is a batch of one, and a replay

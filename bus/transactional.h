@@ -3,8 +3,8 @@
 // background work such a store needs beside the Handler (an outbox relay). bus/ knows nothing of
 // the store behind it; idempotency/sqlite/inbox.h is the implementation.
 //
-//   options.idempotency = inbox;                        // an IdempotencyStore that is also a
-//   options.handle_in_transaction = inbox->Handle(fn);  // TransactionalStore
+//   options.stores.idempotency = inbox;                        // an IdempotencyStore that is also
+//   a options.handle_in_transaction = inbox->Handle(fn);  // TransactionalStore
 //
 // With HandlerOptions::handle_in_transaction set, steps 4 and 5 of the pipeline become one call
 // of TransactionalStore::RunAndMarkDone for the messages of a batch: the effect of each message

@@ -71,12 +71,12 @@ class HandlerTest : public ::testing::Test {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = logger_;
-    o.dead_letters = dead_letters_;
-    o.idempotency = idempotency_;
+    o.observability.logger = logger_;
+    o.stores.dead_letters = dead_letters_;
+    o.stores.idempotency = idempotency_;
     o.handle = std::move(handle);
-    o.replay_interval = absl::ZeroDuration();
-    o.delivery_lease = absl::Seconds(30);
+    o.replay.interval = absl::ZeroDuration();
+    o.flow.delivery_lease = absl::Seconds(30);
     return o;
   }
 
@@ -165,33 +165,41 @@ TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
       {"queue", [](HandlerOptions& o) { o.queue = "bad name"; }},
       {"driver", [](HandlerOptions& o) { o.driver = nullptr; }},
       {"handle", [](HandlerOptions& o) { o.handle = nullptr; }},
-      {"queue_delay", [](HandlerOptions& o) { o.queue_delay = absl::Seconds(-1); }},
-      {"subscribe.topic",
+      {"setup.queue_delay", [](HandlerOptions& o) { o.setup.queue_delay = absl::Seconds(-1); }},
+      {"setup.subscribe.topic",
        [](HandlerOptions& o) {
-         o.subscribe = Subscription{"bad topic", ""};
+         o.setup.subscribe = Subscription{"bad topic", ""};
        }},
-      {"subscribe.route_key",
+      {"setup.subscribe.route_key",
        [](HandlerOptions& o) {
-         o.subscribe = Subscription{"t", std::string(300, 'k')};
+         o.setup.subscribe = Subscription{"t", std::string(300, 'k')};
        }},
-      {"concurrency", [](HandlerOptions& o) { o.concurrency = 0; }},
-      {"max_in_flight",
+      {"flow.concurrency", [](HandlerOptions& o) { o.flow.concurrency = 0; }},
+      {"flow.max_in_flight",
        [](HandlerOptions& o) {
-         o.concurrency = 4;
-         o.max_in_flight = 2;
+         o.flow.concurrency = 4;
+         o.flow.max_in_flight = 2;
        }},
-      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Seconds(-1); }},
-      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Microseconds(10); }},
-      {"replay_batch", [](HandlerOptions& o) { o.replay_batch = 0; }},
-      {"shutdown_timeout", [](HandlerOptions& o) { o.shutdown_timeout = absl::ZeroDuration(); }},
-      {"delivery_lease", [](HandlerOptions& o) { o.delivery_lease = absl::ZeroDuration(); }},
-      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Minutes(5); }},
-      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Seconds(-1); }},
-      {"idempotency_retention",
-       [](HandlerOptions& o) { o.idempotency_retention = absl::ZeroDuration(); }},
-      {"max_message_bytes", [](HandlerOptions& o) { o.max_message_bytes = 10; }},
-      {"infra_backoff_base", [](HandlerOptions& o) { o.infra_backoff_base = absl::Seconds(-1); }},
-      {"batch_size", [](HandlerOptions& o) { o.batch_size = -1; }},
+      {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Seconds(-1); }},
+      {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Microseconds(10); }},
+      {"replay.batch", [](HandlerOptions& o) { o.replay.batch = 0; }},
+      {"flow.shutdown_timeout",
+       [](HandlerOptions& o) { o.flow.shutdown_timeout = absl::ZeroDuration(); }},
+      {"flow.delivery_lease",
+       [](HandlerOptions& o) { o.flow.delivery_lease = absl::ZeroDuration(); }},
+      {"stores.idempotency_lease",
+       [](HandlerOptions& o) { o.stores.idempotency_lease = absl::Minutes(5); }},
+      {"stores.idempotency_lease",
+       [](HandlerOptions& o) { o.stores.idempotency_lease = absl::Seconds(-1); }},
+      {"stores.idempotency_retention",
+       [](HandlerOptions& o) { o.stores.idempotency_retention = absl::ZeroDuration(); }},
+      {"flow.max_message_bytes", [](HandlerOptions& o) { o.flow.max_message_bytes = 10; }},
+      {"infra_backoff", [](HandlerOptions& o) { o.infra_backoff.initial = absl::Seconds(-1); }},
+      {"infra_backoff",
+       [](HandlerOptions& o) { o.infra_backoff.max = o.infra_backoff.initial / 2; }},
+      {"flow.batch_size", [](HandlerOptions& o) { o.flow.batch_size = -1; }},
+      {"observability.observer_queue",
+       [](HandlerOptions& o) { o.observability.observer_queue = 0; }},
   };
   for (const Case& c : cases) {
     HandlerOptions o = Options(ok);
@@ -211,14 +219,14 @@ TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
   auto h = Handler::Create(o);
   ASSERT_TRUE(h.ok()) << h.status();
   const HandlerOptions& filled = (*h)->options();
-  EXPECT_NE(filled.logger, nullptr);
-  EXPECT_NE(filled.dead_letters, nullptr);
-  EXPECT_NE(filled.idempotency, nullptr);
+  EXPECT_NE(filled.observability.logger, nullptr);
+  EXPECT_NE(filled.stores.dead_letters, nullptr);
+  EXPECT_NE(filled.stores.idempotency, nullptr);
   EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
   EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
-  EXPECT_EQ(filled.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
-  EXPECT_EQ(filled.batch_size, 0);                          // chosen by the Handler
-  EXPECT_EQ(filled.idempotency_lease, absl::Seconds(15));
+  EXPECT_EQ(filled.flow.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
+  EXPECT_EQ(filled.flow.batch_size, 0);                          // chosen by the Handler
+  EXPECT_EQ(filled.stores.idempotency_lease, absl::Seconds(15));
   EXPECT_EQ(filled.clock, driver_->clock());
 }
 
@@ -243,7 +251,7 @@ TEST_F(HandlerTest, AQueueThatCannotBeCreatedYetIsRetriedUntilItCan) {
   faulty->setup.FailNext(3, absl::UnavailableError("broker down"));
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
   o.driver = faulty;
-  o.subscribe = Subscription{"events", "#"};
+  o.setup.subscribe = Subscription{"events", "#"};
   Handler* h = Start(o);
   EXPECT_TRUE(absl::IsDeadlineExceeded(h->WaitUntilRunning(absl::Milliseconds(1))));
   EXPECT_FALSE(h->Stats().consuming);
@@ -390,7 +398,7 @@ TEST_F(HandlerTest, IdempotencyStoreErrorCountsAsNotAcquiredAndEnsureDecides) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   o.ensure = [&](const Message& m) {
     ensure_calls.fetch_add(1);
     return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
@@ -420,9 +428,9 @@ TEST_F(HandlerTest, AnIdempotencyStoreErrorWithoutEnsureGivesTheDeliveryBack) {
       return absl::OkStatus();
     });
     o.queue = absl::StrCat("outage", batch);
-    o.idempotency = faulty;
-    o.batch_size = batch;
-    o.max_in_flight = batch;
+    o.stores.idempotency = faulty;
+    o.flow.batch_size = batch;
+    o.flow.max_in_flight = batch;
     Handler* h = Start(o);
     ASSERT_TRUE(publisher_.SendToQueue(o.queue, Outgoing{.biz_uid = "a"}).ok());
     // Given back with the infrastructure backoff (100ms, 200ms, 400ms), then handled.
@@ -449,7 +457,7 @@ TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   Handler* h = Start(o);
   Publish("lost-reply", "x");
   ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Milliseconds(50)));
@@ -464,9 +472,9 @@ TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
   HandlerOptions o = Options([&](const Message&) {
     return calls.fetch_add(1) == 0 ? absl::UnavailableError("try later") : absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   o.retry_delay = FixedBackoff(absl::Seconds(1));
-  o.idempotency_lease = absl::Seconds(10);
+  o.stores.idempotency_lease = absl::Seconds(10);
   Handler* h = Start(o);
   Publish("unreleased", "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
@@ -487,7 +495,7 @@ TEST_F(HandlerTest, AFailingMarkDoneStillSettlesAndIsCounted) {
     calls.fetch_add(1);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   Handler* h = Start(o);
   Publish("m", "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().in_flight == 0; }));
@@ -603,7 +611,7 @@ TEST_F(HandlerTest, AFailingDeadLetterStoreLeavesTheDeliveryToBeRedelivered) {
     calls.fetch_add(1);
     return Permanent(absl::InternalError("bad"));
   });
-  o.dead_letters = faulty;
+  o.stores.dead_letters = faulty;
   Handler* h = Start(o);
   Publish("order-13", "x");
   ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().dead_lettered == 1; }, absl::Milliseconds(100)));
@@ -647,7 +655,7 @@ TEST_F(HandlerTest, MalformedAndOversizedEnvelopesAreDeadLetteredAndTheQueueMove
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.max_message_bytes = 1024;
+  o.flow.max_message_bytes = 1024;
   Handler* h = Start(o);
   ASSERT_TRUE(driver_->SendToQueue("orders", "not an envelope", absl::ZeroDuration()).ok());
   std::string truncated = EncodeEnvelope(publisher_.Build(Outgoing{"t", "payload", {}}));
@@ -720,8 +728,8 @@ TEST_F(HandlerTest, AStaleWorkerCannotReleaseAKeyAnotherWorkerCompleted) {
     (void)m;
     return absl::OkStatus();
   });
-  o.concurrency = 2;
-  o.idempotency_lease = absl::Seconds(10);
+  o.flow.concurrency = 2;
+  o.stores.idempotency_lease = absl::Seconds(10);
   o.retry_delay = FixedBackoff(absl::Hours(1));
   Handler* h = Start(o);
   Publish("order-16", "copy-1");
@@ -750,8 +758,8 @@ TEST_F(HandlerTest, ReplayTakesDeadLettersBackThroughThePipeline) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.replay_interval = absl::Minutes(1);
-  o.replay_batch = 2;  // several batches per pass
+  o.replay.interval = absl::Minutes(1);
+  o.replay.batch = 2;  // several batches per pass
   Handler* h = Start(o);
   for (int i = 0; i < 5; ++i) Publish(absl::StrCat("r", i), absl::StrCat(i));
   ASSERT_TRUE(driver_->SendToQueue("orders", "poison", absl::ZeroDuration()).ok());
@@ -809,7 +817,7 @@ TEST_F(HandlerTest, TheLoopReplaysExhaustedLettersOnlyAndAFilteredReplayTakesThe
     if (m.biz_uid == "exhausted") return absl::UnavailableError("dependency down");
     return Permanent(absl::InvalidArgumentError("bad order"));
   });
-  o.replay_interval = absl::Minutes(1);
+  o.replay.interval = absl::Minutes(1);
   Handler* h = Start(o);
   const absl::Time t0 = clock_->Now();
   Publish("exhausted", "e");
@@ -902,10 +910,10 @@ TEST_F(HandlerTest, ThrowingCallbacksOnEveryPathLeaveTheProcessAlive) {
       return absl::OkStatus();
     });
     o.queue = absl::StrCat("throwing", batch);
-    o.batch_size = batch;
-    o.max_in_flight = batch;
-    o.replay_interval = absl::Minutes(1);
-    o.logger = std::make_shared<ThrowingLogger>();
+    o.flow.batch_size = batch;
+    o.flow.max_in_flight = batch;
+    o.replay.interval = absl::Minutes(1);
+    o.observability.logger = std::make_shared<ThrowingLogger>();
     o.ensure = [&](const Message&) -> Ensure {
       if (throwing.load()) throw std::runtime_error("ensure broke");
       return Ensure::kAlreadyHandled;
@@ -982,8 +990,8 @@ TEST_F(HandlerTest, StopWithWorkInFlightLosesNothingAndHandlesNothingTwice) {
     return absl::OkStatus();
   };
   HandlerOptions o = Options(handle);
-  o.concurrency = 4;
-  o.max_in_flight = 16;
+  o.flow.concurrency = 4;
+  o.flow.max_in_flight = 16;
   Handler* h = Start(o);
   for (int i = 0; i < kMessages; ++i) Publish(absl::StrCat("k", i), absl::StrCat(i));
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded >= 30; }));
@@ -1016,9 +1024,9 @@ TEST_F(HandlerTest, ABatchTakesEveryBranchOfThePipelineWithBatchedKeyCalls) {
     if (m.payload == "perm") return Permanent(absl::InvalidArgumentError("bad order"));
     return absl::OkStatus();
   });
-  o.idempotency = counting;
-  o.batch_size = 8;
-  o.max_in_flight = 8;
+  o.stores.idempotency = counting;
+  o.flow.batch_size = 8;
+  o.flow.max_in_flight = 8;
   o.ensure = [](const Message& m) {
     return m.payload == "held" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
   };
@@ -1063,8 +1071,8 @@ TEST_F(HandlerTest, TheDefaultBatchGrowsWhenHandlingIsFast) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = counting;
-  o.concurrency = 2;
+  o.stores.idempotency = counting;
+  o.flow.concurrency = 2;
   for (int i = 0; i < 300; ++i) Publish(absl::StrCat("k", i), "x");
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 300; })) << h->Stats().ToString();
@@ -1081,7 +1089,7 @@ TEST_F(HandlerTest, TheDefaultBatchIsOneMessageWhenHandlingIsSlow) {
     clock_->Advance(absl::Seconds(15) / 4);  // the idempotency lease is 15 s
     return absl::OkStatus();
   });
-  o.idempotency = counting;
+  o.stores.idempotency = counting;
   for (int i = 0; i < 10; ++i) Publish(absl::StrCat("k", i), "x");
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 10; })) << h->Stats().ToString();
@@ -1099,8 +1107,8 @@ TEST_F(HandlerTest, AMessageOfABatchStartsOnlyWithHalfItsLeaseLeft) {
     clock_->Advance(absl::Seconds(15) / 3);
     return absl::OkStatus();
   });
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   for (const char* k : {"a", "b", "c", "d"}) Publish(k, k);
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 4; })) << h->Stats().ToString();
@@ -1121,9 +1129,9 @@ TEST_F(HandlerTest, ABatchWithAFailingKeyStoreLetsEnsureDecideEachMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.stores.idempotency = faulty;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   o.ensure = [](const Message& m) {
     return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
   };
@@ -1146,8 +1154,8 @@ TEST_F(HandlerTest, AnEnsureThatThrowsInABatchRedeliversOnlyThatMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   o.ensure = [&](const Message&) {
     if (ensure_calls.fetch_add(1) == 0) throw std::runtime_error("ensure broke");
     return Ensure::kAlreadyHandled;
@@ -1179,8 +1187,8 @@ TEST_F(HandlerTest, StopMidBatchGivesBackTheUnstartedKeysAndMessages) {
     return absl::OkStatus();
   };
   HandlerOptions o = Options(blocking);
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   for (int i = 0; i < 4; ++i) Publish(absl::StrCat("k", i), absl::StrCat(i));
   Start(o);
   ASSERT_TRUE(WaitUntil([&] {
@@ -1225,8 +1233,8 @@ TEST_F(HandlerTest, ConcurrencyBoundsTheHandlersRunningAtOnce) {
     running.fetch_sub(1);
     return absl::OkStatus();
   });
-  o.concurrency = 3;
-  o.max_in_flight = 6;
+  o.flow.concurrency = 3;
+  o.flow.max_in_flight = 6;
   Handler* h = Start(o);
   for (int i = 0; i < 60; ++i) Publish(absl::StrCat("c", i), "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 60; }));
@@ -1242,7 +1250,7 @@ TEST_F(HandlerTest, RunReportsAHandlerThatOutlivesTheShutdownTimeout) {
     while (!release->load()) absl::SleepFor(absl::Milliseconds(1));
     return absl::OkStatus();
   });
-  o.shutdown_timeout = absl::Seconds(5);
+  o.flow.shutdown_timeout = absl::Seconds(5);
   Handler* h = Start(o);
   Publish("slow", "x");
   ASSERT_TRUE(WaitUntil([&] { return started->load(); }));
@@ -1269,7 +1277,7 @@ TEST_F(HandlerTest, ASubscribedHandlerReceivesMatchingTopicMessagesWithTheirRout
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.subscribe = Subscription{"events", "order.*"};
+  o.setup.subscribe = Subscription{"events", "order.*"};
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));  // subscribed and waiting
   ASSERT_TRUE(publisher_.PublishToTopic("events", "order.created", Outgoing{"e1", "c", {}}).ok());
@@ -1291,7 +1299,7 @@ TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.queue_delay = absl::Seconds(30);
+  o.setup.queue_delay = absl::Seconds(30);
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));
   Publish("d", "delayed");

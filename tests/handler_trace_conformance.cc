@@ -79,10 +79,10 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
   HandlerOptions o;
   o.queue = "traced";
   o.driver = driver_;
-  o.logger = logger;
-  o.dead_letters = dead_letters;
-  o.idempotency = NewMemoryIdempotencyStore({.clock = driver_->clock()});
-  o.replay_interval = absl::ZeroDuration();
+  o.observability.logger = logger;
+  o.stores.dead_letters = dead_letters;
+  o.stores.idempotency = NewMemoryIdempotencyStore({.clock = driver_->clock()});
+  o.replay.interval = absl::ZeroDuration();
   o.retry_delay = [](int retried) { return retried <= 3 ? absl::ZeroDuration() : NoRetry(); };
   o.handle = [&](const Message& m) -> absl::Status {
     absl::MutexLock lock(&mu);
@@ -90,7 +90,7 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
     if (fail.load()) return absl::UnavailableError("downstream down");
     return absl::OkStatus();
   };
-  o.observer = [&](const Event& e) {
+  o.observability.observer = [&](const Event& e) {
     absl::MutexLock lock(&mu);
     events.push_back(e);
   };
@@ -175,8 +175,8 @@ TEST_P(HandlerTraceTest, AMessageGetsATraceAndItsChildKeepsTheTraceId) {
   HandlerOptions parent;
   parent.queue = "parents";
   parent.driver = driver_;
-  parent.logger = NullLogger();
-  parent.replay_interval = absl::ZeroDuration();
+  parent.observability.logger = NullLogger();
+  parent.replay.interval = absl::ZeroDuration();
   parent.handle = [&, add = record(&parents)](const Message& m) {
     add(m);
     return publisher.SendToQueue("children", Outgoing{"", "child", ChildOf(m)}).status();

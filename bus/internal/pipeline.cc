@@ -104,8 +104,9 @@ void Pipeline::FlushEvents() {
 }
 
 bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
-  absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
-                                       : absl::DataLossError(in.corrupt);
+  absl::Status st = in.corrupt.empty()
+                        ? DecodeEnvelope(in.data, msg, options.flow.max_message_bytes)
+                        : absl::DataLossError(in.corrupt);
   if (st.ok()) return true;
   if (in.replays >= 0) {
     // A letter that still does not decode would only be stored again: it stays where it is.
@@ -128,7 +129,7 @@ bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
 }
 
 Settlement Pipeline::StoreDeadLetter(bus::DeadLetter letter, const Message* msg) {
-  absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
+  absl::StatusOr<std::string> id = options.stores.dead_letters->Store(letter);
   if (!id.ok()) {
     store_errors.fetch_add(1, std::memory_order_relaxed);
     const std::string error = id.status().ToString();
@@ -178,16 +179,17 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // A message of the batch starts only while its key has half its lease left (the inbox handles
   // its batch in one transaction after this loop, so it takes the batch whole).
   const bool check_lease = b.decoded.size() > 1 && transactional == nullptr;
-  const absl::Time half_lease_at =
-      check_lease ? options.clock->Now() + options.idempotency_lease / 2 : absl::InfiniteFuture();
+  const absl::Time half_lease_at = check_lease
+                                       ? options.clock->Now() + options.stores.idempotency_lease / 2
+                                       : absl::InfiniteFuture();
   if (b.decoded.size() == 1) {
     b.acquired.resize(1);
-    b.acquired[0] =
-        options.idempotency->Acquire(b.key_views[0], b.owner_views[0], options.idempotency_lease);
+    b.acquired[0] = options.stores.idempotency->Acquire(b.key_views[0], b.owner_views[0],
+                                                        options.stores.idempotency_lease);
   } else {
     b.acquired.assign(b.decoded.size(), false);
-    options.idempotency->AcquireMany(b.key_views, b.owner_views, options.idempotency_lease,
-                                     absl::MakeSpan(b.acquired));
+    options.stores.idempotency->AcquireMany(
+        b.key_views, b.owner_views, options.stores.idempotency_lease, absl::MakeSpan(b.acquired));
   }
 
   // 3 to 6, message by message.
@@ -206,7 +208,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       out[i] = Settlement::Redeliver();
       if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
       if (b.acquired[j].ok() && *b.acquired[j] && !Release(b.keys[i], b.owners[i])) {
-        out[i].redeliver_after = options.idempotency_lease;
+        out[i].redeliver_after = options.stores.idempotency_lease;
       }
       continue;
     }
@@ -234,16 +236,17 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // 5. Mark the handled keys done, in one call.
   if (b.done_keys.empty()) return;
   if (b.done_keys.size() == 1) {
-    if (absl::Status st = options.idempotency->MarkDone(b.done_keys[0], b.done_owners[0],
-                                                        options.idempotency_retention);
+    if (absl::Status st = options.stores.idempotency->MarkDone(
+            b.done_keys[0], b.done_owners[0], options.stores.idempotency_retention);
         !st.ok()) {
       MarkDoneFailed(b.msgs[b.done_msgs[0]], b.done_keys[0], st);
     }
     return;
   }
   b.done_results.assign(b.done_keys.size(), absl::OkStatus());
-  options.idempotency->MarkDoneMany(b.done_keys, b.done_owners, options.idempotency_retention,
-                                    absl::MakeSpan(b.done_results));
+  options.stores.idempotency->MarkDoneMany(b.done_keys, b.done_owners,
+                                           options.stores.idempotency_retention,
+                                           absl::MakeSpan(b.done_results));
   for (size_t k = 0; k < b.done_keys.size(); ++k) {
     if (!b.done_results[k].ok()) {
       MarkDoneFailed(b.msgs[b.done_msgs[k]], b.done_keys[k], b.done_results[k]);
@@ -265,9 +268,9 @@ Settlement Pipeline::AfterAcquire(Message& msg, const std::string& key, absl::st
     if (*acquired) return handle(true);
     // Taken: perhaps by an acquire of ours whose reply was lost.
     if (std::optional<std::string> ghost = TakeGhost(key);
-        ghost.has_value() && options.idempotency->Release(key, *ghost).ok()) {
+        ghost.has_value() && options.stores.idempotency->Release(key, *ghost).ok()) {
       absl::StatusOr<bool> again =
-          options.idempotency->Acquire(key, owner, options.idempotency_lease);
+          options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
       if (!again.ok()) {
         if (!has_user_ensure) return AcquireFailed(msg, key, owner, again.status());
       } else if (*again) {
@@ -351,7 +354,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
   // this thread's buffers through references taken here, never by their thread_local names.
   std::vector<absl::Status>& effect_results = effects;
   transactional->RunAndMarkDone(
-      entries, options.idempotency_retention,
+      entries, options.stores.idempotency_retention,
       [&](size_t k, Transaction& tx) -> absl::Status {
         effect_results[k] = CallHandle(msgs[pending[k]], &tx);
         return effect_results[k];
@@ -397,7 +400,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     const bool released = !under_key || Release(keys[i], owners[i]);
     out[i] = InfraFailure(&msgs[i], "store_error", error);
     if (!released)
-      out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
+      out[i].redeliver_after = std::max(out[i].redeliver_after, options.stores.idempotency_lease);
   }
 }
 
@@ -419,7 +422,7 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
   // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
   auto after_lease = [&](Settlement s) {
     if (!released && !s.done)
-      s.redeliver_after = std::max(s.redeliver_after, options.idempotency_lease);
+      s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
     return s;
   };
   msg.retried += 1;
@@ -462,7 +465,7 @@ Settlement Pipeline::AfterHandle(Message& msg, const std::string& key, absl::str
     }
     return s;
   }
-  if (!released) delay = std::max(delay, options.idempotency_lease);
+  if (!released) delay = std::max(delay, options.stores.idempotency_lease);
   if (absl::Status st = options.driver->SendToQueue(options.queue, wire, delay); !st.ok()) {
     const std::string error = st.ToString();
     Log(LogLevel::kError, "retry_send_failed",

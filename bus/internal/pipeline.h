@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "bus/backoff.h"
 #include "bus/events.h"
 #include "bus/handler_options.h"
 #include "bus/internal/event_queue.h"
@@ -51,7 +52,7 @@ struct Pipeline {
       : options(std::move(o)),
         has_user_ensure(user_ensure),
         transactional(options.handle_in_transaction != nullptr
-                          ? dynamic_cast<TransactionalStore*>(options.idempotency.get())
+                          ? dynamic_cast<TransactionalStore*>(options.stores.idempotency.get())
                           : nullptr) {}
 
   const HandlerOptions options;
@@ -78,11 +79,11 @@ struct Pipeline {
   // A moving average of handle() durations (ns; 0 until the first), for AutoBatchLimit.
   std::atomic<int64_t> handle_nanos{0};
 
-  // HandlerOptions::batch_size 0: the batch a worker takes now (see there).
+  // HandlerOptions::flow.batch_size 0: the batch a worker takes now (see there).
   int AutoBatchLimit() const {
     const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
     if (avg == 0) return 1;
-    const int64_t fit = absl::ToInt64Nanoseconds(options.idempotency_lease / 4) / avg;
+    const int64_t fit = absl::ToInt64Nanoseconds(options.stores.idempotency_lease / 4) / avg;
     return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxAutoBatch));
   }
   // Consecutive infrastructure failures (a store or re-send that failed); sets the redelivery
@@ -149,7 +150,7 @@ struct Pipeline {
     }
     try {
       r.time = options.clock->Now();
-      options.logger->Write(r);
+      options.observability.logger->Write(r);
     } catch (...) {
     }
   }
@@ -248,7 +249,7 @@ struct Pipeline {
   // False when the store could not release the key: the key stays leased until its lease runs
   // out.
   bool Release(absl::string_view key, absl::string_view owner) {
-    absl::Status st = options.idempotency->Release(key, owner);
+    absl::Status st = options.stores.idempotency->Release(key, owner);
     if (st.ok()) return true;
     if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
     const std::string error = st.ToString();
@@ -289,7 +290,7 @@ struct Pipeline {
   }
 
   // The streak grows by one per batch that had an infrastructure failure (not per message, so
-  // that a batch of 64 failing at once does not jump to infra_backoff_max).
+  // that a batch of 64 failing at once does not jump to infra_backoff.max).
   static bool& InfraFailedInBatch() {
     thread_local bool failed = false;
     return failed;
@@ -301,9 +302,8 @@ struct Pipeline {
     const int n = infra_failures.load(std::memory_order_relaxed) + 1;
     redelivered.fetch_add(1, std::memory_order_relaxed);
     Emit(EventType::kRedelivered, msg, 0, error, why);
-    if (options.infra_backoff_base == absl::ZeroDuration()) return Settlement::Redeliver();
-    return Settlement::Redeliver(
-        ExponentialDelay(options.infra_backoff_base, options.infra_backoff_max, n));
+    if (options.infra_backoff.initial == absl::ZeroDuration()) return Settlement::Redeliver();
+    return Settlement::Redeliver(BackoffDelay(options.infra_backoff, n, *DefaultRandom()));
   }
 
   Settlement Taken() {

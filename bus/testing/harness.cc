@@ -24,21 +24,21 @@ absl::StatusOr<std::unique_ptr<Harness>> Harness::Start(HandlerOptions options) 
   if (options.queue.empty()) options.queue = "test";
   // No periodic replay: it would replay letters while RunUntilIdle() moves time, at moments
   // that depend on the retry delays. Tests replay with ReplayDeadLetters().
-  options.replay_interval = absl::ZeroDuration();
+  options.replay.interval = absl::ZeroDuration();
   h->queue_ = options.queue;
   h->clock_ = std::dynamic_pointer_cast<FakeClock>(options.clock);
   if (h->clock_ == nullptr) h->clock_ = std::make_shared<FakeClock>();
   options.clock = h->clock_;
   h->driver_ = options.driver != nullptr ? options.driver : NewMemoryDriver({.clock = h->clock_});
-  h->dead_letters_ =
-      options.dead_letters != nullptr ? options.dead_letters : NewMemoryDeadLetterStore(h->clock_);
+  h->dead_letters_ = options.stores.dead_letters != nullptr ? options.stores.dead_letters
+                                                            : NewMemoryDeadLetterStore(h->clock_);
   h->idempotency_ =
-      options.idempotency != nullptr
-          ? options.idempotency
+      options.stores.idempotency != nullptr
+          ? options.stores.idempotency
           : std::shared_ptr<IdempotencyStore>(NewMemoryIdempotencyStore({.clock = h->clock_}));
   options.driver = h->driver_;
-  options.dead_letters = h->dead_letters_;
-  options.idempotency = h->idempotency_;
+  options.stores.dead_letters = h->dead_letters_;
+  options.stores.idempotency = h->idempotency_;
   if (options.handle == nullptr) {
     return absl::InvalidArgumentError("Harness: HandlerOptions.handle must be set");
   }

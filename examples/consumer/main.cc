@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   bus::HandlerOptions options;
   options.queue = "orders";
   options.driver = driver;
-  options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.idempotency = bus::NewSqliteIdempotencyStore(*db);
+  options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  options.stores.idempotency = bus::NewSqliteIdempotencyStore(*db);
   options.handle = [&](const bus::Message& msg) { return charger.Charge(msg); };
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
   if (!handler.ok()) {

@@ -307,11 +307,11 @@ int main(int argc, char** argv) {
   bus::HandlerOptions options;
   options.queue = queue;
   options.driver = driver;
-  options.dead_letters = dead_letters;
-  options.idempotency = backend->idempotency;
-  options.logger = bus::StderrLogger(bus::LogLevel::kError);
-  options.concurrency = absl::GetFlag(FLAGS_concurrency);
-  options.max_in_flight = options.concurrency * 4;
+  options.stores.dead_letters = dead_letters;
+  options.stores.idempotency = backend->idempotency;
+  options.observability.logger = bus::StderrLogger(bus::LogLevel::kError);
+  options.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
+  options.flow.max_in_flight = options.flow.concurrency * 4;
   options.retry_delay =
       bus::MaxAttempts(4, bus::ExponentialBackoff(absl::Milliseconds(5), absl::Milliseconds(50)));
   auto decide = [&](const bus::Message& msg) -> absl::Status {

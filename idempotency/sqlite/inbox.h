@@ -6,8 +6,8 @@
 //
 //   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
 //   absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> inbox = bus::NewSqliteInbox(*db);
-//   options.idempotency = *inbox;
-//   options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+//   options.stores.idempotency = *inbox;
+//   options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
 //   options.handle_in_transaction = (*inbox)->Handle(
 //       [](const bus::Message& msg, bus::SqliteTransaction& tx) -> absl::Status {
 //         absl::StatusOr<int64_t> n =

@@ -261,17 +261,18 @@ class DuplicatingDriver final : public Driver {
   absl::Status DoSubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
     return base_->Subscribe(t, q, k);
   }
-  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data,
+                             absl::Duration d) override {
     if (absl::Status s = base_->SendToQueue(q, data, d); !s.ok()) return s;
     return base_->SendToQueue(q, data, d);
   }
   absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
-                           absl::string_view k) override {
+                             absl::string_view k) override {
     if (absl::Status s = base_->SendToTopic(t, data, k); !s.ok()) return s;
     return base_->SendToTopic(t, data, k);
   }
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
-                                                        const ConsumerOptions& o) override {
+                                                          const ConsumerOptions& o) override {
     return base_->NewConsumer(q, o);
   }
 
@@ -302,11 +303,11 @@ TEST_F(OutboxTest, ADownstreamInboxTurnsRepeatedDeliveriesIntoOneEffectEach) {
   HandlerOptions o;
   o.queue = "invoices";
   o.driver = memory;
-  o.logger = NullLogger();
-  o.idempotency = *inbox;
-  o.replay_interval = absl::ZeroDuration();
-  o.batch_size = 8;
-  o.max_in_flight = 8;
+  o.observability.logger = NullLogger();
+  o.stores.idempotency = *inbox;
+  o.replay.interval = absl::ZeroDuration();
+  o.flow.batch_size = 8;
+  o.flow.max_in_flight = 8;
   o.handle_in_transaction = (*inbox)->Handle([](const Message& msg, SqliteTransaction& tx) {
     return tx.Execute("INSERT INTO paid (invoice) VALUES (?1)", {msg.id}).status();
   });
