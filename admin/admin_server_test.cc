@@ -87,7 +87,7 @@ HandleFn WorkloadHandle() {
 
 void RunWorkload(const std::shared_ptr<Driver>& driver, const std::string& queue,
                  Handler* handler) {
-  Publisher publisher(driver);
+  Publisher publisher = *Publisher::Create(driver);
   for (int i = 0; i < kGood; ++i) {
     ASSERT_TRUE(publisher.SendToQueue(queue, {.payload = absl::StrCat("ok-", i)}).ok());
   }
@@ -361,7 +361,7 @@ TEST(AdminServerMemoryTest, ASlowPingBlocksNeitherTheHandlerNorHealthz) {
   std::thread probe([&] { ready_status = StatusOf(*admin, "/readyz"); });
   dl->entered.WaitForNotification();
   // While /readyz waits for the store: messages are handled, /healthz and /metrics answer.
-  Publisher publisher(driver);
+  Publisher publisher = *Publisher::Create(driver);
   ASSERT_TRUE(publisher.SendToQueue("orders", {.payload = "ok"}).ok());
   EXPECT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }, kPatience));
   EXPECT_EQ(StatusOf(*admin, "/healthz"), 200);

@@ -86,7 +86,7 @@ std::atomic<int64_t> render_nanos{0};
 
 double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_message) {
   auto driver = bus::NewMemoryDriver();
-  bus::Publisher publisher(driver);
+  bus::Publisher publisher = *bus::Publisher::Create(driver);
   std::vector<std::string> batch;
   batch.reserve(10000);
   for (int i = 0; i < messages; ++i) {

@@ -129,7 +129,7 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::vector<std::
   std::vector<std::thread> threads;
   for (int t = 0; t < producers; ++t) {
     threads.emplace_back([&] {
-      bus::Publisher publisher(driver);
+      bus::Publisher publisher = *bus::Publisher::Create(driver);
       for (int at; (at = next.fetch_add(batch)) < messages;) {
         const std::string& queue = queues[(at / batch) % queues.size()];
         absl::Status status;

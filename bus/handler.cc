@@ -23,24 +23,37 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions options) {
+  return Build(std::move(options), TransactionalHandler{});
+}
+
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o,
+                                                         TransactionalHandler transactional) {
+  if (transactional.inbox == nullptr) {
+    return absl::InvalidArgumentError("TransactionalHandler.inbox: missing");
+  }
+  if (transactional.handle == nullptr) {
+    return absl::InvalidArgumentError("TransactionalHandler.handle: missing");
+  }
+  if (o.handle != nullptr) {
+    return Invalid("handle", "must be empty with a TransactionalHandler (its handle runs instead)");
+  }
+  if (o.stores.idempotency != nullptr && o.stores.idempotency != transactional.inbox) {
+    return Invalid("stores.idempotency",
+                   "must be empty or the TransactionalHandler's inbox (the inbox keeps the keys)");
+  }
+  o.stores.idempotency = transactional.inbox;
+  return Build(std::move(o), std::move(transactional));
+}
+
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
+                                                        TransactionalHandler transactional) {
   if (o.queue.empty()) return Invalid("queue", "missing");
   if (absl::Status st = ValidateName("queue", o.queue); !st.ok()) {
     return Invalid("queue", st.message());
   }
   if (o.driver == nullptr) return Invalid("driver", "missing");
-  if (o.handle == nullptr && o.handle_in_transaction == nullptr) {
-    return Invalid("handle", "missing");
-  }
-  if (o.handle != nullptr && o.handle_in_transaction != nullptr) {
-    return Invalid("handle_in_transaction", "give either handle or handle_in_transaction");
-  }
-  if (o.handle_in_transaction != nullptr &&
-      dynamic_cast<TransactionalStore*>(o.stores.idempotency.get()) == nullptr) {
-    return Invalid("handle_in_transaction",
-                   "needs an idempotency store that is a TransactionalStore (an inbox, such as "
-                   "NewSqliteInbox)");
-  }
+  if (o.handle == nullptr && transactional.handle == nullptr) return Invalid("handle", "missing");
   if (o.setup.queue_delay < absl::ZeroDuration())
     return Invalid("setup.queue_delay", "must be >= 0");
   if (o.setup.subscribe.has_value()) {
@@ -102,7 +115,8 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   if (o.clock == nullptr) o.clock = o.driver->clock();
   const bool no_dead_letters = stores.dead_letters == nullptr;
   if (no_dead_letters) stores.dead_letters = NullDeadLetterStore();
-  auto handler = std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
+  auto handler =
+      std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure, std::move(transactional)));
   if (no_dead_letters) {
     handler->shared_->Log(LogLevel::kWarning, "no_dead_letter_store",
                           "has no dead-letter store: messages that cannot be handled will be "
@@ -111,8 +125,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   return handler;
 }
 
-Handler::Handler(HandlerOptions options, bool user_ensure)
-    : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
+Handler::Handler(HandlerOptions options, bool user_ensure, TransactionalHandler transactional)
+    : shared_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure,
+                                                   std::move(transactional))) {
   const HandlerOptions& o = shared_->options;
   if (o.observability.metrics != nullptr) {
     // Weakly: the registry may outlive the Handler (the destructor removes the collector).

@@ -43,8 +43,15 @@
 // dropped.
 // docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
-// Threads: `handle` and `ensure` run on the driver's receive workers (up to `concurrency` at
-// once) and on the replay thread; `msg` lives until the callback returns (copy what you keep).
+// Threads: `handle`, `ensure` and `retry_delay` run concurrently on the receive workers (up to
+// flow.concurrency at once) and on the replay thread, so each must be thread-safe; `msg` lives
+// until the callback returns (copy what you keep).
+//
+// Clocks: the Handler's clock (HandlerOptions::clock, default the driver's) times what the
+// pipeline does itself: set-up retries, the replay interval, handle latency, the half-lease
+// check of a batch, and the times in log records, events and dead letters. Leases and delivery
+// delays are the broker's, on the driver's clock. Give the Handler another clock only in tests
+// that drive the pipeline's time apart from the broker's.
 //
 // Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
 // called from any thread while Run() blocks in another.
@@ -59,6 +66,7 @@
 #include "absl/time/time.h"
 #include "bus/handler_options.h"
 #include "bus/stats.h"
+#include "bus/transactional.h"
 
 namespace bus {
 namespace internal {
@@ -69,6 +77,18 @@ class Handler {
  public:
   // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
+
+  // A Handler whose effect commits in one transaction with the mark-done of the message's key
+  // (docs/exactly-once.md): `transactional` (built by the store's helper, SqliteInbox::Handle)
+  // gives the inbox, which becomes the idempotency store, and the effect, which runs instead of
+  // options.handle (leave that empty). A failure (error or exception) rolls the effect back
+  // before the usual retry or dead-letter step; with flow.batch_size > 1 the batch's messages
+  // share one transaction, each in a savepoint of its own. The inbox's background tasks (an
+  // outbox relay) run while the Handler consumes. InvalidArgument as Create, and when the
+  // inbox or the effect is missing, options.handle is set, or options.stores.idempotency is
+  // another store.
+  static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options,
+                                                         TransactionalHandler transactional);
 
   // Stops the handler and closes the observer's queue: waits for an observer call in progress
   // (do not destroy the Handler from the observer), drops the events still queued.
@@ -115,7 +135,9 @@ class Handler {
   const HandlerOptions& options() const;
 
  private:
-  Handler(HandlerOptions options, bool user_ensure);
+  static absl::StatusOr<std::unique_ptr<Handler>> Build(HandlerOptions options,
+                                                        TransactionalHandler transactional);
+  Handler(HandlerOptions options, bool user_ensure, TransactionalHandler transactional);
 
   std::shared_ptr<internal::Pipeline> shared_;
   // The id of this handler's collector in options().metrics (0: none).

@@ -24,7 +24,6 @@
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
-#include "bus/transactional.h"
 
 namespace bus {
 
@@ -42,20 +41,12 @@ enum class Ensure {
 
 using HandleFn = std::function<absl::Status(const Message& msg)>;
 using EnsureFn = std::function<Ensure(const Message& msg)>;
-// A handle function that makes its effect through the idempotency store's transaction (an
-// inbox, bus/transactional.h): the store's helper (SqliteInbox::Handle) builds one.
-using TransactionalHandleFn = std::function<absl::Status(const Message& msg, Transaction& tx)>;
 
 struct Subscription {
   std::string topic{};
   // Binding key (AMQP topic rules); empty matches every route key.
   std::string route_key{};
 };
-
-// HandlerOptions::flow.max_in_flight 0: this many deliveries per worker.
-inline constexpr int kAutoInFlightPerWorker = 64;
-// HandlerOptions::flow.batch_size 0: batches of at most this many.
-inline constexpr int kMaxAutoBatch = 64;
 
 // What a Handler consumes, what it runs and where it keeps what it cannot handle. The five that
 // matter come first; the nested groups have defaults that suit most applications:
@@ -81,18 +72,16 @@ struct HandlerOptions {
   std::string queue{};
   // Required.
   std::shared_ptr<Driver> driver{};
-  // Required (Handler::Create; Handler::CreateTransactional takes its effect instead). Runs on
-  // the receive workers, up to flow.concurrency at once, and on the replay thread.
+  // Required, unless the Handler is built with a TransactionalHandler (bus/transactional.h),
+  // whose effect it runs instead; then empty. Runs on the receive workers, up to
+  // flow.concurrency at once, and on the replay thread: it must be thread-safe.
   HandleFn handle{};
-  // Instead of `handle`: an effect committed in one transaction with the key's mark-done (an
-  // inbox; docs/exactly-once.md). Requires a stores.idempotency that is a TransactionalStore
-  // (bus/transactional.h), such as NewSqliteInbox.
-  TransactionalHandleFn handle_in_transaction{};
 
   struct Stores {
     // Default: NullDeadLetterStore() (keeps nothing; a warning is logged at Create).
     std::shared_ptr<DeadLetterStore> dead_letters{};
-    // Default: NullIdempotencyStore() (grants every key: no deduplication).
+    // Default: NullIdempotencyStore() (grants every key: no deduplication). With a
+    // TransactionalHandler: empty, or its inbox (the Handler uses the inbox).
     std::shared_ptr<IdempotencyStore> idempotency{};
     // Idempotency lease; zero means flow.delivery_lease / 2; else > 0 and shorter than
     // flow.delivery_lease, so that when a worker dies mid-handle its key is free again before
@@ -185,9 +174,9 @@ struct HandlerOptions {
   };
   Observability observability{};
 
-  // Default: the driver's clock. The Handler reads it for the pipeline's own time: handle
-  // latency, the time of log records and events, dead letters' failure times, the replay
-  // interval and the half-lease check of a batch. Leases and delivery delays are kept by the
+  // Default: the driver's clock. The Handler reads it for the pipeline's own time: set-up
+  // retries, the replay interval, handle latency, the half-lease check of a batch, and the
+  // times in log records, events and dead letters. Leases and delivery delays are kept by the
   // broker on the driver's clock. A different clock is meaningful only in tests that drive the
   // pipeline's time apart from the broker's (a FakeClock for a real broker); in production
   // leave it unset.

@@ -344,11 +344,12 @@ absl::Status Publish(const Context& ctx) {
   }
   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = ctx.Driver();
   if (!driver.ok()) return driver.status();
-  bus::Publisher publisher(*driver);
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(*driver);
+  if (!publisher.ok()) return publisher.status();
   absl::StatusOr<std::string> id =
       topic.has_value()
-          ? publisher.PublishToTopic(*topic, a.Get("route-key").value_or(""), std::move(out))
-          : publisher.SendToQueue(queue, std::move(out), delay);
+          ? publisher->PublishToTopic(*topic, a.Get("route-key").value_or(""), std::move(out))
+          : publisher->SendToQueue(queue, std::move(out), delay);
   if (!id.ok()) return id.status();
   if (g_json) {
     PrintJson({{"id", *id}});

@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "bus/names.h"
 #include "bus/internal/receive_loop.h"
+#include "bus/names.h"
 #include "gmock/gmock.h"
 #include "tests/testing/wait.h"
 
@@ -216,7 +216,7 @@ TEST_P(DriverConformanceTest, BadNamesAreInvalidArgumentUpFront) {
 TEST_P(DriverConformanceTest, BadOptionsAreInvalidArgument) {
   const std::string q = Unique("q");
   EXPECT_TRUE(absl::IsInvalidArgument(
-      driver_->NewConsumer(q, ConsumerOptions{0, harness_->ShortLease()}).status()));
+      driver_->NewConsumer(q, ConsumerOptions{-1, harness_->ShortLease()}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       driver_->NewConsumer(q, ConsumerOptions{1, absl::ZeroDuration()}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(driver_->SendToQueue(q, "x", absl::Seconds(-1))));
@@ -982,7 +982,7 @@ TEST_P(DriverConformanceTest, ReceiveMessageRejectsBadArguments) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.max_in_flight = 0;
-  options.batch_size = 0;
+  options.batch_size = -1;
   EXPECT_TRUE(absl::IsInvalidArgument(
       ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.batch_size = 1;

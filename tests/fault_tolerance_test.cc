@@ -89,7 +89,7 @@ class Workload {
 
   // Publishes messages [from, to).
   void Publish(int from, int to) {
-    Publisher publisher(driver_);
+    Publisher publisher = *Publisher::Create(driver_);
     for (int i = from; i < to; ++i) {
       ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = absl::StrCat(i)}).ok());
     }
@@ -303,7 +303,7 @@ TEST(BrokerDownAtStartTest, RunWaitsForTheBrokerAndThenConsumes) {
   EXPECT_FALSE((*h)->Stats().consuming);
   ASSERT_TRUE((*server)->Restart().ok());
   ASSERT_TRUE((*h)->WaitUntilRunning(kPatience).ok());
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < 10; ++i) {
     ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = absl::StrCat(i)}).ok());
   }

@@ -147,7 +147,7 @@ class HandlerTest : public ::testing::Test {
   std::shared_ptr<MemoryIdempotencyStore> idempotency_ =
       NewMemoryIdempotencyStore({.clock = clock_});
   std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::unique_ptr<Handler> handler_;
   std::future<absl::Status> run_;
 };
@@ -896,7 +896,7 @@ TEST_F(HandlerTest, AReplayFilterSelectsKindsAndALimit) {
 // for deliveries and for replayed letters, with the replay loop running, and a throwing logger.
 class ThrowingLogger final : public Logger {
  public:
-  void Log(LogLevel, absl::string_view) override { throw std::runtime_error("logger broke"); }
+  void Write(const LogRecord&) override { throw std::runtime_error("logger broke"); }
 };
 
 TEST_F(HandlerTest, ThrowingCallbacksOnEveryPathLeaveTheProcessAlive) {

@@ -97,7 +97,7 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
   Running h(std::move(o));
   ASSERT_TRUE(h.ok());
 
-  Publisher publisher(driver_);
+  Publisher publisher = *Publisher::Create(driver_);
   auto id = publisher.SendToQueue("traced", Outgoing{"order-1",
                                                      "pay",
                                                      {{"tenant", "eu"},
@@ -163,7 +163,7 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
 }
 
 TEST_P(HandlerTraceTest, AMessageGetsATraceAndItsChildKeepsTheTraceId) {
-  Publisher publisher(driver_);
+  Publisher publisher = *Publisher::Create(driver_);
   absl::Mutex mu;
   std::vector<Message> parents, children;
   auto record = [&](std::vector<Message>* into) {

@@ -83,7 +83,7 @@ class ObservabilityTest : public ::testing::Test {
   std::shared_ptr<IdempotencyStore> idempotency_ = NewMemoryIdempotencyStore({.clock = clock_});
   std::shared_ptr<CapturingRecordLogger> logger_ = std::make_shared<CapturingRecordLogger>();
   EventLog events_;
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::vector<std::unique_ptr<Handler>> handlers_;
   std::vector<std::future<absl::Status>> runs_;
 };
@@ -341,7 +341,8 @@ TEST_F(ObservabilityTest, TheObserverQueueMustHoldAnEvent) {
   o.observability.observer_queue = 0;
   auto h = Handler::Create(o);
   ASSERT_FALSE(h.ok());
-  EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions.observability.observer_queue:"));
+  EXPECT_THAT(std::string(h.status().message()),
+              HasSubstr("HandlerOptions.observability.observer_queue:"));
 }
 
 // A slow observer never holds the pipeline up: 100,000 messages are all handled while it

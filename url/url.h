@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "bus/driver.h"
 #include "drivers/nsq/nsq_options.h"
 #include "drivers/redis/redis_driver.h"            // RedisOptions
 #include "idempotency/sqlite/idempotency_store.h"  // SqliteIdempotencyOptions
@@ -102,9 +103,10 @@ struct SqliteUrlOptions {
 // the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
 absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
-// memory:// for the memory driver: its one parameter, max_message_bytes.
+// memory:// for the memory driver: its one parameter, max_message_bytes (default
+// kDefaultMaxMessageBytes, as a Handler's).
 struct MemoryUrlOptions {
-  size_t max_message_bytes = size_t{16} << 20;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url);
 

@@ -318,7 +318,7 @@ absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   const absl::Time start = options.clock->Now();
   absl::Status result;
   try {
-    result = tx != nullptr ? options.handle_in_transaction(msg, *tx) : options.handle(msg);
+    result = tx != nullptr ? handle_in_transaction(msg, *tx) : options.handle(msg);
   } catch (const std::exception& e) {
     result = absl::UnknownError(absl::StrCat("handler threw: ", e.what()));
   } catch (...) {

@@ -48,19 +48,20 @@ struct Input {
 // Everything the pipeline touches, shared with the receive loop's workers (which may outlive
 // Run() when abandoned after the shutdown timeout).
 struct Pipeline {
-  explicit Pipeline(HandlerOptions o, bool user_ensure)
+  Pipeline(HandlerOptions o, bool user_ensure, TransactionalHandler tx)
       : options(std::move(o)),
         has_user_ensure(user_ensure),
-        transactional(options.handle_in_transaction != nullptr
-                          ? dynamic_cast<TransactionalStore*>(options.stores.idempotency.get())
-                          : nullptr) {}
+        transactional(std::move(tx.inbox)),
+        handle_in_transaction(std::move(tx.handle)) {}
 
   const HandlerOptions options;
   // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
   const bool has_user_ensure;
-  // The idempotency store as an inbox, when handle_in_transaction is set: steps 4 and 5 then run
-  // as one TransactionalStore::RunAndMarkDone per batch (ProcessBatch).
-  TransactionalStore* const transactional;
+  // The inbox of a Handler built with a TransactionalHandler (also options.stores.idempotency),
+  // or null: steps 4 and 5 then run as one TransactionalStore::RunAndMarkDone per batch
+  // (ProcessBatch), with handle_in_transaction as the effect instead of options.handle.
+  const std::shared_ptr<TransactionalStore> transactional;
+  const TransactionalHandleFn handle_in_transaction;
   std::stop_source stop;
 
   std::atomic<uint64_t> received{0};

@@ -117,13 +117,14 @@ void Loop::Worker(size_t index, std::stop_token stop) {
   while (!stopping) {
     if (!buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
-      if (options.batch_limit != nullptr) {
+      if (options.batch_limit != nullptr || options.batch_size == 0) {
         // A fair share of all that is held (buffered and running), not of the buffer alone:
         // with the others busy, halving the buffer at each take would shrink every batch.
         const size_t share = (static_cast<size_t>(held) + options.concurrency - 1) /
                              static_cast<size_t>(options.concurrency);
-        n = std::min(
-            {buffer.size(), share, static_cast<size_t>(std::max(1, options.batch_limit()))});
+        const int limit =
+            options.batch_limit != nullptr ? std::max(1, options.batch_limit()) : kMaxAutoBatch;
+        n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
       }
       for (size_t i = 0; i < n; ++i) {
         slot.deliveries.push_back(std::move(buffer.front().delivery));
@@ -255,8 +256,9 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
   if (options.poll_wait <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ReceiveOptions.poll_wait must be > 0");
   }
-  if (options.batch_size < 1) {
-    return absl::InvalidArgumentError("ReceiveOptions.batch_size must be >= 1");
+  if (options.batch_size < 0) {
+    return absl::InvalidArgumentError(
+        "ReceiveOptions.batch_size must be 0 (chosen by the library) or >= 1");
   }
   return absl::OkStatus();
 }
@@ -290,7 +292,7 @@ absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const Recei
   if (absl::Status st = ValidateReceiveOptions(options); !st.ok()) return st;
   if (fn == nullptr) return absl::InvalidArgumentError("ReceiveBatches: no callback");
   ReceiveOptions opts = options;
-  if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency;
+  if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency * kAutoInFlightPerWorker;
 
   const std::shared_ptr<Clock> clk = driver.clock();
   std::unique_ptr<Consumer> consumer;

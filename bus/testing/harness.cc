@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Harness>> Harness::Start(HandlerOptions options) 
   absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(std::move(options));
   if (!handler.ok()) return handler.status();
   h->handler_ = *std::move(handler);
-  h->publisher_ = std::make_unique<Publisher>(h->driver_, h->clock_);
+  h->publisher_ = std::make_unique<Publisher>(*Publisher::Create(h->driver_, h->clock_));
   h->run_result_ = std::make_shared<absl::Status>();
   h->runner_ = std::thread(
       [handler = h->handler_.get(), result = h->run_result_] { *result = handler->Run(); });

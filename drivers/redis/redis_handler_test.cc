@@ -37,7 +37,7 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
 
   // 400 messages, the last 40 repeating earlier business ids, all queued before the start.
   constexpr int kUnique = 360, kRepeats = 40;
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < kUnique + kRepeats; ++i) {
     const int uid = i < kUnique ? i : i - kUnique;
     ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", uid), "x", {}}).ok());
@@ -108,7 +108,7 @@ TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCounterBecomesAMalformedLette
   auto driver = NewRedisDriver(options);
   auto dead_letters = NewRedisDeadLetterStore(options);
   ASSERT_TRUE(driver.ok() && dead_letters.ok());
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", i), "x", {}}).ok());
   }

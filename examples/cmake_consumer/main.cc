@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<bus::Driver> driver = bus::NewMemoryDriver();
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+  if (!publisher.ok()) {
+    std::fprintf(stderr, "%s\n", publisher.status().ToString().c_str());
+    return 1;
+  }
 
   absl::Mutex mu;
   std::string handled_payload;  // guarded by mu
@@ -61,9 +66,8 @@ int main(int argc, char** argv) {
   absl::Status run_status;
   std::thread runner([&] { run_status = (*handler)->Run(); });
 
-  bus::Publisher publisher(driver);
   const bus::Outgoing order = {.biz_uid = "order-42", .payload = "{\"amount\": 42}"};
-  absl::StatusOr<std::string> id = publisher.SendToQueue("orders", order);
+  absl::StatusOr<std::string> id = publisher->SendToQueue("orders", order);
 
   bool done = false;
   if (id.ok()) {

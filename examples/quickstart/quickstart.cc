@@ -334,35 +334,39 @@ int main(int argc, char** argv) {
     }
   };
   const std::string invoices = absl::StrCat("invoices-", queue.substr(7));
+  bus::TransactionalHandler transactional;
   if (backend->inbox != nullptr) {
     // The effect and the invoice first, then the order's verdict: a failing attempt rolls both
     // back, so only the attempt that succeeds leaves a row.
-    options.handle_in_transaction = backend->inbox->Handle(
-        [&](const bus::Message& msg, bus::SqliteTransaction& tx) -> absl::Status {
-          absl::StatusOr<std::string> invoice =
-              tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}});
-          if (!invoice.ok()) return invoice.status();
-          absl::StatusOr<int64_t> n = tx.Execute(
-              "INSERT INTO order_effects (queue, order_id, invoice_id) VALUES (?1, ?2, ?3)",
-              {queue, msg.biz_uid, *invoice});
-          if (!n.ok()) return n.status();
-          return decide(msg);
-        });
+    transactional = backend->inbox->Handle([&](const bus::Message& msg,
+                                               bus::SqliteTransaction& tx) -> absl::Status {
+      absl::StatusOr<std::string> invoice =
+          tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}});
+      if (!invoice.ok()) return invoice.status();
+      absl::StatusOr<int64_t> n =
+          tx.Execute("INSERT INTO order_effects (queue, order_id, invoice_id) VALUES (?1, ?2, ?3)",
+                     {queue, msg.biz_uid, *invoice});
+      if (!n.ok()) return n.status();
+      return decide(msg);
+    });
   } else {
     options.handle = decide;
   }
-  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+  if (!publisher.ok()) return Fail("", publisher.status());
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
+      transactional.inbox != nullptr ? bus::Handler::Create(options, std::move(transactional))
+                                     : bus::Handler::Create(options);
   if (!handler.ok()) return Fail("", handler.status());
   BackgroundRun runner(handler->get());
 
-  bus::Publisher publisher(driver);
   int published = 0;
   int expect_duplicates = 0, expect_dead = 0, expect_handled = 0;
   for (int i = 0; i < orders; ++i) {
     const std::string biz_uid = absl::StrCat("order-", i);
     const int copies = KindOf(i) == Kind::kDuplicated ? 2 : 1;
     for (int c = 0; c < copies; ++c) {
-      absl::StatusOr<std::string> id = publisher.SendToQueue(
+      absl::StatusOr<std::string> id = publisher->SendToQueue(
           queue, bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
       if (!id.ok()) return Fail("publish: ", id.status());
       ++published;

@@ -89,7 +89,7 @@ class SqliteHandlerTest : public ::testing::Test {
   }
 
   void PublishFive() {
-    Publisher publisher(driver_);
+    Publisher publisher = *Publisher::Create(driver_);
     for (int i = 0; i < 5; ++i) {
       absl::StatusOr<std::string> id = publisher.SendToQueue(
           "orders", Outgoing{absl::StrCat("order-", i), "pay", {{"traceparent", "00-abc-01"}}});

@@ -155,10 +155,11 @@ int main(int argc, char** argv) {
   // so a dead run's key is free before its delivery returns.
   options.flow.delivery_lease = absl::Seconds(4);
   options.stores.idempotency_lease = absl::Milliseconds(1500);
+  bus::TransactionalHandler transactional;
   if (inbox_mode) {
     // The effect and the invoice commit with the key's mark-done, or not at all.
     const std::string invoices = absl::GetFlag(FLAGS_invoices_queue);
-    options.handle_in_transaction =
+    transactional =
         inbox->Handle([&, invoices](const bus::Message& msg, bus::SqliteTransaction& tx) {
           absl::StatusOr<int64_t> n =
               tx.Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
@@ -171,7 +172,9 @@ int main(int argc, char** argv) {
       return (*effects)->Record(msg.biz_uid, incarnation);
     };
   }
-  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
+      inbox_mode ? bus::Handler::Create(options, std::move(transactional))
+                 : bus::Handler::Create(options);
   if (!handler.ok()) return Fail(handler.status());
 
   std::atomic<bool> run_ended{false};

@@ -106,28 +106,30 @@ class FaultyDriver final : public Driver {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Subscribe(t, q, k);
   }
-  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data, absl::Duration d) override {
+  absl::Status DoSendToQueue(absl::string_view q, absl::string_view data,
+                             absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToQueue(q, data, d);
   }
   absl::Status DoSendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
-                                absl::Duration d) override {
+                                  absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendBatchToQueue(q, data, d);
   }
   absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
-                           absl::string_view k) override {
+                             absl::string_view k) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
     return base_->SendToTopic(t, data, k);
   }
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
-                                                        const ConsumerOptions& o) override {
+                                                          const ConsumerOptions& o) override {
     absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
     if (!c.ok() || corrupt_data.empty()) return c;
     return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data));
   }
   DriverStats Stats() const override { return base_->Stats(); }
-  absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q, absl::string_view k) override {
+  absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q,
+                             absl::string_view k) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
     return base_->Unsubscribe(t, q, k);
   }
@@ -252,9 +254,9 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
 
 class CapturingLogger final : public Logger {
  public:
-  void Log(LogLevel level, absl::string_view line) override {
+  void Write(const LogRecord& r) override {
     absl::MutexLock lock(&mu_);
-    lines_.emplace_back(level, std::string(line));
+    lines_.emplace_back(r.level, FormatLogLine(r));
   }
   std::vector<std::pair<LogLevel, std::string>> lines() const {
     absl::MutexLock lock(&mu_);
@@ -284,9 +286,6 @@ struct CapturedRecord {
 // Keeps every record (LogRecord, bus/logger.h) written to it.
 class CapturingRecordLogger final : public Logger {
  public:
-  void Log(LogLevel level, absl::string_view line) override {
-    Write(LogRecord{.level = level, .text = line});
-  }
   void Write(const LogRecord& r) override {
     CapturedRecord c{r.level,
                      r.time,

@@ -66,7 +66,6 @@ inline void ExpectNoSecret(const Event& e, absl::string_view secret) {
 class CountingLogger final : public Logger {
  public:
   explicit CountingLogger(std::shared_ptr<Logger> next) : next_(std::move(next)) {}
-  void Log(LogLevel level, absl::string_view line) override { next_->Log(level, line); }
   void Write(const LogRecord& r) override {
     {
       absl::MutexLock lock(&mu_);

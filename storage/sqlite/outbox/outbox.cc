@@ -229,9 +229,17 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
 }
 
 void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop) {
-  auto log = [&](LogLevel level, absl::string_view line) {
+  auto log = [&](LogLevel level, absl::string_view event, absl::string_view text,
+                 absl::string_view error) {
+    LogRecord r;
+    r.level = level;
+    r.component = "outbox";
+    r.event = event;
+    r.text = text;
+    r.error = error;
     try {
-      logger.Log(level, line);
+      r.time = db_->clock()->Now();
+      logger.Write(r);
     } catch (...) {
     }
   };
@@ -259,11 +267,16 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
       wait = FullJitterDelay(options_.backoff_base, options_.backoff_max, failures,
                              absl::Uniform(random, 0.0, 1.0));
       if (failures == 1) {
-        log(LogLevel::kError, absl::StrCat(sent.status().ToString(),
-                                           "; retrying with backoff until the broker accepts"));
+        const std::string error = sent.status().ToString();
+        log(LogLevel::kError, "relay_failed",
+            absl::StrCat("outbox relay: ", error,
+                         "; retrying with backoff until the broker accepts"),
+            error);
       }
     } else {
-      if (failures > 0) log(LogLevel::kInfo, "outbox relay: the broker accepts again");
+      if (failures > 0) {
+        log(LogLevel::kInfo, "relay_recovered", "outbox relay: the broker accepts again", {});
+      }
       failures = 0;
       if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
     }

@@ -304,14 +304,13 @@ TEST_F(OutboxTest, ADownstreamInboxTurnsRepeatedDeliveriesIntoOneEffectEach) {
   o.queue = "invoices";
   o.driver = memory;
   o.observability.logger = NullLogger();
-  o.stores.idempotency = *inbox;
   o.replay.interval = absl::ZeroDuration();
   o.flow.batch_size = 8;
   o.flow.max_in_flight = 8;
-  o.handle_in_transaction = (*inbox)->Handle([](const Message& msg, SqliteTransaction& tx) {
-    return tx.Execute("INSERT INTO paid (invoice) VALUES (?1)", {msg.id}).status();
-  });
-  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(o);
+  absl::StatusOr<std::unique_ptr<Handler>> handler =
+      Handler::Create(o, (*inbox)->Handle([](const Message& msg, SqliteTransaction& tx) {
+        return tx.Execute("INSERT INTO paid (invoice) VALUES (?1)", {msg.id}).status();
+      }));
   ASSERT_TRUE(handler.ok()) << handler.status();
   std::future<absl::Status> run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
   ASSERT_TRUE(WaitUntil([&] {
