@@ -291,7 +291,7 @@ class NsqDriver final : public Driver {
     auto gather = [](std::shared_ptr<Core> core)
         -> boost::asio::awaitable<absl::StatusOr<std::vector<nsq::ChannelStats>>> {
       const absl::Duration timeout = core->options().timeouts.request;
-      absl::StatusOr<std::vector<std::string>> http = co_await NsqdHttpAddresses(core);
+      absl::StatusOr<std::vector<NsqdHttp>> http = co_await NsqdHttpAddresses(core);
       if (!http.ok()) co_return http.status();
       std::vector<nsq::ChannelStats> all;
       for (const NsqdHttp& nsqd : *http) {
@@ -328,7 +328,10 @@ class NsqDriver final : public Driver {
   static boost::asio::awaitable<absl::StatusOr<std::vector<NsqdHttp>>> NsqdHttpAddresses(
       std::shared_ptr<Core> core) {
     const NsqOptions& o = core->options();
-    std::vector<std::string> http = o.discovery.nsqd_http_addresses;
+    std::vector<NsqdHttp> http;
+    for (const std::string& given : o.discovery.nsqd_http_addresses) {
+      http.push_back({.address = given});
+    }
     if (!http.empty()) co_return http;
     std::set<std::string> listed_tcp;
     for (const std::string& lookupd : o.lookupd_http_addresses) {
