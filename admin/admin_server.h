@@ -11,7 +11,7 @@
 //
 //   bus::AdminServerOptions options;
 //   options.port = 9090;                 // 0: a free port, see port()
-//   options.metrics = metrics;           // the registry given to HandlerOptions::metrics
+//   options.metrics = metrics;           // the one in HandlerOptions::observability.metrics
 //   options.handlers = {handler.get()};
 //   absl::StatusOr<std::unique_ptr<bus::AdminServer>> admin = bus::AdminServer::Start(options);
 //   ...

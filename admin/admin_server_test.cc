@@ -96,7 +96,7 @@ HandleFn WorkloadHandle() {
 
 void RunWorkload(const std::shared_ptr<Driver>& driver, const std::string& queue,
                  Handler* handler) {
-  Publisher publisher(driver);
+  Publisher publisher = *Publisher::Create(driver);
   for (int i = 0; i < kGood; ++i) {
     ASSERT_TRUE(publisher.SendToQueue(queue, {.payload = absl::StrCat("ok-", i)}).ok());
   }
@@ -216,12 +216,12 @@ HandlerOptions BaseOptions(std::shared_ptr<Driver> driver, std::shared_ptr<DeadL
   HandlerOptions o;
   o.queue = "orders";
   o.driver = std::move(driver);
-  o.dead_letters = std::move(dl);
-  o.idempotency = std::move(idem);
-  o.logger = NullLogger();
-  o.metrics = std::move(metrics);
+  o.stores.dead_letters = std::move(dl);
+  o.stores.idempotency = std::move(idem);
+  o.observability.logger = NullLogger();
+  o.observability.metrics = std::move(metrics);
   o.handle = WorkloadHandle();
-  o.replay_interval = absl::ZeroDuration();
+  o.replay.interval = absl::ZeroDuration();
   return o;
 }
 
@@ -370,7 +370,7 @@ TEST(AdminServerMemoryTest, ASlowPingBlocksNeitherTheHandlerNorHealthz) {
   std::thread probe([&] { ready_status = StatusOf(*admin, "/readyz"); });
   dl->entered.WaitForNotification();
   // While /readyz waits for the store: messages are handled, /healthz and /metrics answer.
-  Publisher publisher(driver);
+  Publisher publisher = *Publisher::Create(driver);
   ASSERT_TRUE(publisher.SendToQueue("orders", {.payload = "ok"}).ok());
   EXPECT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }, kPatience));
   EXPECT_EQ(StatusOf(*admin, "/healthz"), 200);

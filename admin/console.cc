@@ -154,7 +154,8 @@ struct Console::Impl {
 
   DeadLetterStore* StoreFor(absl::string_view queue) const {
     const int i = HandlerIndex(queue);
-    if (i >= 0) return options.handlers[static_cast<size_t>(i)]->options().dead_letters.get();
+    if (i >= 0)
+      return options.handlers[static_cast<size_t>(i)]->options().stores.dead_letters.get();
     return options.dead_letters.get();
   }
 
@@ -227,7 +228,7 @@ struct Console::Impl {
                     {"duplicates", s.duplicates},
                     {"replayed", s.replayed},
                     {"in_flight", s.in_flight},
-                    {"concurrency", h->options().concurrency},
+                    {"concurrency", h->options().flow.concurrency},
                     {"latency_p50_ms", absl::ToDoubleMilliseconds(s.latency_p50)},
                     {"latency_p99_ms", absl::ToDoubleMilliseconds(s.latency_p99)}};
     q["samples"] = SampleCount(static_cast<size_t>(i));
@@ -278,11 +279,11 @@ struct Console::Impl {
       if (o.driver != nullptr && seen.insert(o.driver.get()).second) {
         check("broker", o.driver->name(), o.driver->Ping(options.ping_timeout));
       }
-      if (o.dead_letters != nullptr && seen.insert(o.dead_letters.get()).second) {
-        check("dead-letter store", o.queue, o.dead_letters->Ping(options.ping_timeout));
+      if (o.stores.dead_letters != nullptr && seen.insert(o.stores.dead_letters.get()).second) {
+        check("dead-letter store", o.queue, o.stores.dead_letters->Ping(options.ping_timeout));
       }
-      if (o.idempotency != nullptr && seen.insert(o.idempotency.get()).second) {
-        check("idempotency store", o.queue, o.idempotency->Ping(options.ping_timeout));
+      if (o.stores.idempotency != nullptr && seen.insert(o.stores.idempotency.get()).second) {
+        check("idempotency store", o.queue, o.stores.idempotency->Ping(options.ping_timeout));
       }
     }
     if (options.dead_letters != nullptr && seen.insert(options.dead_letters.get()).second) {
@@ -539,7 +540,7 @@ absl::StatusOr<std::unique_ptr<Console>> Console::Create(ConsoleOptions options)
   }
   if (options.driver == nullptr) return invalid("driver", "required without handlers");
   if (options.dead_letters == nullptr && !options.handlers.empty()) {
-    options.dead_letters = options.handlers[0]->options().dead_letters;
+    options.dead_letters = options.handlers[0]->options().stores.dead_letters;
   }
   if (options.sample_interval <= absl::ZeroDuration()) {
     return invalid("sample_interval", "must be > 0");

@@ -126,7 +126,7 @@ TEST_F(ConsoleBrowserTest, OverviewShowsTheCountsProduced) {
   for (int i = 0; i < 2; ++i) rig_->Send({.payload = absl::StrCat("fail ", i)});
   ASSERT_TRUE(rig_->WaitFor(5, 2));
   ASSERT_TRUE(rig_->driver()->CreateQueue("billing", absl::ZeroDuration()).ok());
-  ASSERT_TRUE(Publisher(rig_->driver()).SendToQueue("billing", {.payload = "x"}).ok());
+  ASSERT_TRUE(Publisher::Create(rig_->driver())->SendToQueue("billing", {.payload = "x"}).ok());
   Go("#/");
   const std::string row = "tr[data-queue='orders'] ";
   EXPECT_TRUE(WaitText(row + "[data-field='handled']", "5")) << Text("main");

@@ -98,8 +98,10 @@ TEST_F(ConsoleApiTest, ConfigSaysWhetherWritesAreOnAndNeverTheToken) {
 TEST_F(ConsoleApiTest, QueuesListsBrokerCountsAndHandlerStats) {
   Workload();
   ASSERT_TRUE(rig_->driver()->CreateQueue("idle", absl::ZeroDuration()).ok());
-  ASSERT_TRUE(Publisher(rig_->driver()).SendToQueue("idle", {.payload = "x"}).ok());
-  ASSERT_TRUE(Publisher(rig_->driver()).SendToQueue("idle", {.payload = "y"}, absl::Hours(1)).ok());
+  ASSERT_TRUE(Publisher::Create(rig_->driver())->SendToQueue("idle", {.payload = "x"}).ok());
+  ASSERT_TRUE(Publisher::Create(rig_->driver())
+                  ->SendToQueue("idle", {.payload = "y"}, absl::Hours(1))
+                  .ok());
   Answer a = Get(*console_, "/api/queues");
   ASSERT_EQ(a.status, 200) << a.raw.body;
   ASSERT_EQ(a.body["queues"].size(), 2u) << a.body.dump();

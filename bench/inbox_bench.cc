@@ -4,7 +4,7 @@
 //
 //  - "today": a plain `handle` that runs the INSERT in a transaction of its own on the
 //    application's own connection to the file (then the pipeline marks the key done);
-//  - "inbox": `handle_in_transaction` through SqliteInbox, the INSERT in the transaction that
+//  - "inbox": a transactional handler through SqliteInbox, the INSERT in the transaction that
 //    also marks the key done;
 //
 // at each batch size and concurrency given, interleaved (today, inbox, inbox, today per round),
@@ -95,7 +95,7 @@ class OwnConnection {
 
 double RunOnce(bool inbox, int messages, int concurrency, int batch_size) {
   auto driver = bus::NewMemoryDriver();
-  bus::Publisher publisher(driver);
+  bus::Publisher publisher = *bus::Publisher::Create(driver);
   std::vector<std::string> wire;
   for (int i = 0; i < messages; ++i) {
     bus::Message m = publisher.Build(bus::Outgoing{"", std::string(100, 'p'), {}});
@@ -117,26 +117,26 @@ double RunOnce(bool inbox, int messages, int concurrency, int batch_size) {
   bus::HandlerOptions o;
   o.queue = "bench";
   o.driver = driver;
-  o.logger = bus::StderrLogger(bus::LogLevel::kError);
-  o.dead_letters = bus::NewSqliteDeadLetterStore(db);
+  o.observability.logger = bus::StderrLogger(bus::LogLevel::kError);
+  o.stores.dead_letters = bus::NewSqliteDeadLetterStore(db);
   std::shared_ptr<bus::SqliteInbox> sqlite_inbox;
+  bus::TransactionalHandler transactional;
   if (inbox) {
     sqlite_inbox = *bus::NewSqliteInbox(db);
-    o.idempotency = sqlite_inbox;
-    o.handle_in_transaction =
-        sqlite_inbox->Handle([](const bus::Message& msg, bus::SqliteTransaction& tx) {
-          return tx.Execute(kInsertEffect, {msg.id, bus::SqlBlob{msg.payload}}).status();
-        });
+    transactional = sqlite_inbox->Handle([](const bus::Message& msg, bus::SqliteTransaction& tx) {
+      return tx.Execute(kInsertEffect, {msg.id, bus::SqlBlob{msg.payload}}).status();
+    });
   } else {
     own = std::make_unique<OwnConnection>(path);
-    o.idempotency = bus::NewSqliteIdempotencyStore(db);
+    o.stores.idempotency = bus::NewSqliteIdempotencyStore(db);
     o.handle = [&own](const bus::Message& msg) { return own->Insert(msg); };
   }
-  o.batch_size = batch_size;
-  o.concurrency = concurrency;
-  o.max_in_flight = concurrency * std::max(64, batch_size);
-  o.replay_interval = absl::ZeroDuration();
-  auto handler = bus::Handler::Create(o);
+  o.flow.batch_size = batch_size;
+  o.flow.concurrency = concurrency;
+  o.flow.max_in_flight = concurrency * std::max(64, batch_size);
+  o.replay.interval = absl::ZeroDuration();
+  auto handler =
+      inbox ? bus::Handler::Create(o, std::move(transactional)) : bus::Handler::Create(o);
   if (!handler.ok()) std::abort();
   const absl::Time start = absl::Now();
   std::thread runner([&] { (*handler)->Run().IgnoreError(); });
@@ -184,7 +184,7 @@ std::pair<double, double> RelayRates(int n) {
   const double relay = n / absl::ToDoubleSeconds(absl::Now() - start);
 
   auto plain_driver = bus::NewMemoryDriver();
-  bus::Publisher publisher(plain_driver);
+  bus::Publisher publisher = *bus::Publisher::Create(plain_driver);
   std::vector<std::string> wire;
   for (int i = 0; i < n; ++i) {
     wire.push_back(

@@ -11,8 +11,8 @@
 // default: a null logger, no observer), `json` (the JSON-lines logger, writing to /dev/null),
 // `json_observer` (that and a no-op observer, so every message queues a `handled` event);
 // `metrics`, `json_metrics` and `json_observer_metrics` add a MetricsRegistry on the Handler
-// (HandlerOptions::metrics) whose whole page a thread renders every --scrape_interval (1 s by
-// default, 15 times as often as a Prometheus server's usual 15 s), as the admin server's
+// (HandlerOptions::observability.metrics) whose whole page a thread renders every --scrape_interval
+// (1 s by default, 15 times as often as a Prometheus server's usual 15 s), as the admin server's
 // /metrics would; the mean CPU time a page took to render is printed at the end.
 
 #include <sys/resource.h>
@@ -51,7 +51,8 @@ ABSL_FLAG(int, max_in_flight_per_worker, 64, "prefetch per worker");
 ABSL_FLAG(int, runs, 3, "runs per level; the best is reported");
 ABSL_FLAG(std::string, stores, "memory", "memory or sqlite");
 ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its database file");
-ABSL_FLAG(int, batch_size, 0, "HandlerOptions::batch_size (0: the default, chosen by the Handler)");
+ABSL_FLAG(int, batch_size, 0,
+          "HandlerOptions::flow.batch_size (0: the default, chosen by the Handler)");
 ABSL_FLAG(std::string, modes, "off",
           "comma-separated: off, json, json_observer, metrics, json_metrics, "
           "json_observer_metrics");
@@ -85,7 +86,7 @@ std::atomic<int64_t> render_nanos{0};
 
 double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_message) {
   auto driver = bus::NewMemoryDriver();
-  bus::Publisher publisher(driver);
+  bus::Publisher publisher = *bus::Publisher::Create(driver);
   std::vector<std::string> batch;
   batch.reserve(10000);
   for (int i = 0; i < messages; ++i) {
@@ -111,21 +112,21 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
     so.background_checkpoints = absl::GetFlag(FLAGS_sqlite_background_checkpoints);
     auto db = bus::SqliteDatabase::Open(so);
     if (!db.ok()) std::abort();
-    o.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-    o.idempotency = bus::NewSqliteIdempotencyStore(*db);
+    o.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+    o.stores.idempotency = bus::NewSqliteIdempotencyStore(*db);
   } else {
-    o.dead_letters = bus::NewMemoryDeadLetterStore();
-    o.idempotency = bus::NewMemoryIdempotencyStore();
+    o.stores.dead_letters = bus::NewMemoryDeadLetterStore();
+    o.stores.idempotency = bus::NewMemoryIdempotencyStore();
   }
-  o.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.flow.batch_size = absl::GetFlag(FLAGS_batch_size);
   static std::FILE* const dev_null = std::fopen("/dev/null", "w");
-  o.logger = mode.json ? bus::JsonLinesLogger({.out = dev_null}) : bus::NullLogger();
-  if (mode.observer) o.observer = [](const bus::Event&) {};
+  o.observability.logger = mode.json ? bus::JsonLinesLogger({.out = dev_null}) : bus::NullLogger();
+  if (mode.observer) o.observability.observer = [](const bus::Event&) {};
   o.handle = [](const bus::Message&) { return absl::OkStatus(); };
-  o.concurrency = concurrency;
-  o.max_in_flight = concurrency * absl::GetFlag(FLAGS_max_in_flight_per_worker);
-  o.replay_interval = absl::ZeroDuration();
-  if (mode.metrics) o.metrics = std::make_shared<bus::MetricsRegistry>();
+  o.flow.concurrency = concurrency;
+  o.flow.max_in_flight = concurrency * absl::GetFlag(FLAGS_max_in_flight_per_worker);
+  o.replay.interval = absl::ZeroDuration();
+  if (mode.metrics) o.observability.metrics = std::make_shared<bus::MetricsRegistry>();
   auto handler = bus::Handler::Create(o);
   if (!handler.ok()) std::abort();
   std::atomic<bool> done{false};
@@ -135,7 +136,7 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
     scraper = std::thread([&] {
       while (!done.load()) {
         const int64_t t = ThreadCpuNanos();
-        page_bytes = o.metrics->Render().size();
+        page_bytes = o.observability.metrics->Render().size();
         render_nanos.fetch_add(ThreadCpuNanos() - t);
         renders.fetch_add(1);
         absl::SleepFor(absl::GetFlag(FLAGS_scrape_interval));

@@ -73,10 +73,10 @@ ABSL_FLAG(std::string, steps, "limit,sends,e2e,limit_after",
 ABSL_FLAG(int, concurrency, 8, "Handler concurrency");
 ABSL_FLAG(int, max_in_flight, 1024,
           "Handler max in flight (prefetch); 0: the default (64 per worker)");
-ABSL_FLAG(
-    int, handler_batch_size, 128,
-    "HandlerOptions::batch_size for the e2e runs (0: the default, chosen by the Handler; 1: one "
-    "message per store call)");
+ABSL_FLAG(int, handler_batch_size, 128,
+          "HandlerOptions::flow.batch_size for the e2e runs (0: the default, chosen by the "
+          "Handler; 1: one "
+          "message per store call)");
 ABSL_FLAG(int, sub_queues, 1,
           "e2e: spread the queue over N sub-queues <q>.0 .. <q>.N-1 (sends round robin, one "
           "Handler per sub-queue, --concurrency split among them); 1: one queue");
@@ -131,7 +131,7 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::vector<std::
   std::vector<std::thread> threads;
   for (int t = 0; t < producers; ++t) {
     threads.emplace_back([&] {
-      bus::Publisher publisher(driver);
+      bus::Publisher publisher = *bus::Publisher::Create(driver);
       for (int at; (at = next.fetch_add(batch)) < messages;) {
         const std::string& queue = queues[(at / batch) % queues.size()];
         absl::Status status;
@@ -190,14 +190,14 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   for (int i = 0; i < n; ++i) {
     h.queue = queues[i];
     h.driver = driver;
-    h.dead_letters = dead_letters;
-    h.idempotency = idempotency;
+    h.stores.dead_letters = dead_letters;
+    h.stores.idempotency = idempotency;
     h.handle = [](const bus::Message&) { return absl::OkStatus(); };
-    h.concurrency = std::max(1, concurrency / n + (i < concurrency % n ? 1 : 0));
-    h.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
-    h.batch_size = absl::GetFlag(FLAGS_handler_batch_size);
-    h.replay_interval = absl::ZeroDuration();
-    h.logger = bus::NullLogger();
+    h.flow.concurrency = std::max(1, concurrency / n + (i < concurrency % n ? 1 : 0));
+    h.flow.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+    h.flow.batch_size = absl::GetFlag(FLAGS_handler_batch_size);
+    h.replay.interval = absl::ZeroDuration();
+    h.observability.logger = bus::NullLogger();
     auto handler = bus::Handler::Create(h);
     if (!handler.ok()) {
       std::fprintf(stderr, "handler: %s\n", handler.status().ToString().c_str());
@@ -242,7 +242,8 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   std::printf(
       "ours=%s mode=e2e concurrency=%d max_in_flight=%d batch_size=%d%s msgs=%d secs=%.3f "
       "rate=%.0f\n",
-      label, concurrency, h.max_in_flight, h.batch_size, sub.c_str(), total, secs, total / secs);
+      label, concurrency, h.flow.max_in_flight, h.flow.batch_size, sub.c_str(), total, secs,
+      total / secs);
   return total / secs;
 }
 

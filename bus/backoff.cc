@@ -10,17 +10,21 @@ namespace bus {
 Backoff::Backoff(BackoffPolicy policy, std::shared_ptr<RandomSource> random)
     : policy_(policy), random_(random != nullptr ? std::move(random) : DefaultRandom()) {}
 
+absl::Duration BackoffDelay(const BackoffPolicy& policy, int failures, RandomSource& random) {
+  switch (policy.jitter) {
+    case BackoffPolicy::Jitter::kNone:
+      break;
+    case BackoffPolicy::Jitter::kFull:
+      return FullJitterDelay(policy.initial, policy.max, failures, random.Uniform());
+    case BackoffPolicy::Jitter::kEqual:
+      return EqualJitterDelay(policy.initial, policy.max, failures, random.Uniform());
+  }
+  return ExponentialDelay(policy.initial, policy.max, failures);
+}
+
 absl::Duration Backoff::Next() {
   if (failures_ < (1 << 30)) ++failures_;
-  switch (policy_.jitter) {
-    case BackoffPolicy::Jitter::kNone:
-      return ExponentialDelay(policy_.initial, policy_.max, failures_);
-    case BackoffPolicy::Jitter::kFull:
-      return FullJitterDelay(policy_.initial, policy_.max, failures_, random_->Uniform());
-    case BackoffPolicy::Jitter::kEqual:
-      return EqualJitterDelay(policy_.initial, policy_.max, failures_, random_->Uniform());
-  }
-  return ExponentialDelay(policy_.initial, policy_.max, failures_);
+  return BackoffDelay(policy_, failures_, *random_);
 }
 
 bool SleepUntil(const Clock& clock, absl::Time deadline, std::stop_token stop) {

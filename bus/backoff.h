@@ -43,6 +43,12 @@ struct BackoffPolicy {
   Jitter jitter = Jitter::kNone;
 };
 
+// The delay after the `failures`-th consecutive failure (>= 1) under `policy`, jittered with a
+// number from `random` when the policy asks for jitter. Backoff::Next() is this with its own
+// count; a loop shared by several threads (the pipeline's infrastructure backoff) keeps its
+// count in an atomic and calls this.
+absl::Duration BackoffDelay(const BackoffPolicy& policy, int failures, RandomSource& random);
+
 class Backoff {
  public:
   // `random` is used only with jitter; nullptr means DefaultRandom().

@@ -49,6 +49,17 @@ TEST(BackoffTest, JitterUsesTheInjectedSource) {
   EXPECT_EQ(equal.Next(), absl::Milliseconds(1500));
 }
 
+TEST(BackoffTest, BackoffDelayIsTheNthDelayOfTheSamePolicy) {
+  auto half = std::make_shared<FixedRandom>(0.5);
+  const BackoffPolicy policy{.initial = absl::Seconds(1),
+                             .max = absl::Seconds(8),
+                             .jitter = BackoffPolicy::Jitter::kEqual};
+  Backoff backoff(policy, half);
+  for (int n = 1; n <= 6; ++n) EXPECT_EQ(BackoffDelay(policy, n, *half), backoff.Next()) << n;
+  EXPECT_EQ(BackoffDelay({.initial = absl::Seconds(1), .max = absl::Seconds(8)}, 3, *half),
+            absl::Seconds(4));
+}
+
 TEST(BackoffTest, SeededRandomRepeats) {
   std::shared_ptr<RandomSource> a = SeededRandom(42);
   std::shared_ptr<RandomSource> b = SeededRandom(42);

@@ -17,8 +17,9 @@ absl::Status ValidateBinding(absl::string_view topic, absl::string_view queue,
 }  // namespace
 
 absl::Status ValidateConsumerOptions(const ConsumerOptions& options) {
-  if (options.max_in_flight < 1) {
-    return absl::InvalidArgumentError("ConsumerOptions.max_in_flight must be >= 1");
+  if (options.max_in_flight < 0) {
+    return absl::InvalidArgumentError(
+        "ConsumerOptions.max_in_flight must be 0 (chosen by the library) or >= 1");
   }
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ConsumerOptions.lease must be > 0");
@@ -76,6 +77,11 @@ absl::StatusOr<std::unique_ptr<Consumer>> Driver::NewConsumer(absl::string_view 
                                                               const ConsumerOptions& options) {
   if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
   if (absl::Status st = ValidateConsumerOptions(options); !st.ok()) return st;
+  if (options.max_in_flight == 0) {
+    ConsumerOptions chosen = options;
+    chosen.max_in_flight = kAutoInFlightPerWorker;
+    return DoNewConsumer(queue, chosen);
+  }
   return DoNewConsumer(queue, options);
 }
 

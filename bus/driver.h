@@ -48,11 +48,18 @@
 namespace bus {
 
 // The default bound on one message (its envelope's bytes), shared by the Handler
-// (HandlerOptions::max_message_bytes) and the drivers' own limits, so that a message one
+// (HandlerOptions::flow.max_message_bytes) and the drivers' own limits, so that a message one
 // component accepts is not refused by another with default options: 1 MiB, nsqd's default
 // --max-msg-size. A driver whose broker counts its own framing in that limit (NSQ) accepts
 // that much less.
 inline constexpr size_t kDefaultMaxMessageBytes = size_t{1} << 20;
+
+// What the library chooses for a count left at 0, the same in every options struct that has it
+// (docs/pipeline.md, "Options"): max_in_flight 0 is this many deliveries per worker (a Consumer
+// is one worker)...
+inline constexpr int kAutoInFlightPerWorker = 64;
+// ...and batch_size 0 is a worker's fair share of the deliveries held, at most this many.
+inline constexpr int kMaxAutoBatch = 64;
 
 // One leased message.
 struct Delivery {
@@ -72,7 +79,9 @@ struct Delivery {
 };
 
 struct ConsumerOptions {
-  // Upper bound on deliveries held (received and not yet settled) by this consumer; >= 1.
+  // Upper bound on deliveries held (received and not yet settled) by this consumer; >= 0.
+  // 0: chosen by the library, kAutoInFlightPerWorker (64); Driver::NewConsumer passes the
+  // chosen number on to the driver.
   int max_in_flight = 1;
   // How long a delivery stays leased before the broker hands it to someone else; > 0. NSQ
   // rounds it to whole milliseconds and bounds it by nsqd's --max-msg-timeout.

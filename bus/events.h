@@ -1,11 +1,11 @@
 // Events: what happens to messages and connections inside a Handler, for an application that
 // wants to watch (counters of its own, a live view, tracing spans). Optional and lossy: set
-// HandlerOptions::observer, and the Handler delivers events to it from a bounded queue on a
-// thread of its own. When the observer falls behind and the queue is full, new events are
-// dropped and counted (HandlerStats::events_dropped); the pipeline never waits for the
+// HandlerOptions::observability.observer, and the Handler delivers events to it from a bounded
+// queue on a thread of its own. When the observer falls behind and the queue is full, new events
+// are dropped and counted (HandlerStats::events_dropped); the pipeline never waits for the
 // observer. Events are for observation, not for audit or business decisions.
 //
-//   options.observer = [](const bus::Event& e) {
+//   options.observability.observer = [](const bus::Event& e) {
 //     if (e.type == bus::EventType::kDeadLettered) dead_letter_counter.Increment();
 //   };
 //

@@ -22,73 +22,100 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions options) {
+  return Build(std::move(options), TransactionalHandler{});
+}
+
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o,
+                                                         TransactionalHandler transactional) {
+  if (transactional.inbox == nullptr) {
+    return absl::InvalidArgumentError("TransactionalHandler.inbox: missing");
+  }
+  if (transactional.handle == nullptr) {
+    return absl::InvalidArgumentError("TransactionalHandler.handle: missing");
+  }
+  if (o.handle != nullptr) {
+    return Invalid("handle", "must be empty with a TransactionalHandler (its handle runs instead)");
+  }
+  if (o.stores.idempotency != nullptr && o.stores.idempotency != transactional.inbox) {
+    return Invalid("stores.idempotency",
+                   "must be empty or the TransactionalHandler's inbox (the inbox keeps the keys)");
+  }
+  o.stores.idempotency = transactional.inbox;
+  return Build(std::move(o), std::move(transactional));
+}
+
+absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
+                                                        TransactionalHandler transactional) {
   if (o.queue.empty()) return Invalid("queue", "missing");
   if (absl::Status st = ValidateName("queue", o.queue); !st.ok()) {
     return Invalid("queue", st.message());
   }
   if (o.driver == nullptr) return Invalid("driver", "missing");
-  if (o.handle == nullptr && o.handle_in_transaction == nullptr) {
-    return Invalid("handle", "missing");
-  }
-  if (o.handle != nullptr && o.handle_in_transaction != nullptr) {
-    return Invalid("handle_in_transaction", "give either handle or handle_in_transaction");
-  }
-  if (o.handle_in_transaction != nullptr &&
-      dynamic_cast<TransactionalStore*>(o.idempotency.get()) == nullptr) {
-    return Invalid("handle_in_transaction",
-                   "needs an idempotency store that is a TransactionalStore (an inbox, such as "
-                   "NewSqliteInbox)");
-  }
-  if (o.queue_delay < absl::ZeroDuration()) return Invalid("queue_delay", "must be >= 0");
-  if (o.subscribe.has_value()) {
-    if (absl::Status st = ValidateName("topic", o.subscribe->topic); !st.ok()) {
-      return Invalid("subscribe.topic", st.message());
+  if (o.handle == nullptr && transactional.handle == nullptr) return Invalid("handle", "missing");
+  if (o.setup.queue_delay < absl::ZeroDuration())
+    return Invalid("setup.queue_delay", "must be >= 0");
+  if (o.setup.subscribe.has_value()) {
+    if (absl::Status st = ValidateName("topic", o.setup.subscribe->topic); !st.ok()) {
+      return Invalid("setup.subscribe.topic", st.message());
     }
-    if (absl::Status st = ValidateRouteKey(o.subscribe->route_key); !st.ok()) {
-      return Invalid("subscribe.route_key", st.message());
+    if (absl::Status st = ValidateRouteKey(o.setup.subscribe->route_key); !st.ok()) {
+      return Invalid("setup.subscribe.route_key", st.message());
     }
   }
-  if (o.concurrency < 1) return Invalid("concurrency", "must be >= 1");
-  if (o.max_in_flight == 0) o.max_in_flight = o.concurrency * kAutoInFlightPerWorker;
-  if (o.max_in_flight < o.concurrency) {
-    return Invalid("max_in_flight", "must be 0 or >= concurrency");
+  HandlerOptions::Flow& flow = o.flow;
+  if (flow.concurrency < 1) return Invalid("flow.concurrency", "must be >= 1");
+  if (flow.max_in_flight == 0) flow.max_in_flight = flow.concurrency * kAutoInFlightPerWorker;
+  if (flow.max_in_flight < flow.concurrency) {
+    return Invalid("flow.max_in_flight", "must be 0 (chosen by the library) or >= concurrency");
   }
-  if (o.batch_size < 0) return Invalid("batch_size", "must be 0 (chosen by the Handler) or >= 1");
-  if (o.replay_interval < absl::ZeroDuration() ||
-      (o.replay_interval > absl::ZeroDuration() && o.replay_interval < absl::Milliseconds(1))) {
-    return Invalid("replay_interval", "must be zero (disabled) or >= 1ms");
+  if (flow.batch_size < 0) {
+    return Invalid("flow.batch_size", "must be 0 (chosen by the library) or >= 1");
   }
-  if (o.replay_batch < 1) return Invalid("replay_batch", "must be >= 1");
-  if (o.shutdown_timeout <= absl::ZeroDuration()) {
-    return Invalid("shutdown_timeout", "must be > 0");
+  if (flow.shutdown_timeout <= absl::ZeroDuration()) {
+    return Invalid("flow.shutdown_timeout", "must be > 0");
   }
-  if (o.delivery_lease <= absl::ZeroDuration()) return Invalid("delivery_lease", "must be > 0");
-  if (o.idempotency_lease == absl::ZeroDuration()) o.idempotency_lease = o.delivery_lease / 2;
-  if (o.idempotency_lease <= absl::ZeroDuration() || o.idempotency_lease >= o.delivery_lease) {
+  if (flow.delivery_lease <= absl::ZeroDuration()) {
+    return Invalid("flow.delivery_lease", "must be > 0");
+  }
+  if (flow.max_message_bytes < 64) return Invalid("flow.max_message_bytes", "must be >= 64");
+  HandlerOptions::Stores& stores = o.stores;
+  if (stores.idempotency_lease == absl::ZeroDuration()) {
+    stores.idempotency_lease = flow.delivery_lease / 2;
+  }
+  if (stores.idempotency_lease <= absl::ZeroDuration() ||
+      stores.idempotency_lease >= flow.delivery_lease) {
     // A worker that dies mid-handle leaves its key leased. Its delivery comes back when the
     // delivery lease runs out; the key must be free by then, or the redelivery would be taken
     // for a duplicate and skipped.
-    return Invalid("idempotency_lease", "must be > 0 and shorter than delivery_lease");
+    return Invalid("stores.idempotency_lease", "must be > 0 and shorter than flow.delivery_lease");
   }
-  if (o.idempotency_retention <= absl::ZeroDuration()) {
-    return Invalid("idempotency_retention", "must be > 0");
+  if (stores.idempotency_retention <= absl::ZeroDuration()) {
+    return Invalid("stores.idempotency_retention", "must be > 0");
   }
-  if (o.max_message_bytes < 64) return Invalid("max_message_bytes", "must be >= 64");
-  if (o.infra_backoff_base < absl::ZeroDuration() || o.infra_backoff_max < o.infra_backoff_base) {
-    return Invalid("infra_backoff_base", "must be >= 0 and <= infra_backoff_max");
+  if (o.replay.interval < absl::ZeroDuration() ||
+      (o.replay.interval > absl::ZeroDuration() && o.replay.interval < absl::Milliseconds(1))) {
+    return Invalid("replay.interval", "must be zero (disabled) or >= 1ms");
   }
-  if (o.observer_queue < 1) return Invalid("observer_queue", "must be >= 1");
+  if (o.replay.batch < 1) return Invalid("replay.batch", "must be >= 1");
+  if (o.infra_backoff.initial < absl::ZeroDuration() ||
+      o.infra_backoff.max < o.infra_backoff.initial) {
+    return Invalid("infra_backoff", "initial must be >= 0 and <= max");
+  }
+  if (o.observability.observer_queue < 1) {
+    return Invalid("observability.observer_queue", "must be >= 1");
+  }
 
   const bool user_ensure = o.ensure != nullptr;
-  if (o.logger == nullptr) o.logger = StderrLogger();
-  if (o.idempotency == nullptr) o.idempotency = NullIdempotencyStore();
+  if (o.observability.logger == nullptr) o.observability.logger = StderrLogger();
+  if (stores.idempotency == nullptr) stores.idempotency = NullIdempotencyStore();
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };
   if (o.clock == nullptr) o.clock = o.driver->clock();
-  const bool no_dead_letters = o.dead_letters == nullptr;
-  if (no_dead_letters) o.dead_letters = NullDeadLetterStore();
-  auto handler = std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure));
+  const bool no_dead_letters = stores.dead_letters == nullptr;
+  if (no_dead_letters) stores.dead_letters = NullDeadLetterStore();
+  auto handler =
+      std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure, std::move(transactional)));
   if (no_dead_letters) {
     handler->pipeline_->Log(LogLevel::kWarning, "no_dead_letter_store",
                             "has no dead-letter store: messages that cannot be handled will be "
@@ -97,22 +124,23 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions o) {
   return handler;
 }
 
-Handler::Handler(HandlerOptions options, bool user_ensure)
-    : pipeline_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure)) {
+Handler::Handler(HandlerOptions options, bool user_ensure, TransactionalHandler transactional)
+    : pipeline_(std::make_shared<internal::Pipeline>(std::move(options), user_ensure,
+                                                     std::move(transactional))) {
   const HandlerOptions& o = pipeline_->options;
-  if (o.metrics != nullptr) {
+  if (o.observability.metrics != nullptr) {
     // Weakly: the registry may outlive the Handler (the destructor removes the collector).
     std::weak_ptr<internal::Pipeline> weak = pipeline_;
-    metrics_collector_ = o.metrics->AddCollector([weak](MetricsWriter& w) {
+    metrics_collector_ = o.observability.metrics->AddCollector([weak](MetricsWriter& w) {
       if (std::shared_ptr<internal::Pipeline> p = weak.lock()) {
         WriteHandlerMetrics(p->Stats(), p->options.queue, *p->options.driver,
-                            p->options.dead_letters.get(), w);
+                            p->options.stores.dead_letters.get(), w);
       }
     });
   }
-  if (o.observer != nullptr) {
+  if (o.observability.observer != nullptr) {
     pipeline_->events = std::make_unique<internal::EventQueue>(
-        o.observer, static_cast<size_t>(o.observer_queue), o.queue,
+        o.observability.observer, static_cast<size_t>(o.observability.observer_queue), o.queue,
         [driver = o.driver] { return driver->Stats().reconnects; },
         [clock = o.clock] { return clock->Now(); });
   }
@@ -137,7 +165,8 @@ Handler::~Handler() {
   // Workers abandoned after the shutdown timeout may still run (they share the pipeline): their
   // events are dropped.
   if (pipeline_->events != nullptr) pipeline_->events->Close();
-  if (metrics_collector_ != 0) pipeline_->options.metrics->RemoveCollector(metrics_collector_);
+  if (metrics_collector_ != 0)
+    pipeline_->options.observability.metrics->RemoveCollector(metrics_collector_);
 }
 
 absl::Status Handler::Ready(absl::Duration timeout) const {
@@ -153,10 +182,10 @@ absl::Status Handler::Ready(absl::Duration timeout) const {
   if (absl::Status st = o.driver->Ping(timeout); !st.ok()) {
     return not_ready(absl::StrCat("driver ", o.driver->name(), " does not answer"), st);
   }
-  if (absl::Status st = o.dead_letters->Ping(timeout); !st.ok()) {
+  if (absl::Status st = o.stores.dead_letters->Ping(timeout); !st.ok()) {
     return not_ready("dead-letter store does not answer", st);
   }
-  if (absl::Status st = o.idempotency->Ping(timeout); !st.ok()) {
+  if (absl::Status st = o.stores.idempotency->Ping(timeout); !st.ok()) {
     return not_ready("idempotency store does not answer", st);
   }
   return absl::OkStatus();
@@ -193,9 +222,9 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   // reached, keep trying with backoff; only an error that a retry cannot fix ends Run().
   Backoff backoff(kSetupBackoff);
   while (true) {
-    absl::Status setup = o.driver->CreateQueue(o.queue, o.queue_delay);
-    if (setup.ok() && o.subscribe.has_value()) {
-      setup = o.driver->Subscribe(o.subscribe->topic, o.queue, o.subscribe->route_key);
+    absl::Status setup = o.driver->CreateQueue(o.queue, o.setup.queue_delay);
+    if (setup.ok() && o.setup.subscribe.has_value()) {
+      setup = o.driver->Subscribe(o.setup.subscribe->topic, o.queue, o.setup.subscribe->route_key);
     }
     if (setup.ok()) break;
     const std::string error = setup.ToString();
@@ -215,10 +244,10 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   // Step 7: the replay loop, on its own thread, until stopped. It replays exhausted letters
   // only; permanent and malformed ones wait for a person.
   std::thread replay;
-  if (o.replay_interval > absl::ZeroDuration()) {
+  if (o.replay.interval > absl::ZeroDuration()) {
     replay = std::thread([p, stop] {
       const HandlerOptions& o = p->options;
-      while (!SleepUntil(*o.clock, o.clock->Now() + o.replay_interval, stop)) {
+      while (!SleepUntil(*o.clock, o.clock->Now() + o.replay.interval, stop)) {
         ReplayFilter filter;
         filter.kinds = {DeadLetterKind::kExhausted};
         if (absl::StatusOr<int> n = p->Replay(filter); !n.ok()) {
@@ -234,7 +263,7 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   std::vector<std::thread> background;
   if (p->transactional != nullptr) {
     for (std::shared_ptr<BackgroundTask>& task :
-         p->transactional->BackgroundTasks(o.driver, o.logger)) {
+         p->transactional->BackgroundTasks(o.driver, o.observability.logger)) {
       background.emplace_back([p, task = std::move(task), stop] {
         try {
           task->Run(stop);
@@ -246,12 +275,12 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   }
 
   ReceiveOptions ro;
-  ro.concurrency = o.concurrency;
-  ro.max_in_flight = o.max_in_flight;
-  ro.lease = o.delivery_lease;
-  ro.shutdown_timeout = o.shutdown_timeout;
+  ro.concurrency = o.flow.concurrency;
+  ro.max_in_flight = o.flow.max_in_flight;
+  ro.lease = o.flow.delivery_lease;
+  ro.shutdown_timeout = o.flow.shutdown_timeout;
   // batch_size 0: up to kMaxAutoBatch, as the pipeline's BatchLimit says.
-  ro.batch_size = o.batch_size > 0 ? o.batch_size : kMaxAutoBatch;
+  ro.batch_size = o.flow.batch_size > 0 ? o.flow.batch_size : kMaxAutoBatch;
   // The pipeline is the receive loop's sink: its workers call Pipeline::Process directly.
   absl::Status st = ReceiveInto(*o.driver, o.queue, ro, p, stop);
   p->stop.request_stop();

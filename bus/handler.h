@@ -4,8 +4,8 @@
 //   bus::HandlerOptions options;
 //   options.queue = "orders";
 //   options.driver = driver;
-//   options.dead_letters = dead_letters;
-//   options.idempotency = idempotency;
+//   options.stores.dead_letters = dead_letters;
+//   options.stores.idempotency = idempotency;
 //   options.retry_delay = bus::MaxAttempts(5, bus::ExponentialBackoff(absl::Seconds(1),
 //                                                                     absl::Minutes(1)));
 //   options.handle = [](const bus::Message& msg) -> absl::Status {
@@ -34,12 +34,12 @@
 //  3. Not acquired: ask `ensure`; kAlreadyHandled settles and counts a duplicate.
 //  4. Call `handle`. OK is success; an error status is a retryable failure, unless wrapped by
 //     Permanent(); a thrown exception is a retryable failure with the exception's text.
-//  5. Success: mark the key done (kept for `idempotency_retention`), settle.
+//  5. Success: mark the key done (kept for `stores.idempotency_retention`), settle.
 //  6. Failure: release the key, increment `retried`, set `last_error`, ask `retry_delay`. A
 //     negative delay or a permanent failure: store a dead letter of kind exhausted or
 //     permanent. Otherwise re-send the message to the queue with that delay. Only when that
 //     succeeded is the original settled; otherwise it is left to the broker's redelivery.
-//  7. Every `replay_interval`, the queue's exhausted dead letters go through the same pipeline;
+//  7. Every `replay.interval`, the queue's exhausted dead letters go through the same pipeline;
 //     each is removed once the pipeline has taken it. Permanent and malformed letters wait for
 //     ReplayDeadLetters(filter) or a purge.
 // There is one implementation of these steps (a single message is a batch of one, and a replay
@@ -50,9 +50,15 @@
 // docs/pipeline.md says exactly what is guaranteed ("Guarantees").
 //
 // Threads: `handle`, `ensure` and `retry_delay` run on the receive workers (up to
-// `concurrency` at once) and on the replay thread; `msg` lives until the callback returns (copy
-// what you keep). A handler still running after the shutdown timeout is abandoned: it may
+// `flow.concurrency` at once) and on the replay thread; `msg` lives until the callback returns
+// (copy what you keep). A handler still running after the shutdown timeout is abandoned: it may
 // return after the Handler was destroyed (what it captures must outlive it).
+//
+// Clocks: the Handler's clock (HandlerOptions::clock, default the driver's) times what the
+// pipeline does itself: set-up retries, the replay interval, handle latency, the half-lease
+// check of a batch, and the times in log records, events and dead letters. Leases and delivery
+// delays are the broker's, on the driver's clock. Give the Handler another clock only in tests
+// that drive the pipeline's time apart from the broker's.
 //
 // Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
 // called from any thread while the Handler runs; Start(), Wait() and Run() too, each refusing
@@ -73,6 +79,7 @@
 #include "absl/time/time.h"
 #include "bus/handler_options.h"
 #include "bus/stats.h"
+#include "bus/transactional.h"
 
 namespace bus {
 namespace internal {
@@ -83,6 +90,18 @@ class Handler {
  public:
   // Validates `options` and fills in defaults. InvalidArgument naming the first bad field.
   static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options);
+
+  // A Handler whose effect commits in one transaction with the mark-done of the message's key
+  // (docs/exactly-once.md): `transactional` (built by the store's helper, SqliteInbox::Handle)
+  // gives the inbox, which becomes the idempotency store, and the effect, which runs instead of
+  // options.handle (leave that empty). A failure (error or exception) rolls the effect back
+  // before the usual retry or dead-letter step; with flow.batch_size > 1 the batch's messages
+  // share one transaction, each in a savepoint of its own. The inbox's background tasks (an
+  // outbox relay) run while the Handler consumes. InvalidArgument as Create, and when the
+  // inbox or the effect is missing, options.handle is set, or options.stores.idempotency is
+  // another store.
+  static absl::StatusOr<std::unique_ptr<Handler>> Create(HandlerOptions options,
+                                                         TransactionalHandler transactional);
 
   // Stops the handler and waits until it has stopped: joins the thread of Start(), or waits for
   // a Run() in progress on another thread to return (at most the shutdown timeout after set-up;
@@ -141,7 +160,9 @@ class Handler {
   const HandlerOptions& options() const;
 
  private:
-  Handler(HandlerOptions options, bool user_ensure);
+  static absl::StatusOr<std::unique_ptr<Handler>> Build(HandlerOptions options,
+                                                        TransactionalHandler transactional);
+  Handler(HandlerOptions options, bool user_ensure, TransactionalHandler transactional);
 
   // Marks the pipeline running: nullopt when it may run, else what Run() or Start() (`caller`)
   // returns instead.

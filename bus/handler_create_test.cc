@@ -47,33 +47,41 @@ TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
       {"queue", [](HandlerOptions& o) { o.queue = "bad name"; }},
       {"driver", [](HandlerOptions& o) { o.driver = nullptr; }},
       {"handle", [](HandlerOptions& o) { o.handle = nullptr; }},
-      {"queue_delay", [](HandlerOptions& o) { o.queue_delay = absl::Seconds(-1); }},
-      {"subscribe.topic",
+      {"setup.queue_delay", [](HandlerOptions& o) { o.setup.queue_delay = absl::Seconds(-1); }},
+      {"setup.subscribe.topic",
        [](HandlerOptions& o) {
-         o.subscribe = Subscription{"bad topic", ""};
+         o.setup.subscribe = Subscription{"bad topic", ""};
        }},
-      {"subscribe.route_key",
+      {"setup.subscribe.route_key",
        [](HandlerOptions& o) {
-         o.subscribe = Subscription{"t", std::string(300, 'k')};
+         o.setup.subscribe = Subscription{"t", std::string(300, 'k')};
        }},
-      {"concurrency", [](HandlerOptions& o) { o.concurrency = 0; }},
-      {"max_in_flight",
+      {"flow.concurrency", [](HandlerOptions& o) { o.flow.concurrency = 0; }},
+      {"flow.max_in_flight",
        [](HandlerOptions& o) {
-         o.concurrency = 4;
-         o.max_in_flight = 2;
+         o.flow.concurrency = 4;
+         o.flow.max_in_flight = 2;
        }},
-      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Seconds(-1); }},
-      {"replay_interval", [](HandlerOptions& o) { o.replay_interval = absl::Microseconds(10); }},
-      {"replay_batch", [](HandlerOptions& o) { o.replay_batch = 0; }},
-      {"shutdown_timeout", [](HandlerOptions& o) { o.shutdown_timeout = absl::ZeroDuration(); }},
-      {"delivery_lease", [](HandlerOptions& o) { o.delivery_lease = absl::ZeroDuration(); }},
-      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Minutes(5); }},
-      {"idempotency_lease", [](HandlerOptions& o) { o.idempotency_lease = absl::Seconds(-1); }},
-      {"idempotency_retention",
-       [](HandlerOptions& o) { o.idempotency_retention = absl::ZeroDuration(); }},
-      {"max_message_bytes", [](HandlerOptions& o) { o.max_message_bytes = 10; }},
-      {"infra_backoff_base", [](HandlerOptions& o) { o.infra_backoff_base = absl::Seconds(-1); }},
-      {"batch_size", [](HandlerOptions& o) { o.batch_size = -1; }},
+      {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Seconds(-1); }},
+      {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Microseconds(10); }},
+      {"replay.batch", [](HandlerOptions& o) { o.replay.batch = 0; }},
+      {"flow.shutdown_timeout",
+       [](HandlerOptions& o) { o.flow.shutdown_timeout = absl::ZeroDuration(); }},
+      {"flow.delivery_lease",
+       [](HandlerOptions& o) { o.flow.delivery_lease = absl::ZeroDuration(); }},
+      {"stores.idempotency_lease",
+       [](HandlerOptions& o) { o.stores.idempotency_lease = absl::Minutes(5); }},
+      {"stores.idempotency_lease",
+       [](HandlerOptions& o) { o.stores.idempotency_lease = absl::Seconds(-1); }},
+      {"stores.idempotency_retention",
+       [](HandlerOptions& o) { o.stores.idempotency_retention = absl::ZeroDuration(); }},
+      {"flow.max_message_bytes", [](HandlerOptions& o) { o.flow.max_message_bytes = 10; }},
+      {"infra_backoff", [](HandlerOptions& o) { o.infra_backoff.initial = absl::Seconds(-1); }},
+      {"infra_backoff",
+       [](HandlerOptions& o) { o.infra_backoff.max = o.infra_backoff.initial / 2; }},
+      {"flow.batch_size", [](HandlerOptions& o) { o.flow.batch_size = -1; }},
+      {"observability.observer_queue",
+       [](HandlerOptions& o) { o.observability.observer_queue = 0; }},
   };
   for (const Case& c : cases) {
     HandlerOptions o = Options(ok);
@@ -93,14 +101,14 @@ TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
   auto h = Handler::Create(o);
   ASSERT_TRUE(h.ok()) << h.status();
   const HandlerOptions& filled = (*h)->options();
-  EXPECT_NE(filled.logger, nullptr);
-  EXPECT_NE(filled.dead_letters, nullptr);
-  EXPECT_NE(filled.idempotency, nullptr);
+  EXPECT_NE(filled.observability.logger, nullptr);
+  EXPECT_NE(filled.stores.dead_letters, nullptr);
+  EXPECT_NE(filled.stores.idempotency, nullptr);
   EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
   EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
-  EXPECT_EQ(filled.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
-  EXPECT_EQ(filled.batch_size, 0);                          // chosen by the Handler
-  EXPECT_EQ(filled.idempotency_lease, absl::Seconds(15));
+  EXPECT_EQ(filled.flow.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
+  EXPECT_EQ(filled.flow.batch_size, 0);                          // chosen by the Handler
+  EXPECT_EQ(filled.stores.idempotency_lease, absl::Seconds(15));
   EXPECT_EQ(filled.clock, driver_->clock());
 }
 

@@ -34,15 +34,15 @@ class HandlerLifecycleTest : public ::testing::Test {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = logger_;
-    o.dead_letters = NewMemoryDeadLetterStore(clock_);
-    o.idempotency = NewMemoryIdempotencyStore({.clock = clock_});
+    o.observability.logger = logger_;
+    o.stores.dead_letters = NewMemoryDeadLetterStore(clock_);
+    o.stores.idempotency = NewMemoryIdempotencyStore({.clock = clock_});
     o.handle = std::move(handle);
-    o.replay_interval = absl::ZeroDuration();
+    o.replay.interval = absl::ZeroDuration();
     // Every part that runs a thread or holds the pipeline: the observer's queue, the metrics
     // collector.
-    o.observer = [](const Event&) {};
-    o.metrics = metrics_;
+    o.observability.observer = [](const Event&) {};
+    o.observability.metrics = metrics_;
     return o;
   }
 
@@ -65,7 +65,7 @@ class HandlerLifecycleTest : public ::testing::Test {
       std::make_shared<FaultyDriver>(NewMemoryDriver({.clock = clock_}));
   std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
   std::shared_ptr<MetricsRegistry> metrics_ = std::make_shared<MetricsRegistry>();
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
 };
 
 TEST_F(HandlerLifecycleTest, DestroyingAHandlerThatNeverRanIsSafe) {
@@ -179,7 +179,7 @@ struct Blocker {
 TEST_F(HandlerLifecycleTest, DestroyingAHandlerWhileHandleBlocksLetsItFinishAndSettles) {
   Blocker blocker;
   HandlerOptions o = Options([&](const Message&) { return blocker.Handle(); });
-  o.concurrency = 1;
+  o.flow.concurrency = 1;
   std::unique_ptr<Handler> h = Create(std::move(o));
   ASSERT_NE(h, nullptr);
   ASSERT_TRUE(h->Start().ok());
@@ -205,8 +205,8 @@ TEST_F(HandlerLifecycleTest, DestroyingAHandlerWhileHandleBlocksLetsItFinishAndS
 TEST_F(HandlerLifecycleTest, DestroyingAHandlerDuringADrainPastTheShutdownTimeoutIsSafe) {
   Blocker blocker;
   HandlerOptions o = Options([&](const Message&) { return blocker.Handle(); });
-  o.concurrency = 1;
-  o.shutdown_timeout = absl::Seconds(5);
+  o.flow.concurrency = 1;
+  o.flow.shutdown_timeout = absl::Seconds(5);
   std::unique_ptr<Handler> h = Create(std::move(o));
   ASSERT_NE(h, nullptr);
   ASSERT_TRUE(h->Start().ok());

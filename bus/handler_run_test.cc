@@ -62,7 +62,7 @@ TEST_F(HandlerTest, AQueueThatCannotBeCreatedYetIsRetriedUntilItCan) {
   faulty->setup.FailNext(3, absl::UnavailableError("broker down"));
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
   o.driver = faulty;
-  o.subscribe = Subscription{"events", "#"};
+  o.setup.subscribe = Subscription{"events", "#"};
   Handler* h = Start(o);
   EXPECT_TRUE(absl::IsDeadlineExceeded(h->WaitUntilRunning(absl::Milliseconds(1))));
   EXPECT_FALSE(h->Stats().consuming);
@@ -119,8 +119,8 @@ TEST_F(HandlerTest, StopWithWorkInFlightLosesNothingAndHandlesNothingTwice) {
     return absl::OkStatus();
   };
   HandlerOptions o = Options(handle);
-  o.concurrency = 4;
-  o.max_in_flight = 16;
+  o.flow.concurrency = 4;
+  o.flow.max_in_flight = 16;
   Handler* h = Start(o);
   for (int i = 0; i < kMessages; ++i) Publish(absl::StrCat("k", i), absl::StrCat(i));
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded >= 30; }));
@@ -156,8 +156,8 @@ TEST_F(HandlerTest, ConcurrencyBoundsTheHandlersRunningAtOnce) {
     running.fetch_sub(1);
     return absl::OkStatus();
   });
-  o.concurrency = 3;
-  o.max_in_flight = 6;
+  o.flow.concurrency = 3;
+  o.flow.max_in_flight = 6;
   Handler* h = Start(o);
   for (int i = 0; i < 60; ++i) Publish(absl::StrCat("c", i), "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 60; }));
@@ -173,7 +173,7 @@ TEST_F(HandlerTest, RunReportsAHandlerThatOutlivesTheShutdownTimeout) {
     release->WaitForNotification();
     return absl::OkStatus();
   });
-  o.shutdown_timeout = absl::Seconds(5);
+  o.flow.shutdown_timeout = absl::Seconds(5);
   Handler* h = Start(o);
   Publish("slow", "x");
   ASSERT_TRUE(WaitUntil([&] { return started->load(); }));
@@ -199,7 +199,7 @@ TEST_F(HandlerTest, ASubscribedHandlerReceivesMatchingTopicMessagesWithTheirRout
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.subscribe = Subscription{"events", "order.*"};
+  o.setup.subscribe = Subscription{"events", "order.*"};
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));  // subscribed and waiting
   ASSERT_TRUE(publisher_.PublishToTopic("events", "order.created", Outgoing{"e1", "c", {}}).ok());
@@ -221,7 +221,7 @@ TEST_F(HandlerTest, TheQueueDelayHoldsEveryMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.queue_delay = absl::Seconds(30);
+  o.setup.queue_delay = absl::Seconds(30);
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return clock_->waiters() > 0; }));
   Publish("d", "delayed");

@@ -5,7 +5,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
@@ -25,32 +24,19 @@ class StderrLoggerImpl final : public Logger {
  public:
   explicit StderrLoggerImpl(LogLevel min_level) : min_level_(min_level) {}
 
-  void Log(LogLevel level, absl::string_view line) override { Emit(level, absl::Now(), line); }
-
   void Write(const LogRecord& r) override {
     if (r.level < min_level_) return;
-    Emit(r.level, r.time, FormatLogLine(r));
+    WriteLine(stderr, absl::StrCat(Rfc3339Millis(r.time), " ", LogLevelName(r.level), " ",
+                                   FormatLogLine(r), "\n"));
   }
 
  private:
-  void Emit(LogLevel level, absl::Time time, absl::string_view line) {
-    if (level < min_level_) return;
-    WriteLine(stderr, absl::StrCat(Rfc3339Millis(time), " ", LogLevelName(level), " ", line, "\n"));
-  }
-
   const LogLevel min_level_;
 };
 
 class JsonLinesLoggerImpl final : public Logger {
  public:
   explicit JsonLinesLoggerImpl(JsonLinesLoggerOptions options) : options_(options) {}
-
-  void Log(LogLevel level, absl::string_view line) override {
-    if (level < options_.min_level) return;
-    nlohmann::json j = Base(level, absl::Now());
-    j["msg"] = std::string(line);
-    Emit(j);
-  }
 
   void Write(const LogRecord& r) override {
     if (r.level < options_.min_level) return;
@@ -90,7 +76,6 @@ class JsonLinesLoggerImpl final : public Logger {
 
 class NullLoggerImpl final : public Logger {
  public:
-  void Log(LogLevel, absl::string_view) override {}
   void Write(const LogRecord&) override {}
 };
 
@@ -117,8 +102,6 @@ std::string FormatLogLine(const LogRecord& r) {
   if (!r.trace_id.empty()) absl::StrAppend(&line, " trace_id=", r.trace_id);
   return line;
 }
-
-void Logger::Write(const LogRecord& record) { Log(record.level, FormatLogLine(record)); }
 
 std::shared_ptr<Logger> StderrLogger(LogLevel min_level) {
   return std::make_shared<StderrLoggerImpl>(min_level);

@@ -2,10 +2,15 @@
 // Replace it to route records into an application's logging.
 //
 // Each record is a LogRecord with fields (level, time, queue, message id, biz_uid, event,
-// error, attempt, trace id) and a sentence for people. The library calls Write(record); its
-// default formats the record as one text line (FormatLogLine) and calls Log(level, line), so
-// a logger that only implements Log(level, line) keeps working. A structured logger overrides
-// Write. StderrLogger writes the text form; JsonLinesLogger writes one JSON object per record.
+// error, attempt, trace id) and a sentence for people. The one method to implement is
+// Write(record); a logger that wants text lines calls FormatLogLine(record):
+//
+//   class MyLogger final : public bus::Logger {
+//    public:
+//     void Write(const bus::LogRecord& r) override { app_log(r.level, bus::FormatLogLine(r)); }
+//   };
+//
+// StderrLogger writes the text form; JsonLinesLogger writes one JSON object per record.
 //
 // No field ever contains a secret (passwords, auth tokens): the library redacts them before
 // logging. The `error` of a failed handle call is the application's own status message.
@@ -61,11 +66,8 @@ class Logger {
  public:
   virtual ~Logger() = default;
 
-  // A preformatted line.
-  virtual void Log(LogLevel level, absl::string_view line) = 0;
-
-  // A record. Default: Log(record.level, FormatLogLine(record)).
-  virtual void Write(const LogRecord& record);
+  // One record; its views are valid during the call only.
+  virtual void Write(const LogRecord& record) = 0;
 };
 
 // Writes "<time> <LEVEL> <line>" to stderr for levels >= `min_level` (records: their time and
@@ -83,8 +85,7 @@ struct JsonLinesLoggerOptions {
 //   {"time":"2026-12-01T11:21:04.123Z","level":"warn","component":"handler","queue":"orders",
 //    "message_id":"…","biz_uid":"…","event":"dead_lettered","error":"…","attempt":4,
 //    "trace_id":"…","msg":"…"}
-// Empty fields (and attempt 0) are left out. Bytes that are not UTF-8 become U+FFFD. A
-// preformatted Log(level, line) becomes {"time","level","msg"} with the time of the call.
+// Empty fields (and attempt 0) are left out. Bytes that are not UTF-8 become U+FFFD.
 std::shared_ptr<Logger> JsonLinesLogger(JsonLinesLoggerOptions options = {});
 
 // Discards everything.

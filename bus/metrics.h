@@ -2,12 +2,12 @@
 // the Prometheus text exposition format 0.0.4 (docs/operations.md lists every metric).
 //
 //   auto metrics = std::make_shared<bus::MetricsRegistry>();
-//   options.metrics = metrics;                      // a Handler adds its metrics (HandlerOptions)
-//   bus::AddSqliteMetrics(*metrics, db, "main");    // storage/sqlite/sqlite_metrics.h
+//   options.observability.metrics = metrics;      // a Handler adds its metrics (HandlerOptions)
+//   bus::AddSqliteMetrics(*metrics, db, "main");  // storage/sqlite/sqlite_metrics.h
 //   absl::StatusOr<std::shared_ptr<bus::Counter>> orders =
 //       metrics->NewCounter("shop_orders_total", "Orders taken.", {{"region", "eu"}});
 //   (*orders)->Add(1);
-//   std::string page = metrics->Render();           // what the admin server's /metrics serves
+//   std::string page = metrics->Render();         // what the admin server's /metrics serves
 //
 // Two kinds of source feed a page:
 //  - Collectors (AddCollector): a function called on every Render() that writes the current

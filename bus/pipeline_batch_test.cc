@@ -49,9 +49,9 @@ TEST_F(HandlerTest, ABatchTakesEveryBranchOfThePipelineWithBatchedKeyCalls) {
     if (m.payload == "perm") return Permanent(absl::InvalidArgumentError("bad order"));
     return absl::OkStatus();
   });
-  o.idempotency = counting;
-  o.batch_size = 8;
-  o.max_in_flight = 8;
+  o.stores.idempotency = counting;
+  o.flow.batch_size = 8;
+  o.flow.max_in_flight = 8;
   o.ensure = [](const Message& m) {
     return m.payload == "held" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
   };
@@ -96,8 +96,8 @@ TEST_F(HandlerTest, TheDefaultBatchGrowsWhenHandlingIsFast) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = counting;
-  o.concurrency = 2;
+  o.stores.idempotency = counting;
+  o.flow.concurrency = 2;
   for (int i = 0; i < 300; ++i) Publish(absl::StrCat("k", i), "x");
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 300; })) << h->Stats().ToString();
@@ -114,7 +114,7 @@ TEST_F(HandlerTest, TheDefaultBatchIsOneMessageWhenHandlingIsSlow) {
     clock_->Advance(absl::Seconds(15) / 4);  // the idempotency lease is 15 s
     return absl::OkStatus();
   });
-  o.idempotency = counting;
+  o.stores.idempotency = counting;
   for (int i = 0; i < 10; ++i) Publish(absl::StrCat("k", i), "x");
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 10; })) << h->Stats().ToString();
@@ -132,8 +132,8 @@ TEST_F(HandlerTest, AMessageOfABatchStartsOnlyWithHalfItsLeaseLeft) {
     clock_->Advance(absl::Seconds(15) / 3);
     return absl::OkStatus();
   });
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   for (const char* k : {"a", "b", "c", "d"}) Publish(k, k);
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 4; })) << h->Stats().ToString();
@@ -154,9 +154,9 @@ TEST_F(HandlerTest, ABatchWithAFailingKeyStoreLetsEnsureDecideEachMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.stores.idempotency = faulty;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   o.ensure = [](const Message& m) {
     return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
   };
@@ -179,8 +179,8 @@ TEST_F(HandlerTest, AnEnsureThatThrowsInABatchRedeliversOnlyThatMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   o.ensure = [&](const Message&) {
     if (ensure_calls.fetch_add(1) == 0) throw std::runtime_error("ensure broke");
     return Ensure::kAlreadyHandled;
@@ -212,8 +212,8 @@ TEST_F(HandlerTest, StopMidBatchGivesBackTheUnstartedKeysAndMessages) {
     return absl::OkStatus();
   };
   HandlerOptions o = Options(blocking);
-  o.batch_size = 4;
-  o.max_in_flight = 4;
+  o.flow.batch_size = 4;
+  o.flow.max_in_flight = 4;
   for (int i = 0; i < 4; ++i) Publish(absl::StrCat("k", i), absl::StrCat(i));
   Start(o);
   ASSERT_TRUE(WaitUntil([&] {

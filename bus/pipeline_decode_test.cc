@@ -46,7 +46,7 @@ TEST_F(HandlerTest, MalformedAndOversizedEnvelopesAreDeadLetteredAndTheQueueMove
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.max_message_bytes = 1024;
+  o.flow.max_message_bytes = 1024;
   Handler* h = Start(o);
   ASSERT_TRUE(driver_->SendToQueue("orders", "not an envelope", absl::ZeroDuration()).ok());
   std::string truncated = EncodeEnvelope(publisher_.Build(Outgoing{"t", "payload", {}}));

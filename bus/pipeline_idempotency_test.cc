@@ -138,7 +138,7 @@ TEST_F(HandlerTest, IdempotencyStoreErrorCountsAsNotAcquiredAndEnsureDecides) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   o.ensure = [&](const Message& m) {
     ensure_calls.fetch_add(1);
     return m.payload == "new" ? Ensure::kNotHandled : Ensure::kAlreadyHandled;
@@ -168,9 +168,9 @@ TEST_F(HandlerTest, AnIdempotencyStoreErrorWithoutEnsureGivesTheDeliveryBack) {
       return absl::OkStatus();
     });
     o.queue = absl::StrCat("outage", batch);
-    o.idempotency = faulty;
-    o.batch_size = batch;
-    o.max_in_flight = batch;
+    o.stores.idempotency = faulty;
+    o.flow.batch_size = batch;
+    o.flow.max_in_flight = batch;
     Handler* h = Start(o);
     ASSERT_TRUE(publisher_.SendToQueue(o.queue, Outgoing{.biz_uid = "a"}).ok());
     // Given back with the infrastructure backoff (100ms, 200ms, 400ms), then handled.
@@ -197,7 +197,7 @@ TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   Handler* h = Start(o);
   Publish("lost-reply", "x");
   ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(10)));
@@ -212,9 +212,9 @@ TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
   HandlerOptions o = Options([&](const Message&) {
     return calls.fetch_add(1) == 0 ? absl::UnavailableError("try later") : absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   o.retry_delay = FixedBackoff(absl::Seconds(1));
-  o.idempotency_lease = absl::Seconds(10);
+  o.stores.idempotency_lease = absl::Seconds(10);
   Handler* h = Start(o);
   Publish("unreleased", "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
@@ -235,7 +235,7 @@ TEST_F(HandlerTest, AFailingMarkDoneStillSettlesAndIsCounted) {
     calls.fetch_add(1);
     return absl::OkStatus();
   });
-  o.idempotency = faulty;
+  o.stores.idempotency = faulty;
   Handler* h = Start(o);
   Publish("m", "x");
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().in_flight == 0; }));
@@ -285,8 +285,8 @@ TEST_F(HandlerTest, AStaleWorkerCannotReleaseAKeyAnotherWorkerCompleted) {
     (void)m;
     return absl::OkStatus();
   });
-  o.concurrency = 2;
-  o.idempotency_lease = absl::Seconds(10);
+  o.flow.concurrency = 2;
+  o.stores.idempotency_lease = absl::Seconds(10);
   o.retry_delay = FixedBackoff(absl::Hours(1));
   Handler* h = Start(o);
   Publish("order-16", "copy-1");

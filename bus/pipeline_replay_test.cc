@@ -45,8 +45,8 @@ TEST_F(HandlerTest, ReplayTakesDeadLettersBackThroughThePipeline) {
     rec.Add(m);
     return absl::OkStatus();
   });
-  o.replay_interval = absl::Minutes(1);
-  o.replay_batch = 2;  // several batches per pass
+  o.replay.interval = absl::Minutes(1);
+  o.replay.batch = 2;  // several batches per pass
   Handler* h = Start(o);
   for (int i = 0; i < 5; ++i) Publish(absl::StrCat("r", i), absl::StrCat(i));
   ASSERT_TRUE(driver_->SendToQueue("orders", "poison", absl::ZeroDuration()).ok());
@@ -104,7 +104,7 @@ TEST_F(HandlerTest, TheLoopReplaysExhaustedLettersOnlyAndAFilteredReplayTakesThe
     if (m.biz_uid == "exhausted") return absl::UnavailableError("dependency down");
     return Permanent(absl::InvalidArgumentError("bad order"));
   });
-  o.replay_interval = absl::Minutes(1);
+  o.replay.interval = absl::Minutes(1);
   Handler* h = Start(o);
   const absl::Time t0 = clock_->Now();
   Publish("exhausted", "e");

@@ -146,7 +146,7 @@ TEST_F(HandlerTest, AFailingDeadLetterStoreLeavesTheDeliveryToBeRedelivered) {
     calls.fetch_add(1);
     return Permanent(absl::InternalError("bad"));
   });
-  o.dead_letters = faulty;
+  o.stores.dead_letters = faulty;
   Handler* h = Start(o);
   Publish("order-13", "x");
   ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().dead_lettered == 1; }, absl::Minutes(10)));
@@ -186,7 +186,7 @@ TEST_F(HandlerTest, AFailingResendLeavesTheDeliveryToBeRedelivered) {
 // for deliveries and for replayed letters, with the replay loop running, and a throwing logger.
 class ThrowingLogger final : public Logger {
  public:
-  void Log(LogLevel, absl::string_view) override { throw std::runtime_error("logger broke"); }
+  void Write(const LogRecord&) override { throw std::runtime_error("logger broke"); }
 };
 
 TEST_F(HandlerTest, ThrowingCallbacksOnEveryPathLeaveTheProcessAlive) {
@@ -200,10 +200,10 @@ TEST_F(HandlerTest, ThrowingCallbacksOnEveryPathLeaveTheProcessAlive) {
       return absl::OkStatus();
     });
     o.queue = absl::StrCat("throwing", batch);
-    o.batch_size = batch;
-    o.max_in_flight = batch;
-    o.replay_interval = absl::Minutes(1);
-    o.logger = std::make_shared<ThrowingLogger>();
+    o.flow.batch_size = batch;
+    o.flow.max_in_flight = batch;
+    o.replay.interval = absl::Minutes(1);
+    o.observability.logger = std::make_shared<ThrowingLogger>();
     o.ensure = [&](const Message&) -> Ensure {
       if (throwing.load()) throw std::runtime_error("ensure broke");
       return Ensure::kAlreadyHandled;

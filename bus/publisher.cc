@@ -28,8 +28,12 @@ void EnsureTraceParent(Message& msg) {
 
 }  // namespace
 
-Publisher::Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock)
-    : driver_(std::move(driver)), clock_(clock != nullptr ? std::move(clock) : driver_->clock()) {}
+absl::StatusOr<Publisher> Publisher::Create(std::shared_ptr<Driver> driver,
+                                            std::shared_ptr<Clock> clock) {
+  if (driver == nullptr) return absl::InvalidArgumentError("Publisher::Create: null driver");
+  if (clock == nullptr) clock = driver->clock();
+  return Publisher(std::move(driver), std::move(clock));
+}
 
 Message Publisher::Build(Outgoing out) const {
   Message msg;

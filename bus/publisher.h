@@ -1,9 +1,10 @@
 // Publisher: builds the envelope (id, created_at, headers) and sends it to a queue or publishes
 // it to a topic through a Driver.
 //
-//   bus::Publisher publisher(driver);
+//   absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+//   if (!publisher.ok()) return publisher.status();
 //   absl::StatusOr<std::string> id =
-//       publisher.SendToQueue("orders", {.biz_uid = "order-42", .payload = bytes});
+//       publisher->SendToQueue("orders", {.biz_uid = "order-42", .payload = bytes});
 //
 // Thread-safety: safe for concurrent use; ids are unique across threads and processes (a random
 // 64-bit process prefix and a counter).
@@ -39,8 +40,10 @@ std::string NewMessageId();
 
 class Publisher {
  public:
-  // `clock` defaults to the driver's clock.
-  explicit Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock = nullptr);
+  // A publisher on `driver`; `clock` (for created_at) defaults to the driver's clock.
+  // InvalidArgument when `driver` is null.
+  static absl::StatusOr<Publisher> Create(std::shared_ptr<Driver> driver,
+                                          std::shared_ptr<Clock> clock = nullptr);
 
   // Builds a Message (new id, created_at = now) from `out`. A message without a `traceparent`
   // header gets a new one (the root of a new trace, bus/trace.h). One given in `out` is kept
@@ -63,6 +66,9 @@ class Publisher {
       absl::Duration delay = absl::ZeroDuration());
 
  private:
+  Publisher(std::shared_ptr<Driver> driver, std::shared_ptr<Clock> clock)
+      : driver_(std::move(driver)), clock_(std::move(clock)) {}
+
   std::shared_ptr<Driver> driver_;
   std::shared_ptr<Clock> clock_;
 };

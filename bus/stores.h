@@ -35,7 +35,7 @@
 
 namespace bus {
 
-// Why a letter was dead-lettered. The periodic replay (HandlerOptions::replay_interval) takes
+// Why a letter was dead-lettered. The periodic replay (HandlerOptions::replay.interval) takes
 // kExhausted letters only: a retry may succeed later. kPermanent and kMalformed letters wait
 // for a person (Handler::ReplayDeadLetters with a filter, or a purge).
 enum class DeadLetterKind : int {
@@ -204,8 +204,8 @@ class IdempotencyStore {
   // OK, or FailedPrecondition when `owner` does not hold a live lease on `key`.
   virtual absl::Status Release(absl::string_view key, absl::string_view owner) = 0;
 
-  // Batched forms for the Handler's batches (HandlerOptions::batch_size), in as few store calls
-  // as the store allows (Redis: one pipelined round trip). Entry i is exactly what the single
+  // Batched forms for the Handler's batches (HandlerOptions::flow.batch_size), in as few store
+  // calls as the store allows (Redis: one pipelined round trip). Entry i is exactly what the single
   // call would return for keys[i] and owners[i], applied in order (so a key repeated later in
   // the same batch finds it taken); one entry's error does not fail the others. `owners` and
   // `results` have keys.size() entries. The defaults call the single forms in turn.

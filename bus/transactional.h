@@ -1,14 +1,16 @@
 // The seam for exactly-once effects (docs/exactly-once.md): an idempotency store that can run a
-// handler's effect inside the transaction that marks the message's key done (an inbox), and
-// background work such a store needs beside the Handler (an outbox relay). bus/ knows nothing of
-// the store behind it; transactional/sqlite/inbox.h is the implementation.
+// handler's effect inside the transaction that marks the message's key done (an inbox), the
+// transactional handler built on it, and background work such a store needs beside the Handler
+// (an outbox relay). bus/ knows nothing of the store behind it; transactional/sqlite/inbox.h is
+// the implementation.
 //
-//   options.idempotency = inbox;                        // an IdempotencyStore that is also a
-//   options.handle_in_transaction = inbox->Handle(fn);  // TransactionalStore
+//   bus::TransactionalHandler effect = inbox->Handle(fn);  // the inbox and fn, paired
+//   auto handler = bus::Handler::Create(options, std::move(effect));
 //
-// With HandlerOptions::handle_in_transaction set, steps 4 and 5 of the pipeline become one call
-// of TransactionalStore::RunAndMarkDone for the messages of a batch: the effect of each message
-// and the mark-done of its key commit together, or neither does.
+// A Handler built so runs steps 4 and 5 of the pipeline as one call of
+// TransactionalStore::RunAndMarkDone for the messages of a batch: the effect of each message
+// and the mark-done of its key commit together, or neither does. The inbox is the Handler's
+// idempotency store.
 //
 // Thread-safety: implementations are safe for concurrent use from multiple threads.
 
@@ -28,6 +30,8 @@
 #include "absl/types/span.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
+#include "bus/message.h"
+#include "bus/stores.h"
 
 namespace bus {
 
@@ -50,12 +54,9 @@ class BackgroundTask {
   virtual void Run(std::stop_token stop) = 0;
 };
 
-// An IdempotencyStore that can also commit effects with mark-done. The pipeline looks for it
-// (dynamic_cast) when HandlerOptions::handle_in_transaction is set.
-class TransactionalStore {
+// An IdempotencyStore that can also commit effects with mark-done (an inbox).
+class TransactionalStore : public IdempotencyStore {
  public:
-  virtual ~TransactionalStore() = default;
-
   struct Entry {
     // The key to mark done with the effect, and its owner; an empty key runs the effect without
     // a mark-done (a message handled without its key, when `ensure` said kNotHandled).
@@ -88,6 +89,18 @@ class TransactionalStore {
     (void)logger;
     return {};
   }
+};
+
+// An effect that runs inside the inbox's transaction (the store's Transaction type: its handle
+// helper casts to it).
+using TransactionalHandleFn = std::function<absl::Status(const Message& msg, Transaction& tx)>;
+
+// A transactional handler for Handler::Create(options, handler): the inbox and the effect that
+// runs in its transactions. Build it with the store's helper (SqliteInbox::Handle), which pairs
+// an effect with the inbox whose transaction type it expects.
+struct TransactionalHandler {
+  std::shared_ptr<TransactionalStore> inbox{};
+  TransactionalHandleFn handle{};
 };
 
 }  // namespace bus

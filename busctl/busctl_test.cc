@@ -101,10 +101,10 @@ void RunHandler(const std::string& driver_url, const std::string& stores_url,
   HandlerOptions o;
   o.queue = queue;
   o.driver = *driver;
-  o.dead_letters = stores->dead_letters;
-  o.idempotency = stores->idempotency;
-  o.logger = StderrLogger(LogLevel::kError);
-  o.replay_interval = absl::ZeroDuration();
+  o.stores.dead_letters = stores->dead_letters;
+  o.stores.idempotency = stores->idempotency;
+  o.observability.logger = StderrLogger(LogLevel::kError);
+  o.replay.interval = absl::ZeroDuration();
   o.handle = [result, handled](const Message&) {
     if (handled != nullptr) handled->fetch_add(1);
     return result;

@@ -52,12 +52,13 @@ absl::Status RunPublish(const Invocation& in) {
   }
   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = in.Driver();
   if (!driver.ok()) return driver.status();
-  bus::Publisher publisher(*driver);
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(*driver);
+  if (!publisher.ok()) return publisher.status();
   absl::StatusOr<std::string> id =
       in.Given("topic")
-          ? publisher.PublishToTopic(absl::GetFlag(FLAGS_topic), absl::GetFlag(FLAGS_route_key),
-                                     std::move(out))
-          : publisher.SendToQueue(in.args[0], std::move(out), absl::GetFlag(FLAGS_delay));
+          ? publisher->PublishToTopic(absl::GetFlag(FLAGS_topic), absl::GetFlag(FLAGS_route_key),
+                                      std::move(out))
+          : publisher->SendToQueue(in.args[0], std::move(out), absl::GetFlag(FLAGS_delay));
   if (!id.ok()) return id.status();
   if (JsonOutput()) {
     PrintJson({{"id", *id}});

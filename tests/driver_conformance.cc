@@ -218,7 +218,7 @@ TEST_P(DriverConformanceTest, BadNamesAreInvalidArgumentUpFront) {
 TEST_P(DriverConformanceTest, BadOptionsAreInvalidArgument) {
   const std::string q = Unique("q");
   EXPECT_TRUE(absl::IsInvalidArgument(
-      driver_->NewConsumer(q, ConsumerOptions{0, harness_->ShortLease()}).status()));
+      driver_->NewConsumer(q, ConsumerOptions{-1, harness_->ShortLease()}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       driver_->NewConsumer(q, ConsumerOptions{1, absl::ZeroDuration()}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(driver_->SendToQueue(q, "x", absl::Seconds(-1))));
@@ -991,7 +991,7 @@ TEST_P(DriverConformanceTest, ReceiveMessageRejectsBadArguments) {
   EXPECT_TRUE(absl::IsInvalidArgument(
       ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.max_in_flight = 0;
-  options.batch_size = 0;
+  options.batch_size = -1;
   EXPECT_TRUE(absl::IsInvalidArgument(
       ReceiveMessage(*driver_, Unique("q"), options, fn, stop.get_token())));
   options.batch_size = 1;

@@ -56,12 +56,12 @@ class Workload {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = logger_;
-    o.dead_letters = dead_letters_;
-    o.idempotency = std::move(idempotency);
-    o.concurrency = 4;
-    o.batch_size = batch_size;
-    o.max_in_flight = batch_size > 1 ? 128 : 0;
+    o.observability.logger = logger_;
+    o.stores.dead_letters = dead_letters_;
+    o.stores.idempotency = std::move(idempotency);
+    o.flow.concurrency = 4;
+    o.flow.batch_size = batch_size;
+    o.flow.max_in_flight = batch_size > 1 ? 128 : 0;
     o.handle = [this](const Message& m) -> absl::Status {
       int i = 0;
       EXPECT_TRUE(absl::SimpleAtoi(m.biz_uid, &i));
@@ -89,7 +89,7 @@ class Workload {
 
   // Publishes messages [from, to).
   void Publish(int from, int to) {
-    Publisher publisher(driver_);
+    Publisher publisher = *Publisher::Create(driver_);
     for (int i = from; i < to; ++i) {
       ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = absl::StrCat(i)}).ok());
     }
@@ -288,7 +288,7 @@ TEST(BrokerDownAtStartTest, RunWaitsForTheBrokerAndThenConsumes) {
   HandlerOptions o;
   o.queue = "orders";
   o.driver = *driver;
-  o.logger = logger;
+  o.observability.logger = logger;
   o.handle = [&](const Message&) {
     handled.fetch_add(1);
     return absl::OkStatus();
@@ -303,7 +303,7 @@ TEST(BrokerDownAtStartTest, RunWaitsForTheBrokerAndThenConsumes) {
   EXPECT_FALSE((*h)->Stats().consuming);
   ASSERT_TRUE((*server)->Restart().ok());
   ASSERT_TRUE((*h)->WaitUntilRunning(kPatience).ok());
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < 10; ++i) {
     ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = absl::StrCat(i)}).ok());
   }

@@ -79,10 +79,10 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
   HandlerOptions o;
   o.queue = "traced";
   o.driver = driver_;
-  o.logger = logger;
-  o.dead_letters = dead_letters;
-  o.idempotency = NewMemoryIdempotencyStore({.clock = driver_->clock()});
-  o.replay_interval = absl::ZeroDuration();
+  o.observability.logger = logger;
+  o.stores.dead_letters = dead_letters;
+  o.stores.idempotency = NewMemoryIdempotencyStore({.clock = driver_->clock()});
+  o.replay.interval = absl::ZeroDuration();
   o.retry_delay = [](int retried) { return retried <= 3 ? absl::ZeroDuration() : NoRetry(); };
   o.handle = [&](const Message& m) -> absl::Status {
     absl::MutexLock lock(&mu);
@@ -90,14 +90,14 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
     if (fail.load()) return absl::UnavailableError("downstream down");
     return absl::OkStatus();
   };
-  o.observer = [&](const Event& e) {
+  o.observability.observer = [&](const Event& e) {
     absl::MutexLock lock(&mu);
     events.push_back(e);
   };
   Running h(std::move(o));
   ASSERT_TRUE(h.ok());
 
-  Publisher publisher(driver_);
+  Publisher publisher = *Publisher::Create(driver_);
   auto id = publisher.SendToQueue("traced", Outgoing{"order-1",
                                                      "pay",
                                                      {{"tenant", "eu"},
@@ -163,7 +163,7 @@ TEST_P(HandlerTraceTest, TraceContextIsUnchangedAfterThreeRetriesADeadLetterAndI
 }
 
 TEST_P(HandlerTraceTest, AMessageGetsATraceAndItsChildKeepsTheTraceId) {
-  Publisher publisher(driver_);
+  Publisher publisher = *Publisher::Create(driver_);
   absl::Mutex mu;
   std::vector<Message> parents, children;
   auto record = [&](std::vector<Message>* into) {
@@ -175,8 +175,8 @@ TEST_P(HandlerTraceTest, AMessageGetsATraceAndItsChildKeepsTheTraceId) {
   HandlerOptions parent;
   parent.queue = "parents";
   parent.driver = driver_;
-  parent.logger = NullLogger();
-  parent.replay_interval = absl::ZeroDuration();
+  parent.observability.logger = NullLogger();
+  parent.replay.interval = absl::ZeroDuration();
   parent.handle = [&, add = record(&parents)](const Message& m) {
     add(m);
     return publisher.SendToQueue("children", Outgoing{"", "child", ChildOf(m)}).status();

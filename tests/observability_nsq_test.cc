@@ -57,7 +57,7 @@ TEST(ObservabilityNsqTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   auto run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
   auto count = [&](EventType type) { return events.Count(type); };
 
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   ASSERT_TRUE(publisher.SendToQueue("orders", {"order-1", "x", {}}).ok());
   ASSERT_TRUE(WaitUntil([&] { return count(EventType::kHandled) == 1; }, kPatience));
 

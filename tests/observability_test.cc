@@ -45,12 +45,12 @@ class ObservabilityTest : public ::testing::Test {
     HandlerOptions o;
     o.queue = std::move(queue);
     o.driver = driver_;
-    o.logger = logger_;
-    o.dead_letters = dead_letters_;
-    o.idempotency = idempotency_;
+    o.observability.logger = logger_;
+    o.stores.dead_letters = dead_letters_;
+    o.stores.idempotency = idempotency_;
     o.handle = std::move(handle);
-    o.replay_interval = absl::ZeroDuration();
-    o.observer = events_.Observer();
+    o.replay.interval = absl::ZeroDuration();
+    o.observability.observer = events_.Observer();
     return o;
   }
 
@@ -83,7 +83,7 @@ class ObservabilityTest : public ::testing::Test {
   std::shared_ptr<IdempotencyStore> idempotency_ = NewMemoryIdempotencyStore({.clock = clock_});
   std::shared_ptr<CapturingRecordLogger> logger_ = std::make_shared<CapturingRecordLogger>();
   EventLog events_;
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::vector<std::unique_ptr<Handler>> handlers_;
   std::vector<std::future<absl::Status>> runs_;
 };
@@ -183,9 +183,9 @@ TEST_F(ObservabilityTest, ARecordAboutAStoreFailureNamesTheMessage) {
   auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
   faulty->acquire.FailNext(1, absl::UnavailableError("store down"));
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
-  o.idempotency = faulty;
-  o.infra_backoff_base = absl::ZeroDuration();
-  o.infra_backoff_max = absl::ZeroDuration();
+  o.stores.idempotency = faulty;
+  o.infra_backoff.initial = absl::ZeroDuration();
+  o.infra_backoff.max = absl::ZeroDuration();
   Handler* h = Start(std::move(o));
   const std::string id = Publish("order-8", {{"traceparent", kTraceParent}});
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
@@ -258,7 +258,7 @@ TEST_F(ObservabilityTest, EachOutcomeIsAnEventWithTheMessagesFields) {
 TEST_F(ObservabilityTest, ABurstOfEventsArrivesWholeAndInOrder) {
   constexpr int kMessages = 300;  // several stages' worth
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
-  o.observer_queue = 4 * kMessages;
+  o.observability.observer_queue = 4 * kMessages;
   std::vector<std::string> ids;
   std::vector<std::string> batch;
   for (int i = 0; i < kMessages; ++i) {
@@ -300,8 +300,8 @@ TEST_F(ObservabilityTest, LostLeasesAreEvents) {
     }
     return absl::OkStatus();
   });
-  o.delivery_lease = absl::Seconds(10);
-  o.idempotency_lease = absl::Seconds(5);
+  o.flow.delivery_lease = absl::Seconds(10);
+  o.stores.idempotency_lease = absl::Seconds(5);
   Handler* h = Start(std::move(o));
   const std::string id = Publish("slow", {{"traceparent", kTraceParent}});
   started.WaitForNotification();
@@ -325,7 +325,7 @@ TEST_F(ObservabilityTest, LostLeasesAreEvents) {
 TEST_F(ObservabilityTest, AThrowingObserverIsIgnoredAndStillCalled) {
   std::atomic<int> calls{0};
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
-  o.observer = [&](const Event&) {
+  o.observability.observer = [&](const Event&) {
     calls.fetch_add(1);
     throw std::runtime_error("observer bug");
   };
@@ -338,10 +338,11 @@ TEST_F(ObservabilityTest, AThrowingObserverIsIgnoredAndStillCalled) {
 
 TEST_F(ObservabilityTest, TheObserverQueueMustHoldAnEvent) {
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
-  o.observer_queue = 0;
+  o.observability.observer_queue = 0;
   auto h = Handler::Create(o);
   ASSERT_FALSE(h.ok());
-  EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions.observer_queue:"));
+  EXPECT_THAT(std::string(h.status().message()),
+              HasSubstr("HandlerOptions.observability.observer_queue:"));
 }
 
 // A slow observer never holds the pipeline up: 100,000 messages are all handled while it
@@ -351,16 +352,16 @@ TEST_F(ObservabilityTest, ASlowObserverDropsEventsAndNeverBlocksThePipeline) {
   constexpr int kMessages = 100000;
   std::atomic<uint64_t> delivered{0};
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
-  o.idempotency = NullIdempotencyStore();
-  o.observer_queue = 64;
-  o.observer = [&](const Event&) {
+  o.stores.idempotency = NullIdempotencyStore();
+  o.observability.observer_queue = 64;
+  o.observability.observer = [&](const Event&) {
     // The slowness under test, not a wait for a condition: nothing here depends on how long
     // the sleep really takes.
     absl::SleepFor(absl::Milliseconds(10));
     delivered.fetch_add(1);
   };
-  o.concurrency = 2;
-  o.max_in_flight = 256;
+  o.flow.concurrency = 2;
+  o.flow.max_in_flight = 256;
   auto created = Handler::Create(std::move(o));
   ASSERT_TRUE(created.ok()) << created.status();
   std::unique_ptr<Handler> h = std::move(*created);

@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "bus/driver.h"
 #include "drivers/nsq/nsq_options.h"
 #include "drivers/redis/redis_driver.h"              // RedisOptions
 #include "idempotency/postgres/idempotency_store.h"  // PostgresIdempotencyOptions
@@ -131,9 +132,10 @@ absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url)
 // True when `url` starts with postgres:// or postgresql:// (any case).
 bool IsPostgresUrl(absl::string_view url);
 
-// memory:// for the memory driver: its one parameter, max_message_bytes.
+// memory:// for the memory driver: its one parameter, max_message_bytes (default
+// kDefaultMaxMessageBytes, as a Handler's).
 struct MemoryUrlOptions {
-  size_t max_message_bytes = size_t{16} << 20;
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url);
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "bus/handler_options.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "url/open.h"
@@ -350,6 +351,11 @@ TEST(MemoryUrl, FormsAndErrors) {
   absl::StatusOr<MemoryUrlOptions> o = MemoryOptionsFromUrl(*url);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->max_message_bytes, 100u);
+  // Left out: the Handler's default, so a message the memory driver takes is not poison.
+  absl::StatusOr<MemoryUrlOptions> plain = MemoryOptionsFromUrl(*ParseUrl("memory://"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->max_message_bytes, kDefaultMaxMessageBytes);
+  EXPECT_EQ(plain->max_message_bytes, HandlerOptions().flow.max_message_bytes);
   ExpectBad(OpenDriver("memory://host").status(), "host");
   ExpectBad(OpenDriver("memory://?nope=1").status(), "unknown: nope");
   ExpectBad(OpenStores("memory://?max_message_bytes=1").status(), "unknown");

@@ -95,19 +95,17 @@ std::string NewOwnerToken() {
 
 }  // namespace
 
-Pipeline::Pipeline(HandlerOptions o, bool user_ensure)
+Pipeline::Pipeline(HandlerOptions o, bool user_ensure, TransactionalHandler tx)
     : options(std::move(o)),
       has_user_ensure(user_ensure),
-      transactional(options.handle_in_transaction != nullptr
-                        ? dynamic_cast<TransactionalStore*>(options.idempotency.get())
-                        : nullptr),
-      infra_backoff(BackoffPolicy{options.infra_backoff_base, options.infra_backoff_max,
-                                  BackoffPolicy::Jitter::kNone}) {}
+      transactional(std::move(tx.inbox)),
+      handle_in_transaction(std::move(tx.handle)),
+      infra_backoff(options.infra_backoff) {}
 
 int Pipeline::AutoBatchLimit() const {
   const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
   if (avg == 0) return 1;
-  const int64_t fit = absl::ToInt64Nanoseconds(options.idempotency_lease / 4) / avg;
+  const int64_t fit = absl::ToInt64Nanoseconds(options.stores.idempotency_lease / 4) / avg;
   return static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxAutoBatch));
 }
 
@@ -118,7 +116,7 @@ void Pipeline::OnConsuming() {
   consuming = true;
 }
 
-int Pipeline::BatchLimit() { return options.batch_size > 0 ? 0 : AutoBatchLimit(); }
+int Pipeline::BatchLimit() { return options.flow.batch_size > 0 ? 0 : AutoBatchLimit(); }
 
 void Pipeline::Process(absl::Span<const Delivery> deliveries, absl::Span<Settlement> out) {
   thread_local std::vector<Input> inputs;
@@ -179,8 +177,9 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // A message of the batch starts only while its key has half its lease left (the inbox handles
   // its batch in one transaction after this loop, so it takes the batch whole).
   const bool check_lease = b.decoded.size() > 1 && transactional == nullptr;
-  const absl::Time half_lease_at =
-      check_lease ? options.clock->Now() + options.idempotency_lease / 2 : absl::InfiniteFuture();
+  const absl::Time half_lease_at = check_lease
+                                       ? options.clock->Now() + options.stores.idempotency_lease / 2
+                                       : absl::InfiniteFuture();
 
   // 2. Acquire the keys of those that decoded, in one call.
   b.acquired.resize(b.decoded.size());
@@ -203,7 +202,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       out[i] = Settlement::Redeliver();
       if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
       if (b.acquired[j].ok() && *b.acquired[j] && !Release(b.keys[i], b.owners[i])) {
-        out[i].redeliver_after = options.idempotency_lease;
+        out[i].redeliver_after = options.stores.idempotency_lease;
       }
       continue;
     }
@@ -248,8 +247,9 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
 // ---- 1. Decode ----
 
 bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
-  absl::Status st = in.corrupt.empty() ? DecodeEnvelope(in.data, msg, options.max_message_bytes)
-                                       : absl::DataLossError(in.corrupt);
+  absl::Status st = in.corrupt.empty()
+                        ? DecodeEnvelope(in.data, msg, options.flow.max_message_bytes)
+                        : absl::DataLossError(in.corrupt);
   if (st.ok()) return true;
   if (in.replays >= 0) {
     // A letter that still does not decode would only be stored again: it stays where it is.
@@ -283,11 +283,12 @@ void Pipeline::Acquire(absl::Span<const absl::string_view> keys,
                        absl::Span<const absl::string_view> owners,
                        absl::Span<absl::StatusOr<bool>> acquired) {
   if (keys.size() == 1) {
-    acquired[0] = options.idempotency->Acquire(keys[0], owners[0], options.idempotency_lease);
+    acquired[0] =
+        options.stores.idempotency->Acquire(keys[0], owners[0], options.stores.idempotency_lease);
     return;
   }
   std::fill(acquired.begin(), acquired.end(), false);
-  options.idempotency->AcquireMany(keys, owners, options.idempotency_lease, acquired);
+  options.stores.idempotency->AcquireMany(keys, owners, options.stores.idempotency_lease, acquired);
 }
 
 void Pipeline::RememberGhost(absl::string_view key, absl::string_view owner) {
@@ -332,9 +333,9 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
     if (*acquired) return kUnderKey;
     // Taken: perhaps by an acquire of ours whose reply was lost.
     if (std::optional<std::string> ghost = TakeGhost(key);
-        ghost.has_value() && options.idempotency->Release(key, *ghost).ok()) {
+        ghost.has_value() && options.stores.idempotency->Release(key, *ghost).ok()) {
       absl::StatusOr<bool> again =
-          options.idempotency->Acquire(key, owner, options.idempotency_lease);
+          options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
       if (!again.ok()) {
         if (!has_user_ensure) {
           return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, again.status())};
@@ -391,7 +392,7 @@ absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   const absl::Time start = options.clock->Now();
   absl::Status result;
   try {
-    result = tx != nullptr ? options.handle_in_transaction(msg, *tx) : options.handle(msg);
+    result = tx != nullptr ? handle_in_transaction(msg, *tx) : options.handle(msg);
   } catch (const std::exception& e) {
     result = absl::UnknownError(absl::StrCat("handler threw: ", e.what()));
   } catch (...) {
@@ -419,8 +420,8 @@ void Pipeline::MarkDone(absl::Span<const absl::string_view> keys,
                         absl::Span<const absl::string_view> owners,
                         absl::Span<const Message* const> msgs) {
   if (keys.size() == 1) {
-    if (absl::Status st =
-            options.idempotency->MarkDone(keys[0], owners[0], options.idempotency_retention);
+    if (absl::Status st = options.stores.idempotency->MarkDone(
+            keys[0], owners[0], options.stores.idempotency_retention);
         !st.ok()) {
       MarkDoneFailed(*msgs[0], keys[0], st);
     }
@@ -428,8 +429,8 @@ void Pipeline::MarkDone(absl::Span<const absl::string_view> keys,
   }
   thread_local std::vector<absl::Status> results;
   results.assign(keys.size(), absl::OkStatus());
-  options.idempotency->MarkDoneMany(keys, owners, options.idempotency_retention,
-                                    absl::MakeSpan(results));
+  options.stores.idempotency->MarkDoneMany(keys, owners, options.stores.idempotency_retention,
+                                           absl::MakeSpan(results));
   for (size_t k = 0; k < keys.size(); ++k) {
     if (!results[k].ok()) MarkDoneFailed(*msgs[k], keys[k], results[k]);
   }
@@ -460,7 +461,7 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
   // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
   auto after_lease = [&](Settlement s) {
     if (!released && !s.done) {
-      s.redeliver_after = std::max(s.redeliver_after, options.idempotency_lease);
+      s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
     }
     return s;
   };
@@ -504,7 +505,7 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
     }
     return s;
   }
-  if (!released) delay = std::max(delay, options.idempotency_lease);
+  if (!released) delay = std::max(delay, options.stores.idempotency_lease);
   if (absl::Status st = options.driver->SendToQueue(options.queue, wire, delay); !st.ok()) {
     const std::string error = st.ToString();
     Log(LogLevel::kError, "retry_send_failed",
@@ -517,7 +518,7 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
 }
 
 bool Pipeline::Release(absl::string_view key, absl::string_view owner) {
-  absl::Status st = options.idempotency->Release(key, owner);
+  absl::Status st = options.stores.idempotency->Release(key, owner);
   if (st.ok()) return true;
   if (!absl::IsFailedPrecondition(st)) store_errors.fetch_add(1, std::memory_order_relaxed);
   const std::string error = st.ToString();
@@ -551,7 +552,7 @@ Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
 }
 
 Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg) {
-  absl::StatusOr<std::string> id = options.dead_letters->Store(letter);
+  absl::StatusOr<std::string> id = options.stores.dead_letters->Store(letter);
   if (!id.ok()) {
     store_errors.fetch_add(1, std::memory_order_relaxed);
     const std::string error = id.status().ToString();

@@ -61,14 +61,16 @@ struct Input {
 // Everything the pipeline touches, shared (by shared_ptr) with the receive loop's workers, which
 // may outlive Run() and the Handler when abandoned after the shutdown timeout.
 struct Pipeline final : ReceiveSink {
-  Pipeline(HandlerOptions o, bool user_ensure);
+  Pipeline(HandlerOptions o, bool user_ensure, TransactionalHandler tx);
 
   const HandlerOptions options;
   // Whether `ensure` was given by the user (it then decides when the idempotency store fails).
   const bool has_user_ensure;
-  // The idempotency store as an inbox, when handle_in_transaction is set: steps 4 and 5 then run
-  // as one TransactionalStore::RunAndMarkDone per batch (HandleInTransaction).
-  TransactionalStore* const transactional;
+  // The inbox of a Handler built with a TransactionalHandler (also options.stores.idempotency),
+  // or null: steps 4 and 5 then run as one TransactionalStore::RunAndMarkDone per batch
+  // (HandleInTransaction), with handle_in_transaction as the effect instead of options.handle.
+  const std::shared_ptr<TransactionalStore> transactional;
+  const TransactionalHandleFn handle_in_transaction;
   std::stop_source stop;
 
   std::atomic<uint64_t> received{0};
@@ -111,13 +113,13 @@ struct Pipeline final : ReceiveSink {
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
-  // Set when options.observer is; closed by ~Handler.
+  // Set when options.observability.observer is; closed by ~Handler.
   std::unique_ptr<EventQueue> events;
 
   // Handler::Stats().
   HandlerStats Stats() const;
 
-  // HandlerOptions::batch_size 0: the batch a worker takes now (see there).
+  // HandlerOptions::flow.batch_size 0: the batch a worker takes now (see there).
   int AutoBatchLimit() const;
 
   // ReceiveSink: the receive loop's side of the pipeline.

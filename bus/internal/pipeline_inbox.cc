@@ -29,7 +29,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
   // this thread's buffers through references taken here, never by their thread_local names.
   std::vector<absl::Status>& effect_results = effects;
   transactional->RunAndMarkDone(
-      entries, options.idempotency_retention,
+      entries, options.stores.idempotency_retention,
       [&](size_t k, Transaction& tx) -> absl::Status {
         effect_results[k] = CallHandle(msgs[pending[k]], &tx);
         return effect_results[k];
@@ -72,7 +72,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     const bool released = !under_key || Release(keys[i], owners[i]);
     out[i] = InfraFailure(&msgs[i], "store_error", error);
     if (!released) {
-      out[i].redeliver_after = std::max(out[i].redeliver_after, options.idempotency_lease);
+      out[i].redeliver_after = std::max(out[i].redeliver_after, options.stores.idempotency_lease);
     }
   }
 }

@@ -16,7 +16,7 @@ absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
   const absl::flat_hash_set<std::string> ids(filter.ids.begin(), filter.ids.end());
   // Bound the pass by the letters present when it starts: a letter that fails again is stored
   // anew (after the cursor) and waits for the next pass instead of looping in this one.
-  absl::StatusOr<int64_t> count = options.dead_letters->Count(options.queue, filter.kinds);
+  absl::StatusOr<int64_t> count = options.stores.dead_letters->Count(options.queue, filter.kinds);
   if (!count.ok()) return count.status();
   int64_t budget = *count;
   int removed = 0;
@@ -26,8 +26,8 @@ absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
   std::vector<Input> inputs;
   std::vector<Settlement> settlements;
   while (budget > 0 && !token.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
-    absl::StatusOr<std::vector<DeadLetter>> batch = options.dead_letters->Fetch(
-        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay_batch)), after,
+    absl::StatusOr<std::vector<DeadLetter>> batch = options.stores.dead_letters->Fetch(
+        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay.batch)), after,
         filter.kinds);
     if (!batch.ok()) return batch.status();
     if (batch->empty()) break;
@@ -41,7 +41,7 @@ absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
     // Through the pipeline in batches of batch_size, as deliveries would go.
     size_t n = 0;
     for (size_t start = 0; start < chosen.size() && !token.stop_requested(); start += n) {
-      const int limit = options.batch_size > 0 ? options.batch_size : AutoBatchLimit();
+      const int limit = options.flow.batch_size > 0 ? options.flow.batch_size : AutoBatchLimit();
       n = std::min(chosen.size() - start, static_cast<size_t>(limit));
       if (filter.limit > 0) n = std::min(n, static_cast<size_t>(filter.limit - removed));
       if (n == 0) break;
@@ -54,7 +54,8 @@ absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
       for (size_t i = 0; i < n; ++i) {
         if (!settlements[i].done) continue;
         const DeadLetter& letter = chosen[start + i];
-        if (absl::Status st = options.dead_letters->Remove(options.queue, letter.id); !st.ok()) {
+        if (absl::Status st = options.stores.dead_letters->Remove(options.queue, letter.id);
+            !st.ok()) {
           const std::string error = st.ToString();
           Log(LogLevel::kError, "replay_remove_failed",
               absl::StrCat("replay: removing dead letter ", letter.id, " failed: ", error), nullptr,

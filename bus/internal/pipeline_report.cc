@@ -52,7 +52,7 @@ void Pipeline::Log(LogLevel level, absl::string_view event, absl::string_view te
   }
   try {
     r.time = options.clock->Now();
-    options.logger->Write(r);
+    options.observability.logger->Write(r);
   } catch (...) {
   }
 }

@@ -111,11 +111,13 @@ void Loop::Worker(size_t index, std::stop_token stop) {
   while (!stopping) {
     if (!buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
-      if (const int limit = sink->BatchLimit(); limit > 0) {
+      const int sink_limit = sink->BatchLimit();
+      if (sink_limit > 0 || options.batch_size == 0) {
         // A fair share of all that is held (buffered and running), not of the buffer alone:
         // with the others busy, halving the buffer at each take would shrink every batch.
         const size_t share = (static_cast<size_t>(held) + options.concurrency - 1) /
                              static_cast<size_t>(options.concurrency);
+        const int limit = sink_limit > 0 ? sink_limit : kMaxAutoBatch;
         n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
       }
       for (size_t i = 0; i < n; ++i) {
@@ -248,8 +250,9 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
   if (options.poll_wait <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ReceiveOptions.poll_wait must be > 0");
   }
-  if (options.batch_size < 1) {
-    return absl::InvalidArgumentError("ReceiveOptions.batch_size must be >= 1");
+  if (options.batch_size < 0) {
+    return absl::InvalidArgumentError(
+        "ReceiveOptions.batch_size must be 0 (chosen by the library) or >= 1");
   }
   return absl::OkStatus();
 }
@@ -342,7 +345,7 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   if (absl::Status st = ValidateReceiveOptions(options); !st.ok()) return st;
   if (sink == nullptr) return absl::InvalidArgumentError("ReceiveInto: no sink");
   ReceiveOptions opts = options;
-  if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency;
+  if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency * kAutoInFlightPerWorker;
 
   const std::shared_ptr<Clock> clk = driver.clock();
   std::unique_ptr<Consumer> consumer;

@@ -54,7 +54,8 @@ struct Settlement {
 struct ReceiveOptions {
   // Callbacks running at once; >= 1.
   int concurrency = 1;
-  // Deliveries held at once (prefetch), >= concurrency; 0 means equal to concurrency.
+  // Deliveries held at once (prefetch), >= concurrency; 0 (the default): chosen by the library,
+  // kAutoInFlightPerWorker (64) per worker.
   int max_in_flight = 0;
   // Delivery lease; the loop extends the leases of deliveries it still holds once half of it
   // has passed, so a long callback keeps its message.
@@ -64,7 +65,9 @@ struct ReceiveOptions {
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // Longest single wait for messages; bounds how often an idle consumer wakes up.
   absl::Duration poll_wait = absl::Seconds(1);
-  // Deliveries a worker takes at once, >= 1. ReceiveBatches hands them to one callback call;
+  // Deliveries a worker takes at once, >= 0. 0: chosen by the library, the worker's fair share
+  // of the deliveries held (buffered and being handled), ceil(held / concurrency), at most
+  // kMaxAutoBatch (64). ReceiveBatches hands them to one callback call;
   // ReceiveMessage calls its callback for each in turn. Either way the batch's acks go to the
   // broker together (Consumer::AckMany), which saves a round trip per message on brokers with
   // batched acks. Deliveries waiting in a worker's batch stay leased (and extended) like the

@@ -1,6 +1,6 @@
-// The receive loop's batching over the memory driver: with `batch_limit`, a worker takes its
-// fair share of every delivery held (buffered and running), so a worker that finds the others
-// busy takes a full share instead of half of what is buffered.
+// The receive loop's batching over the memory driver: with `batch_limit` or batch_size 0, a
+// worker takes its fair share of every delivery held (buffered and running), so a worker that finds
+// the others busy takes a full share instead of half of what is buffered.
 
 #include "bus/internal/receive_loop.h"
 
@@ -21,7 +21,9 @@ namespace {
 
 using ::bus::testing::WaitUntil;
 
-TEST(ReceiveLoopTest, AWorkerTakesItsShareOfAllThatIsHeldWhileTheOtherIsBusy) {
+// With `batch_limit` (the Handler's adaptive limit), or with batch_size and max_in_flight 0
+// (chosen by the library: 64 per worker held, batches of a fair share up to kMaxAutoBatch).
+void CheckFairShares(const ReceiveOptions& o) {
   std::shared_ptr<Driver> driver = NewMemoryDriver();
   ASSERT_TRUE(driver->CreateQueue("q", absl::ZeroDuration()).ok());
   std::vector<std::string> bodies;
@@ -32,10 +34,6 @@ TEST(ReceiveLoopTest, AWorkerTakesItsShareOfAllThatIsHeldWhileTheOtherIsBusy) {
   std::vector<size_t> sizes;  // of each batch, in call order
   size_t handled = 0;
   absl::Notification release;
-  ReceiveOptions o;
-  o.concurrency = 2;
-  o.max_in_flight = 128;
-  o.batch_limit = [] { return 64; };
   std::stop_source stop;
   std::thread loop([&] {
     EXPECT_TRUE(ReceiveBatches(
@@ -74,6 +72,22 @@ TEST(ReceiveLoopTest, AWorkerTakesItsShareOfAllThatIsHeldWhileTheOtherIsBusy) {
   }));
   stop.request_stop();
   loop.join();
+}
+
+TEST(ReceiveLoopTest, AWorkerTakesItsShareOfAllThatIsHeldWhileTheOtherIsBusy) {
+  ReceiveOptions o;
+  o.concurrency = 2;
+  o.max_in_flight = 128;
+  o.batch_limit = [] { return 64; };
+  CheckFairShares(o);
+}
+
+TEST(ReceiveLoopTest, ZeroMaxInFlightAndBatchSizeAreTheLibrarysChoice) {
+  ReceiveOptions o;
+  o.concurrency = 2;
+  o.max_in_flight = 0;  // 2 x kAutoInFlightPerWorker = 128
+  o.batch_size = 0;     // a fair share, at most kMaxAutoBatch = 64
+  CheckFairShares(o);
 }
 
 TEST(ReceiveErrorTest, OnlyARefusedAckOrNackIsALostLease) {

@@ -25,21 +25,21 @@ absl::StatusOr<std::unique_ptr<Harness>> Harness::Start(HandlerOptions options) 
   if (options.queue.empty()) options.queue = "test";
   // No periodic replay: it would replay letters while RunUntilIdle() moves time, at moments
   // that depend on the retry delays. Tests replay with ReplayDeadLetters().
-  options.replay_interval = absl::ZeroDuration();
+  options.replay.interval = absl::ZeroDuration();
   h->queue_ = options.queue;
   h->clock_ = std::dynamic_pointer_cast<FakeClock>(options.clock);
   if (h->clock_ == nullptr) h->clock_ = std::make_shared<FakeClock>();
   options.clock = h->clock_;
   h->driver_ = options.driver != nullptr ? options.driver : NewMemoryDriver({.clock = h->clock_});
-  h->dead_letters_ =
-      options.dead_letters != nullptr ? options.dead_letters : NewMemoryDeadLetterStore(h->clock_);
+  h->dead_letters_ = options.stores.dead_letters != nullptr ? options.stores.dead_letters
+                                                            : NewMemoryDeadLetterStore(h->clock_);
   h->idempotency_ =
-      options.idempotency != nullptr
-          ? options.idempotency
+      options.stores.idempotency != nullptr
+          ? options.stores.idempotency
           : std::shared_ptr<IdempotencyStore>(NewMemoryIdempotencyStore({.clock = h->clock_}));
   options.driver = h->driver_;
-  options.dead_letters = h->dead_letters_;
-  options.idempotency = h->idempotency_;
+  options.stores.dead_letters = h->dead_letters_;
+  options.stores.idempotency = h->idempotency_;
   if (options.handle == nullptr) {
     return absl::InvalidArgumentError("Harness: HandlerOptions.handle must be set");
   }
@@ -76,7 +76,9 @@ absl::StatusOr<std::unique_ptr<Harness>> Harness::Start(HandlerOptions options) 
   absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(std::move(options));
   if (!handler.ok()) return handler.status();
   h->handler_ = *std::move(handler);
-  h->publisher_ = std::make_unique<Publisher>(h->driver_, h->clock_);
+  absl::StatusOr<Publisher> publisher = Publisher::Create(h->driver_, h->clock_);
+  if (!publisher.ok()) return publisher.status();
+  h->publisher_ = std::make_unique<Publisher>(*std::move(publisher));
   if (absl::Status s = h->handler_->Start(); !s.ok()) return s;
   if (absl::Status s = h->handler_->WaitUntilRunning(absl::Seconds(30)); !s.ok()) {
     h->handler_->Stop();

@@ -17,7 +17,7 @@
 // Time moves only there, so a retry scheduled 5 minutes ahead is handled after exactly that
 // much fake time, and a test never sleeps for it.
 //
-// The periodic replay of dead letters is off (HandlerOptions::replay_interval is set to zero: it
+// The periodic replay of dead letters is off (HandlerOptions::replay.interval is set to zero: it
 // would replay letters at moments that depend on how far RunUntilIdle() moved time): a test
 // replays with ReplayDeadLetters(), which runs the letters through the pipeline before it
 // returns.

@@ -33,6 +33,19 @@ INSTANTIATE_TEST_SUITE_P(Memory, HandlerTraceTest,
                              "memory", [] { return std::make_unique<MemoryHarness>(); }}),
                          DriverParamName);
 
+TEST(MemoryDriverTest, MaxInFlightZeroIsTheLibrarysChoice) {
+  auto driver = NewMemoryDriver();
+  std::vector<std::string> bodies(kAutoInFlightPerWorker + 10, "x");
+  ASSERT_TRUE(driver->SendBatchToQueue("q", bodies, absl::ZeroDuration()).ok());
+  auto consumer = driver->NewConsumer("q", ConsumerOptions{0, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::vector<Delivery> got;
+  ASSERT_TRUE((*consumer)->Receive(1000, absl::ZeroDuration(), {}, &got).ok());
+  EXPECT_EQ(got.size(), static_cast<size_t>(kAutoInFlightPerWorker));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      driver->NewConsumer("q", ConsumerOptions{-1, absl::Seconds(30)}).status()));
+}
+
 TEST(MemoryDriverTest, RejectsMessagesOverTheSizeLimit) {
   auto driver = NewMemoryDriver({.max_message_bytes = 10});
   EXPECT_TRUE(absl::IsInvalidArgument(

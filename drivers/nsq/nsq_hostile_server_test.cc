@@ -264,9 +264,9 @@ class FakeNsqd {
 
 class CapturingLogger final : public Logger {
  public:
-  void Log(LogLevel, absl::string_view line) override {
+  void Write(const LogRecord& r) override {
     absl::MutexLock lock(&mu_);
-    lines_.emplace_back(line);
+    lines_.push_back(FormatLogLine(r));
   }
   bool Contains(absl::string_view text) {
     absl::MutexLock lock(&mu_);

@@ -1,5 +1,5 @@
 // The Handler on the Redis driver and the Redis stores, against a real redis-server the test
-// starts itself: batches (HandlerOptions::batch_size) handle each message once, skip duplicate
+// starts itself: batches (HandlerOptions::flow.batch_size) handle each message once, skip duplicate
 // business ids, and reach Redis in batched calls.
 
 #include <atomic>
@@ -37,7 +37,7 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
 
   // 400 messages, the last 40 repeating earlier business ids, all queued before the start.
   constexpr int kUnique = 360, kRepeats = 40;
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < kUnique + kRepeats; ++i) {
     const int uid = i < kUnique ? i : i - kUnique;
     ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", uid), "x", {}}).ok());
@@ -49,13 +49,13 @@ TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
   HandlerOptions h;
   h.queue = "orders";
   h.driver = *driver;
-  h.dead_letters = *dead_letters;
-  h.idempotency = *idempotency;
-  h.logger = NullLogger();
-  h.replay_interval = absl::ZeroDuration();
-  h.concurrency = 2;
-  h.max_in_flight = 128;
-  h.batch_size = 32;
+  h.stores.dead_letters = *dead_letters;
+  h.stores.idempotency = *idempotency;
+  h.observability.logger = NullLogger();
+  h.replay.interval = absl::ZeroDuration();
+  h.flow.concurrency = 2;
+  h.flow.max_in_flight = 128;
+  h.flow.batch_size = 32;
   h.handle = [&](const Message& m) {
     absl::MutexLock lock(&mu);
     handled.insert(m.biz_uid);
@@ -108,7 +108,7 @@ TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCounterBecomesAMalformedLette
   auto driver = NewRedisDriver(options);
   auto dead_letters = NewRedisDeadLetterStore(options);
   ASSERT_TRUE(driver.ok() && dead_letters.ok());
-  Publisher publisher(*driver);
+  Publisher publisher = *Publisher::Create(*driver);
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(publisher.SendToQueue("orders", {absl::StrCat("order-", i), "x", {}}).ok());
   }
@@ -123,9 +123,9 @@ TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCounterBecomesAMalformedLette
   HandlerOptions h;
   h.queue = "orders";
   h.driver = *driver;
-  h.dead_letters = *dead_letters;
-  h.logger = NullLogger();
-  h.replay_interval = absl::ZeroDuration();
+  h.stores.dead_letters = *dead_letters;
+  h.observability.logger = NullLogger();
+  h.replay.interval = absl::ZeroDuration();
   h.handle = [&](const Message&) {
     handled.fetch_add(1);
     return absl::OkStatus();

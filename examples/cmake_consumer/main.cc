@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<bus::Driver> driver = bus::NewMemoryDriver();
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+  if (!publisher.ok()) {
+    std::fprintf(stderr, "%s\n", publisher.status().ToString().c_str());
+    return 1;
+  }
 
   absl::Mutex mu;
   std::string handled_payload;  // guarded by mu
@@ -44,8 +49,8 @@ int main(int argc, char** argv) {
   bus::HandlerOptions options;
   options.queue = "orders";
   options.driver = driver;
-  options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.idempotency = bus::NewSqliteIdempotencyStore(*db);
+  options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  options.stores.idempotency = bus::NewSqliteIdempotencyStore(*db);
   options.handle = [&](const bus::Message& msg) -> absl::Status {
     absl::MutexLock lock(&mu);
     handled_payload = msg.payload;
@@ -63,9 +68,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  bus::Publisher publisher(driver);
   const bus::Outgoing order = {.biz_uid = "order-42", .payload = "{\"amount\": 42}"};
-  absl::StatusOr<std::string> id = publisher.SendToQueue("orders", order);
+  absl::StatusOr<std::string> id = publisher->SendToQueue("orders", order);
 
   bool done = false;
   if (id.ok()) {

@@ -25,13 +25,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::shared_ptr<bus::Driver> driver = bus::NewMemoryDriver();
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+  if (!publisher.ok()) {
+    std::fprintf(stderr, "orders: %s\n", publisher.status().ToString().c_str());
+    return 1;
+  }
   orders::Charger charger(/*limit_cents=*/100000);
 
   bus::HandlerOptions options;
   options.queue = "orders";
   options.driver = driver;
-  options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.idempotency = bus::NewSqliteIdempotencyStore(*db);
+  options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  options.stores.idempotency = bus::NewSqliteIdempotencyStore(*db);
   options.handle = [&](const bus::Message& msg) { return charger.Charge(msg); };
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
   if (!handler.ok()) {
@@ -49,11 +54,10 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  bus::Publisher publisher(driver);
   const std::string run = std::to_string(absl::ToUnixMicros(absl::Now()));
   for (const char* amount : {"1250", "990", "twelve"}) {
     absl::StatusOr<std::string> id =
-        publisher.SendToQueue("orders", {.biz_uid = run + "-" + amount, .payload = amount});
+        publisher->SendToQueue("orders", {.biz_uid = run + "-" + amount, .payload = amount});
     if (!id.ok()) {
       std::fprintf(stderr, "orders: %s\n", id.status().ToString().c_str());
       return 1;

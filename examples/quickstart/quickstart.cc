@@ -271,11 +271,11 @@ int main(int argc, char** argv) {
   bus::HandlerOptions options;
   options.queue = queue;
   options.driver = driver;
-  options.dead_letters = dead_letters;
-  options.idempotency = backend->idempotency;
-  options.logger = bus::StderrLogger(bus::LogLevel::kError);
-  options.concurrency = absl::GetFlag(FLAGS_concurrency);
-  options.max_in_flight = options.concurrency * 4;
+  options.stores.dead_letters = dead_letters;
+  options.stores.idempotency = backend->idempotency;
+  options.observability.logger = bus::StderrLogger(bus::LogLevel::kError);
+  options.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
+  options.flow.max_in_flight = options.flow.concurrency * 4;
   options.retry_delay =
       bus::MaxAttempts(4, bus::ExponentialBackoff(absl::Milliseconds(5), absl::Milliseconds(50)));
   auto decide = [&](const bus::Message& msg) -> absl::Status {
@@ -298,37 +298,41 @@ int main(int argc, char** argv) {
     }
   };
   const std::string invoices = absl::StrCat("invoices-", queue.substr(7));
+  bus::TransactionalHandler transactional;
   if (backend->inbox != nullptr) {
     // The effect and the invoice first, then the order's verdict: a failing attempt rolls both
     // back, so only the attempt that succeeds leaves a row.
-    options.handle_in_transaction = backend->inbox->Handle(
-        [&](const bus::Message& msg, bus::SqliteTransaction& tx) -> absl::Status {
-          absl::StatusOr<std::string> invoice =
-              tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}});
-          if (!invoice.ok()) return invoice.status();
-          absl::StatusOr<int64_t> n = tx.Execute(
-              "INSERT INTO order_effects (queue, order_id, invoice_id) VALUES (?1, ?2, ?3)",
-              {queue, msg.biz_uid, *invoice});
-          if (!n.ok()) return n.status();
-          return decide(msg);
-        });
+    transactional = backend->inbox->Handle([&](const bus::Message& msg,
+                                               bus::SqliteTransaction& tx) -> absl::Status {
+      absl::StatusOr<std::string> invoice =
+          tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}});
+      if (!invoice.ok()) return invoice.status();
+      absl::StatusOr<int64_t> n =
+          tx.Execute("INSERT INTO order_effects (queue, order_id, invoice_id) VALUES (?1, ?2, ?3)",
+                     {queue, msg.biz_uid, *invoice});
+      if (!n.ok()) return n.status();
+      return decide(msg);
+    });
   } else {
     options.handle = decide;
   }
-  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  absl::StatusOr<bus::Publisher> publisher = bus::Publisher::Create(driver);
+  if (!publisher.ok()) return Fail("", publisher.status());
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
+      transactional.inbox != nullptr ? bus::Handler::Create(options, std::move(transactional))
+                                     : bus::Handler::Create(options);
   if (!handler.ok()) return Fail("", handler.status());
   // Runs on a thread the Handler owns; every way out of main() destroys the Handler, which
   // stops it and joins that thread.
   if (absl::Status st = (*handler)->Start(); !st.ok()) return Fail("start: ", st);
 
-  bus::Publisher publisher(driver);
   int published = 0;
   int expect_duplicates = 0, expect_dead = 0, expect_handled = 0;
   for (int i = 0; i < orders; ++i) {
     const std::string biz_uid = absl::StrCat("order-", i);
     const int copies = KindOf(i) == Kind::kDuplicated ? 2 : 1;
     for (int c = 0; c < copies; ++c) {
-      absl::StatusOr<std::string> id = publisher.SendToQueue(
+      absl::StatusOr<std::string> id = publisher->SendToQueue(
           queue, bus::Outgoing{biz_uid, absl::StrCat(i), {{"traceparent", "00-quickstart-01"}}});
       if (!id.ok()) return Fail("publish: ", id.status());
       ++published;

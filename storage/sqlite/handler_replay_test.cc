@@ -55,12 +55,12 @@ class SqliteHandlerTest : public ::testing::Test {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = NullLogger();
-    o.dead_letters = dead_letters_;
-    o.idempotency = idempotency_;
+    o.observability.logger = NullLogger();
+    o.stores.dead_letters = dead_letters_;
+    o.stores.idempotency = idempotency_;
     o.handle = std::move(handle);
-    o.replay_interval = replay_interval;
-    o.replay_batch = 2;  // several batches per pass
+    o.replay.interval = replay_interval;
+    o.replay.batch = 2;  // several batches per pass
     absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(std::move(o));
     EXPECT_TRUE(h.ok()) << h.status();
     if (!h.ok()) return nullptr;
@@ -90,7 +90,7 @@ class SqliteHandlerTest : public ::testing::Test {
   }
 
   void PublishFive() {
-    Publisher publisher(driver_);
+    Publisher publisher = *Publisher::Create(driver_);
     for (int i = 0; i < 5; ++i) {
       absl::StatusOr<std::string> id = publisher.SendToQueue(
           "orders", Outgoing{absl::StrCat("order-", i), "pay", {{"traceparent", "00-abc-01"}}});

@@ -40,8 +40,8 @@ ABSL_FLAG(std::string, stores_db, "", "SQLite file of the dead-letter and idempo
 ABSL_FLAG(std::string, effects_db, "", "SQLite file with the table effects(biz_uid, incarnation)");
 ABSL_FLAG(std::string, mark_done_log, "", "file the successful mark-done calls are appended to");
 ABSL_FLAG(int, incarnation, 0, "this run's number, recorded with every effect and mark-done");
-ABSL_FLAG(int, batch_size, 1, "HandlerOptions::batch_size");
-ABSL_FLAG(int, concurrency, 4, "HandlerOptions::concurrency");
+ABSL_FLAG(int, batch_size, 1, "HandlerOptions::flow.batch_size");
+ABSL_FLAG(int, concurrency, 4, "HandlerOptions::flow.concurrency");
 ABSL_FLAG(bool, inbox, false,
           "exactly-once mode: the effect row goes into the table effects of --stores_db in the "
           "inbox's transaction (SqliteInbox), with an invoice published to --invoices_queue "
@@ -143,22 +143,23 @@ int main(int argc, char** argv) {
   bus::HandlerOptions options;
   options.queue = absl::GetFlag(FLAGS_queue);
   options.driver = *driver;
-  options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.idempotency = idempotency;
-  options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
-  options.concurrency = absl::GetFlag(FLAGS_concurrency);
-  options.batch_size = absl::GetFlag(FLAGS_batch_size);
-  options.max_in_flight = options.concurrency * options.batch_size;
-  options.replay_interval = absl::ZeroDuration();
+  options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+  options.stores.idempotency = idempotency;
+  options.observability.logger = bus::StderrLogger(bus::LogLevel::kWarning);
+  options.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
+  options.flow.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.flow.max_in_flight = options.flow.concurrency * options.flow.batch_size;
+  options.replay.interval = absl::ZeroDuration();
   // Short leases, so the deliveries and keys a killed run held come back within seconds. The
   // key's lease is well under half the delivery's (deliveries are extended every half lease),
   // so a dead run's key is free before its delivery returns.
-  options.delivery_lease = absl::Seconds(4);
-  options.idempotency_lease = absl::Milliseconds(1500);
+  options.flow.delivery_lease = absl::Seconds(4);
+  options.stores.idempotency_lease = absl::Milliseconds(1500);
+  bus::TransactionalHandler transactional;
   if (inbox_mode) {
     // The effect and the invoice commit with the key's mark-done, or not at all.
     const std::string invoices = absl::GetFlag(FLAGS_invoices_queue);
-    options.handle_in_transaction =
+    transactional =
         inbox->Handle([&, invoices](const bus::Message& msg, bus::SqliteTransaction& tx) {
           absl::StatusOr<int64_t> n =
               tx.Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
@@ -171,7 +172,9 @@ int main(int argc, char** argv) {
       return (*effects)->Record(msg.biz_uid, incarnation);
     };
   }
-  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
+      inbox_mode ? bus::Handler::Create(options, std::move(transactional))
+                 : bus::Handler::Create(options);
   if (!handler.ok()) return Fail(handler.status());
 
   std::atomic<bool> run_ended{false};

@@ -31,7 +31,7 @@ absl::StatusOr<uint32_t> CrashSeed() {
 }
 
 absl::Status PublishNumbered(std::shared_ptr<Driver> driver, const std::string& queue, int n) {
-  Publisher publisher(std::move(driver));
+  Publisher publisher = *Publisher::Create(std::move(driver));
   for (int i = 0; i < n; i += 500) {
     std::vector<Outgoing> batch;
     for (int j = i; j < i + 500 && j < n; ++j) {

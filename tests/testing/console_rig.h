@@ -48,9 +48,9 @@ class ConsoleRig {
     HandlerOptions h;
     h.queue = o.queue;
     h.driver = driver_;
-    h.dead_letters = dead_letters_;
-    h.idempotency = o.idempotency != nullptr ? o.idempotency : NewMemoryIdempotencyStore();
-    h.replay_interval = absl::ZeroDuration();
+    h.stores.dead_letters = dead_letters_;
+    h.stores.idempotency = o.idempotency != nullptr ? o.idempotency : NewMemoryIdempotencyStore();
+    h.replay.interval = absl::ZeroDuration();
     h.handle = [this](const Message& m) -> absl::Status {
       if (!healed_.load() && absl::StartsWith(m.payload, "fail")) {
         return Permanent(absl::InternalError(absl::StrCat("declined: ", m.payload.substr(0, 200))));
@@ -86,7 +86,8 @@ class ConsoleRig {
 
   // Sends a message to the queue; returns its id.
   std::string Send(Outgoing out) {
-    absl::StatusOr<std::string> id = Publisher(driver_).SendToQueue(queue_, std::move(out));
+    absl::StatusOr<std::string> id =
+        Publisher::Create(driver_)->SendToQueue(queue_, std::move(out));
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : "";
   }

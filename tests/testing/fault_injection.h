@@ -265,9 +265,9 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
 
 class CapturingLogger final : public Logger {
  public:
-  void Log(LogLevel level, absl::string_view line) override {
+  void Write(const LogRecord& r) override {
     absl::MutexLock lock(&mu_);
-    lines_.emplace_back(level, std::string(line));
+    lines_.emplace_back(r.level, FormatLogLine(r));
   }
   std::vector<std::pair<LogLevel, std::string>> lines() const {
     absl::MutexLock lock(&mu_);
@@ -297,9 +297,6 @@ struct CapturedRecord {
 // Keeps every record (LogRecord, bus/logger.h) written to it.
 class CapturingRecordLogger final : public Logger {
  public:
-  void Log(LogLevel level, absl::string_view line) override {
-    Write(LogRecord{.level = level, .text = line});
-  }
   void Write(const LogRecord& r) override {
     CapturedRecord c{r.level,
                      r.time,

@@ -66,12 +66,12 @@ class HandlerTest : public ::testing::Test {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = logger_;
-    o.dead_letters = dead_letters_;
-    o.idempotency = idempotency_;
+    o.observability.logger = logger_;
+    o.stores.dead_letters = dead_letters_;
+    o.stores.idempotency = idempotency_;
     o.handle = std::move(handle);
-    o.replay_interval = absl::ZeroDuration();
-    o.delivery_lease = absl::Seconds(30);
+    o.replay.interval = absl::ZeroDuration();
+    o.flow.delivery_lease = absl::Seconds(30);
     return o;
   }
 
@@ -157,7 +157,7 @@ class HandlerTest : public ::testing::Test {
   std::shared_ptr<MemoryIdempotencyStore> idempotency_ =
       NewMemoryIdempotencyStore({.clock = clock_});
   std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::unique_ptr<Handler> handler_;
   std::future<absl::Status> run_;
 };

@@ -66,7 +66,6 @@ inline void ExpectNoSecret(const Event& e, absl::string_view secret) {
 class CountingLogger final : public Logger {
  public:
   explicit CountingLogger(std::shared_ptr<Logger> next) : next_(std::move(next)) {}
-  void Log(LogLevel level, absl::string_view line) override { next_->Log(level, line); }
   void Write(const LogRecord& r) override {
     {
       absl::MutexLock lock(&mu_);
@@ -123,18 +122,18 @@ inline HandlerOptions FailFirstAttemptOptions(std::shared_ptr<Driver> driver,
   HandlerOptions h;
   h.queue = "orders";
   h.driver = std::move(driver);
-  h.dead_letters = std::move(dead_letters);
-  h.idempotency = std::move(idempotency);
-  h.logger = std::move(logger);
-  h.replay_interval = absl::ZeroDuration();
-  h.infra_backoff_base = absl::Milliseconds(10);
-  h.infra_backoff_max = absl::Milliseconds(100);
+  h.stores.dead_letters = std::move(dead_letters);
+  h.stores.idempotency = std::move(idempotency);
+  h.observability.logger = std::move(logger);
+  h.replay.interval = absl::ZeroDuration();
+  h.infra_backoff.initial = absl::Milliseconds(10);
+  h.infra_backoff.max = absl::Milliseconds(100);
   h.retry_delay = FixedBackoff(absl::ZeroDuration());
   h.handle = [](const Message& m) -> absl::Status {
     if (m.retried == 0) return absl::UnavailableError("first attempt fails");
     return absl::OkStatus();
   };
-  h.observer = events->Observer();
+  h.observability.observer = events->Observer();
   return h;
 }
 

@@ -191,15 +191,17 @@ absl::StatusOr<std::shared_ptr<PostgresInbox>> NewPostgresInbox(
       new PostgresInbox(std::move(db), *std::move(keys), options));
 }
 
-TransactionalHandleFn PostgresInbox::Handle(PostgresHandleFn fn) const {
-  return [fn = std::move(fn)](const Message& msg, Transaction& tx) -> absl::Status {
+TransactionalHandler PostgresInbox::Handle(PostgresHandleFn fn) {
+  TransactionalHandleFn effect = [fn = std::move(fn)](const Message& msg,
+                                                      Transaction& tx) -> absl::Status {
     auto* pg = dynamic_cast<PostgresTransaction*>(&tx);
     if (pg == nullptr) {
       return absl::FailedPreconditionError(
-          "PostgresInbox::Handle: the Handler's idempotency store is not a PostgresInbox");
+          "PostgresInbox::Handle: the transaction is not a PostgresInbox's");
     }
     return fn(msg, *pg);
   };
+  return TransactionalHandler{shared_from_this(), std::move(effect)};
 }
 
 PostgresInbox::Stats PostgresInbox::stats() const {

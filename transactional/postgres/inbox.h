@@ -6,13 +6,12 @@
 //   absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db =
 //       bus::PostgresDatabase::Open({.conninfo = "postgres://orders@db.internal/orders"});
 //   absl::StatusOr<std::shared_ptr<bus::PostgresInbox>> inbox = bus::NewPostgresInbox(*db);
-//   options.idempotency = *inbox;
-//   options.dead_letters = bus::NewPostgresDeadLetterStore(*db);
-//   options.handle_in_transaction = (*inbox)->Handle(
+//   options.stores.dead_letters = bus::NewPostgresDeadLetterStore(*db);
+//   auto handler = bus::Handler::Create(options, (*inbox)->Handle(
 //       [](const bus::Message& msg, bus::PostgresTransaction& tx) -> absl::Status {
 //         return tx.Execute("INSERT INTO invoices (order_id) VALUES ($1)", {msg.biz_uid})
 //             .status();
-//       });
+//       }));
 //
 // What commits together, per message: the effect's statements, the messages it publishes
 // (SendToQueue, PublishToTopic: rows of the outbox, sent by a PostgresOutboxRelay after the
@@ -21,8 +20,8 @@
 // there, so a worker whose lease ran out commits nothing, and no other worker can take the key
 // while the effect runs. A failure (an error status or an exception from the function, a lost
 // lease, a statement timeout, a database error) rolls all of the message's work back before the
-// pipeline's usual retry or dead-letter step. With batch_size > 1 the messages of a batch share
-// one transaction, each in a savepoint of its own, so one failing message rolls back alone.
+// pipeline's usual retry or dead-letter step. With flow.batch_size > 1 the messages of a batch
+// share one transaction, each in a savepoint of its own, so one failing message rolls back alone.
 //
 // A serialization failure or deadlock (SQLSTATE 40001, 40P01), in the effect's statements or at
 // COMMIT, rolls the whole transaction back and runs the batch again, up to
@@ -127,10 +126,12 @@ struct PostgresInboxOptions {
   PostgresRelayOptions relay{};
 };
 
-class PostgresInbox final : public IdempotencyStore, public TransactionalStore {
+class PostgresInbox final : public TransactionalStore,
+                            public std::enable_shared_from_this<PostgresInbox> {
  public:
-  // The HandlerOptions::handle_in_transaction that runs `fn` with the inbox's transaction.
-  TransactionalHandleFn Handle(PostgresHandleFn fn) const;
+  // The transactional handler for Handler::Create(options, handler): this inbox, and `fn` run
+  // with the inbox's transaction.
+  TransactionalHandler Handle(PostgresHandleFn fn);
 
   struct Stats {
     // Messages whose effect committed with their mark-done.

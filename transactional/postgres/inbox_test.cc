@@ -125,19 +125,18 @@ class PostgresInboxTest : public ::testing::TestWithParam<int> {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = NullLogger();
-    o.dead_letters = NewPostgresDeadLetterStore(db_);
-    o.idempotency = inbox_;
-    o.handle_in_transaction = inbox_->Handle(std::move(fn));
-    o.batch_size = batch_size;
-    o.max_in_flight = batch_size;
-    o.replay_interval = absl::ZeroDuration();
-    o.delivery_lease = absl::Hours(1);
-    o.idempotency_lease = absl::Minutes(5);
-    o.infra_backoff_base = absl::ZeroDuration();
-    o.infra_backoff_max = absl::ZeroDuration();
+    o.observability.logger = NullLogger();
+    o.stores.dead_letters = NewPostgresDeadLetterStore(db_);
+    o.flow.batch_size = batch_size;
+    o.flow.max_in_flight = batch_size;
+    o.replay.interval = absl::ZeroDuration();
+    o.flow.delivery_lease = absl::Hours(1);
+    o.stores.idempotency_lease = absl::Minutes(5);
+    o.infra_backoff.initial = absl::ZeroDuration();
+    o.infra_backoff.max = absl::ZeroDuration();
     if (retry != nullptr) o.retry_delay = std::move(retry);
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(std::move(o));
+    absl::StatusOr<std::unique_ptr<Handler>> h =
+        Handler::Create(std::move(o), inbox_->Handle(std::move(fn)));
     ASSERT_TRUE(h.ok()) << h.status();
     handler_ = *std::move(h);
     Handler* raw = handler_.get();
@@ -163,7 +162,7 @@ class PostgresInboxTest : public ::testing::TestWithParam<int> {
   std::shared_ptr<PostgresInbox> inbox_;
   std::string table_;
   std::shared_ptr<Driver> driver_ = NewMemoryDriver();
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::unique_ptr<Handler> handler_;
   std::future<absl::Status> run_;
   std::atomic<int> attempts_{0};
@@ -248,7 +247,7 @@ class PostgresInboxCallTest : public PostgresInboxTest {
                       const PostgresHandleFn& fn, absl::Status* effect_result = nullptr) {
     const TransactionalStore::Entry entry{key, owner};
     absl::Status result;
-    const TransactionalHandleFn handle = inbox.Handle(fn);
+    const TransactionalHandleFn handle = inbox.Handle(fn).handle;
     Message msg;
     msg.biz_uid = std::string(key);
     inbox.RunAndMarkDone({&entry, 1}, absl::Minutes(5),
@@ -342,7 +341,7 @@ TEST_F(PostgresInboxCallTest, AServerRestartMidBatchCommitsNothing) {
   const TransactionalStore::Entry entries[] = {{"orders.r1", "me"}, {"orders.r2", "me"}};
   absl::Status results[2];
   const PostgresHandleFn fn = Effect();
-  const TransactionalHandleFn handle = inbox_->Handle(fn);
+  const TransactionalHandleFn handle = inbox_->Handle(fn).handle;
   int calls = 0;
   inbox_->RunAndMarkDone(
       entries, absl::Minutes(5),

@@ -52,10 +52,12 @@ TEST(PostgresOutboxMetricsTest, DepthAndCountersMatchStatsAndLeaveWithTheInbox) 
   }
   std::vector<absl::Status> results(entries.size());
   const TransactionalHandleFn handle =
-      (*inbox)->Handle([](const Message& msg, PostgresTransaction& tx) -> absl::Status {
-        absl::Status st = tx.SendToQueue("q", Outgoing{msg.biz_uid, "x", {}}).status();
-        return msg.biz_uid == "4" ? absl::InternalError("declined") : st;
-      });
+      (*inbox)
+          ->Handle([](const Message& msg, PostgresTransaction& tx) -> absl::Status {
+            absl::Status st = tx.SendToQueue("q", Outgoing{msg.biz_uid, "x", {}}).status();
+            return msg.biz_uid == "4" ? absl::InternalError("declined") : st;
+          })
+          .handle;
   (*inbox)->RunAndMarkDone(
       entries, absl::Minutes(5),
       [&](size_t i, Transaction& tx) {

@@ -67,17 +67,19 @@ class PostgresOutboxTest : public ::testing::Test {
     std::vector<TransactionalStore::Entry> entries;
     for (const std::string& k : keys) entries.push_back({k, "me"});
     std::vector<absl::Status> results(entries.size());
-    const TransactionalHandleFn handle = inbox_->Handle([&](const Message& msg,
-                                                            PostgresTransaction& tx)
-                                                            -> absl::Status {
-      absl::StatusOr<std::string> id = tx.SendToQueue("invoices", Outgoing{msg.biz_uid, "x", {}});
-      if (!id.ok()) return id.status();
-      int number = 0;
-      if (fail != nullptr && absl::SimpleAtoi(msg.biz_uid, &number) && fail(number)) {
-        return absl::InternalError("declined");
-      }
-      return absl::OkStatus();
-    });
+    const TransactionalHandleFn handle =
+        inbox_
+            ->Handle([&](const Message& msg, PostgresTransaction& tx) -> absl::Status {
+              absl::StatusOr<std::string> id =
+                  tx.SendToQueue("invoices", Outgoing{msg.biz_uid, "x", {}});
+              if (!id.ok()) return id.status();
+              int number = 0;
+              if (fail != nullptr && absl::SimpleAtoi(msg.biz_uid, &number) && fail(number)) {
+                return absl::InternalError("declined");
+              }
+              return absl::OkStatus();
+            })
+            .handle;
     inbox_->RunAndMarkDone(
         entries, absl::Minutes(5),
         [&](size_t i, Transaction& tx) {

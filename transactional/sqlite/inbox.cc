@@ -43,15 +43,17 @@ absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(std::shared_ptr<Sqli
       sqlite_internal::Engine(db), *std::move(keys), *std::move(outbox), options.relay_in_handler));
 }
 
-TransactionalHandleFn SqliteInbox::Handle(SqliteHandleFn fn) const {
-  return [fn = std::move(fn)](const Message& msg, Transaction& tx) -> absl::Status {
+TransactionalHandler SqliteInbox::Handle(SqliteHandleFn fn) {
+  TransactionalHandleFn effect = [fn = std::move(fn)](const Message& msg,
+                                                      Transaction& tx) -> absl::Status {
     auto* sqlite_tx = dynamic_cast<SqliteTransaction*>(&tx);
     if (sqlite_tx == nullptr) {
       return absl::FailedPreconditionError(
-          "SqliteInbox::Handle: the Handler's idempotency store is not a SqliteInbox");
+          "SqliteInbox::Handle: the transaction is not a SqliteInbox's");
     }
     return fn(msg, *sqlite_tx);
   };
+  return TransactionalHandler{shared_from_this(), std::move(effect)};
 }
 
 SqliteInbox::Stats SqliteInbox::stats() const {

@@ -6,22 +6,21 @@
 //
 //   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
 //   absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> inbox = bus::NewSqliteInbox(*db);
-//   options.idempotency = *inbox;
-//   options.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-//   options.handle_in_transaction = (*inbox)->Handle(
+//   options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
+//   auto handler = bus::Handler::Create(options, (*inbox)->Handle(
 //       [](const bus::Message& msg, bus::SqliteTransaction& tx) -> absl::Status {
 //         absl::StatusOr<int64_t> n =
 //             tx.Execute("INSERT INTO invoices (order_id) VALUES (?1)", {msg.biz_uid});
 //         if (!n.ok()) return n.status();
 //         return tx.SendToQueue("invoices", {.biz_uid = msg.biz_uid}).status();
-//       });
+//       }));
 //
 // What commits together, per message: the effect's statements, the mark-done of the key (only
 // if this attempt's owner still holds a live lease, checked in the same transaction), and the
 // outbox rows. A failure (an error status or an exception from the function, a lost lease, a
 // database error) rolls all of them back before the pipeline's usual retry or dead-letter step.
-// With batch_size > 1 the messages of a batch share one transaction, each in a savepoint of its
-// own, so one failing message rolls back alone; the database's group commit also puts other
+// With flow.batch_size > 1 the messages of a batch share one transaction, each in a savepoint of
+// its own, so one failing message rolls back alone; the database's group commit also puts other
 // workers' batches into the same transaction. The function runs once per attempt: when the
 // database layer would run the transaction's operation a second time (after a failed COMMIT),
 // the inbox commits nothing instead and the messages go back to the broker.
@@ -67,10 +66,12 @@ struct SqliteInboxOptions {
 
 using SqliteHandleFn = std::function<absl::Status(const Message& msg, SqliteTransaction& tx)>;
 
-class SqliteInbox final : public IdempotencyStore, public TransactionalStore {
+class SqliteInbox final : public TransactionalStore,
+                          public std::enable_shared_from_this<SqliteInbox> {
  public:
-  // The HandlerOptions::handle_in_transaction that runs `fn` with the inbox's transaction.
-  TransactionalHandleFn Handle(SqliteHandleFn fn) const;
+  // The transactional handler for Handler::Create(options, handler): this inbox, and `fn` run
+  // with the inbox's transaction.
+  TransactionalHandler Handle(SqliteHandleFn fn);
 
   // The outbox the handler's publishes go to (its depth, its relay).
   const std::shared_ptr<SqliteOutbox>& outbox() const { return outbox_; }

@@ -17,6 +17,7 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "tests/testing/process.h"
@@ -26,6 +27,7 @@ namespace bus {
 namespace {
 
 using ::bus::testing::WaitUntil;
+using ::testing::HasSubstr;
 
 // A raw connection to the file, as another process would open it.
 class Raw {
@@ -98,19 +100,19 @@ class InboxTest : public ::testing::TestWithParam<int> {
     HandlerOptions o;
     o.queue = "orders";
     o.driver = driver_;
-    o.logger = NullLogger();
-    o.dead_letters = NewSqliteDeadLetterStore(db_);
-    o.idempotency = inbox_;
-    o.handle_in_transaction = inbox_->Handle(std::move(fn));
-    o.batch_size = batch_size;
-    o.max_in_flight = batch_size;
-    o.replay_interval = absl::ZeroDuration();
-    o.delivery_lease = absl::Hours(1);
-    o.idempotency_lease = absl::Minutes(1);
-    o.infra_backoff_base = absl::ZeroDuration();
-    o.infra_backoff_max = absl::ZeroDuration();
-    absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(std::move(o));
+    o.observability.logger = NullLogger();
+    o.stores.dead_letters = NewSqliteDeadLetterStore(db_);
+    o.flow.batch_size = batch_size;
+    o.flow.max_in_flight = batch_size;
+    o.replay.interval = absl::ZeroDuration();
+    o.flow.delivery_lease = absl::Hours(1);
+    o.stores.idempotency_lease = absl::Minutes(1);
+    o.infra_backoff.initial = absl::ZeroDuration();
+    o.infra_backoff.max = absl::ZeroDuration();
+    absl::StatusOr<std::unique_ptr<Handler>> h =
+        Handler::Create(std::move(o), inbox_->Handle(std::move(fn)));
     ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ((*h)->options().stores.idempotency, inbox_);
     handler_ = *std::move(h);
     Handler* raw = handler_.get();
     run_ = std::async(std::launch::async, [raw] { return raw->Run(); });
@@ -153,7 +155,7 @@ class InboxTest : public ::testing::TestWithParam<int> {
   std::shared_ptr<SqliteInbox> inbox_;
   std::unique_ptr<Raw> raw_;
   std::shared_ptr<Driver> driver_ = NewMemoryDriver();
-  Publisher publisher_{driver_};
+  Publisher publisher_ = *Publisher::Create(driver_);
   std::unique_ptr<Handler> handler_;
   std::future<absl::Status> run_;
   std::atomic<int> attempts_{0};
@@ -290,18 +292,26 @@ TEST_F(InboxStoreTest, ADatabaseLockedBeyondTheBusyTimeoutRunsNoEffectAndMarksNo
   EXPECT_EQ(inbox_->stats().rolled_back, 1u);
 }
 
-TEST_F(InboxStoreTest, TheHandlerRefusesATransactionalHandleWithoutAnInbox) {
+TEST_F(InboxStoreTest, ATransactionalHandlerKeepsItsKeysInItsInboxAndHasNoPlainHandle) {
   HandlerOptions o;
   o.queue = "orders";
   o.driver = driver_;
-  o.idempotency = NewSqliteIdempotencyStore(db_);
-  o.handle_in_transaction = inbox_->Handle(Effect());
-  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o);
+  o.stores.idempotency = NewSqliteIdempotencyStore(db_);
+  absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(o, inbox_->Handle(Effect()));
   EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
-  o.idempotency = inbox_;
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions.stores.idempotency:"));
+  o.stores.idempotency = inbox_;
   o.handle = [](const Message&) { return absl::OkStatus(); };
-  h = Handler::Create(o);
+  h = Handler::Create(o, inbox_->Handle(Effect()));
   EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("HandlerOptions.handle:"));
+  o.handle = nullptr;
+  h = Handler::Create(o, TransactionalHandler{inbox_, nullptr});
+  EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  h = Handler::Create(o, TransactionalHandler{nullptr, inbox_->Handle(Effect()).handle});
+  EXPECT_TRUE(absl::IsInvalidArgument(h.status())) << h.status();
+  h = Handler::Create(o, inbox_->Handle(Effect()));
+  EXPECT_TRUE(h.ok()) << h.status();
 }
 
 TEST_F(InboxStoreTest, TransactionControlAndBadStatementsAreRefused) {

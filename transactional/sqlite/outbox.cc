@@ -228,9 +228,17 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
 }
 
 void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop) {
-  auto log = [&](LogLevel level, absl::string_view line) {
+  auto log = [&](LogLevel level, absl::string_view event, absl::string_view text,
+                 absl::string_view error) {
+    LogRecord r;
+    r.level = level;
+    r.component = "outbox";
+    r.event = event;
+    r.text = text;
+    r.error = error;
     try {
-      logger.Log(level, line);
+      r.time = db_->clock()->Now();
+      logger.Write(r);
     } catch (...) {
     }
   };
@@ -256,14 +264,19 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     absl::StatusOr<int> sent = RelayOnce(driver);
     if (!sent.ok()) {
       if (backoff.failures() == 0) {
-        log(LogLevel::kError, absl::StrCat(sent.status().ToString(),
-                                           "; retrying with backoff until the broker accepts"));
+        const std::string error = sent.status().ToString();
+        log(LogLevel::kError, "relay_failed",
+            absl::StrCat("outbox relay: ", error,
+                         "; retrying with backoff until the broker accepts"),
+            error);
       }
       // A backoff is not cut short by new commits: the broker is the problem.
       SleepAfterFailure(clock, backoff, stop);
       continue;
     }
-    if (backoff.failures() > 0) log(LogLevel::kInfo, "outbox relay: the broker accepts again");
+    if (backoff.failures() > 0) {
+      log(LogLevel::kInfo, "relay_recovered", "outbox relay: the broker accepts again", {});
+    }
     backoff.Reset();
     if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
     absl::MutexLock lock(&wake_mu_);

@@ -378,15 +378,14 @@ TEST_F(OutboxTest, ADownstreamInboxTurnsRepeatedDeliveriesIntoOneEffectEach) {
   HandlerOptions o;
   o.queue = "invoices";
   o.driver = memory;
-  o.logger = NullLogger();
-  o.idempotency = *inbox;
-  o.replay_interval = absl::ZeroDuration();
-  o.batch_size = 8;
-  o.max_in_flight = 8;
-  o.handle_in_transaction = (*inbox)->Handle([](const Message& msg, SqliteTransaction& tx) {
-    return tx.Execute("INSERT INTO paid (invoice) VALUES (?1)", {msg.id}).status();
-  });
-  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(o);
+  o.observability.logger = NullLogger();
+  o.replay.interval = absl::ZeroDuration();
+  o.flow.batch_size = 8;
+  o.flow.max_in_flight = 8;
+  absl::StatusOr<std::unique_ptr<Handler>> handler =
+      Handler::Create(o, (*inbox)->Handle([](const Message& msg, SqliteTransaction& tx) {
+        return tx.Execute("INSERT INTO paid (invoice) VALUES (?1)", {msg.id}).status();
+      }));
   ASSERT_TRUE(handler.ok()) << handler.status();
   std::future<absl::Status> run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
   ASSERT_TRUE(WaitUntil([&] {
