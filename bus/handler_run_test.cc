@@ -133,7 +133,7 @@ TEST_F(HandlerTest, StopWithWorkInFlightLosesNothingAndHandlesNothingTwice) {
     absl::MutexLock lock(&mu);
     return handled.size() == static_cast<size_t>(kMessages);
   }));
-  ASSERT_TRUE(WaitUntil([&] { return h2->Stats().in_flight == 0; }));
+  WaitUntilSettled();
   AdvanceAndSettle(absl::Minutes(5));  // any unsettled lease would now come back
   absl::MutexLock lock(&mu);
   EXPECT_EQ(handled.size(), static_cast<size_t>(kMessages));

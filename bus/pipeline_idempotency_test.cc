@@ -60,6 +60,7 @@ TEST_F(HandlerTest, SuccessHandlesOnceMarksTheKeyDoneAndSettles) {
   // The key is done: nobody else can take it within the retention.
   EXPECT_FALSE(*idempotency_->Acquire("orders.order-1", "someone", absl::Seconds(1)));
   // Settled: nothing comes back after the lease.
+  WaitUntilSettled();
   AdvanceAndSettle(absl::Minutes(2));
   const HandlerStats s = h->Stats();
   EXPECT_EQ(s.received, 1u);
@@ -107,6 +108,7 @@ TEST_F(HandlerTest, HeldKeyAndEnsureSaysHandledIsSkipped) {
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
   EXPECT_EQ(ensure_calls.load(), 1);
   EXPECT_EQ(handle_calls.load(), 0);
+  WaitUntilSettled();
   AdvanceAndSettle(absl::Minutes(2));  // settled: no redelivery
   EXPECT_EQ(h->Stats().received, 1u);
 }

@@ -59,6 +59,7 @@ TEST_F(HandlerTest, RetryableFailureIsResentWithTheComputedDelay) {
   Publish("order-9", "x", {{"traceparent", "t-1"}});
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 1; }));
   // Not before the delay.
+  WaitUntilSettled();
   AdvanceAndSettle(absl::Seconds(9));
   EXPECT_EQ(rec.size(), 1u);
   clock_->Advance(absl::Seconds(1));

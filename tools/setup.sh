@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   redis-server redis-tools golang-go curl python3-venv chromium
   postgresql-15 postgresql-client-15 libpq-dev
+  libssl-dev openssl libsnappy-dev zlib1g-dev redis-sentinel
 )
 nsq_version=v1.3.0
 nsq_bin=/usr/local/bin
@@ -44,9 +45,12 @@ fi
 
 # redis-server from Debian starts a system service on install; the tests start their own
 # servers on free ports, so the system one is not needed.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet redis-server 2>/dev/null; then
-  "${sudo_cmd[@]}" systemctl stop redis-server || true
-fi
+# redis-sentinel's package starts one too.
+for service in redis-server redis-sentinel; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+    "${sudo_cmd[@]}" systemctl stop "$service" || true
+  fi
+done
 
 # postgresql-15 creates and starts a cluster of its own (15/main on port 5432); the tests run
 # /usr/lib/postgresql/15/bin/postgres in temporary directories on free ports

@@ -115,6 +115,16 @@ class HandlerTest : public ::testing::Test {
     return l.ok() ? *l : std::vector<DeadLetter>{};
   }
 
+  // Waits until the broker holds no delivery of "orders" under a lease: whatever the handler
+  // took is acked or given back. The handler's counters change before its deliveries are
+  // settled, so a test that moves time past the lease waits for this first.
+  void WaitUntilSettled() {
+    ASSERT_TRUE(WaitUntil([&] {
+      absl::StatusOr<QueueCounts> counts = driver_->InspectQueue("orders");
+      return counts.ok() && counts->in_flight == 0;
+    }));
+  }
+
   // Advances the fake clock and waits until every thread that was parked on it before is parked
   // again: the threads the advance woke have done what it made due (redelivered a lease,
   // delivered a delayed message, run a handler) and wait anew. What a test checks next saw all
@@ -125,21 +135,25 @@ class HandlerTest : public ::testing::Test {
     ASSERT_TRUE(WaitUntil([&] { return clock_->parked() >= parked; }));
   }
 
-  // Moves the fake clock until `cond` holds, `limit` at most. Time moves only while every
-  // thread that waits on the clock is parked, as many as ever were during this call (a thread
-  // that the last move woke has done what fell due and waits again), and then jumps to the
-  // earliest deadline among them. So the fake time that passes is set by the deadlines the code
-  // computes, not by the machine's speed. False when `cond` does not hold within kPatience of
-  // real time (the next deadline lying beyond `limit`, say).
+  // Moves the fake clock until `cond` holds, `limit` at most. Time moves only while the handler
+  // looks idle: every thread that waits on the clock is parked, as many as ever were during this
+  // call, and nothing it reports (clock waiters, deadlines, the handler's counters) has changed
+  // for a settle window of real time; then it jumps to the earliest deadline among them. A
+  // worker busy with a delivery does not wait on the clock, so only the settle window sees it;
+  // the window is longer while messages are in flight, since a jump past a lease would then
+  // take a delivery away from a worker that is still on it. So the fake time that passes is set
+  // by the deadlines the code computes, not by the machine's speed. False when `cond` does not
+  // hold within kPatience of real time (the next deadline lying beyond `limit`, say).
   bool AdvanceUntil(const std::function<bool()>& cond, absl::Duration limit) {
     const absl::Time end = clock_->Now() + limit;
     const absl::Time patience = absl::Now() + kPatience;
     int most_parked = 0;
     // When fewer threads are parked than before, one may still be on its way back to the clock,
     // or may have left it for good (a worker whose delivery was given back and that now waits
-    // for the next message without a deadline). A real-time grace tells the two apart: after it
-    // the lower count stands. It only decides when to re-check, never how far time moves.
+    // for the next message without a deadline). After a grace the lower count stands.
     absl::Time fewer_since = absl::InfiniteFuture();
+    std::string quiet_state;
+    absl::Time quiet_since = absl::InfiniteFuture();
     while (!cond()) {
       if (absl::Now() > patience) return false;
       const int waiters = clock_->waiters();
@@ -154,11 +168,26 @@ class HandlerTest : public ::testing::Test {
       const absl::Time next = clock_->NextDeadline();
       if (waiters == 0 || parked < waiters || parked < most_parked ||
           next == absl::InfiniteFuture() || next > end) {
+        quiet_since = absl::InfiniteFuture();
         std::this_thread::yield();  // polling state, not waiting for time to pass
+        continue;
+      }
+      const HandlerStats stats = handler_ ? handler_->Stats() : HandlerStats{};
+      std::string state =
+          absl::StrCat(waiters, "/", parked, "/", absl::FormatTime(next), "/", stats.ToString());
+      if (state != quiet_state) {
+        quiet_state = std::move(state);
+        quiet_since = absl::Now();
+      }
+      const absl::Duration settle =
+          stats.in_flight > 0 ? absl::Milliseconds(50) : absl::Milliseconds(5);
+      if (absl::Now() - quiet_since < settle) {
+        absl::SleepFor(absl::Milliseconds(1));  // re-reads the state; leaves the cores to workers
         continue;
       }
       clock_->Advance(next - clock_->Now());
       fewer_since = absl::InfiniteFuture();
+      quiet_since = absl::InfiniteFuture();
     }
     return true;
   }
