@@ -118,7 +118,8 @@ TEST(RedisOptionsTest, TheConnectionGetsTheReplyBoundsAndTheBackoff) {
   o.backoff.initial = absl::Milliseconds(3);
   o.random = SeededRandom(1);
   o.password_source = "REDIS_PASSWORD";
-  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "redis driver", "h", 7000, nullptr);
+  const redis::ConnectionOptions c =
+      redis::ToConnectionOptions(o, "redis driver", "h", 7000, nullptr);
   EXPECT_EQ(c.host, "h");
   EXPECT_EQ(c.component, "redis driver");
   EXPECT_EQ(c.password_source, "REDIS_PASSWORD");

@@ -173,7 +173,9 @@ absl::Status Connection::Impl::IoError(absl::string_view what, const error_code&
   if (ec == asio::error::operation_aborted) {
     return absl::UnavailableError(absl::StrCat("redis ", what, ": connection closed"));
   }
-  if (tls != nullptr) return TlsStatus(what, where, ec, tls->native_handle());
+  if (tls != nullptr) {
+    return TlsStatus(what, where, ec, tls->native_handle(), tls_certificate_requested, !ready);
+  }
   if (!received && (ec == asio::error::eof || ec == asio::error::connection_reset)) {
     // What a TLS-only port does to a plaintext client: it closes without a word.
     return absl::UnavailableError(
@@ -280,7 +282,9 @@ awaitable<absl::Status> Connection::Impl::Handshake() {
 awaitable<absl::Status> Connection::Impl::TlsHandshake() {
   const std::string& name =
       options.tls_server_name.empty() ? options.host : options.tls_server_name;
-  if (absl::Status st = PrepareTls(tls->native_handle(), name, options.tls_verify); !st.ok()) {
+  if (absl::Status st =
+          PrepareTls(tls->native_handle(), name, options.tls_verify, &tls_certificate_requested);
+      !st.ok()) {
     co_return st;
   }
   error_code ec;
@@ -294,6 +298,7 @@ awaitable<absl::Status> Connection::Impl::Connect() {
   if (!options.tls_error.ok()) co_return options.tls_error;
   closed_by_us = false;
   received = false;
+  tls_certificate_requested = false;
   error_code ec;
   socket = tcp::socket(io);
   tls = options.tls != nullptr ? std::make_shared<TlsStream>(socket, *options.tls) : nullptr;

@@ -133,8 +133,10 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   bool shutdown = false;
   bool closed_by_us = false;
   bool ever_connected = false;
-  bool lost = false;        // the last connection was lost, not closed by us
-  bool received = false;    // a byte arrived on the current connection
+  bool lost = false;      // the last connection was lost, not closed by us
+  bool received = false;  // a byte arrived on the current connection
+  // The server of the current TLS connection asked for a client certificate.
+  bool tls_certificate_requested = false;
   uint64_t generation = 0;  // of the current connection: a writer of an older one stops
   size_t front_seen = 0;    // replies received for inflight.front()
   std::string out_buf;

@@ -89,7 +89,16 @@ absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const RedisOptions:
   return ctx;
 }
 
-absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify) {
+absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify,
+                        bool* certificate_requested) {
+  // A client's cert callback runs only when the server sent a CertificateRequest.
+  SSL_set_cert_cb(
+      ssl,
+      [](SSL*, void* arg) {
+        *static_cast<bool*>(arg) = true;
+        return 1;
+      },
+      certificate_requested);
   if (!verify) {
     SSL_set_verify(ssl, SSL_VERIFY_NONE, nullptr);
     return absl::OkStatus();
@@ -114,18 +123,39 @@ absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify) {
 }
 
 absl::Status TlsStatus(absl::string_view what, absl::string_view where, const error_code& ec,
-                       const SSL* ssl) {
+                       const SSL* ssl, bool certificate_requested, bool connecting) {
   const std::string head = absl::StrCat("redis TLS ", what, " with ", where, ": ");
-  if (ec.category() != asio::error::get_ssl_category()) {
-    if (ec == asio::ssl::error::stream_truncated || ec == asio::error::eof ||
-        ec == asio::error::connection_reset) {
-      return absl::UnavailableError(absl::StrCat(
-          head, "the server closed the connection (", ec.message(),
-          "); if it asks for a client certificate, set tls.cert_file and tls.key_file"));
+  const absl::Status missing_certificate = absl::UnauthenticatedError(
+      absl::StrCat(head,
+                   "the server requires a client certificate: set tls.cert_file and tls.key_file "
+                   "(URL: tls_cert_file, tls_key_file)"));
+  // Asked for a certificate, given none, and refused or closed: that is why, however the
+  // refusal arrived (an alert, or a reset that overtook it).
+  const bool without_certificate =
+      certificate_requested && ssl != nullptr && SSL_get_certificate(ssl) == nullptr;
+  const bool ssl_error = ec.category() == asio::error::get_ssl_category();
+  const int reason = ssl_error ? ERR_GET_REASON(static_cast<unsigned long>(ec.value())) : 0;
+  const bool closed = ec == asio::ssl::error::stream_truncated || ec == asio::error::eof ||
+                      ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+                      reason == SSL_R_UNEXPECTED_EOF_WHILE_READING;
+  if (closed) {
+    if (without_certificate) return missing_certificate;
+    if (certificate_requested && connecting) {
+      // The server's alert can be lost to the reset that follows it.
+      return absl::UnauthenticatedError(absl::StrCat(
+          head,
+          "the server refused this client's certificate (it asked for one, then closed the "
+          "connection: ",
+          ec.message(),
+          "): give one signed by a CA the server trusts (its tls-ca-cert-file) in "
+          "tls.cert_file and tls.key_file"));
     }
-    return absl::UnavailableError(absl::StrCat(head, ec.message()));
+    return absl::UnavailableError(
+        absl::StrCat(head, "the server closed the connection (", ec.message(), ")"));
   }
-  switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
+  if (!ssl_error) return absl::UnavailableError(absl::StrCat(head, ec.message()));
+  if (without_certificate && reason != SSL_R_CERTIFICATE_VERIFY_FAILED) return missing_certificate;
+  switch (reason) {
     case SSL_R_CERTIFICATE_VERIFY_FAILED: {
       const long result = ssl != nullptr ? SSL_get_verify_result(ssl) : X509_V_OK;
       return absl::UnauthenticatedError(absl::StrCat(
@@ -159,10 +189,6 @@ absl::Status TlsStatus(absl::string_view what, absl::string_view where, const er
       return absl::FailedPreconditionError(absl::StrCat(
           head, "no TLS version in common (", ec.message(),
           "): lower tls.min_version (URL: tls_min_version) or enable TLS 1.2+ on the server"));
-    case SSL_R_UNEXPECTED_EOF_WHILE_READING:
-      return absl::UnavailableError(absl::StrCat(
-          head, "the server closed the connection (", ec.message(),
-          "); if it asks for a client certificate, set tls.cert_file and tls.key_file"));
     default:
       return absl::UnavailableError(absl::StrCat(head, ec.message()));
   }

@@ -33,16 +33,21 @@ absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> MakeTlsContext(
 
 // Sets up one connection's SSL before its handshake: verification of the server's certificate
 // for `server_name` (a DNS name or an IP address) unless `verify` is false, and SNI for a name.
-// Internal when OpenSSL refuses the name.
-absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify);
+// `*certificate_requested` becomes true when the server asks for a client certificate (it must
+// outlive the handshake). Internal when OpenSSL refuses the name.
+absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify,
+                        bool* certificate_requested);
 
 // A failed TLS handshake, read or write on the connection to `where` ("host:port") as a Status
 // saying what to fix: the server's certificate refused (Unauthenticated, with OpenSSL's reason:
 // wrong CA, name mismatch, expired), this client's certificate refused or missing
 // (Unauthenticated), a server that does not speak TLS on that port or no common version
-// (FailedPrecondition), anything else Unavailable. `ssl` may be null (no verify result).
+// (FailedPrecondition), anything else Unavailable. `certificate_requested`: from PrepareTls;
+// `connecting`: before the first reply (a server that asked for a client certificate and then
+// closed the connection refused the certificate, or wants one).
 absl::Status TlsStatus(absl::string_view what, absl::string_view where,
-                       const boost::system::error_code& ec, const SSL* ssl);
+                       const boost::system::error_code& ec, const SSL* ssl,
+                       bool certificate_requested, bool connecting);
 
 }  // namespace bus::redis
 
