@@ -280,18 +280,18 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_tls)) {
       // Both ports on one server: the plaintext and TLS runs share its one thread.
       auto certs = bus::testing::MakeTestCertificates(bus::testing::MakeTempDir("bench-tls"));
-      auto tls_port = bus::testing::PickFreePort();
-      if (!certs.ok() || !tls_port.ok()) {
+      auto free_port = bus::testing::PickFreePort();
+      if (!certs.ok() || !free_port.ok()) {
         std::fprintf(stderr, "tls set-up: %s %s\n", certs.status().ToString().c_str(),
-                     tls_port.status().ToString().c_str());
+                     free_port.status().ToString().c_str());
         return 1;
       }
-      server_options.extra_args = {"--tls-port",         absl::StrCat(*tls_port),
+      server_options.extra_args = {"--tls-port",         absl::StrCat(*free_port),
                                    "--tls-cert-file",    certs->server_cert,
                                    "--tls-key-file",     certs->server_key,
                                    "--tls-ca-cert-file", certs->ca_cert,
                                    "--tls-auth-clients", "no"};
-      tls_port = *tls_port;
+      tls_port = *free_port;
       tls_ca = certs->ca_cert;
     }
     auto started = bus::testing::RedisServer::Start(server_options);
