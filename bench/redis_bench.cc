@@ -15,7 +15,10 @@
 // "A hot queue"): the pre-fill sends its batches to them round robin, and one Handler per
 // sub-queue drains it, the --concurrency split among them (the first concurrency % N get one
 // more); the e2e line then carries `sub_queues=N`, and on --cluster the master of each sub-queue
-// is printed.
+// is printed. --tls runs the sends and e2e steps twice, plaintext then TLS, against one server
+// that listens on both (`--port P --tls-port Q`, certificates made at start-up with openssl, the
+// client verifying the server's): the TLS lines and the `ours=redis-tls` lines follow the
+// plaintext ones.
 //
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
 //   # the defaults of HandlerOptions (batch_size 1, max in flight = concurrency), concurrency 8:
@@ -24,6 +27,8 @@
 //   redis_bench --port=P --steps=sends --send_single --producers=8 --messages=50000
 //   # one hot queue spread over 6 sub-queues on a 3-master cluster, HandlerOptions defaults:
 //   redis_bench --cluster --steps=e2e --sub_queues=6 --handler_batch_size=0 --max_in_flight=0
+//   # plaintext and TLS side by side, HandlerOptions defaults:
+//   redis_bench --tls --handler_batch_size=0 --max_in_flight=0
 
 #include <sys/wait.h>
 
@@ -53,8 +58,10 @@
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/process.h"
 #include "tests/testing/redis_cluster.h"
 #include "tests/testing/redis_server.h"
+#include "tests/testing/tls_certs.h"
 
 ABSL_FLAG(int, port, 0, "Use the redis-server on 127.0.0.1:port (0: start one)");
 ABSL_FLAG(bool, cluster, false,
@@ -87,6 +94,9 @@ ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command
 ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
 ABSL_FLAG(int, mix_threads, 0, "Only measure acquire+mark-done+ack loops from N threads");
 ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
+ABSL_FLAG(bool, tls, false,
+          "Run sends and e2e over plaintext and then over TLS, on one server started with both "
+          "ports (not with --port or --cluster)");
 
 namespace {
 
@@ -251,6 +261,9 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // --tls: the server's TLS port and the CA that signed its certificate.
+  int tls_port = 0;
+  std::string tls_ca;
   std::unique_ptr<bus::testing::RedisServer> server;
   std::unique_ptr<bus::testing::RedisCluster> cluster;
   int port = absl::GetFlag(FLAGS_port);
@@ -263,7 +276,25 @@ int main(int argc, char** argv) {
     cluster = std::move(*started);
     port = cluster->port(0);
   } else if (port == 0) {
-    auto started = bus::testing::RedisServer::Start({});
+    bus::testing::RedisServerOptions server_options;
+    if (absl::GetFlag(FLAGS_tls)) {
+      // Both ports on one server: the plaintext and TLS runs share its one thread.
+      auto certs = bus::testing::MakeTestCertificates(bus::testing::MakeTempDir("bench-tls"));
+      auto free_port = bus::testing::PickFreePort();
+      if (!certs.ok() || !free_port.ok()) {
+        std::fprintf(stderr, "tls set-up: %s %s\n", certs.status().ToString().c_str(),
+                     free_port.status().ToString().c_str());
+        return 1;
+      }
+      server_options.extra_args = {"--tls-port",         absl::StrCat(*free_port),
+                                   "--tls-cert-file",    certs->server_cert,
+                                   "--tls-key-file",     certs->server_key,
+                                   "--tls-ca-cert-file", certs->ca_cert,
+                                   "--tls-auth-clients", "no"};
+      tls_port = *free_port;
+      tls_ca = certs->ca_cert;
+    }
+    auto started = bus::testing::RedisServer::Start(server_options);
     if (!started.ok()) {
       std::fprintf(stderr, "redis-server: %s\n", started.status().ToString().c_str());
       return 1;
@@ -271,12 +302,35 @@ int main(int argc, char** argv) {
     server = std::move(*started);
     port = server->port();
   }
+  if (absl::GetFlag(FLAGS_tls) && tls_port == 0) {
+    std::fprintf(stderr, "--tls starts its own server: not with --port or --cluster\n");
+    return 2;
+  }
   bus::RedisOptions options;
   options.port = port;
   if (cluster != nullptr) options.seeds = cluster->Seeds();
   options.logger = bus::NullLogger();
   auto driver = bus::NewRedisDriver(options);
   if (!driver.ok()) return 1;
+  // The runs of the sends and e2e steps: plaintext, and with --tls the same over TLS.
+  struct Variant {
+    const char* label;  // "redis" or "redis-tls", in the machine-readable lines
+    const char* name;   // in the human lines
+    bus::RedisOptions options;
+    std::shared_ptr<bus::Driver> driver;
+  };
+  std::vector<Variant> variants = {{"redis", "", options, *driver}};
+  if (tls_port != 0) {
+    bus::RedisOptions tls = options;
+    tls.port = tls_port;
+    tls.tls = {.enabled = true, .ca_file = tls_ca};
+    auto tls_driver = bus::NewRedisDriver(tls);
+    if (!tls_driver.ok()) {
+      std::fprintf(stderr, "tls driver: %s\n", tls_driver.status().ToString().c_str());
+      return 1;
+    }
+    variants.push_back({"redis-tls", " [TLS]", tls, *tls_driver});
+  }
 
   if (const int threads = absl::GetFlag(FLAGS_mix_threads); threads > 0) {
     // The store and ack calls of the end-to-end path, without the Handler.
@@ -306,7 +360,8 @@ int main(int argc, char** argv) {
   if (const int threads = absl::GetFlag(FLAGS_ping_threads); threads > 0) {
     bus::redis::IoThread io;
     auto conn = bus::redis::Connection::Create(
-        &io, bus::redis::ToConnectionOptions(options, "redis bench", options.host, options.port));
+        &io, bus::redis::ToConnectionOptions(options, "redis bench", options.host, options.port,
+                                             bus::redis::LoadTls(options)));
     constexpr int kPings = 20000;
     const absl::Time start = absl::Now();
     std::vector<std::thread> ts;
@@ -345,42 +400,48 @@ int main(int argc, char** argv) {
       limit = RedisBenchmarkLpush(port);
       std::printf("limit  redis-benchmark -P 16 -t lpush: %.0f requests/s\n", limit);
     } else if (step == "sends") {
-      const bool single = absl::GetFlag(FLAGS_send_single);
-      int sent = 0;
-      absl::Duration took;
-      const double sends =
-          Sends(*driver, {"bench-send"}, absl::GetFlag(FLAGS_messages), single, &sent, &took);
-      if (single) {
-        std::printf("sends  SendToQueue (one per call, %d producers, %d-byte payload): %.0f msg/s",
-                    absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload), sends);
-      } else {
-        std::printf("sends  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s",
-                    absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers),
-                    absl::GetFlag(FLAGS_payload), sends);
+      for (const Variant& v : variants) {
+        const bool single = absl::GetFlag(FLAGS_send_single);
+        int sent = 0;
+        absl::Duration took;
+        const double sends = Sends(v.driver, {absl::StrCat("bench-send-", v.label)},
+                                   absl::GetFlag(FLAGS_messages), single, &sent, &took);
+        if (single) {
+          std::printf(
+              "sends%s  SendToQueue (one per call, %d producers, %d-byte payload): %.0f msg/s",
+              v.name, absl::GetFlag(FLAGS_producers), absl::GetFlag(FLAGS_payload), sends);
+        } else {
+          std::printf(
+              "sends%s  SendBatchToQueue (batch %d, %d producers, %d-byte payload): %.0f msg/s",
+              v.name, absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers),
+              absl::GetFlag(FLAGS_payload), sends);
+        }
+        if (limit > 0) std::printf("  ratio %.2f", sends / limit);
+        std::printf("\n");
+        if (sends <= 0) return 1;
+        std::printf("ours=%s mode=send per_call=%d producers=%d msgs=%d secs=%.3f rate=%.0f\n",
+                    v.label, single ? 1 : absl::GetFlag(FLAGS_batch),
+                    absl::GetFlag(FLAGS_producers), sent, absl::ToDoubleSeconds(took), sends);
       }
-      if (limit > 0) std::printf("  ratio %.2f", sends / limit);
-      std::printf("\n");
-      if (sends <= 0) return 1;
-      std::printf("ours=redis mode=send per_call=%d producers=%d msgs=%d secs=%.3f rate=%.0f\n",
-                  single ? 1 : absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_producers), sent,
-                  absl::ToDoubleSeconds(took), sends);
     } else if (step == "e2e") {
-      auto dead_letters = bus::NewRedisDeadLetterStore(options);
-      auto idempotency = bus::NewRedisIdempotencyStore(options);
-      if (!dead_letters.ok() || !idempotency.ok()) return 1;
-      const double e2e =
-          EndToEnd(*driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages), "redis",
-                   cluster.get(), options.key_prefix);
-      const int n = absl::GetFlag(FLAGS_sub_queues);
-      const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
-      std::printf(
-          "e2e    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size %d%s): "
-          "%.0f msg/s",
-          absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
-          absl::GetFlag(FLAGS_handler_batch_size), sub.c_str(), e2e);
-      if (limit > 0) std::printf("  ratio %.2f", e2e / limit);
-      std::printf("\n");
-      if (e2e <= 0) return 1;
+      for (const Variant& v : variants) {
+        auto dead_letters = bus::NewRedisDeadLetterStore(v.options);
+        auto idempotency = bus::NewRedisIdempotencyStore(v.options);
+        if (!dead_letters.ok() || !idempotency.ok()) return 1;
+        const double e2e =
+            EndToEnd(v.driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages),
+                     v.label, cluster.get(), options.key_prefix);
+        const int n = absl::GetFlag(FLAGS_sub_queues);
+        const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
+        std::printf(
+            "e2e%s    Handler no-op, Redis stores (concurrency %d, max_in_flight %d, batch_size "
+            "%d%s): %.0f msg/s",
+            v.name, absl::GetFlag(FLAGS_concurrency), absl::GetFlag(FLAGS_max_in_flight),
+            absl::GetFlag(FLAGS_handler_batch_size), sub.c_str(), e2e);
+        if (limit > 0) std::printf("  ratio %.2f", e2e / limit);
+        std::printf("\n");
+        if (e2e <= 0) return 1;
+      }
       if (absl::GetFlag(FLAGS_memory_baseline)) {
         const double mixed =
             EndToEnd(*driver, bus::NewMemoryDeadLetterStore(), bus::NewMemoryIdempotencyStore(),

@@ -45,8 +45,8 @@ Commands:
   ui --listen=HOST:PORT      serve the web console (docs/console.md) until interrupted
 
 Global flags:
-  --driver=URL     broker: memory://, redis://..., nsq://... (default: $BUS_DRIVER)
-  --stores=URL     dead-letter store: memory://, redis://..., sqlite://..., postgres://...
+  --driver=URL     broker: memory://, redis[s]://..., nsq://... (default: $BUS_DRIVER)
+  --stores=URL     dead-letter store: memory://, redis[s]://..., sqlite://..., postgres://...
                    (default: $BUS_STORES)
   --json           one JSON object per line instead of tables (default: false)
   --help           this text; `busctl COMMAND --help` for a command's flags

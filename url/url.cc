@@ -346,15 +346,18 @@ GetEnv ProcessEnv() {
 }
 
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme == "rediss") return Bad("scheme", "rediss:// (TLS) is not supported");
   if (url.scheme == "unix" || url.scheme == "redis+unix") {
     return Bad("scheme", "unix sockets are not supported; use redis://host:port");
   }
-  const bool cluster = url.scheme == "redis+cluster";
-  if (url.scheme != "redis" && !cluster) {
-    return Bad("scheme", absl::StrCat("want redis:// or redis+cluster://, got ", url.scheme));
+  const bool tls = url.scheme == "rediss" || url.scheme == "rediss+cluster";
+  const bool cluster = url.scheme == "redis+cluster" || url.scheme == "rediss+cluster";
+  if (url.scheme != "redis" && url.scheme != "rediss" && !cluster) {
+    return Bad("scheme", absl::StrCat("want redis://, rediss:// (TLS), redis+cluster:// or "
+                                      "rediss+cluster://, got ",
+                                      url.scheme));
   }
   RedisOptions o;
+  o.tls.enabled = tls;
   if (cluster) {
     if (url.hosts.empty()) return Bad("host", "redis+cluster:// needs at least one seed node");
     for (const UrlHost& h : url.hosts) o.seeds.push_back(JoinHost(h, 6379));
@@ -403,6 +406,21 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   p.Integer("max_reply_elements", &o.limits.max_reply_elements);
   p.Integer("wait_replicas", &o.replication.wait_replicas);
   p.Duration("wait_timeout", &o.replication.wait_timeout);
+  p.String("tls_ca_file", &o.tls.ca_file);
+  p.String("tls_ca_dir", &o.tls.ca_dir);
+  p.String("tls_cert_file", &o.tls.cert_file);
+  p.String("tls_key_file", &o.tls.key_file);
+  p.String("tls_server_name", &o.tls.server_name);
+  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
+  if (auto v = p.Take("tls_min_version")) {
+    if (*v == "1.2") {
+      o.tls.min_version = RedisOptions::Tls::Version::kTls12;
+    } else if (*v == "1.3") {
+      o.tls.min_version = RedisOptions::Tls::Version::kTls13;
+    } else {
+      return Bad("parameter tls_min_version", "want 1.2 or 1.3");
+    }
+  }
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
   return o;

@@ -4,6 +4,7 @@
 //   memory://
 //   redis://[user[:password]@]host[:port][/db][?key_prefix=..&request_timeout=..]
 //   redis+cluster://[user[:password]@]host1[:port][,host2[:port]...][?...]   (seed nodes)
+//   rediss://...   rediss+cluster://...   (the same over TLS)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
@@ -80,9 +81,12 @@ GetEnv ProcessEnv();
 // or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, db, connect_timeout and
 // request_timeout (timeouts.connect, timeouts.request), timeout (both), reconnect_backoff_base
 // and reconnect_backoff_max (backoff.initial, backoff.max), script_batch, max_reply_bytes,
-// max_reply_elements (limits.*), wait_replicas, wait_timeout (replication.*).
-// redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0). The
-// result is validated (ValidateRedisOptions).
+// max_reply_elements (limits.*), wait_replicas, wait_timeout (replication.*), and for TLS
+// tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, tls_server_name,
+// tls_insecure_skip_verify, tls_min_version (1.2 or 1.3) (tls.*).
+// redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0).
+// rediss:// and rediss+cluster:// set tls.enabled. The result is validated
+// (ValidateRedisOptions).
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with

@@ -155,11 +155,44 @@ TEST(RedisUrl, DbAsParameter) {
   ExpectBad(Redis("redis://h/2?db=4").status(), "db");
 }
 
+TEST(RedisUrl, RedissSetsTlsAndItsOptions) {
+  absl::StatusOr<RedisOptions> o = Redis(
+      "rediss://:pw@cache.example:6380/1?tls_ca_file=/etc/ca.pem&tls_ca_dir=/etc/cas&"
+      "tls_cert_file=/c.pem&tls_key_file=/c.key&tls_server_name=redis.internal&"
+      "tls_min_version=1.3");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.enabled);
+  EXPECT_EQ(o->host, "cache.example");
+  EXPECT_EQ(o->port, 6380);
+  EXPECT_EQ(o->db, 1);
+  EXPECT_EQ(o->tls.ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o->tls.ca_dir, "/etc/cas");
+  EXPECT_EQ(o->tls.cert_file, "/c.pem");
+  EXPECT_EQ(o->tls.key_file, "/c.key");
+  EXPECT_EQ(o->tls.server_name, "redis.internal");
+  EXPECT_FALSE(o->tls.insecure_skip_verify);
+  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls13);
+
+  o = Redis("rediss+cluster://a:7000,b:7001?tls_insecure_skip_verify=true");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.enabled);
+  EXPECT_TRUE(o->tls.insecure_skip_verify);
+  EXPECT_EQ(o->seeds, (std::vector<std::string>{"a:7000", "b:7001"}));
+  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls12);
+
+  o = Redis("redis://h");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->tls.enabled);
+}
+
 TEST(RedisUrl, Errors) {
   ExpectBad(Redis("cache:6379").status(), "scheme");
   ExpectBad(Redis("://h").status(), "scheme");
   ExpectBad(Redis("http://h").status(), "scheme");
-  ExpectBad(Redis("rediss://h").status(), "TLS");
+  ExpectBad(Redis("redis://h?tls_ca_file=/ca.pem").status(), "tls.enabled is false (rediss://)");
+  ExpectBad(Redis("rediss://h?tls_min_version=1.1").status(), "tls_min_version");
+  ExpectBad(Redis("rediss://h?tls_insecure_skip_verify=yes").status(), "tls_insecure_skip_verify");
+  ExpectBad(Redis("rediss://h?tls_cert_file=/c.pem").status(), "tls.key_file");
   ExpectBad(Redis("unix:///tmp/redis.sock").status(), "unix");
   ExpectBad(Redis("redis://h:0").status(), "port");
   ExpectBad(Redis("redis://h:65536").status(), "port");

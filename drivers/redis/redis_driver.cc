@@ -214,6 +214,8 @@ class RedisDriver final : public Driver {
 
 absl::StatusOr<std::shared_ptr<Driver>> NewRedisDriver(RedisOptions options) {
   if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
+  // A TLS file that cannot be loaded fails here, not at the first request.
+  if (auto tls = redis::LoadTls(options); !tls.ok()) return tls.status();
   return std::shared_ptr<Driver>(
       std::make_shared<RedisDriver>(redis::WithDefaults(std::move(options))));
 }

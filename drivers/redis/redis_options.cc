@@ -1,6 +1,7 @@
 #include "drivers/redis/redis_options.h"
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +32,26 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   if (o.key_prefix.find_first_of("{}") != std::string::npos) {
     return bad("key_prefix", "must not contain '{' or '}' (they delimit hash tags)");
   }
+  const RedisOptions::Tls& t = o.tls;
+  if (!t.enabled) {
+    for (const auto& [name, value] :
+         {std::pair<absl::string_view, const std::string*>{"ca_file", &t.ca_file},
+          {"ca_dir", &t.ca_dir},
+          {"cert_file", &t.cert_file},
+          {"key_file", &t.key_file},
+          {"server_name", &t.server_name}}) {
+      if (!value->empty()) {
+        return bad(absl::StrCat("tls.", name), "is set but tls.enabled is false (rediss://)");
+      }
+    }
+    if (t.insecure_skip_verify) {
+      return bad("tls.insecure_skip_verify", "is set but tls.enabled is false (rediss://)");
+    }
+  }
+  if (t.cert_file.empty() != t.key_file.empty()) {
+    return bad(t.cert_file.empty() ? "tls.key_file" : "tls.cert_file",
+               "needs tls.cert_file and tls.key_file both (mutual TLS)");
+  }
   if (o.timeouts.connect <= absl::ZeroDuration()) return bad("timeouts.connect", "must be > 0");
   if (o.timeouts.request <= absl::ZeroDuration()) return bad("timeouts.request", "must be > 0");
   const RedisOptions::Replication& r = o.replication;
@@ -56,6 +77,27 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+std::string Tls(const RedisOptions::Tls& t) {
+  if (!t.enabled) return " tls=off";
+  std::string out = " tls=on";
+  for (const auto& [name, value] :
+       {std::pair<absl::string_view, const std::string*>{"ca_file", &t.ca_file},
+        {"ca_dir", &t.ca_dir},
+        {"cert_file", &t.cert_file},
+        {"key_file", &t.key_file},
+        {"server_name", &t.server_name}}) {
+    if (!value->empty()) absl::StrAppend(&out, " tls.", name, "=", *value);
+  }
+  if (t.insecure_skip_verify) absl::StrAppend(&out, " tls.insecure_skip_verify=true");
+  absl::StrAppend(&out, " tls.min_version=",
+                  t.min_version == RedisOptions::Tls::Version::kTls13 ? "1.3" : "1.2");
+  return out;
+}
+
+}  // namespace
+
 std::string ToString(const RedisOptions& o) {
   const std::string where = o.seeds.empty() ? absl::StrCat("host=", o.host, " port=", o.port)
                                             : absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
@@ -67,7 +109,7 @@ std::string ToString(const RedisOptions& o) {
                       " replication.wait_replicas=", o.replication.wait_replicas,
                       " limits.script_batch=", o.limits.script_batch,
                       " limits.max_reply_bytes=", o.limits.max_reply_bytes,
-                      " limits.max_reply_elements=", o.limits.max_reply_elements, "}");
+                      " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
 }
 
 }  // namespace bus

@@ -61,8 +61,37 @@ struct RedisOptions {
   // one hash tag, "{queue}", so they live in one cluster slot.
   std::string key_prefix = "bus:";
 
+  // TLS to the server (every node of a cluster): OpenSSL through Boost.Asio's SSL streams.
+  // The server's certificate is verified against `ca_file` / `ca_dir` (neither: the system's
+  // trust store) and must hold `server_name` (empty: the host being connected to, a cluster
+  // node's address as the cluster names it), which is also sent as SNI when it is a name and
+  // not an IP address. Key files must not be encrypted (no passphrase). docs/redis-tls.md.
+  struct Tls {
+    // Default false: plaintext. rediss:// and rediss+cluster:// set it.
+    bool enabled = false;
+    // PEM file of the CAs to trust; a directory of hashed CA files (c_rehash). Either, both
+    // or neither (the system's default trust store).
+    std::string ca_file{};
+    std::string ca_dir{};
+    // Client certificate (PEM, may hold the chain) and its unencrypted private key, for a
+    // server that asks for one (tls-auth-clients yes): mutual TLS. Both or neither.
+    std::string cert_file{};
+    std::string key_file{};
+    // The name the server's certificate must hold (a DNS name or an IP address); empty: the
+    // host connected to.
+    std::string server_name{};
+    // Accepts any server certificate: no chain or name check. The connection is encrypted but
+    // anyone on the path can impersonate the server. For tests against self-signed servers
+    // only; never in production.
+    bool insecure_skip_verify = false;
+    // The oldest TLS version accepted. Default TLS 1.2.
+    enum class Version { kTls12, kTls13 };
+    Version min_version = Version::kTls12;
+  };
+  Tls tls{};
+
   struct Timeouts {
-    // One connect attempt (TCP connect, AUTH, SELECT). Default 2 s; > 0.
+    // One connect attempt (TCP connect, TLS handshake, AUTH, SELECT). Default 2 s; > 0.
     absl::Duration connect = absl::Seconds(2);
     // Every request, and the internal retries of a send. Default 5 s; > 0.
     absl::Duration request = absl::Seconds(5);

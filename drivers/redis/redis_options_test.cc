@@ -118,17 +118,55 @@ TEST(RedisOptionsTest, TheConnectionGetsTheReplyBoundsAndTheBackoff) {
   o.backoff.initial = absl::Milliseconds(3);
   o.random = SeededRandom(1);
   o.password_source = "REDIS_PASSWORD";
-  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "redis driver", "h", 7000);
+  const redis::ConnectionOptions c =
+      redis::ToConnectionOptions(o, "redis driver", "h", 7000, nullptr);
   EXPECT_EQ(c.host, "h");
   EXPECT_EQ(c.component, "redis driver");
   EXPECT_EQ(c.password_source, "REDIS_PASSWORD");
-  EXPECT_EQ(redis::ToConnectionOptions(RedisOptions{}, "x", "h", 1).password_source,
+  EXPECT_EQ(redis::ToConnectionOptions(RedisOptions{}, "x", "h", 1, nullptr).password_source,
             "RedisOptions.password");
   EXPECT_EQ(c.port, 7000);
   EXPECT_EQ(c.max_reply_bytes, 4096);
   EXPECT_EQ(c.max_reply_elements, 7);
   EXPECT_EQ(c.backoff.initial, absl::Milliseconds(3));
   EXPECT_EQ(c.random, o.random);
+}
+
+TEST(RedisOptionsTest, TlsSettingsNeedTlsAndComeInPairs) {
+  RedisOptions o;
+  o.tls.ca_file = "/ca.pem";
+  EXPECT_THAT(ValidateRedisOptions(o).message(),
+              HasSubstr("RedisOptions.tls.ca_file is set but tls.enabled is false"));
+  o.tls.ca_file.clear();
+  o.tls.insecure_skip_verify = true;
+  EXPECT_THAT(ValidateRedisOptions(o).message(), HasSubstr("tls.insecure_skip_verify"));
+  o.tls.enabled = true;
+  EXPECT_TRUE(ValidateRedisOptions(o).ok()) << ValidateRedisOptions(o);
+  o.tls.cert_file = "/client.pem";
+  EXPECT_THAT(ValidateRedisOptions(o).message(),
+              HasSubstr("RedisOptions.tls.cert_file needs tls.cert_file and tls.key_file both"));
+  o.tls.key_file = "/client.key";
+  EXPECT_TRUE(ValidateRedisOptions(o).ok()) << ValidateRedisOptions(o);
+  EXPECT_THAT(ToString(o), HasSubstr("tls=on tls.cert_file=/client.pem tls.key_file=/client.key "
+                                     "tls.insecure_skip_verify=true tls.min_version=1.2"));
+  EXPECT_THAT(ToString(RedisOptions{}), HasSubstr("tls=off"));
+}
+
+// A TLS file that cannot be loaded is an InvalidArgument naming the field and the file, and a
+// connection made with it fails every attempt with that status.
+TEST(RedisOptionsTest, AnUnreadableTlsFileIsNamed) {
+  RedisOptions o;
+  o.tls.enabled = true;
+  o.tls.ca_file = "/nonexistent/ca.pem";
+  auto tls = redis::LoadTls(o);
+  ASSERT_FALSE(tls.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(tls.status())) << tls.status();
+  EXPECT_THAT(tls.status().message(),
+              HasSubstr("RedisOptions.tls.ca_file \"/nonexistent/ca.pem\" cannot be used"));
+  const redis::ConnectionOptions c = redis::ToConnectionOptions(o, "x", "h", 1, tls);
+  EXPECT_EQ(c.tls, nullptr);
+  EXPECT_EQ(c.tls_error, tls.status());
+  EXPECT_EQ(*redis::LoadTls(RedisOptions{}), nullptr);
 }
 
 TEST(RedisOptionsTest, ToStringRedactsThePassword) {

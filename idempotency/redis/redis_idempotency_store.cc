@@ -265,6 +265,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
 
 absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewRedisIdempotencyStore(RedisOptions options) {
   if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
+  // A TLS file that cannot be loaded fails here, not at the first request.
+  if (auto tls = redis::LoadTls(options); !tls.ok()) return tls.status();
   return std::shared_ptr<IdempotencyStore>(
       std::make_shared<RedisIdempotencyStore>(redis::WithDefaults(std::move(options))));
 }

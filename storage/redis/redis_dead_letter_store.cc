@@ -308,6 +308,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
 
 absl::StatusOr<std::shared_ptr<DeadLetterStore>> NewRedisDeadLetterStore(RedisOptions options) {
   if (absl::Status st = ValidateRedisOptions(options); !st.ok()) return st;
+  // A TLS file that cannot be loaded fails here, not at the first request.
+  if (auto tls = redis::LoadTls(options); !tls.ok()) return tls.status();
   return std::shared_ptr<DeadLetterStore>(
       std::make_shared<RedisDeadLetterStore>(redis::WithDefaults(std::move(options))));
 }

@@ -15,15 +15,26 @@
 #include "tests/testing/letters.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/redis_store_harness.h"
+#include "tests/testing/redis_tls.h"
 #include "tests/testing/wait.h"
 
 namespace bus::testing {
 namespace {
 
+// `tls`: a TLS-only server asking for client certificates, and a client with the CA and its
+// certificate (rediss://).
 class RedisStoreHarness final : public RedisStoreHarnessBase {
  public:
-  RedisStoreHarness() {
-    absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
+  explicit RedisStoreHarness(bool tls = false) {
+    RedisServerOptions server_options;
+    if (tls) {
+      absl::StatusOr<const TestCertificates*> certs = SharedTestCertificates();
+      EXPECT_TRUE(certs.ok()) << certs.status();
+      if (!certs.ok()) return;
+      certs_ = *certs;
+      server_options.tls = RedisServerTls(*certs_, /*auth_clients=*/true);
+    }
+    absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start(server_options);
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) server_ = std::move(*server);
   }
@@ -31,21 +42,25 @@ class RedisStoreHarness final : public RedisStoreHarnessBase {
   RedisOptions Options() const override {
     RedisOptions options;
     options.port = server_ != nullptr ? server_->port() : 1;
+    if (certs_ != nullptr) options.tls = RedisClientTls(*certs_);
     return options;
   }
 
   RedisServer* server() { return server_.get(); }
 
  private:
+  const TestCertificates* certs_ = nullptr;
   std::unique_ptr<RedisServer> server_;
 };
 
 const StoreConformanceParam kRedis{"redis", [] { return std::make_unique<RedisStoreHarness>(); }};
+const StoreConformanceParam kRedisTls{"redis_tls",
+                                      [] { return std::make_unique<RedisStoreHarness>(true); }};
 
-INSTANTIATE_TEST_SUITE_P(Redis, DeadLetterStoreConformanceTest, ::testing::Values(kRedis),
-                         StoreParamName);
-INSTANTIATE_TEST_SUITE_P(Redis, IdempotencyStoreConformanceTest, ::testing::Values(kRedis),
-                         StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Redis, DeadLetterStoreConformanceTest,
+                         ::testing::Values(kRedis, kRedisTls), StoreParamName);
+INSTANTIATE_TEST_SUITE_P(Redis, IdempotencyStoreConformanceTest,
+                         ::testing::Values(kRedis, kRedisTls), StoreParamName);
 
 TEST(RedisIdempotencyStoreTest, EntriesCarryATtlSoRedisRemovesThem) {
   RedisStoreHarness h;

@@ -90,6 +90,11 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Start(RedisClusterOp
         "--cluster-enabled",      "yes",
         "--cluster-config-file",  "nodes.conf",
         "--cluster-node-timeout", absl::StrCat(absl::ToInt64Milliseconds(options.node_timeout))};
+    if (options.tls) {
+      so.tls = options.tls;
+      so.extra_args.insert(so.extra_args.end(),
+                           {"--tls-cluster", "yes", "--tls-replication", "yes"});
+    }
     so.extra_args.insert(so.extra_args.end(), options.extra_args.begin(), options.extra_args.end());
     absl::StatusOr<std::unique_ptr<RedisServer>> s = RedisServer::Start(std::move(so));
     if (!s.ok()) return s.status();

@@ -21,6 +21,7 @@
 #define TESTS_TESTING_REDIS_CLUSTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct RedisClusterOptions {
   absl::Duration node_timeout = absl::Seconds(2);
   // More "--name value" arguments for every node.
   std::vector<std::string> extra_args{};
+  // TLS only: every node as RedisServerOptions::tls, with --tls-cluster yes and
+  // --tls-replication yes (the cluster bus and replication over TLS too, the nodes presenting
+  // their server certificate); redis-cli speaks TLS.
+  std::optional<RedisServerOptions::Tls> tls{};
 };
 
 class RedisCluster {

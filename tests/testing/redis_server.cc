@@ -78,14 +78,19 @@ absl::Status RedisServer::WriteConfig() const {
 
 absl::Status RedisServer::Launch() {
   if (absl::Status st = WriteConfig(); !st.ok()) return st;
-  std::vector<std::string> argv = {"redis-server",  config_path(),
-                                   "--port",        absl::StrCat(port_),
-                                   "--bind",        "127.0.0.1",
-                                   "--dir",         dir_,
-                                   "--save",        "",
-                                   "--daemonize",   "no",
-                                   "--appendonly",  options_.append_only ? "yes" : "no",
-                                   "--appendfsync", "always"};
+  std::vector<std::string> argv = {
+      "redis-server",  config_path(), "--bind",       "127.0.0.1",
+      "--dir",         dir_,          "--save",       "",
+      "--daemonize",   "no",          "--appendonly", options_.append_only ? "yes" : "no",
+      "--appendfsync", "always"};
+  if (const auto& tls = options_.tls) {
+    argv.insert(argv.end(),
+                {"--port", "0", "--tls-port", absl::StrCat(port_), "--tls-cert-file",
+                 tls->cert_file, "--tls-key-file", tls->key_file, "--tls-ca-cert-file",
+                 tls->ca_cert_file, "--tls-auth-clients", tls->auth_clients ? "yes" : "no"});
+  } else {
+    argv.insert(argv.end(), {"--port", absl::StrCat(port_)});
+  }
   for (const auto& a : options_.extra_args) argv.push_back(a);
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =
       ChildProcess::Start(argv, absl::StrCat(dir_, "/redis.log"));
@@ -114,6 +119,12 @@ absl::StatusOr<std::string> RedisServer::Cli(const std::vector<std::string>& arg
   static std::atomic<int> calls{0};
   const std::string out_path = absl::StrCat(dir_, "/cli-", calls.fetch_add(1), ".out");
   std::vector<std::string> argv = {"redis-cli", "-h", "127.0.0.1", "-p", absl::StrCat(port_)};
+  if (const auto& tls = options_.tls) {
+    argv.insert(argv.end(), {"--tls", "--cacert", tls->ca_cert_file});
+    if (!tls->client_cert_file.empty()) {
+      argv.insert(argv.end(), {"--cert", tls->client_cert_file, "--key", tls->client_key_file});
+    }
+  }
   argv.insert(argv.end(), args.begin(), args.end());
   // The password through the environment (REDISCLI_AUTH), not `-a` on the command line.
   std::vector<std::string> env;

@@ -2,7 +2,8 @@
 // tests and benchmarks that need a real server. Stopped (SIGKILL) and its directory removed on
 // destruction. Passwords never appear on a command line (ps shows those to every user): the
 // server reads them from a config file of mode 0600 in its directory, redis-cli from
-// REDISCLI_AUTH.
+// REDISCLI_AUTH. With `tls` set the server accepts TLS only (`--port 0 --tls-port P`), and
+// Cli() speaks TLS with the given client certificate.
 //
 //   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
 //   options.port = (*server)->port();
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,17 @@ struct RedisServerOptions {
   bool append_only = false;
   // More "--name value" arguments.
   std::vector<std::string> extra_args{};
+
+  // TLS only: redis-server --port 0 --tls-port P --tls-cert-file --tls-key-file
+  // --tls-ca-cert-file --tls-auth-clients yes|no (tests/testing/tls_certs.h makes the files).
+  struct Tls {
+    std::string cert_file{}, key_file{}, ca_cert_file{};
+    // --tls-auth-clients: yes (a client certificate signed by ca_cert_file is required) or no.
+    bool auth_clients = false;
+    // What Cli() presents (needed with auth_clients); the cluster's links use cert_file.
+    std::string client_cert_file{}, client_key_file{};
+  };
+  std::optional<Tls> tls{};
 };
 
 class RedisServer {
@@ -40,6 +53,7 @@ class RedisServer {
   static absl::StatusOr<std::unique_ptr<RedisServer>> Start(RedisServerOptions options);
   ~RedisServer();
 
+  // The port clients connect to (the TLS port with options.tls).
   int port() const { return port_; }
   const std::string& dir() const { return dir_; }
   // The config file with the passwords (mode 0600), passed as redis-server's first argument.

@@ -6,6 +6,7 @@
 #include "bus/logger.h"
 #include "bus/random.h"
 #include "drivers/redis/client/cluster_client.h"
+#include "drivers/redis/client/tls.h"
 
 namespace bus {
 
@@ -29,9 +30,22 @@ RedisOptions WithDefaults(RedisOptions options) {
   return options;
 }
 
-ConnectionOptions ToConnectionOptions(const RedisOptions& o, const std::string& component,
-                                      const std::string& host, int port) {
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options) {
+  if (!options.tls.enabled) return nullptr;
+  return MakeTlsContext(options.tls);
+}
+
+ConnectionOptions ToConnectionOptions(
+    const RedisOptions& o, const std::string& component, const std::string& host, int port,
+    const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>>& tls) {
   ConnectionOptions c;
+  if (tls.ok()) {
+    c.tls = *tls;
+  } else {
+    c.tls_error = tls.status();
+  }
+  c.tls_server_name = o.tls.server_name;
+  c.tls_verify = !o.tls.insecure_skip_verify;
   c.component = component;
   c.password_source = o.password_source.empty() ? "RedisOptions.password" : o.password_source;
   c.host = host;
@@ -129,7 +143,7 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
       cb = [this] { on_reconnect_(absl::StrCat(options_.host, ":", options_.port)); };
     }
     return Connection::Create(
-        io_.get(), ToConnectionOptions(options_, component_, options_.host, options_.port),
+        io_.get(), ToConnectionOptions(options_, component_, options_.host, options_.port, tls_),
         std::move(cb));
   }
 
@@ -189,6 +203,7 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
   const RedisOptions options_;
   const std::string component_;
   const ReconnectCallback on_reconnect_;
+  const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls_ = LoadTls(options_);
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::shared_ptr<Connection> conn_;
 };

@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "boost/asio/ssl/context.hpp"
 #include "drivers/redis/client/connection.h"
 #include "drivers/redis/client/resp.h"
 #include "drivers/redis/redis_options.h"
@@ -134,14 +135,22 @@ using ReconnectCallback = std::function<void(const std::string& address)>;
 // limits.script_batch kDefaultRedisScriptBatch. The driver and the stores keep these.
 RedisOptions WithDefaults(RedisOptions options);
 
+// The TLS context of `options` (tls.h MakeTlsContext), shared by every connection of a client;
+// nullptr when options.tls.enabled is false. InvalidArgument naming the field and the file that
+// cannot be loaded: the factories of the driver and the stores return it.
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options);
+
 // The settings of one connection to `host`:`port` for `options`, made by `component` (named in
-// AUTH errors: "redis driver", "redis dead-letter store", ...).
-ConnectionOptions ToConnectionOptions(const RedisOptions& options, const std::string& component,
-                                      const std::string& host, int port);
+// AUTH errors: "redis driver", "redis dead-letter store", ...), with `tls` from LoadTls (an error
+// there fails every connect attempt with it).
+ConnectionOptions ToConnectionOptions(
+    const RedisOptions& options, const std::string& component, const std::string& host, int port,
+    const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>>& tls);
 
 // A Client for `options` (valid: ValidateRedisOptions; defaults filled in by WithDefaults): a
 // cluster client when options.seeds is set, else one server. Does not connect: the first
-// request does. `component` names the user in AUTH errors, so a user knows which URL to fix.
+// request does. Loads options.tls once (call LoadTls first to report a bad file). `component` names
+// the user in AUTH errors, so a user knows which URL to fix.
 std::shared_ptr<Client> NewClient(const RedisOptions& options,
                                   ReconnectCallback on_reconnect = nullptr,
                                   std::string component = "redis client");

@@ -71,11 +71,11 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
     std::string host = address;  // addresses come from ParseHostPort'able sources
     int port = 0;
     (void)ParseHostPort(address, &host, &port);
-    return Connection::Create(io_.get(), ToConnectionOptions(options_, component_, host, port),
-                              [this, address] {
-                                reconnects_.fetch_add(1, std::memory_order_relaxed);
-                                if (on_reconnect_) on_reconnect_(address);
-                              });
+    return Connection::Create(
+        io_.get(), ToConnectionOptions(options_, component_, host, port, tls_), [this, address] {
+          reconnects_.fetch_add(1, std::memory_order_relaxed);
+          if (on_reconnect_) on_reconnect_(address);
+        });
   }
 
   std::shared_ptr<Connection> Pipelined(const std::string& address) {
@@ -231,6 +231,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   const RedisOptions options_;
   const std::string component_;
   const ReconnectCallback on_reconnect_;
+  const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls_ = LoadTls(options_);
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::atomic<uint64_t> reconnects_{0};
   std::atomic<bool> stale_{true};

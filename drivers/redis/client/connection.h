@@ -1,6 +1,7 @@
 // A Redis client connection over Boost.Asio, speaking RESP2 with hiredis's
 // redisFormatCommandArgv (requests) and redisReader (replies). Debian's hiredis 0.14 has no
-// async timeouts and no TLS, so the socket, the deadlines and the reconnection live here.
+// async timeouts and no TLS, so the socket, TLS (Asio's SSL stream over OpenSSL, tls.h), the
+// deadlines and the reconnection live here.
 //
 //   bus::redis::IoThread io;
 //   std::shared_ptr<bus::redis::Connection> conn =
@@ -20,8 +21,11 @@
 //    Requests that were written on a lost connection fail with Unavailable; they are not
 //    re-sent (the caller decides what is safe to repeat). Each re-established connection calls
 //    `on_reconnect`.
-//  - Handshake: AUTH (password, or ACL username and password) and SELECT run on every
-//    (re)connect before any request is written.
+//  - Handshake: with TLS, the TLS handshake first (the server's certificate verified for
+//    tls_server_name); then AUTH (password, or ACL username and password) and SELECT run on
+//    every (re)connect before any request is written. With TLS and neither of them, a PING: a
+//    TLS 1.3 server refuses a client certificate only after the client's handshake is done,
+//    and this makes that refusal a failed connect, not a failed request.
 //  - Bounds: a reply larger than options.max_reply_bytes or with more than
 //    options.max_reply_elements array elements is refused as soon as its length headers
 //    announce it, before hiredis allocates anything for it, and bytes that arrive while no
@@ -32,7 +36,9 @@
 //
 // Errors (Status codes): Unavailable (cannot connect, connection lost), DeadlineExceeded (the
 // request's deadline passed), Cancelled (the request's stop token fired), Unauthenticated
-// (AUTH refused, or a password sent to a server that has none). A server that breaks the
+// (AUTH refused, or a password sent to a server that has none; a server certificate that fails
+// verification, or this client's certificate refused or missing), FailedPrecondition (a TLS
+// client on a plaintext port, no TLS version in common). A server that breaks the
 // protocol is treated as a lost connection (Unavailable, "redis protocol error: ..."). A Redis
 // error reply is not a transport error: it is returned as a Reply of type kError inside an OK
 // result.
@@ -62,6 +68,7 @@
 #include "absl/time/time.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
+#include "boost/asio/ssl/context.hpp"
 #include "bus/backoff.h"
 #include "bus/random.h"
 #include "drivers/redis/client/resp.h"
@@ -83,7 +90,16 @@ struct ConnectionOptions {
   std::string password_source = "the options";
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
-  // Deadline of one connect attempt including AUTH and SELECT. Default 2 s.
+  // TLS: the context every connection of a client shares (tls.h MakeTlsContext); nullptr:
+  // plaintext, unless tls_error is set.
+  std::shared_ptr<boost::asio::ssl::context> tls{};
+  // The name the server's certificate must hold (and SNI); empty: host.
+  std::string tls_server_name{};
+  // False: any server certificate is accepted (RedisOptions::tls.insecure_skip_verify).
+  bool tls_verify = true;
+  // Why the TLS context could not be made: every connect attempt fails with it.
+  absl::Status tls_error{};
+  // Deadline of one connect attempt including the TLS handshake, AUTH and SELECT. Default 2 s.
   absl::Duration connect_timeout = absl::Seconds(2);
   // The pause between failed connect attempts, and its jitter (nullptr: DefaultRandom()).
   BackoffPolicy backoff{.initial = absl::Milliseconds(50),

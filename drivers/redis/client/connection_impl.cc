@@ -14,6 +14,7 @@
 #include "boost/asio/redirect_error.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/write.hpp"
+#include "drivers/redis/client/tls.h"
 
 namespace bus::redis {
 namespace {
@@ -22,14 +23,6 @@ namespace asio = boost::asio;
 using asio::awaitable;
 using asio::ip::tcp;
 using boost::system::error_code;
-
-// The one place where hiredis and socket errors become Status.
-absl::Status TransportError(absl::string_view what, const error_code& ec) {
-  if (ec == asio::error::operation_aborted) {
-    return absl::UnavailableError(absl::StrCat("redis ", what, ": connection closed"));
-  }
-  return absl::UnavailableError(absl::StrCat("redis ", what, ": ", ec.message()));
-}
 
 // hiredis refusing what the server sent (the reply scanner refuses first whatever it can): the
 // server is broken, not this process, so Unavailable like any lost connection, which it is.
@@ -174,7 +167,43 @@ void Connection::Impl::Shutdown() {
   FailInflight(st);
 }
 
+// The one place where hiredis and socket errors become Status.
+absl::Status Connection::Impl::IoError(absl::string_view what, const error_code& ec) const {
+  const std::string where = absl::StrCat(options.host, ":", options.port);
+  if (ec == asio::error::operation_aborted) {
+    return absl::UnavailableError(absl::StrCat("redis ", what, ": connection closed"));
+  }
+  if (tls != nullptr) {
+    return TlsStatus(what, where, ec, tls->native_handle(), tls_certificate_requested, !ready);
+  }
+  if (!received && (ec == asio::error::eof || ec == asio::error::connection_reset)) {
+    // What a TLS-only port does to a plaintext client: it closes without a word.
+    return absl::UnavailableError(
+        absl::StrCat("redis ", what, ": ", ec.message(), ": ", where,
+                     " closed the connection before answering; if it accepts TLS only, use "
+                     "rediss:// (RedisOptions.tls.enabled)"));
+  }
+  return absl::UnavailableError(absl::StrCat("redis ", what, ": ", ec.message()));
+}
+
+awaitable<size_t> Connection::Impl::ReadSome(asio::mutable_buffer buf, error_code& ec) {
+  if (tls != nullptr) {
+    co_return co_await tls->async_read_some(buf, asio::redirect_error(asio::use_awaitable, ec));
+  }
+  co_return co_await socket.async_read_some(buf, asio::redirect_error(asio::use_awaitable, ec));
+}
+
+awaitable<void> Connection::Impl::WriteAll(std::shared_ptr<TlsStream> stream, tcp::socket& socket,
+                                           asio::const_buffer buf, error_code& ec) {
+  if (stream != nullptr) {
+    co_await asio::async_write(*stream, buf, asio::redirect_error(asio::use_awaitable, ec));
+  } else {
+    co_await asio::async_write(socket, buf, asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
 absl::Status Connection::Impl::Feed(const char* data, size_t n, absl::Status* refused) {
+  if (n > 0) received = true;
   size_t accepted = n;
   *refused = scanner->Scan(absl::string_view(data, n), &accepted);
   if (accepted > 0 && redisReaderFeed(reader.get(), data, accepted) != REDIS_OK) {
@@ -195,9 +224,8 @@ awaitable<absl::StatusOr<Reply>> Connection::Impl::ReadOne() {
     }
     if (!refused.ok()) co_return refused;
     error_code ec;
-    const size_t n = co_await socket.async_read_some(asio::buffer(buf),
-                                                     asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return TransportError("handshake read", ec);
+    const size_t n = co_await ReadSome(asio::buffer(buf), ec);
+    if (ec) co_return IoError("handshake read", ec);
     if (absl::Status st = Feed(buf, n, &refused); !st.ok()) co_return st;
   }
 }
@@ -212,6 +240,9 @@ awaitable<absl::Status> Connection::Impl::Handshake() {
     }
   }
   if (options.db != 0) cmds.push_back({"SELECT", absl::StrCat(options.db)});
+  // TLS 1.3 servers refuse a missing or bad client certificate after the client's handshake
+  // has finished: one round trip here makes that a failed connect (connection.h).
+  if (tls != nullptr && cmds.empty()) cmds.push_back({"PING"});
   if (cmds.empty()) co_return absl::OkStatus();
   std::string wire;
   for (const auto& c : cmds) {
@@ -221,9 +252,8 @@ awaitable<absl::Status> Connection::Impl::Handshake() {
   }
   scanner->Expect(cmds.size());
   error_code ec;
-  co_await asio::async_write(socket, asio::buffer(wire),
-                             asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) co_return TransportError("handshake write", ec);
+  co_await WriteAll(tls, socket, asio::buffer(wire), ec);
+  if (ec) co_return IoError("handshake write", ec);
   for (const auto& c : cmds) {
     absl::StatusOr<Reply> r = co_await ReadOne();
     if (!r.ok()) co_return r.status();
@@ -249,10 +279,29 @@ awaitable<absl::Status> Connection::Impl::Handshake() {
   co_return absl::OkStatus();
 }
 
+awaitable<absl::Status> Connection::Impl::TlsHandshake() {
+  const std::string& name =
+      options.tls_server_name.empty() ? options.host : options.tls_server_name;
+  if (absl::Status st =
+          PrepareTls(tls->native_handle(), name, options.tls_verify, &tls_certificate_requested);
+      !st.ok()) {
+    co_return st;
+  }
+  error_code ec;
+  co_await tls->async_handshake(asio::ssl::stream_base::client,
+                                asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return IoError("handshake", ec);
+  co_return absl::OkStatus();
+}
+
 awaitable<absl::Status> Connection::Impl::Connect() {
+  if (!options.tls_error.ok()) co_return options.tls_error;
   closed_by_us = false;
+  received = false;
+  tls_certificate_requested = false;
   error_code ec;
   socket = tcp::socket(io);
+  tls = options.tls != nullptr ? std::make_shared<TlsStream>(socket, *options.tls) : nullptr;
   reader.reset(redisReaderCreate());
   if (!reader) co_return absl::ResourceExhaustedError("redisReaderCreate failed");
   scanner.emplace(options.max_reply_bytes, options.max_reply_elements);
@@ -272,6 +321,8 @@ awaitable<absl::Status> Connection::Impl::Connect() {
   auto endpoints = co_await resolver.async_resolve(options.host, std::to_string(options.port),
                                                    asio::redirect_error(asio::use_awaitable, ec));
   absl::Status st;
+  // What was under way when the deadline fired, for its message.
+  absl::string_view phase = "";
   if (ec) {
     st = absl::UnavailableError(absl::StrCat("redis resolve ", where, ": ", ec.message()));
   } else if (!*timed_out) {
@@ -280,13 +331,22 @@ awaitable<absl::Status> Connection::Impl::Connect() {
       st = absl::UnavailableError(absl::StrCat("redis connect ", where, ": ", ec.message()));
     } else {
       socket.set_option(tcp::no_delay(true), ec);
-      st = co_await Handshake();
+      if (tls != nullptr) {
+        phase =
+            " (in the TLS handshake: if this is the server's plaintext port, use redis:// or "
+            "its tls-port)";
+        st = co_await TlsHandshake();
+      }
+      if (st.ok()) {
+        phase = "";
+        st = co_await Handshake();
+      }
     }
   }
   timer->cancel();
   if (*timed_out) {
     st = absl::UnavailableError(absl::StrCat("redis connect ", where, ": no answer within ",
-                                             absl::FormatDuration(options.connect_timeout)));
+                                             absl::FormatDuration(options.connect_timeout), phase));
   }
   if (!st.ok()) {
     error_code ignored;
@@ -305,8 +365,7 @@ awaitable<void> Connection::Impl::Writer(std::shared_ptr<Impl> self, uint64_t ge
     }
     std::string data;
     data.swap(self->out_buf);
-    co_await asio::async_write(self->socket, asio::buffer(data),
-                               asio::redirect_error(asio::use_awaitable, ec));
+    co_await WriteAll(self->tls, self->socket, asio::buffer(data), ec);
     if (ec) {
       if (gen == self->generation) {
         self->CloseSocket();
@@ -323,9 +382,8 @@ awaitable<absl::Status> Connection::Impl::ReadLoop() {
   std::vector<char> buf(64 * 1024);
   while (true) {
     error_code ec;
-    const size_t n = co_await socket.async_read_some(asio::buffer(buf),
-                                                     asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return TransportError("read", ec);
+    const size_t n = co_await ReadSome(asio::buffer(buf), ec);
+    if (ec) co_return IoError("read", ec);
     // A reply trickling in past its request's deadline is cut here even when the sweep is late
     // (each read is at most 64 KiB, so this runs often during a large reply).
     if (!inflight.empty() && !inflight.front()->done &&

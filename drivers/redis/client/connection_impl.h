@@ -27,6 +27,7 @@
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "bus/backoff.h"
 #include "drivers/redis/client/connection.h"
@@ -44,6 +45,7 @@ using ReaderPtr = std::unique_ptr<redisReader, ReaderDeleter>;
 std::chrono::steady_clock::duration ToChrono(absl::Duration d);
 
 struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
+  using TlsStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>;
   struct Request {
     std::string wire;
     size_t expected = 0;
@@ -79,10 +81,21 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   // Counts one reply against the front request; pops it when all its replies arrived.
   void Dispatched(RequestPtr& front);
 
-  // One connection attempt: resolve, connect, handshake, within options.connect_timeout.
+  // One connection attempt: resolve, connect, TLS, handshake, within options.connect_timeout.
   boost::asio::awaitable<absl::Status> Connect();
+  // The TLS handshake on the connected socket (options.tls set).
+  boost::asio::awaitable<absl::Status> TlsHandshake();
   // AUTH and SELECT, before any request is written.
   boost::asio::awaitable<absl::Status> Handshake();
+  // Reads or writes on the current connection: through TLS when it has it, else the socket.
+  boost::asio::awaitable<size_t> ReadSome(boost::asio::mutable_buffer buf,
+                                          boost::system::error_code& ec);
+  static boost::asio::awaitable<void> WriteAll(std::shared_ptr<TlsStream> stream,
+                                               boost::asio::ip::tcp::socket& socket,
+                                               boost::asio::const_buffer buf,
+                                               boost::system::error_code& ec);
+  // A failed read or write as a Status (tls.h's TlsStatus for a TLS connection).
+  absl::Status IoError(absl::string_view what, const boost::system::error_code& ec) const;
   // Reads until the reader yields one reply (used by the handshake, before the read loop).
   boost::asio::awaitable<absl::StatusOr<Reply>> ReadOne();
   // Reads replies and completes requests until the connection fails; returns why.
@@ -101,6 +114,10 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   std::atomic<uint64_t> reconnects{0};
 
   boost::asio::ip::tcp::socket socket;
+  // TLS over `socket` on the current connection; null without TLS. A new one per connection,
+  // shared with that connection's writer so that a late write completion never touches the
+  // next connection's stream.
+  std::shared_ptr<TlsStream> tls;
   boost::asio::steady_timer write_signal;
   // Armed with Backoff::Next() between failed connect attempts (an asynchronous wait: the
   // IoThread must not block).
@@ -116,7 +133,10 @@ struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   bool shutdown = false;
   bool closed_by_us = false;
   bool ever_connected = false;
-  bool lost = false;        // the last connection was lost, not closed by us
+  bool lost = false;      // the last connection was lost, not closed by us
+  bool received = false;  // a byte arrived on the current connection
+  // The server of the current TLS connection asked for a client certificate.
+  bool tls_certificate_requested = false;
   uint64_t generation = 0;  // of the current connection: a writer of an older one stops
   size_t front_seen = 0;    // replies received for inflight.front()
   std::string out_buf;
