@@ -7,8 +7,9 @@
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150 --topic=ours --size=200 --batch_size=200
 //   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=ours
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150,127.0.0.1:4250 --publish_policy=spread
-//   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=t --channel=c --tls_ca_file=ca.pem \
-//             --compression=snappy      # over TLS with snappy (transports.sh compares them)
+//   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=t --tls_ca_file=ca.pem
+//   --compression=snappy
+// (the last: over TLS with snappy; transports.sh compares the transports).
 
 #include <atomic>
 #include <cstdio>
