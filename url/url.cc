@@ -324,7 +324,8 @@ std::string RedactedUrl(const ParsedUrl& url) {
   for (size_t i = 0; i < url.params.size(); ++i) {
     const auto& [k, v] = url.params[i];
     absl::StrAppend(&out, i == 0 ? "?" : "&", Encode(k), "=",
-                    k == "auth_secret" || k == "password" ? "<redacted>" : Encode(v));
+                    k == "auth_secret" || k == "password" || k == "tls_key_password" ? "<redacted>"
+                                                                                     : Encode(v));
   }
   return out;
 }
@@ -454,6 +455,20 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.String("user_agent", &o.auth.user_agent);
   p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
   p.String("queue_channel", &o.queue_channel);
+  p.Bool("tls", &o.tls.enabled);
+  p.Bool("tls_required", &o.tls.required);
+  p.String("tls_ca_file", &o.tls.ca_file);
+  p.String("tls_cert_file", &o.tls.cert_file);
+  p.String("tls_key_file", &o.tls.key_file);
+  p.String("tls_key_password", &o.tls.key_password);
+  p.String("tls_server_name", &o.tls.server_name);
+  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
+  if (auto codec = p.Take("compression")) {
+    absl::StatusOr<NsqCompression> parsed = ParseNsqCompression(*codec);
+    if (!parsed.ok()) return Bad("parameter compression", parsed.status().message());
+    o.compression.codec = *parsed;
+  }
+  p.Integer("deflate_level", &o.compression.deflate_level);
   if (auto policy = p.Take("publish_policy")) {
     absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
     if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());

@@ -67,7 +67,8 @@ struct ParsedUrl {
 // Splits and decodes `url`. InvalidArgument naming the bad part.
 absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url);
 
-// `url` written back with the password and any `auth_secret` shown as "<redacted>".
+// `url` written back with the password and any `auth_secret` or `tls_key_password` shown as
+// "<redacted>".
 std::string RedactedUrl(const ParsedUrl& url);
 // The same for a URL string; one that does not parse is shown as its scheme only.
 std::string RedactedUrl(absl::string_view url);
@@ -93,7 +94,10 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // `lookupd`. Parameters (the NsqOptions field each sets, docs/nsq.md): lookupd
 // (lookupd_http_addresses), nsqd_http (discovery.nsqd_http_addresses), auth_secret (else
 // NSQ_AUTH_SECRET in `env`; auth.secret), client_id (auth.client_id), user_agent (auth.user_agent),
-// lookupd_authorization (auth.lookupd_authorization), queue_channel; publishing: publish_policy
+// lookupd_authorization (auth.lookupd_authorization), queue_channel; tls: tls (tls.enabled),
+// tls_required, tls_ca_file, tls_cert_file, tls_key_file, tls_key_password, tls_server_name,
+// tls_insecure_skip_verify; compression (none, snappy or deflate; compression.codec),
+// deflate_level; publishing: publish_policy
 // (prefer or spread), publish_timeout, publish_discovery (publishing.use_lookupd),
 // publish_connections; consuming: rdy_redistribute_interval, close_timeout, output_buffer_timeout,
 // output_buffer_size, sample_rate; discovery: lookupd_poll_interval; timeouts: connect_timeout,

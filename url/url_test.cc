@@ -336,6 +336,35 @@ TEST(NsqUrl, Errors) {
   ExpectBad(Nsq("redis://n1").status(), "scheme");
 }
 
+TEST(NsqUrl, TlsAndCompression) {
+  absl::StatusOr<NsqOptions> o =
+      Nsq("nsq://n1?tls=true&tls_ca_file=/etc/ca.pem&tls_cert_file=/c.pem&tls_key_file=/k.pem&"
+          "tls_key_password=pw&tls_server_name=nsq.example&tls_required=false&"
+          "compression=deflate&deflate_level=3");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.enabled);
+  EXPECT_FALSE(o->tls.required);
+  EXPECT_EQ(o->tls.ca_file, "/etc/ca.pem");
+  EXPECT_EQ(o->tls.cert_file, "/c.pem");
+  EXPECT_EQ(o->tls.key_file, "/k.pem");
+  EXPECT_EQ(o->tls.key_password, "pw");
+  EXPECT_EQ(o->tls.server_name, "nsq.example");
+  EXPECT_FALSE(o->tls.insecure_skip_verify);
+  EXPECT_EQ(o->compression.codec, NsqCompression::kDeflate);
+  EXPECT_EQ(o->compression.deflate_level, 3);
+  o = Nsq("nsq://n1?tls=1&tls_insecure_skip_verify=true&compression=snappy");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.insecure_skip_verify);
+  EXPECT_TRUE(o->tls.required);
+  EXPECT_EQ(o->compression.codec, NsqCompression::kSnappy);
+  ExpectBad(Nsq("nsq://n1?compression=gzip").status(), "parameter compression");
+  ExpectBad(Nsq("nsq://n1?compression=deflate&deflate_level=10").status(), "deflate_level");
+  ExpectBad(Nsq("nsq://n1?tls_ca_file=/ca.pem").status(), "tls.enabled");
+  ExpectBad(Nsq("nsq://n1?tls=true&tls_cert_file=/c.pem").status(), "key_file");
+  EXPECT_EQ(RedactedUrl("nsq://n1?tls=true&tls_key_password=hunter2"),
+            "nsq://n1?tls=true&tls_key_password=<redacted>");
+}
+
 TEST(SqliteUrl, AbsoluteAndRelativePaths) {
   absl::StatusOr<SqliteUrlOptions> o = Sqlite("sqlite:///var/lib/bus.db");
   ASSERT_TRUE(o.ok()) << o.status();

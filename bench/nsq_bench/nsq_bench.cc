@@ -7,6 +7,9 @@
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150 --topic=ours --size=200 --batch_size=200
 //   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=ours
 //   nsq_bench --mode=write --nsqd=127.0.0.1:4150,127.0.0.1:4250 --publish_policy=spread
+//   nsq_bench --mode=read  --nsqd=127.0.0.1:4150 --topic=t --tls_ca_file=ca.pem
+//   --compression=snappy
+// (the last: over TLS with snappy; transports.sh compares the transports).
 
 #include <atomic>
 #include <cstdio>
@@ -24,6 +27,12 @@ ABSL_FLAG(std::string, mode, "write", "write or read");
 ABSL_FLAG(std::string, nsqd, "127.0.0.1:4150", "nsqd TCP addresses, comma-separated");
 ABSL_FLAG(std::string, publish_policy, "prefer", "NsqOptions.publishing.policy: prefer or spread");
 ABSL_FLAG(std::string, topic, "ours", "queue (NSQ topic) to use");
+ABSL_FLAG(std::string, channel, bus::NsqOptions().queue_channel,
+          "read: the channel (NsqOptions.queue_channel)");
+ABSL_FLAG(std::string, tls_ca_file, "", "TLS to nsqd, trusting this CA (empty: plaintext)");
+ABSL_FLAG(std::string, compression, "none", "NsqOptions.compression.codec: none, snappy, deflate");
+ABSL_FLAG(int, deflate_level, bus::NsqOptions().compression.deflate_level,
+          "NsqOptions.compression.deflate_level");
 ABSL_FLAG(int, size, 200, "message size in bytes");
 ABSL_FLAG(int, batch_size, 200, "messages per SendBatchToQueue");
 ABSL_FLAG(int, threads, 2, "publishing threads / consumers (bench_* use GOMAXPROCS)");
@@ -48,6 +57,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.publishing.policy = *policy;
+  options.queue_channel = absl::GetFlag(FLAGS_channel);
+  if (!absl::GetFlag(FLAGS_tls_ca_file).empty()) {
+    options.tls = {.enabled = true, .ca_file = absl::GetFlag(FLAGS_tls_ca_file)};
+  }
+  absl::StatusOr<bus::NsqCompression> codec =
+      bus::ParseNsqCompression(absl::GetFlag(FLAGS_compression));
+  if (!codec.ok()) {
+    std::fprintf(stderr, "%s\n", codec.status().ToString().c_str());
+    return 1;
+  }
+  options.compression = {.codec = *codec, .deflate_level = absl::GetFlag(FLAGS_deflate_level)};
   options.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.io_threads = absl::GetFlag(FLAGS_io_threads);
   options.consuming.output_buffer_size = absl::GetFlag(FLAGS_output_buffer_size);
@@ -131,8 +151,9 @@ int main(int argc, char** argv) {
     for (auto& w : workers) w.join();
     workers.clear();
     const absl::Duration took = absl::Now() - start;
-    std::printf("duration: %s - ops/s: %.0f\n", absl::FormatDuration(took).c_str(),
-                static_cast<double>(total.load()) / absl::ToDoubleSeconds(took));
+    std::printf("duration: %s - ops/s: %.0f - messages: %lld\n", absl::FormatDuration(took).c_str(),
+                static_cast<double>(total.load()) / absl::ToDoubleSeconds(took),
+                static_cast<long long>(total.load()));
     return failed ? 1 : 0;
   }
   for (auto& w : workers) w.join();

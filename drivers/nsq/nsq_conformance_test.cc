@@ -1,4 +1,6 @@
-// The driver conformance suite against a real nsqd started per test.
+// The driver conformance suite against a real nsqd started per test: in plaintext (target
+// nsq_conformance_test), and (target nsq_tls_conformance_test) the whole suite over TLS plus a
+// subset with snappy and with deflate compression (docs/nsq.md, "TLS" and "Compression").
 
 #include <memory>
 
@@ -8,15 +10,39 @@
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
 #include "tests/testing/nsq_server.h"
+#include "tests/testing/process.h"
+#include "tests/testing/tls_certs.h"
 #include "tests/testing/watched_clock.h"
 
 namespace bus::testing {
 namespace {
 
+// Made once per test process; nsqd reads them at start.
+const TestCertificates& Certs() {
+  static const TestCertificates* certs = [] {
+    absl::StatusOr<TestCertificates> c = MakeTestCertificates(MakeTempDir("tls"));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return new TestCertificates(c.ok() ? *c : TestCertificates{});
+  }();
+  return *certs;
+}
+
+struct Transport {
+  bool tls = false;
+  NsqCompression codec = NsqCompression::kNone;
+};
+
 class NsqHarness final : public DriverHarness {
  public:
-  NsqHarness() {
-    auto server = NsqdServer::Start();
+  explicit NsqHarness(Transport transport = {}) : transport_(transport) {
+    NsqdConfig config;
+    if (transport_.tls) {
+      // TLS required on TCP; plain HTTP stays open for the suite's inspection calls.
+      config.tls_cert = Certs().server_cert;
+      config.tls_key = Certs().server_key;
+      config.tls_required = "tcp-https";
+    }
+    auto server = NsqdServer::Start(config);
     EXPECT_TRUE(server.ok()) << server.status();
     if (server.ok()) server_ = std::move(*server);
   }
@@ -28,6 +54,8 @@ class NsqHarness final : public DriverHarness {
     options.discovery.nsqd_http_addresses = {server_->http_address()};
     options.logger = StderrLogger(LogLevel::kWarning);
     options.clock = clock_;
+    if (transport_.tls) options.tls = {.enabled = true, .ca_file = Certs().ca_cert};
+    options.compression.codec = transport_.codec;
     auto driver = NewNsqDriver(options);
     EXPECT_TRUE(driver.ok()) << driver.status();
     return driver.ok() ? *driver : nullptr;
@@ -47,6 +75,7 @@ class NsqHarness final : public DriverHarness {
   absl::Duration ShortLease() const override { return absl::Milliseconds(2500); }
 
  private:
+  const Transport transport_;
   std::unique_ptr<NsqdServer> server_;
   std::shared_ptr<WatchedClock> clock_ = std::make_shared<WatchedClock>();
 };
@@ -60,6 +89,24 @@ INSTANTIATE_TEST_SUITE_P(Nsq, HandlerTraceTest,
                          ::testing::Values(DriverConformanceParam{
                              "nsq", [] { return std::make_unique<NsqHarness>(); }}),
                          DriverParamName);
+
+// The same over TLS, and with each compression (the BUILD file picks which tests run).
+INSTANTIATE_TEST_SUITE_P(
+    NsqTransports, DriverConformanceTest,
+    ::testing::Values(
+        DriverConformanceParam{"nsq_tls",
+                               [] { return std::make_unique<NsqHarness>(Transport{.tls = true}); }},
+        DriverConformanceParam{"nsq_snappy",
+                               [] {
+                                 return std::make_unique<NsqHarness>(
+                                     Transport{.codec = NsqCompression::kSnappy});
+                               }},
+        DriverConformanceParam{"nsq_deflate",
+                               [] {
+                                 return std::make_unique<NsqHarness>(
+                                     Transport{.codec = NsqCompression::kDeflate});
+                               }}),
+    DriverParamName);
 
 }  // namespace
 }  // namespace bus::testing

@@ -510,8 +510,10 @@ class NsqDriver final : public Driver {
 
 absl::StatusOr<std::shared_ptr<Driver>> NewNsqDriver(NsqOptions options) {
   if (absl::Status s = ValidateNsqOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls = nsq::NewTlsContext(options.tls);
+  if (!tls.ok()) return tls.status();
   return std::shared_ptr<Driver>(
-      new NsqDriver(std::make_shared<Core>(WithNsqDefaults(std::move(options)))));
+      new NsqDriver(std::make_shared<Core>(WithNsqDefaults(std::move(options)), std::move(*tls))));
 }
 
 }  // namespace bus

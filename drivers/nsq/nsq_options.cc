@@ -39,6 +39,26 @@ absl::string_view NsqPublishPolicyName(NsqPublishPolicy policy) {
   return "unknown";
 }
 
+absl::StatusOr<NsqCompression> ParseNsqCompression(absl::string_view name) {
+  if (name == "none") return NsqCompression::kNone;
+  if (name == "snappy") return NsqCompression::kSnappy;
+  if (name == "deflate") return NsqCompression::kDeflate;
+  return absl::InvalidArgumentError(
+      absl::StrCat("compression \"", name, "\" is none of none, snappy and deflate"));
+}
+
+absl::string_view NsqCompressionName(NsqCompression codec) {
+  switch (codec) {
+    case NsqCompression::kNone:
+      return "none";
+    case NsqCompression::kSnappy:
+      return "snappy";
+    case NsqCompression::kDeflate:
+      return "deflate";
+  }
+  return "unknown";
+}
+
 absl::Status ValidateNsqOptions(const NsqOptions& o) {
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return absl::InvalidArgumentError(
@@ -77,6 +97,29 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
   if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
   if (o.auth.user_agent.empty()) {
     return absl::InvalidArgumentError("NsqOptions.auth.user_agent is empty");
+  }
+  if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "NsqOptions.tls: cert_file and key_file go together (a client certificate needs its key)");
+  }
+  const bool tls_settings = !o.tls.ca_file.empty() || !o.tls.cert_file.empty() ||
+                            !o.tls.server_name.empty() || o.tls.insecure_skip_verify;
+  if (tls_settings && !o.tls.enabled) {
+    return absl::InvalidArgumentError(
+        "NsqOptions.tls: CA, certificate, server name or insecure_skip_verify set while "
+        "tls.enabled is false; set tls.enabled (nsq:// tls=true) or drop them");
+  }
+  switch (o.compression.codec) {
+    case NsqCompression::kNone:
+    case NsqCompression::kSnappy:
+    case NsqCompression::kDeflate:
+      break;
+    default:
+      return absl::InvalidArgumentError("NsqOptions.compression.codec has no such value");
+  }
+  if (o.compression.deflate_level < 1 || o.compression.deflate_level > 9) {
+    return absl::InvalidArgumentError(absl::StrCat("NsqOptions.compression.deflate_level is ",
+                                                   o.compression.deflate_level, "; want 1..9"));
   }
   if (o.consuming.sample_rate < 0 || o.consuming.sample_rate > 99) {
     return absl::InvalidArgumentError(absl::StrCat("NsqOptions.consuming.sample_rate is ",

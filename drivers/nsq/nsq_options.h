@@ -10,8 +10,8 @@
 //   };
 //   absl::Status s = bus::ValidateNsqOptions(options);  // InvalidArgument naming the field
 //
-// The rest are grouped by what they tune: `publishing`, `consuming` (flow), `discovery`,
-// `timeouts`, `limits` (nsqd's own limits, mirrored), `reconnect_backoff`.
+// The rest are grouped by what they tune: `tls`, `compression`, `publishing`, `consuming`
+// (flow), `discovery`, `timeouts`, `limits` (nsqd's own limits, mirrored), `reconnect_backoff`.
 //
 // Thread-safety: plain data; the functions share no state.
 
@@ -62,6 +62,48 @@ struct NsqAuth {
   // With a `secret`, queries to nsqlookupd carry "Authorization: Bearer <secret>" (as go-nsq's
   // LookupdAuthorization); false keeps the secret from nsqlookupd. Default true.
   bool lookupd_authorization = true;
+};
+
+// TLS on the TCP connections to nsqd (IDENTIFY tls_v1, then the upgrade nsqd agrees to; nsqd
+// needs --tls-cert and --tls-key). docs/nsq.md, "TLS".
+struct NsqTls {
+  // Ask nsqd for TLS on every connection. Default false (plaintext).
+  bool enabled = false;
+  // With `enabled`: an nsqd that does not offer TLS is refused (FailedPrecondition) instead of
+  // used in plaintext. Default true.
+  bool required = true;
+  // PEM file of the CAs that sign nsqd's certificate; empty: the system's default CA paths.
+  std::string ca_file{};
+  // PEM client certificate (chain) and its private key, for nsqd's
+  // --tls-client-auth-policy=require-verify. Both or neither.
+  std::string cert_file{};
+  std::string key_file{};
+  // Passphrase of an encrypted `key_file`. Never logged.
+  std::string key_password{};
+  // Name sent in SNI and checked against nsqd's certificate (DNS name or IP address); empty:
+  // the host of the nsqd address.
+  std::string server_name{};
+  // Accepts any certificate nsqd shows, from anyone: the connection is encrypted but not
+  // authenticated. For experiments only. Default false.
+  bool insecure_skip_verify = false;
+};
+
+// Compression of the TCP connections to nsqd, negotiated in IDENTIFY; on top of TLS when both
+// are on. nsqd allows one codec per connection. docs/nsq.md, "Compression".
+enum class NsqCompression {
+  kNone,
+  // Snappy's framing format (nsqd's --snappy, on by default).
+  kSnappy,
+  // Raw DEFLATE, flushed after every write (nsqd's --deflate, on by default).
+  kDeflate,
+};
+
+struct NsqCompressionOptions {
+  // Default kNone.
+  NsqCompression codec = NsqCompression::kNone;
+  // kDeflate's level for what the driver sends, also asked of nsqd for what it sends (nsqd
+  // lowers it to its --max-deflate-level, default 6). 1 (fastest) .. 9 (smallest). Default 6.
+  int deflate_level = 6;
 };
 
 struct NsqPublishing {
@@ -158,6 +200,8 @@ struct NsqOptions {
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";
   NsqAuth auth{};
+  NsqTls tls{};
+  NsqCompressionOptions compression{};
   // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
   std::shared_ptr<Logger> logger{};
 
@@ -190,6 +234,10 @@ struct NsqOptions {
 // "prefer" / "spread" (as in the nsq:// URL's publish_policy); InvalidArgument otherwise.
 absl::StatusOr<NsqPublishPolicy> ParseNsqPublishPolicy(absl::string_view name);
 absl::string_view NsqPublishPolicyName(NsqPublishPolicy policy);
+
+// "none" / "snappy" / "deflate" (as in the nsq:// URL's compression); InvalidArgument otherwise.
+absl::StatusOr<NsqCompression> ParseNsqCompression(absl::string_view name);
+absl::string_view NsqCompressionName(NsqCompression codec);
 
 // OK, or InvalidArgument naming the first field that is out of range.
 absl::Status ValidateNsqOptions(const NsqOptions& options);

@@ -54,6 +54,17 @@ absl::Status NsqdServer::Launch() {
   if (!config_.auth_http_address.empty()) {
     argv.push_back(absl::StrCat("--auth-http-address=", config_.auth_http_address));
   }
+  if (!config_.tls_cert.empty()) {
+    argv.push_back(absl::StrCat("--tls-cert=", config_.tls_cert));
+    argv.push_back(absl::StrCat("--tls-key=", config_.tls_key));
+  }
+  if (!config_.tls_required.empty()) {
+    argv.push_back(absl::StrCat("--tls-required=", config_.tls_required));
+  }
+  if (!config_.tls_root_ca_file.empty()) {
+    argv.push_back(absl::StrCat("--tls-root-ca-file=", config_.tls_root_ca_file));
+    argv.push_back("--tls-client-auth-policy=require-verify");
+  }
   for (const std::string& a : config_.extra_args) argv.push_back(a);
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =
       ChildProcess::Start(argv, LogPath(data_dir_, "nsqd"));

@@ -30,6 +30,13 @@ struct NsqdConfig {
   int max_msg_size = 0;
   // --auth-http-address when set.
   std::string auth_http_address{};
+  // TLS: --tls-cert and --tls-key when set; --tls-required=<tls_required> ("true", or
+  // "tcp-https": TCP needs TLS, plain HTTP stays open) when set; --tls-root-ca-file and
+  // --tls-client-auth-policy=require-verify (mutual TLS) when tls_root_ca_file is set.
+  std::string tls_cert{};
+  std::string tls_key{};
+  std::string tls_required{};
+  std::string tls_root_ca_file{};
   std::vector<std::string> extra_args{};
 };
 

@@ -2,7 +2,7 @@
 // io_context that the owner runs.
 //
 //   auto conn = Connection::Create(io, options, listener);
-//   co_await conn->Handshake();                 // connect, magic, IDENTIFY, AUTH if required
+//   co_await conn->Handshake();   // connect, magic, IDENTIFY, TLS and compression, AUTH
 //   conn->Request(sub_command, on_response);    // commands with a response, matched in order
 //   conn->Send(fin_command);                    // commands without one (RDY, FIN, REQ, TOUCH)
 //
@@ -15,6 +15,12 @@
 // answers heartbeats but not PUB), and on a malformed frame or a fatal error frame (every
 // pending request then fails). Non-fatal error frames (E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED)
 // go to the listener and leave the connection open.
+//
+// With a TLS context the connection asks for tls_v1 in IDENTIFY and, when nsqd agrees, runs
+// the TLS handshake right after the IDENTIFY response; with a codec it asks for snappy or
+// deflate and wraps the stream (over TLS when both) after that, in nsqd's order. The direct
+// write from the calling thread is then off: every write goes through the write loop, which
+// owns the encoder and the TLS stream's writing half.
 //
 // Ownership: shared; the coroutines hold a reference until the connection closes. The listener
 // is held weakly. Thread-safety: Request, Send, Close and the accessors are safe from any
@@ -41,11 +47,16 @@
 #include "boost/asio/awaitable.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/ssl/context.hpp"
+#include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "drivers/nsq/internal/address.h"
+#include "drivers/nsq/internal/compression.h"
 #include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
+
+enum class Codec { kNone, kSnappy, kDeflate };
 
 struct ConnectionOptions {
   // "host:port" of nsqd (or "[v6]:port").
@@ -61,6 +72,16 @@ struct ConnectionOptions {
   absl::Duration request_timeout = absl::Seconds(10);
   // Largest frame accepted from nsqd; a larger size field closes the connection.
   size_t max_frame_bytes = (1 << 20) + 1024;
+  // TLS: asked for when set (a client context: CAs, client certificate, verify mode).
+  std::shared_ptr<boost::asio::ssl::context> tls_context{};
+  // Refuse an nsqd that does not offer TLS (else continue in plaintext).
+  bool tls_required = true;
+  // SNI and the name checked against nsqd's certificate; empty: the address's host.
+  std::string tls_server_name{};
+  // Check nsqd's certificate chain and name (off only with NsqTls::insecure_skip_verify).
+  bool tls_verify = true;
+  Codec codec = Codec::kNone;
+  int deflate_level = 6;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -85,7 +106,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Connects and negotiates. OK, or Unavailable (unreachable, timed out, closed), or the mapped
   // nsqd error (InvalidArgument for a bad IDENTIFY, Unauthenticated for a wrong secret,
-  // FailedPrecondition when nsqd requires AUTH and no secret is configured). On success the
+  // FailedPrecondition when nsqd requires AUTH and no secret is configured), or a TLS failure:
+  // FailedPrecondition when nsqd's certificate fails verification (the reason and the option
+  // to fix in the message) or nsqd offers no TLS and it is required, Unauthenticated when nsqd
+  // refuses the client certificate (or its absence). On success the
   // read, write and heartbeat loops are running.
   boost::asio::awaitable<absl::Status> Handshake();
 
@@ -113,6 +137,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
              std::weak_ptr<Listener> listener);
 
   boost::asio::awaitable<absl::StatusOr<Frame>> ReadFrame();
+  // Reads from the socket (through TLS and the decoder when on) until `reader_` has new bytes.
+  boost::asio::awaitable<absl::Status> Fill();
+  // Writes `data` to the socket (through the encoder and TLS when on).
+  boost::asio::awaitable<absl::Status> WriteAll(absl::string_view data);
+  // TLS handshake on the connected socket, then nsqd's OK over TLS.
+  boost::asio::awaitable<absl::Status> UpgradeTls(const std::string& host);
+  // The status of a failed socket or TLS operation.
+  absl::Status TransportError(absl::string_view what, const boost::system::error_code& ec);
   // Each loop takes the reference that keeps the connection alive as a parameter, so it lives
   // in the coroutine frame from the moment the loop is spawned.
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Connection> self);
@@ -132,6 +164,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::weak_ptr<Listener> listener_;
   const uint64_t id_;
   boost::asio::ip::tcp::socket socket_;
+  // Over `socket_` once TLS is negotiated (declared after it: destroyed first).
+  std::unique_ptr<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls_;
+  // Once compression is negotiated: encoding by the write loop, decoding by the read loop.
+  std::unique_ptr<StreamCodec> codec_;
+  std::string read_buf_;            // the reading coroutine's (handshake, then read loop)
+  std::string decoded_;             // likewise
+  std::string encoded_;             // the writing coroutine's (handshake, then write loop)
   boost::asio::steady_timer wake_;  // cancelled to wake the write loop
   boost::asio::steady_timer watchdog_;
   boost::asio::steady_timer request_timer_;

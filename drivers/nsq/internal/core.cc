@@ -1,5 +1,7 @@
 #include "drivers/nsq/internal/core.h"
 
+#include <openssl/ssl.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +11,49 @@ namespace bus::nsq {
 
 namespace asio = boost::asio;
 
-Core::Core(NsqOptions options) : options_(std::move(options)) {
+absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqTls& tls) {
+  if (!tls.enabled) return nullptr;
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+  auto bad = [](absl::string_view option, const std::string& file,
+                const boost::system::error_code& ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NsqOptions.tls.", option, " \"", file, "\" cannot be used: ", ec.message()));
+  };
+  boost::system::error_code ec;
+  if (SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION) != 1) {
+    return absl::InternalError("OpenSSL refuses a minimum of TLS 1.2");
+  }
+  if (tls.ca_file.empty()) {
+    ctx->set_default_verify_paths(ec);
+    if (ec) return bad("ca_file", "(system default)", ec);
+  } else {
+    ctx->load_verify_file(tls.ca_file, ec);
+    if (ec) return bad("ca_file", tls.ca_file, ec);
+  }
+  if (!tls.cert_file.empty()) {
+    if (!tls.key_password.empty()) {
+      ctx->set_password_callback(
+          [password = tls.key_password](size_t, asio::ssl::context::password_purpose) {
+            return password;
+          },
+          ec);
+      if (ec) return absl::InternalError("OpenSSL refuses a key passphrase callback");
+    }
+    ctx->use_certificate_chain_file(tls.cert_file, ec);
+    if (ec) return bad("cert_file", tls.cert_file, ec);
+    ctx->use_private_key_file(tls.key_file, asio::ssl::context::pem, ec);
+    if (ec) return bad("key_file (or key_password)", tls.key_file, ec);
+    if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("NsqOptions.tls.key_file \"", tls.key_file,
+                                                     "\" is not the key of cert_file \"",
+                                                     tls.cert_file, "\""));
+    }
+  }
+  return ctx;
+}
+
+Core::Core(NsqOptions options, std::shared_ptr<asio::ssl::context> tls_context)
+    : options_(std::move(options)), tls_context_(std::move(tls_context)) {
   for (int i = 0; i < options_.io_threads; ++i) {
     ios_.push_back(std::make_unique<asio::io_context>(1));
     works_.push_back(asio::make_work_guard(*ios_.back()));
@@ -58,6 +102,22 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
   // Only consumers receive messages; a producer's sample rate would mean nothing.
   if (msg_timeout > absl::ZeroDuration()) c.identify.sample_rate = options_.consuming.sample_rate;
+  c.tls_context = tls_context_;
+  c.tls_required = options_.tls.required;
+  c.tls_server_name = options_.tls.server_name;
+  c.tls_verify = !options_.tls.insecure_skip_verify;
+  switch (options_.compression.codec) {
+    case NsqCompression::kNone:
+      c.codec = Codec::kNone;
+      break;
+    case NsqCompression::kSnappy:
+      c.codec = Codec::kSnappy;
+      break;
+    case NsqCompression::kDeflate:
+      c.codec = Codec::kDeflate;
+      break;
+  }
+  c.deflate_level = options_.compression.deflate_level;
   return c;
 }
 

@@ -3,7 +3,8 @@
 // per connection or nsqd, with the options' random source), and the settings every connection
 // is made with.
 //
-//   auto core = std::make_shared<nsq::Core>(WithNsqDefaults(options));
+//   auto tls = nsq::NewTlsContext(options.tls);   // nullptr when TLS is off
+//   auto core = std::make_shared<nsq::Core>(WithNsqDefaults(options), *tls);
 //   auto conn = nsq::Connection::Create(core->NextIo(), core->ConnOptions(addr, lease), listener);
 //
 // Ownership: shared by the driver and its consumers (drivers/nsq/internal/consumer.h), so consumers
@@ -23,10 +24,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "boost/asio/executor_work_guard.hpp"
 #include "boost/asio/io_context.hpp"
+#include "boost/asio/ssl/context.hpp"
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/logger.h"
@@ -39,10 +42,16 @@ namespace bus::nsq {
 
 inline int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
+// The client TLS context of `tls` (CAs, client certificate and key, TLS 1.2 or later), shared by
+// every connection; nullptr when TLS is off. InvalidArgument naming the option whose file
+// cannot be used.
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> NewTlsContext(const NsqTls& tls);
+
 class Core {
  public:
-  // `options` must be valid (ValidateNsqOptions) with defaults applied (WithNsqDefaults).
-  explicit Core(NsqOptions options);
+  // `options` must be valid (ValidateNsqOptions) with defaults applied (WithNsqDefaults);
+  // `tls_context` is NewTlsContext(options.tls).
+  Core(NsqOptions options, std::shared_ptr<boost::asio::ssl::context> tls_context);
   ~Core();
 
   Core(const Core&) = delete;
@@ -83,6 +92,7 @@ class Core {
 
  private:
   NsqOptions options_;
+  std::shared_ptr<boost::asio::ssl::context> tls_context_;
   std::vector<std::unique_ptr<boost::asio::io_context>> ios_;
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> works_;
   std::vector<std::thread> threads_;

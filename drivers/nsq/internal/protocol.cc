@@ -5,6 +5,7 @@
 #include "absl/base/internal/endian.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -117,6 +118,13 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
   return std::optional<Frame>(std::move(frame));
 }
 
+std::string FrameReader::TakeBuffered() {
+  std::string rest = buf_.substr(pos_);
+  buf_.clear();
+  pos_ = 0;
+  return rest;
+}
+
 absl::StatusOr<Message> ParseMessage(std::string&& data) {
   absl::StatusOr<Message> m =
       ParseMessage(absl::string_view(data.data(), 26 <= data.size() ? 26 : data.size()));
@@ -164,6 +172,13 @@ absl::Status ErrorToStatus(absl::string_view context, const ErrorFrame& error) {
   if (c == "E_FIN_FAILED" || c == "E_REQ_FAILED" || c == "E_TOUCH_FAILED") {
     return absl::FailedPreconditionError(msg);
   }
+  // nsqd's enforceTLSPolicy: every command but IDENTIFY on a connection that did not upgrade.
+  if (c == "E_INVALID" && absl::StrContains(error.text, "TLS required")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(msg,
+                     " (nsqd runs with --tls-required: set NsqOptions.tls.enabled, nsq:// "
+                     "tls=true, with the CA that signs its certificate)"));
+  }
   if (c == "E_AUTH_FAILED" || c == "E_AUTH_FIRST") return absl::UnauthenticatedError(msg);
   if (c == "E_UNAUTHORIZED" || c == "E_AUTH_DISABLED") return absl::PermissionDeniedError(msg);
   if (c == "E_PUB_FAILED" || c == "E_MPUB_FAILED" || c == "E_DPUB_FAILED" || c == "E_SUB_FAILED" ||
@@ -187,6 +202,12 @@ std::string IdentifyBody(const IdentifyRequest& r) {
   if (r.output_buffer_timeout_ms > 0) j["output_buffer_timeout"] = r.output_buffer_timeout_ms;
   if (r.output_buffer_size > 0) j["output_buffer_size"] = r.output_buffer_size;
   if (r.sample_rate > 0) j["sample_rate"] = r.sample_rate;
+  if (r.tls_v1) j["tls_v1"] = true;
+  if (r.snappy) j["snappy"] = true;
+  if (r.deflate) {
+    j["deflate"] = true;
+    if (r.deflate_level > 0) j["deflate_level"] = r.deflate_level;
+  }
   return j.dump();
 }
 
@@ -206,8 +227,16 @@ absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data) {
   get_int("max_rdy_count", &r.max_rdy_count);
   get_int("msg_timeout", &r.msg_timeout_ms);
   get_int("max_msg_timeout", &r.max_msg_timeout_ms);
-  if (auto it = j.find("auth_required"); it != j.end() && it->is_boolean()) {
-    r.auth_required = it->get<bool>();
+  auto get_bool = [&](const char* key, bool* out) {
+    auto it = j.find(key);
+    if (it != j.end() && it->is_boolean()) *out = it->get<bool>();
+  };
+  get_bool("auth_required", &r.auth_required);
+  get_bool("tls_v1", &r.tls_v1);
+  get_bool("snappy", &r.snappy);
+  get_bool("deflate", &r.deflate);
+  if (r.snappy && r.deflate) {
+    return absl::InvalidArgumentError("IDENTIFY response enables both snappy and deflate");
   }
   if (auto it = j.find("version"); it != j.end() && it->is_string()) {
     r.version = it->get<std::string>();

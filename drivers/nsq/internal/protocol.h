@@ -82,6 +82,9 @@ class FrameReader {
   absl::StatusOr<std::optional<Frame>> Next();
 
   size_t buffered() const { return buf_.size() - pos_; }
+  // Removes and returns the bytes not yet parsed (what came after the last frame when the
+  // stream changes encoding, as after a compression upgrade).
+  std::string TakeBuffered();
 
  private:
   size_t max_frame_bytes_;
@@ -115,7 +118,8 @@ bool IsFatalError(absl::string_view code);
 // Maps an nsqd error to a Status a caller can act on: InvalidArgument for bad input
 // (E_BAD_TOPIC, E_BAD_MESSAGE, E_BAD_BODY, E_INVALID ...), Unauthenticated / PermissionDenied
 // for AUTH problems, FailedPrecondition for E_FIN/REQ/TOUCH_FAILED, Unavailable for nsqd-side
-// failures (E_PUB_FAILED and friends). `context` prefixes the message.
+// failures (E_PUB_FAILED and friends); E_INVALID "... (TLS required)" from an nsqd run with
+// --tls-required is FailedPrecondition naming NsqOptions.tls. `context` prefixes the message.
 absl::Status ErrorToStatus(absl::string_view context, const ErrorFrame& error);
 
 // ---- IDENTIFY ----
@@ -128,6 +132,10 @@ struct IdentifyRequest {
   int64_t output_buffer_timeout_ms = 0;  // 0: server default
   int64_t output_buffer_size = 0;        // 0: server default
   int sample_rate = 0;                   // 0: every message
+  bool tls_v1 = false;
+  bool snappy = false;
+  bool deflate = false;
+  int deflate_level = 0;  // with deflate; 0: nsqd's default
 };
 std::string IdentifyBody(const IdentifyRequest& request);
 
@@ -136,6 +144,11 @@ struct IdentifyResponse {
   int64_t msg_timeout_ms = 60000;
   int64_t max_msg_timeout_ms = 0;
   bool auth_required = false;
+  // What nsqd agreed to: the client upgrades the connection to each one that is true (TLS,
+  // then snappy or deflate), reading an OK after each.
+  bool tls_v1 = false;
+  bool snappy = false;
+  bool deflate = false;
   std::string version{};
 };
 // Parses the JSON IDENTIFY response (or a plain "OK" from a server that does not negotiate).

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/base/internal/endian.h"
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace bus::nsq {
@@ -120,6 +121,26 @@ TEST(ErrorTest, FatalityAndStatusCodes) {
   EXPECT_TRUE(absl::IsUnauthenticated(ErrorToStatus("x", ParseError("E_AUTH_FAILED AUTH failed"))));
   EXPECT_TRUE(absl::IsFailedPrecondition(ErrorToStatus("x", ParseError("E_FIN_FAILED x"))));
   EXPECT_TRUE(absl::IsUnavailable(ErrorToStatus("x", ParseError("E_PUB_FAILED exiting"))));
+  const absl::Status tls =
+      ErrorToStatus("x", ParseError("E_INVALID cannot SUB in current state (TLS required)"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(tls)) << tls;
+  EXPECT_TRUE(absl::StrContains(tls.message(), "NsqOptions.tls.enabled")) << tls;
+}
+
+TEST(IdentifyTest, AsksForAndParsesTlsAndCompression) {
+  const std::string body =
+      IdentifyBody({.client_id = "c", .tls_v1 = true, .deflate = true, .deflate_level = 3});
+  EXPECT_TRUE(absl::StrContains(body, "\"tls_v1\":true")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\"deflate\":true")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\"deflate_level\":3")) << body;
+  EXPECT_FALSE(absl::StrContains(body, "snappy")) << body;
+  EXPECT_FALSE(absl::StrContains(IdentifyBody({.client_id = "c"}), "tls_v1"));
+  auto r = ParseIdentifyResponse(R"({"max_rdy_count":2500,"tls_v1":true,"snappy":true})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->tls_v1);
+  EXPECT_TRUE(r->snappy);
+  EXPECT_FALSE(r->deflate);
+  EXPECT_FALSE(ParseIdentifyResponse(R"({"max_rdy_count":1,"snappy":true,"deflate":true})").ok());
 }
 
 TEST(IdentifyTest, ParsesNegotiatedFieldsAndPlainOk) {
