@@ -169,7 +169,8 @@ class FaultyDriver final : public Driver {
                                                           const ConsumerOptions& o) override {
     absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
     if (!c.ok()) return c;
-    return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data, &extends, &receive, &intake));
+    return std::unique_ptr<Consumer>(
+        new CorruptingConsumer(std::move(*c), corrupt_data, &extends, &receive, &intake));
   }
   DriverStats Stats() const override { return base_->Stats(); }
   absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q,

@@ -139,9 +139,22 @@ void ConsumerState::SetIntake(int max_held) {
   absl::MutexLock lock(&mu_);
   if (max_held == intake_) return;
   intake_ = max_held;
+  if (stopped_) return;
   // On this thread, not posted: the RDY must reach nsqd before the FIN of the delivery whose
   // outcome changed the intake, or nsqd would push the next message at the old RDY.
-  if (!stopped_) DistributeRdy();
+  DistributeRdy();
+  if (max_held > 0) return;
+  // Taking nothing: what nsqd pushed before the RDY 0 and was not handed out goes back (REQ 0),
+  // for other consumers or for this one when intake opens, instead of staying leased here.
+  for (const Buffered& b : buffer_) {
+    if (Slot* slot = SlotByConn(b.conn_id)) {
+      AppendReq(b.id, 0, &slot->pending);
+      --slot->buffered;
+      --slot->in_flight;
+    }
+  }
+  buffer_.clear();
+  FlushAllPending();
 }
 
 absl::Status ConsumerState::Settle(absl::string_view receipt, Settlement how,
