@@ -52,6 +52,10 @@ inline void CheckLiveLimits(std::shared_ptr<Driver> driver, const std::string& q
   absl::Mutex mu;
   std::map<std::string, int> seen;
   int running = 0, concurrency_limit = 4, in_flight_limit = 8, calls = 0, over = 0;
+  // Calls that may start handling (-1: any); a call over it waits (running) until `drain`, so
+  // a phase handles a known number before the test pauses, however fast the machine is.
+  int budget = 50;
+  bool drain = false;
   int gate = 0;  // > 0: handlers wait until this many run at once (proves the workers exist)
   HandlerOptions o = IntakeOptions(driver, queue, [&](const Message& m) {
     bool check_broker;
@@ -59,8 +63,11 @@ inline void CheckLiveLimits(std::shared_ptr<Driver> driver, const std::string& q
     {
       absl::MutexLock lock(&mu);
       ++running;
-      ++seen[m.biz_uid];
       if (running > concurrency_limit) ++over;
+      auto may_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return budget != 0 || drain; };
+      EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&may_go), absl::Seconds(30)));
+      if (budget > 0) --budget;
+      ++seen[m.biz_uid];
       check_broker = ++calls % 10 == 0;
       limit = in_flight_limit;
       if (gate > 0) {
@@ -90,6 +97,10 @@ inline void CheckLiveLimits(std::shared_ptr<Driver> driver, const std::string& q
   // Paused and drained: no handler runs and the broker has nothing of ours in flight.
   auto pause = [&] {
     h.Pause();
+    {
+      absl::MutexLock lock(&mu);
+      drain = true;  // the calls waiting for budget started before the pause: they finish
+    }
     ASSERT_TRUE(WaitUntil([&] {
       absl::StatusOr<QueueCounts> counts = driver->InspectQueue(queue);
       absl::MutexLock lock(&mu);
@@ -106,6 +117,8 @@ inline void CheckLiveLimits(std::shared_ptr<Driver> driver, const std::string& q
     absl::MutexLock lock(&mu);
     concurrency_limit = 2;
     in_flight_limit = 2;
+    budget = 50;
+    drain = false;
   }
   ASSERT_TRUE(h.SetConcurrency(2).ok());
   ASSERT_TRUE(h.SetMaxInFlight(2).ok());  // also resumes, as go-nsq's ChangeMaxInFlight
@@ -119,6 +132,7 @@ inline void CheckLiveLimits(std::shared_ptr<Driver> driver, const std::string& q
     concurrency_limit = 6;
     in_flight_limit = 12;
     gate = 6;
+    budget = -1;
   }
   ASSERT_TRUE(h.SetConcurrency(6).ok());
   ASSERT_TRUE(h.SetMaxInFlight(0).ok());  // still paused: 0 pauses and keeps the limit
