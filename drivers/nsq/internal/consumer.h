@@ -86,9 +86,9 @@ class ConsumerState : public Connection::Listener,
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out);
 
-  // Bus::Consumer::SetIntake: 0 sends RDY 0 on every connection, 1 RDY 1 on one (a probe; the
-  // others 0), more plans RDY with that as max_in_flight. Sent at once, before any FIN that
-  // follows.
+  // Bus::Consumer::SetIntake: 0 sends RDY 0 on every connection and gives back (REQ 0) what
+  // is buffered and not handed out; more plans RDY with that as max_in_flight (1, a backoff's
+  // probe: RDY 1 on one connection). Sent at once, before any FIN that follows.
   void SetIntake(int max_held);
 
   // OK; InvalidArgument for a malformed receipt; FailedPrecondition when the delivery is not
@@ -202,8 +202,6 @@ class ConsumerState : public Connection::Listener,
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   // SetIntake: the most deliveries held (options_.max_in_flight until told otherwise).
   int intake_ ABSL_GUARDED_BY(mu_);
-  // Which live connection the next probe (intake_ 1) goes to: they take turns.
-  size_t probe_turn_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace bus::nsq

@@ -36,8 +36,7 @@ awaitable<void> ConsumerState::TickLoop([[maybe_unused]] std::shared_ptr<Consume
 }
 
 // Plans RDY (drivers/nsq/internal/rdy_planner.h) over the live connections, in slot order, and
-// sends what changed. Under intake control (SetIntake 0 or 1) the plan is go-nsq's backoff
-// instead: RDY 0 everywhere, or RDY 1 on one connection for the probe.
+// sends what changed. SetIntake's limit is the plan's max_in_flight; 0 is RDY 0 everywhere.
 void ConsumerState::DistributeRdy() {
   std::vector<Slot*> live;
   std::vector<RdyConnection> conns;
@@ -52,30 +51,22 @@ void ConsumerState::DistributeRdy() {
   }
   if (live.empty()) return;
   const absl::Time now = core_->Now();
-  if (intake_ <= 1) {
-    // The probe stays where it is while it is out; else the connections take turns.
-    size_t probe = live.size();
-    if (intake_ == 1) {
-      for (size_t i = 0; i < live.size() && probe == live.size(); ++i) {
-        if (live[i]->rdy > 0) probe = i;
-      }
-      if (probe == live.size()) probe = probe_turn_++ % live.size();
-    }
-    for (size_t i = 0; i < live.size(); ++i) {
-      Slot& s = *live[i];
-      const int64_t rdy = i == probe ? 1 : 0;
-      if (s.rdy == rdy) continue;
+  if (intake_ == 0) {
+    // Taking nothing (a pause or a consumer backoff): RDY 0 everywhere.
+    for (Slot* s : live) {
+      if (s->rdy == 0) continue;
       std::string cmd;
-      AppendRdy(rdy, &cmd);
-      s.conn->Send(cmd);
-      s.rdy = rdy;
-      s.rdy_since = now;
-      s.rdy_high = std::max(s.rdy_high, rdy);
+      AppendRdy(0, &cmd);
+      s->conn->Send(cmd);
+      s->rdy = 0;
+      s->rdy_since = now;
     }
     // The next Receive after intake opens again replans at once.
     demand_on_ = false;
     return;
   }
+  // A backoff's probe is intake 1: the plan for max_in_flight 1, RDY 1 on one connection (the
+  // one that waited longest when there are several).
   const RdyPlan plan =
       PlanRdy(conns,
               RdyLimits{.max_in_flight = intake_,
