@@ -170,6 +170,15 @@ void ExpectMetricsMatchStats(const AdminServer& admin, const Handler& handler,
             s.reconnects);
   EXPECT_EQ(value("bus_handler_running", ql), 1);
   EXPECT_EQ(value("bus_handler_consuming", ql), 1);
+  EXPECT_EQ(value("bus_deliveries_acknowledged_total", ql), s.acknowledged);
+  EXPECT_GT(s.acknowledged, 0u);
+  EXPECT_EQ(value("bus_deliveries_lease_lost_total", ql), s.lease_lost);
+  EXPECT_EQ(value("bus_consumer_backoffs_total", ql), 0);
+  EXPECT_EQ(value("bus_consumer_in_backoff", ql), 0);
+  EXPECT_EQ(value("bus_handler_paused", ql), 0);
+  EXPECT_EQ(value("bus_handler_starved", ql), 0);
+  EXPECT_EQ(value("bus_handler_concurrency", ql), s.concurrency);
+  EXPECT_EQ(value("bus_handler_max_in_flight", ql), s.max_in_flight);
   // The known workload, as Stats() counts it too.
   EXPECT_EQ(s.succeeded, kGood);
   EXPECT_EQ(s.failed, kPermanent);

@@ -123,6 +123,15 @@ class Consumer {
   // Renews the lease of a delivery by the consumer's lease length (the receive loop calls this
   // for a long handler before half the lease has passed). FailedPrecondition if lost.
   virtual absl::Status Extend(absl::string_view receipt) = 0;
+
+  // Intake control (the receive loop calls this when its intake changes): from now on the
+  // consumer holds at most `max_held` deliveries, replacing ConsumerOptions::max_in_flight
+  // (it may be higher). 0: take nothing (paused, or a consumer backoff); 1: a backoff's probe
+  // (one delivery). A broker that pushes is told at once (NSQ: RDY 0 on every connection, RDY
+  // 1 on one for the probe, the planned RDY again after); a driver that fetches on demand
+  // stops reserving. Deliveries already held keep their leases. The default does nothing:
+  // the loop then only stops calling Receive.
+  virtual void SetIntake(int max_held) { static_cast<void>(max_held); }
 };
 
 // What one queue holds right now, as the broker counts it (Driver::InspectQueue). A snapshot:

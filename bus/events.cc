@@ -20,6 +20,12 @@ absl::string_view EventTypeName(EventType type) {
       return "lease_lost";
     case EventType::kReconnect:
       return "reconnect";
+    case EventType::kBackoffStarted:
+      return "backoff_started";
+    case EventType::kBackoffEnded:
+      return "backoff_ended";
+    case EventType::kFatalError:
+      return "fatal_error";
   }
   return "?";
 }

@@ -51,10 +51,21 @@ enum class EventType {
   // The driver reconnected to its broker (reconnects: the driver's total). Seen within about
   // a second.
   kReconnect,
+
+  // Intake control (docs/pipeline.md, "Consumer backoff", "Fatal errors while consuming").
+  // Handler failures paused intake (flow.consumer_backoff): detail "level=N wait=D", N the
+  // consecutive failures counted, D how long before the next probe. One per pause: a probe's
+  // failure, or a success that leaves some backoff, starts another.
+  kBackoffStarted,
+  // A probe's success ended the backoff: full intake again.
+  kBackoffEnded,
+  // An error a retry cannot fix (Unauthenticated, PermissionDenied) ends Run() after the drain
+  // (error: the driver's status).
+  kFatalError,
 };
 
 // "handled", "failed", "retried", "dead_lettered", "duplicate", "redelivered", "lease_lost",
-// "reconnect".
+// "reconnect", "backoff_started", "backoff_ended", "fatal_error".
 absl::string_view EventTypeName(EventType type);
 
 struct Event {

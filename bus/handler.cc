@@ -79,6 +79,11 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
     return Invalid("flow.delivery_lease", "must be > 0");
   }
   if (flow.max_message_bytes < 64) return Invalid("flow.max_message_bytes", "must be >= 64");
+  if (flow.consumer_backoff.has_value() &&
+      (flow.consumer_backoff->initial <= absl::ZeroDuration() ||
+       flow.consumer_backoff->max < flow.consumer_backoff->initial)) {
+    return Invalid("flow.consumer_backoff", "initial must be > 0 and <= max");
+  }
   HandlerOptions::Stores& stores = o.stores;
   if (stores.idempotency_lease == absl::ZeroDuration()) {
     stores.idempotency_lease = flow.delivery_lease / 2;
@@ -228,7 +233,8 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
     }
     if (setup.ok()) break;
     const std::string error = setup.ToString();
-    if (Fatal(setup)) {
+    // flow.retry_fatal_errors keeps retrying what credentials may fix later.
+    if (Fatal(setup) && !(o.flow.retry_fatal_errors && IsFatalReceiveError(setup))) {
       p->Log(LogLevel::kError, "setup_failed", absl::StrCat("queue setup failed: ", error), nullptr,
              error);
       return finish(setup);
@@ -281,6 +287,10 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   ro.shutdown_timeout = o.flow.shutdown_timeout;
   // batch_size 0: up to kMaxAutoBatch, as the pipeline's BatchLimit says.
   ro.batch_size = o.flow.batch_size > 0 ? o.flow.batch_size : kMaxAutoBatch;
+  ro.consumer_backoff = o.flow.consumer_backoff;
+  ro.retry_fatal_errors = o.flow.retry_fatal_errors;
+  // Pause, Resume, SetConcurrency and SetMaxInFlight act on the loop through this.
+  ro.control = p->control;
   // The pipeline is the receive loop's sink: its workers call Pipeline::Process directly.
   absl::Status st = ReceiveInto(*o.driver, o.queue, ro, p, stop);
   p->stop.request_stop();
@@ -361,5 +371,21 @@ absl::StatusOr<int> Handler::ReplayDeadLetters(const ReplayFilter& filter) {
 }
 
 HandlerStats Handler::Stats() const { return pipeline_->Stats(); }
+
+void Handler::Pause() { pipeline_->control->Pause(); }
+
+void Handler::Resume() { pipeline_->control->Resume(); }
+
+absl::Status Handler::SetConcurrency(int n) {
+  if (n < 1) return absl::InvalidArgumentError("Handler::SetConcurrency: n must be >= 1");
+  pipeline_->control->SetConcurrency(n);
+  return absl::OkStatus();
+}
+
+absl::Status Handler::SetMaxInFlight(int n) {
+  if (n < 0) return absl::InvalidArgumentError("Handler::SetMaxInFlight: n must be >= 0");
+  pipeline_->control->SetMaxInFlight(n);
+  return absl::OkStatus();
+}
 
 }  // namespace bus

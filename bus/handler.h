@@ -60,8 +60,9 @@
 // delays are the broker's, on the driver's clock. Give the Handler another clock only in tests
 // that drive the pipeline's time apart from the broker's.
 //
-// Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning() and ReplayDeadLetters() may be
-// called from any thread while the Handler runs; Start(), Wait() and Run() too, each refusing
+// Thread-safety: Stop(), Stats(), Ready(), WaitUntilRunning(), ReplayDeadLetters(), Pause(),
+// Resume(), SetConcurrency() and SetMaxInFlight() may be called from any thread while the
+// Handler runs; Start(), Wait() and Run() too, each refusing
 // what the lifecycle does not allow. Do not destroy the Handler from one of its own callbacks
 // or the observer (the destructor waits for them).
 
@@ -116,7 +117,9 @@ class Handler {
   // logged) until it succeeds or Stop() is called. Returns OK after a clean stop, and at once
   // if Stop() came first; FailedPrecondition if already running (Start() included) or if a Run()
   // already completed; the driver's error when set-up fails with one that a retry cannot fix
-  // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); DeadlineExceeded
+  // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); Unauthenticated or
+  // PermissionDenied when the consumer fails with it while consuming (after the drain; unless
+  // flow.retry_fatal_errors); DeadlineExceeded
   // if handlers were still running when the shutdown timeout ran out (their deliveries are left
   // to redelivery).
   absl::Status Run();
@@ -149,6 +152,25 @@ class Handler {
   absl::StatusOr<int> ReplayDeadLetters(const ReplayFilter& filter);
 
   HandlerStats Stats() const;
+
+  // Live intake control (docs/pipeline.md, "Pause and live limits"). Safe from any thread,
+  // callbacks included, before Run() (it starts with them), while it runs, and after. Nothing
+  // held is dropped or handled twice; Stats() shows the current limits and the paused flag.
+
+  // Stops taking deliveries: those buffered and not started are given back to the broker
+  // (delivered again, here after Resume() or to another consumer), handlers in progress finish
+  // and are settled. Idempotent.
+  void Pause();
+  // Takes deliveries again (after Pause() or SetMaxInFlight(0)). Idempotent.
+  void Resume();
+  // Handlers running at once from now on: workers are started at once; when lowered, surplus
+  // workers end once their batch is settled. InvalidArgument for n < 1.
+  absl::Status SetConcurrency(int n);
+  // Deliveries held at once from now on (go-nsq's ChangeMaxInFlight); the driver is told
+  // (NSQ: RDY). Held deliveries above a lowered limit are handled, not given back; fewer than
+  // flow.concurrency runs only that many handlers at once. 0 pauses (as Pause(), keeping the
+  // limit for Resume()); n > 0 also resumes. InvalidArgument for n < 0.
+  absl::Status SetMaxInFlight(int n);
 
   // Readiness (the admin server's /readyz): OK when Run() is consuming and the driver, the
   // dead-letter store and the idempotency store each answer Ping within `timeout`; otherwise

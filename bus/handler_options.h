@@ -138,6 +138,23 @@ struct HandlerOptions {
     // Envelopes larger than this are poison (dead-lettered as malformed); >= 64. Default
     // kDefaultMaxMessageBytes (1 MiB), the default of every driver's limit too.
     size_t max_message_bytes = kDefaultMaxMessageBytes;
+
+    // Intake control (docs/pipeline.md, "Consumer backoff", "Fatal errors while consuming").
+    // Consumer backoff (go-nsq's backoff): after a handler failure the Handler takes nothing
+    // new from the broker for a backoff that grows with consecutive failures (initial,
+    // doubling, up to max, with the policy's jitter); then one message is let through as a
+    // probe. The probe's success shrinks the backoff by a step (full intake once none is left),
+    // its failure grows it. Store and broker failures do not count (they have infra_backoff).
+    // On NSQ this is RDY 0 on every connection and RDY 1 on one for the probe. Deliveries
+    // already held stay leased and are handled once intake opens. Default nullopt: off (every
+    // failure is retried on its own with retry_delay; docs/pipeline.md says why). Else
+    // initial > 0 and max >= initial; go-nsq's defaults are {.initial = 1s, .max = 2min}.
+    std::optional<BackoffPolicy> consumer_backoff{};
+    // False (the default): an error while consuming that a retry cannot fix (Unauthenticated,
+    // PermissionDenied: a revoked NSQ secret, a removed Redis ACL user) ends Run() with it
+    // after the drain, logged once with a kFatalError event. True: keep retrying with backoff
+    // (Ready() shows it).
+    bool retry_fatal_errors = false;
   };
   Flow flow{};
 

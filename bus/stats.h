@@ -35,6 +35,18 @@ struct HandlerStats {
   uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
   bool running = false;          // Run() is in progress (setting up, consuming or draining)
   bool consuming = false;        // Run() has set up the queue and its consumer is running
+  // Intake (docs/pipeline.md, "Consumer backoff", "Pause and live limits"), from the receive
+  // loop.
+  uint64_t acknowledged = 0;  // acks the broker accepted (each ends a delivery as done)
+  uint64_t lease_lost = 0;    // acks and nacks refused because the delivery's lease had run out
+  uint64_t backoffs = 0;      // pauses of intake after handler failures (flow.consumer_backoff)
+  bool in_backoff = false;    // intake is reduced by the consumer backoff right now
+  bool paused = false;        // Pause() (or SetMaxInFlight(0)) is in force
+  // Deliveries held (buffered and being handled) reached 85% of max_in_flight: the handlers,
+  // not the broker, set the pace (go-nsq's IsStarved).
+  bool starved = false;
+  int concurrency = 0;    // the current flow.concurrency (SetConcurrency)
+  int max_in_flight = 0;  // the current flow.max_in_flight (SetMaxInFlight)
   // Latency of handle() calls.
   absl::Duration latency_p50 = absl::ZeroDuration();
   absl::Duration latency_p99 = absl::ZeroDuration();

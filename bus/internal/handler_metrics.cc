@@ -48,6 +48,25 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
   w.Gauge("bus_handler_consuming", "1 while the handler's consumer is running.", q,
           s.consuming ? 1 : 0);
 
+  // Intake control (the receive loop).
+  w.Counter("bus_deliveries_acknowledged_total", "Acks the broker accepted.", q, s.acknowledged);
+  w.Counter("bus_deliveries_lease_lost_total",
+            "Acks and nacks the broker refused because the delivery's lease had run out.", q,
+            s.lease_lost);
+  w.Counter("bus_consumer_backoffs_total",
+            "Pauses of intake after handler failures (flow.consumer_backoff).", q, s.backoffs);
+  w.Gauge("bus_consumer_in_backoff", "1 while the consumer backoff reduces intake.", q,
+          s.in_backoff ? 1 : 0);
+  w.Gauge("bus_handler_paused", "1 while the handler is paused (Pause, SetMaxInFlight(0)).", q,
+          s.paused ? 1 : 0);
+  w.Gauge("bus_handler_starved",
+          "1 while deliveries held reach 85% of max_in_flight (handlers set the pace).", q,
+          s.starved ? 1 : 0);
+  w.Gauge("bus_handler_concurrency", "Handlers allowed to run at once (SetConcurrency).", q,
+          s.concurrency);
+  w.Gauge("bus_handler_max_in_flight", "Deliveries allowed to be held at once (SetMaxInFlight).", q,
+          s.max_in_flight);
+
   HistogramValue h;
   h.bounds.reserve(LatencyHistogram::kBuckets - 1);
   for (int i = 0; i < LatencyHistogram::kBuckets - 1; ++i) {

@@ -100,7 +100,9 @@ Pipeline::Pipeline(HandlerOptions o, bool user_ensure, TransactionalHandler tx)
       has_user_ensure(user_ensure),
       transactional(std::move(tx.inbox)),
       handle_in_transaction(std::move(tx.handle)),
-      infra_backoff(options.infra_backoff) {}
+      infra_backoff(options.infra_backoff),
+      control(std::make_shared<ReceiveControl>(
+          ReceiveControl::Limits{options.flow.concurrency, options.flow.max_in_flight, false})) {}
 
 int Pipeline::AutoBatchLimit() const {
   const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
@@ -224,10 +226,12 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
     if (!result.ok()) {
       // 6.
       out[i] = Failed(msg, b.keys[i], b.owners[i], under_key, result);
+      out[i].outcome = Outcome::kFailed;  // for the consumer backoff
       continue;
     }
     // 5.
     out[i] = Succeeded(msg);
+    out[i].outcome = Outcome::kSucceeded;
     if (under_key) {
       b.done_keys.push_back(b.keys[i]);
       b.done_owners.push_back(b.owners[i]);

@@ -131,6 +131,14 @@ struct Pipeline final : ReceiveSink {
   // Logs a failure of the loop; a refused ack or nack (the delivery's lease ran out) is also a
   // kLeaseLost event.
   void OnError(const ReceiveError& error) override;
+  // Intake control (pipeline_flow.cc): logs the consumer backoff's pauses with a
+  // kBackoffStarted / kBackoffEnded event; logs a fatal error once with a kFatalError event and
+  // stops the Handler (the drain follows).
+  void OnBackoff(const BackoffChange& change) override;
+  void OnFatal(const ReceiveError& error) override;
+
+  // The receive loop's live limits and intake counters (Handler::Pause, SetConcurrency, ...).
+  const std::shared_ptr<ReceiveControl> control;
 
   // Steps 1 to 6 for a batch (a single message is a batch of one): decode each message, acquire
   // the keys of those that decoded (one store call), then steps 3 to 6 for each message in turn,

@@ -41,11 +41,13 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     if (!effects[k].ok()) {
       // 6. The effect failed and was rolled back: the usual failure path.
       out[i] = Failed(msgs[i], keys[i], owners[i], under_key, effects[k]);
+      out[i].outcome = Outcome::kFailed;  // for the consumer backoff
       continue;
     }
     if (results[k].ok()) {
       // 5. Committed with its mark-done.
       out[i] = Succeeded(msgs[i]);
+      out[i].outcome = Outcome::kSucceeded;
       continue;
     }
     if (under_key && absl::IsFailedPrecondition(results[k])) {

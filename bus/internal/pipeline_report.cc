@@ -27,6 +27,15 @@ HandlerStats Pipeline::Stats() const {
     out.running = running;
     out.consuming = consuming;
   }
+  const ReceiveControl::View intake = control->Read();
+  out.acknowledged = intake.acknowledged;
+  out.lease_lost = intake.lease_lost;
+  out.backoffs = intake.backoffs;
+  out.in_backoff = intake.in_backoff;
+  out.paused = intake.limits.paused;
+  out.starved = intake.starved;
+  out.concurrency = intake.limits.concurrency;
+  out.max_in_flight = intake.limits.max_in_flight;
   out.latency_p50 = latency.Quantile(0.5);
   out.latency_p99 = latency.Quantile(0.99);
   out.latency_max = latency.Max();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <exception>
+#include <list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,8 +16,78 @@
 #include "bus/backoff.h"
 #include "bus/clock.h"
 #include "bus/names.h"
+#include "bus/retry.h"
 
 namespace bus {
+
+// ---- ReceiveControl ----
+
+void ReceiveControl::Pause() {
+  absl::MutexLock lock(&mu_);
+  limits_.paused = true;
+  Changed();
+}
+
+void ReceiveControl::Resume() {
+  absl::MutexLock lock(&mu_);
+  limits_.paused = false;
+  Changed();
+}
+
+void ReceiveControl::SetConcurrency(int n) {
+  absl::MutexLock lock(&mu_);
+  limits_.concurrency = std::max(1, n);
+  Changed();
+}
+
+void ReceiveControl::SetMaxInFlight(int n) {
+  absl::MutexLock lock(&mu_);
+  if (n <= 0) {
+    limits_.paused = true;  // go-nsq's ChangeMaxInFlight(0); the limit is kept for Resume
+  } else {
+    limits_.max_in_flight = n;
+    limits_.paused = false;
+  }
+  Changed();
+}
+
+ReceiveControl::View ReceiveControl::Read() const {
+  View v;
+  {
+    absl::MutexLock lock(&mu_);
+    v.limits = limits_;
+  }
+  v.in_backoff = in_backoff.load(std::memory_order_relaxed);
+  v.held = held.load(std::memory_order_relaxed);
+  v.backoffs = backoffs.load(std::memory_order_relaxed);
+  v.acknowledged = acknowledged.load(std::memory_order_relaxed);
+  v.lease_lost = lease_lost.load(std::memory_order_relaxed);
+  // go-nsq's IsStarved: what is held has reached 85% of the window, so the handlers, not the
+  // broker, set the pace (not while intake is stopped on purpose).
+  v.starved = !v.limits.paused && !v.in_backoff && v.held > 0 &&
+              int64_t{v.held} * 100 >= int64_t{v.limits.max_in_flight} * 85;
+  return v;
+}
+
+ReceiveControl::Limits ReceiveControl::Attach(std::function<void(const Limits&)> on_change) {
+  absl::MutexLock lock(&mu_);
+  on_change_ = std::move(on_change);
+  return limits_;
+}
+
+void ReceiveControl::Detach() {
+  absl::MutexLock lock(&mu_);
+  on_change_ = nullptr;
+}
+
+void ReceiveControl::Changed() {
+  if (on_change_ != nullptr) on_change_(limits_);
+}
+
+bool IsFatalReceiveError(const absl::Status& status) {
+  return absl::IsUnauthenticated(status) || absl::IsPermissionDenied(status);
+}
+
 namespace {
 
 // One delivery held by the receive loop, with when its lease was last renewed (on the driver's
@@ -26,11 +97,14 @@ struct Held {
   absl::Time renewed_at;
 };
 
-// The batch a worker is running. The callback reads `deliveries` without the lock while the
-// keeper reads them (and updates `renewed_at`) under it; the vectors change only under the lock.
+// One worker: the batch it is running. The callback reads `deliveries` without the lock while
+// the keeper reads them (and updates `renewed_at`) under it; the vectors change only under the
+// lock.
 struct Slot {
   std::vector<Delivery> deliveries;
   std::vector<absl::Time> renewed_at;
+  // SetConcurrency lowered the worker count: this worker ends once its batch is settled.
+  bool retire = false;
 };
 
 // A worker's reusable buffers for settling a batch.
@@ -39,47 +113,177 @@ struct SettleScratch {
   std::vector<absl::Status> results;
 };
 
+// Where the consumer backoff is (go-nsq's backoff, docs/pipeline.md "Consumer backoff").
+enum class Phase {
+  kOpen,     // full intake
+  kWaiting,  // intake stopped until backoff_until
+  kProbe,    // one delivery may be taken (fetched if none is buffered)
+  kProbing,  // the probe is running; its outcome decides
+};
+
 // State shared by the receive loop's threads. Owned through a shared_ptr so that a worker
 // abandoned after the shutdown timeout can finish safely after ReceiveBatches has returned.
-struct Loop {
+struct Loop : std::enable_shared_from_this<Loop> {
   Loop(std::unique_ptr<Consumer> c, std::shared_ptr<Clock> clk, ReceiveOptions opts,
-       std::shared_ptr<ReceiveSink> s)
+       std::shared_ptr<ReceiveSink> s, std::shared_ptr<ReceiveControl> ctl, std::stop_token st)
       : consumer(std::move(c)),
         clock(std::move(clk)),
-        options(opts),
+        options(std::move(opts)),
         sink(std::move(s)),
-        slots(static_cast<size_t>(opts.concurrency)) {}
+        control(std::move(ctl)),
+        stop(std::move(st)),
+        random(options.random != nullptr ? options.random : DefaultRandom()) {}
 
   const std::unique_ptr<Consumer> consumer;
   const std::shared_ptr<Clock> clock;
   const ReceiveOptions options;
   const std::shared_ptr<ReceiveSink> sink;
+  const std::shared_ptr<ReceiveControl> control;
+  const std::stop_token stop;
+  const std::shared_ptr<RandomSource> random;
 
   absl::Mutex mu;
+  ReceiveControl::Limits limits ABSL_GUARDED_BY(mu);
   std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
-  // What each worker is running right now (empty when idle).
-  std::vector<Slot> slots ABSL_GUARDED_BY(mu);
-  int held ABSL_GUARDED_BY(mu) = 0;  // buffer + running
+  // One per worker; std::list: a worker keeps a pointer to its slot while others come and go.
+  std::list<Slot> slots ABSL_GUARDED_BY(mu);
+  std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // every worker ever started
+  int active_workers ABSL_GUARDED_BY(mu) = 0;            // started and not retiring
+  int held ABSL_GUARDED_BY(mu) = 0;                      // buffer + running
   int running_workers ABSL_GUARDED_BY(mu) = 0;
   bool fetching ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   bool abandoned ABSL_GUARDED_BY(mu) = false;  // the loop returned; do not settle any more
   Backoff fetch_backoff ABSL_GUARDED_BY(mu){kReceiveBackoff};
   absl::Time fetch_paused_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  // A fatal Receive error that ends the loop (OK: none).
+  absl::Status fatal ABSL_GUARDED_BY(mu);
+  // The consumer backoff: go-nsq's backoff counter (consecutive failures less successes).
+  Phase phase ABSL_GUARDED_BY(mu) = Phase::kOpen;
+  int backoff_level ABSL_GUARDED_BY(mu) = 0;
+  absl::Time backoff_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  int intake_told ABSL_GUARDED_BY(mu) = -1;  // the last Consumer::SetIntake
 
   void Report(ReceiveError::Kind kind, absl::Status st) { sink->OnError({kind, std::move(st)}); }
 
-  void Worker(size_t index, std::stop_token stop);
+  // Starts workers until `limits.concurrency` are active (or marks the surplus retiring).
+  void ApplyConcurrency() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Tells the consumer how much it may hold now, when that changed.
+  void UpdateIntake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void SetHeld(int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    held = n;
+    control->held.store(n, std::memory_order_relaxed);
+  }
+  // Whether workers may start deliveries / fetch now.
+  bool Admitting() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !limits.paused && (phase == Phase::kOpen || phase == Phase::kProbe);
+  }
+  int Room() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (phase == Phase::kProbe)
+      return buffer.empty() ? std::min(1, limits.max_in_flight - held) : 0;
+    return limits.max_in_flight - held;
+  }
+  // The consumer backoff's answer to one batch's outcomes; the changes to tell the sink.
+  void RecordOutcomes(absl::Span<const Settlement> ss, bool probe,
+                      std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void EnterBackoff(std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  void Worker(Slot* slot);
   void Keeper();
   void SettleOne(absl::string_view receipt, const Settlement& s);
   void SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
                    SettleScratch* scratch);
+  void Settled(const absl::Status& st, bool ack);
 };
 
+void Loop::ApplyConcurrency() {
+  if (stopping) return;
+  int surplus = active_workers - limits.concurrency;
+  for (auto it = slots.rbegin(); surplus > 0 && it != slots.rend(); ++it) {
+    if (it->retire) continue;
+    it->retire = true;
+    --active_workers;
+    --surplus;
+  }
+  while (active_workers < limits.concurrency) {
+    Slot* slot = &slots.emplace_back();
+    ++active_workers;
+    ++running_workers;
+    threads.emplace_back([self = shared_from_this(), slot] { self->Worker(slot); });
+  }
+}
+
+void Loop::UpdateIntake() {
+  int intake = limits.max_in_flight;
+  if (limits.paused || phase == Phase::kWaiting || phase == Phase::kProbing) {
+    intake = 0;
+  } else if (phase == Phase::kProbe) {
+    intake = 1;
+  }
+  control->in_backoff.store(phase != Phase::kOpen, std::memory_order_relaxed);
+  if (intake == intake_told) return;
+  intake_told = intake;
+  consumer->SetIntake(intake);
+}
+
+void Loop::EnterBackoff(std::vector<BackoffChange>* changes) {
+  const absl::Duration wait = BackoffDelay(*options.consumer_backoff, backoff_level, *random);
+  phase = Phase::kWaiting;
+  backoff_until = clock->Now() + wait;
+  control->backoffs.fetch_add(1, std::memory_order_relaxed);
+  changes->push_back({true, wait, backoff_level});
+  UpdateIntake();
+}
+
+void Loop::RecordOutcomes(absl::Span<const Settlement> ss, bool probe,
+                          std::vector<BackoffChange>* changes) {
+  if (!options.consumer_backoff.has_value()) return;
+  const BackoffPolicy& policy = *options.consumer_backoff;
+  bool decided = false;
+  for (const Settlement& s : ss) {
+    if (s.outcome == Outcome::kNone) continue;
+    // While the backoff waits, outcomes of deliveries started before it are not counted (as
+    // go-nsq); once it probes, only the probe's is.
+    if (phase == Phase::kWaiting) continue;
+    if (phase != Phase::kOpen && !probe) continue;
+    decided = true;
+    if (s.outcome == Outcome::kSucceeded) {
+      if (backoff_level == 0) continue;
+      --backoff_level;
+      if (backoff_level > 0) {
+        EnterBackoff(changes);
+      } else {
+        phase = Phase::kOpen;
+        changes->push_back({false, absl::ZeroDuration(), 0});
+        UpdateIntake();
+      }
+    } else {
+      // Grows until the delay reaches the policy's max (go-nsq stops at max_backoff_duration).
+      if (ExponentialDelay(policy.initial, policy.max, std::max(1, backoff_level)) < policy.max ||
+          backoff_level == 0) {
+        ++backoff_level;
+      }
+      EnterBackoff(changes);
+    }
+  }
+  if (probe && !decided && phase == Phase::kProbing) {
+    // The probe told nothing (a duplicate, a store failure): let another one through.
+    phase = Phase::kProbe;
+    UpdateIntake();
+  }
+}
+
+void Loop::Settled(const absl::Status& st, bool ack) {
+  if (st.ok()) {
+    if (ack) control->acknowledged.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (absl::IsFailedPrecondition(st)) control->lease_lost.fetch_add(1, std::memory_order_relaxed);
+  Report(ack ? ReceiveError::Kind::kAck : ReceiveError::Kind::kNack, st);
+}
+
 void Loop::SettleOne(absl::string_view receipt, const Settlement& s) {
-  const absl::Status st =
-      s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after);
-  if (!st.ok()) Report(s.done ? ReceiveError::Kind::kAck : ReceiveError::Kind::kNack, st);
+  Settled(s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after), s.done);
 }
 
 void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
@@ -96,29 +300,52 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
   if (scratch->acks.empty()) return;
   scratch->results.assign(scratch->acks.size(), absl::OkStatus());
   consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
-  for (const absl::Status& st : scratch->results) {
-    if (!st.ok()) Report(ReceiveError::Kind::kAck, st);
-  }
+  for (const absl::Status& st : scratch->results) Settled(st, true);
 }
 
-void Loop::Worker(size_t index, std::stop_token stop) {
+void Loop::Worker(Slot* slot_ptr) {
   std::vector<Delivery> fetched;
   std::vector<Delivery> settling;
   std::vector<Settlement> settlements;
+  std::vector<BackoffChange> changes;
+  std::vector<Held> giving_back;
   SettleScratch scratch;
   absl::MutexLock lock(&mu);
-  Slot& slot = slots[index];
-  while (!stopping) {
-    if (!buffer.empty()) {
+  Slot& slot = *slot_ptr;
+  while (!stopping && !slot.retire) {
+    if (phase == Phase::kWaiting && clock->Now() >= backoff_until) {
+      phase = Phase::kProbe;
+      UpdateIntake();
+    }
+    if (limits.paused && !buffer.empty()) {
+      // Paused: what is buffered goes back to the broker (for other consumers, or for us after
+      // Resume) rather than staying leased for as long as the pause lasts.
+      giving_back.assign(std::make_move_iterator(buffer.begin()),
+                         std::make_move_iterator(buffer.end()));
+      buffer.clear();
+      mu.Unlock();
+      for (const Held& h : giving_back) SettleOne(h.delivery.receipt, Settlement::Redeliver());
+      mu.Lock();
+      SetHeld(held - static_cast<int>(giving_back.size()));
+      giving_back.clear();
+      continue;
+    }
+    if (Admitting() && !buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
       const int sink_limit = sink->BatchLimit();
       if (sink_limit > 0 || options.batch_size == 0) {
         // A fair share of all that is held (buffered and running), not of the buffer alone:
         // with the others busy, halving the buffer at each take would shrink every batch.
-        const size_t share = (static_cast<size_t>(held) + options.concurrency - 1) /
-                             static_cast<size_t>(options.concurrency);
+        const size_t workers = static_cast<size_t>(std::max(1, limits.concurrency));
+        const size_t share = (static_cast<size_t>(held) + workers - 1) / workers;
         const int limit = sink_limit > 0 ? sink_limit : kMaxAutoBatch;
         n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
+      }
+      const bool probe = phase == Phase::kProbe;
+      if (probe) {
+        n = 1;
+        phase = Phase::kProbing;
+        UpdateIntake();
       }
       for (size_t i = 0; i < n; ++i) {
         slot.deliveries.push_back(std::move(buffer.front().delivery));
@@ -139,35 +366,53 @@ void Loop::Worker(size_t index, std::stop_token stop) {
         settlements.assign(n, Settlement::Redeliver());
       }
       mu.Lock();
+      // Before the settle, so that a backoff's intake change reaches the consumer before the
+      // ack makes room (NSQ: RDY 0 goes out before the FIN).
+      RecordOutcomes(settlements, probe, &changes);
       if (!abandoned) {
         // Settling outside the lock would race the keeper extending a settled delivery, which
         // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
         settling.swap(slot.deliveries);
         slot.renewed_at.clear();
         mu.Unlock();
+        for (const BackoffChange& c : changes) sink->OnBackoff(c);
+        changes.clear();
         SettleBatch(settling, settlements, &scratch);
         settling.clear();
         mu.Lock();
       } else {
         slot.deliveries.clear();
         slot.renewed_at.clear();
+        changes.clear();
       }
-      held -= static_cast<int>(n);
+      SetHeld(held - static_cast<int>(n));
       continue;
     }
-    const int room = options.max_in_flight - held;
-    if (fetching || room <= 0) {
-      // Another worker is fetching, or the prefetch window is full: wait for either to change.
-      auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-        return stopping || !buffer.empty() || (!fetching && options.max_in_flight - held > 0);
-      };
-      mu.Await(absl::Condition(&cond));
-      continue;
-    }
+    const int room = Room();
     const absl::Time now = clock->Now();
-    if (now < fetch_paused_until) {
-      auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping; };
-      clock->AwaitWithDeadline(&mu, absl::Condition(&cond), fetch_paused_until);
+    if (!Admitting() || !buffer.empty() || fetching || room <= 0 || now < fetch_paused_until) {
+      // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
+      // prefetch window has room, or a pause (backoff or broker failure) ends.
+      auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
+        if (!Admitting()) return false;
+        return !buffer.empty() || (!fetching && Room() > 0);
+      };
+      absl::Time deadline = absl::InfiniteFuture();
+      if (phase == Phase::kWaiting) deadline = backoff_until;
+      if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
+      if (deadline == absl::InfiniteFuture()) {
+        mu.Await(absl::Condition(&cond));
+      } else if (now < deadline) {
+        // A pause for a broker failure waits it out even if the condition holds.
+        if (now < fetch_paused_until && deadline == fetch_paused_until) {
+          auto stopped = [this, &slot]()
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
+          clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
+        } else {
+          clock->AwaitWithDeadline(&mu, absl::Condition(&cond), deadline);
+        }
+      }
       continue;
     }
     fetching = true;
@@ -178,6 +423,17 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     mu.Lock();
     fetching = false;
     if (!st.ok()) {
+      if (IsFatalReceiveError(st) && !options.retry_fatal_errors) {
+        // A retry cannot fix it: the loop ends with it, after the drain.
+        if (fatal.ok()) {
+          fatal = st;
+          stopping = true;
+          mu.Unlock();
+          sink->OnFatal({ReceiveError::Kind::kReceive, st});
+          mu.Lock();
+        }
+        continue;
+      }
       // The broker is unreachable: back off so a dead broker does not spin, and keep trying;
       // the driver reconnects underneath. The pause is shared: every worker waits it out.
       Report(ReceiveError::Kind::kReceive, st);
@@ -186,9 +442,15 @@ void Loop::Worker(size_t index, std::stop_token stop) {
     }
     fetch_backoff.Reset();
     for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
-    held += static_cast<int>(fetched.size());
+    SetHeld(held + static_cast<int>(fetched.size()));
   }
   --running_workers;
+  for (auto it = slots.begin(); it != slots.end(); ++it) {
+    if (&*it == slot_ptr) {
+      slots.erase(it);
+      break;
+    }
+  }
 }
 
 void Loop::Keeper() {
@@ -253,6 +515,12 @@ absl::Status ValidateReceiveOptions(const ReceiveOptions& options) {
   if (options.batch_size < 0) {
     return absl::InvalidArgumentError(
         "ReceiveOptions.batch_size must be 0 (chosen by the library) or >= 1");
+  }
+  if (options.consumer_backoff.has_value() &&
+      (options.consumer_backoff->initial <= absl::ZeroDuration() ||
+       options.consumer_backoff->max < options.consumer_backoff->initial)) {
+    return absl::InvalidArgumentError(
+        "ReceiveOptions.consumer_backoff: initial must be > 0 and <= max");
   }
   return absl::OkStatus();
 }
@@ -346,6 +614,11 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   if (sink == nullptr) return absl::InvalidArgumentError("ReceiveInto: no sink");
   ReceiveOptions opts = options;
   if (opts.max_in_flight == 0) opts.max_in_flight = opts.concurrency * kAutoInFlightPerWorker;
+  std::shared_ptr<ReceiveControl> control = opts.control;
+  if (control == nullptr) {
+    control = std::make_shared<ReceiveControl>(
+        ReceiveControl::Limits{opts.concurrency, opts.max_in_flight, false});
+  }
 
   const std::shared_ptr<Clock> clk = driver.clock();
   std::unique_ptr<Consumer> consumer;
@@ -358,12 +631,14 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
       consumer = std::move(*c);
       break;
     }
-    if (!absl::IsUnavailable(c.status())) return c.status();
+    const bool retry = absl::IsUnavailable(c.status()) ||
+                       (opts.retry_fatal_errors && IsFatalReceiveError(c.status()));
+    if (!retry) return c.status();
     sink->OnError({ReceiveError::Kind::kConsumer, c.status()});
     if (SleepAfterFailure(*clk, backoff, stop)) return absl::OkStatus();
   }
 
-  auto loop = std::make_shared<Loop>(std::move(consumer), clk, opts, sink);
+  auto loop = std::make_shared<Loop>(std::move(consumer), clk, opts, sink, control, stop);
   // Registered before any worker starts, so no worker can take a new delivery after stop was
   // requested (it runs at once if stop was requested already).
   std::stop_callback on_stop(stop, [loop] {
@@ -372,13 +647,23 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   });
   // Before the workers start, so it happens before the first delivery reaches the callback.
   sink->OnConsuming();
-  std::vector<std::thread> workers;
   {
+    // The control's changes reach the loop from now on (under the control's lock, then the
+    // loop's); the workers start with its limits.
+    std::weak_ptr<Loop> weak = loop;
+    const ReceiveControl::Limits limits =
+        control->Attach([weak](const ReceiveControl::Limits& changed) {
+          std::shared_ptr<Loop> l = weak.lock();
+          if (l == nullptr) return;
+          absl::MutexLock lock(&l->mu);
+          l->limits = changed;
+          l->ApplyConcurrency();
+          l->UpdateIntake();
+        });
     absl::MutexLock lock(&loop->mu);
-    loop->running_workers = opts.concurrency;
-  }
-  for (int i = 0; i < opts.concurrency; ++i) {
-    workers.emplace_back([loop, i, stop] { loop->Worker(static_cast<size_t>(i), stop); });
+    loop->limits = limits;
+    loop->UpdateIntake();
+    loop->ApplyConcurrency();
   }
   std::thread keeper([loop] { loop->Keeper(); });
 
@@ -386,6 +671,8 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
     absl::MutexLock lock(&loop->mu);
     loop->mu.Await(absl::Condition(&loop->stopping));
   }
+  // No worker starts after this (ApplyConcurrency does nothing once stopping).
+  control->Detach();
 
   // Let in-flight callbacks finish within the shutdown timeout.
   bool timed_out = false;
@@ -405,9 +692,14 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   for (const Held& h : unstarted) loop->SettleOne(h.delivery.receipt, Settlement::Redeliver());
 
   int stuck = 0;
+  std::vector<std::thread> workers;
+  absl::Status fatal;
   {
     absl::MutexLock lock(&loop->mu);
     stuck = loop->running_workers;
+    workers.swap(loop->threads);
+    loop->SetHeld(loop->held - static_cast<int>(unstarted.size()));
+    fatal = loop->fatal;
   }
   keeper.join();
   for (std::thread& w : workers) {
@@ -417,6 +709,7 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
       w.join();
     }
   }
+  if (!fatal.ok()) return fatal;
   if (timed_out) {
     return absl::DeadlineExceededError(absl::StrCat(
         stuck, " callback(s) still running after the shutdown timeout of ",

@@ -14,7 +14,17 @@
 // has passed; settling acks a batch together (Consumer::AckMany) and nacks the rest one by one.
 // While the broker cannot be reached, creating the consumer and fetching back off
 // (bus::Backoff with kReceiveBackoff: 100ms doubling to 5s) and report each failure to
-// `on_error` as a ReceiveError that says which operation failed.
+// `on_error` as a ReceiveError that says which operation failed. An error a retry cannot fix
+// (Unauthenticated, PermissionDenied) ends the loop after the drain, unless
+// `retry_fatal_errors` says to keep trying.
+//
+// Intake control (docs/pipeline.md, "Consumer backoff", "Pause and live limits"): with
+// `consumer_backoff`, a handler failure (Settlement::outcome) stops intake for a backoff that
+// grows with consecutive failures; then one delivery is let through as a probe, whose success
+// shrinks the backoff (full intake once it is gone) and whose failure grows it. A
+// ReceiveControl pauses and resumes the loop and changes its concurrency and max_in_flight while
+// it runs. The consumer is told each change of intake (Consumer::SetIntake), so a broker that
+// pushes (NSQ RDY) stops pushing too.
 //
 // The Handler's pipeline is a ReceiveSink: the workers call its Process directly. The
 // std::function forms below wrap a callback in a sink for other users (tests, tools).
@@ -26,12 +36,17 @@
 #ifndef BUS_INTERNAL_RECEIVE_LOOP_H_
 #define BUS_INTERNAL_RECEIVE_LOOP_H_
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stop_token>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "bus/backoff.h"
@@ -39,16 +54,93 @@
 
 namespace bus {
 
+// What the application's handler made of a delivery, for the consumer backoff.
+enum class Outcome {
+  kNone,       // the handler did not decide it (not called, or a store or broker failure)
+  kSucceeded,  // the handler succeeded
+  kFailed,     // the handler failed (whatever was done with the message next)
+};
+
 // What a callback decided about one delivery.
 struct Settlement {
   bool done = true;
   // When !done: how long the broker should wait before delivering it again.
   absl::Duration redeliver_after = absl::ZeroDuration();
+  // Read only with ReceiveOptions::consumer_backoff.
+  Outcome outcome = Outcome::kNone;
 
-  static Settlement Done() { return {true, absl::ZeroDuration()}; }
+  static Settlement Done() { return {true, absl::ZeroDuration(), Outcome::kNone}; }
   static Settlement Redeliver(absl::Duration after = absl::ZeroDuration()) {
-    return {false, after};
+    return {false, after, Outcome::kNone};
   }
+};
+
+// The live limits of a receive loop, and what the loop reports about its intake: shared by the
+// loop and whoever changes or reads them (the Handler's Pause, Resume, SetConcurrency,
+// SetMaxInFlight and Stats). Made before the loop runs and kept after it ends; a change while
+// no loop runs is what the next loop starts with.
+//
+// Thread-safety: every method may be called from any thread at once.
+class ReceiveControl {
+ public:
+  struct Limits {
+    int concurrency = 1;    // >= 1
+    int max_in_flight = 1;  // >= 1
+    bool paused = false;
+  };
+  // What the loop reports (each field read on its own).
+  struct View {
+    Limits limits;
+    bool in_backoff = false;
+    bool starved = false;
+    int held = 0;
+    uint64_t backoffs = 0;
+    uint64_t acknowledged = 0;
+    uint64_t lease_lost = 0;
+  };
+
+  explicit ReceiveControl(Limits initial) : limits_(initial) {}
+
+  // The loop stops taking deliveries; those buffered and not started are given back to the
+  // broker; running callbacks finish and are settled.
+  void Pause();
+  void Resume();
+  // n >= 1 (the caller validates). Workers are started at once; surplus workers end once their
+  // batch is settled.
+  void SetConcurrency(int n);
+  // n >= 0; 0 pauses (as Pause), n > 0 sets the limit and resumes.
+  void SetMaxInFlight(int n);
+
+  View Read() const;
+
+  // ---- For the loop ----
+  // Registers the running loop's listener (called, under this object's lock, with each change)
+  // and returns the limits it starts with; Detach before the listener's state goes.
+  Limits Attach(std::function<void(const Limits&)> on_change);
+  void Detach();
+
+  std::atomic<bool> in_backoff{false};
+  std::atomic<int> held{0};
+  std::atomic<uint64_t> backoffs{0};
+  std::atomic<uint64_t> acknowledged{0};
+  std::atomic<uint64_t> lease_lost{0};
+
+ private:
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  Limits limits_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Limits&)> on_change_ ABSL_GUARDED_BY(mu_);
+};
+
+// A change of the consumer backoff (ReceiveSink::OnBackoff).
+struct BackoffChange {
+  // True: intake pauses for `wait` (a failure grew the backoff, or a probe's success shrank it
+  // and some is left); false: full intake again.
+  bool started = false;
+  absl::Duration wait = absl::ZeroDuration();
+  // Consecutive handler failures the backoff counts now (0 when it ended).
+  int level = 0;
 };
 
 struct ReceiveOptions {
@@ -78,6 +170,17 @@ struct ReceiveOptions {
   // takes no more than its fair share of the deliveries held (buffered and being handled):
   // at most ceil(held / concurrency).
   std::function<int()> batch_limit;
+  // Consumer backoff after handler failures (Settlement::outcome kFailed); nullopt (the
+  // default): off. Else initial > 0 and max >= initial; its jitter is applied with `random`.
+  std::optional<BackoffPolicy> consumer_backoff{};
+  // Jitter of consumer_backoff; null: DefaultRandom().
+  std::shared_ptr<RandomSource> random{};
+  // False (the default): Unauthenticated or PermissionDenied from NewConsumer or Receive ends
+  // the loop with that status after the drain. True: retried like Unavailable.
+  bool retry_fatal_errors = false;
+  // Optional: the live limits (concurrency and max_in_flight above are then ignored; the
+  // control's limits are used). Null: fixed ones from concurrency and max_in_flight.
+  std::shared_ptr<ReceiveControl> control{};
   // Called once, on the thread that called ReceiveMessage/ReceiveBatches, when the consumer
   // exists (after any wait for an unreachable broker), before the first delivery reaches the
   // callback. Optional.
@@ -144,7 +247,14 @@ class ReceiveSink {
                        absl::Span<Settlement> settlements) = 0;
   // As ReceiveErrorFn.
   virtual void OnError(const ReceiveError& error) { static_cast<void>(error); }
+  // The consumer backoff started a pause of intake or ended (never under the loop's lock).
+  virtual void OnBackoff(const BackoffChange& change) { static_cast<void>(change); }
+  // Once, when `error` (a fatal one, not retried) ends the loop; the drain follows.
+  virtual void OnFatal(const ReceiveError& error) { static_cast<void>(error); }
 };
+
+// Errors of NewConsumer and Receive that a retry cannot fix: Unauthenticated, PermissionDenied.
+bool IsFatalReceiveError(const absl::Status& status);
 
 // Runs a consumer of `queue` on `driver` until `stop` is requested and hands each delivery to
 // `fn` on one of `options.concurrency` worker threads. Done acks, Redeliver nacks with its
@@ -154,8 +264,9 @@ class ReceiveSink {
 // DeadlineExceeded. `driver` must outlive the call.
 //
 // Returns OK after a clean stop; InvalidArgument for a bad queue name or options; a
-// NewConsumer error other than Unavailable. Broker failures while running are retried (with
-// backoff) and reported through `on_error`, not returned.
+// NewConsumer error other than Unavailable; a fatal Receive error (IsFatalReceiveError) after
+// the drain, unless options.retry_fatal_errors. Other broker failures while running are retried
+// (with backoff) and reported through `on_error`, not returned.
 absl::Status ReceiveMessage(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
                             ReceiveFn fn, std::stop_token stop, ReceiveErrorFn on_error = nullptr);
 

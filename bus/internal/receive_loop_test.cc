@@ -4,6 +4,8 @@
 
 #include "bus/internal/receive_loop.h"
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "drivers/memory/memory_driver.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fault_injection.h"
 #include "tests/testing/wait.h"
 
 namespace bus {
@@ -102,6 +105,141 @@ TEST(ReceiveErrorTest, OnlyARefusedAckOrNackIsALostLease) {
   EXPECT_FALSE(
       (ReceiveError{Kind::kReceive, absl::FailedPreconditionError("ack: x")}.lease_lost()));
   EXPECT_EQ(ReceiveErrorKindName(Kind::kNack), "nack");
+}
+
+// A sink that records what the loop tells it and settles every delivery as done.
+class RecordingSink final : public ReceiveSink {
+ public:
+  void Process(absl::Span<const Delivery> ds, absl::Span<Settlement> out) override {
+    absl::MutexLock lock(&mu_);
+    running_ += 1;
+    most_running_ = std::max(most_running_, running_);
+    processed_ += static_cast<int>(ds.size());
+    for (Settlement& s : out) s = Settlement::Done();
+    running_ -= 1;
+  }
+  void OnFatal(const ReceiveError& error) override {
+    absl::MutexLock lock(&mu_);
+    fatal_.push_back(error.status);
+  }
+  int processed() {
+    absl::MutexLock lock(&mu_);
+    return processed_;
+  }
+  std::vector<absl::Status> fatal() {
+    absl::MutexLock lock(&mu_);
+    return fatal_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  int most_running_ ABSL_GUARDED_BY(mu_) = 0;
+  int processed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ReceiveLoopIntakeTest, AFatalReceiveErrorEndsTheLoopWithItAfterTheDrain) {
+  auto driver = std::make_shared<testing::FaultyDriver>(NewMemoryDriver());
+  driver->receive.FailAlways(absl::UnauthenticatedError("revoked"));
+  auto sink = std::make_shared<RecordingSink>();
+  ReceiveOptions o;
+  o.concurrency = 3;
+  std::stop_source stop;
+  const absl::Status st = ReceiveInto(*driver, "q", o, sink, stop.get_token());
+  EXPECT_TRUE(absl::IsUnauthenticated(st)) << st;
+  ASSERT_EQ(sink->fatal().size(), 1u);  // once, whichever worker saw it first
+  EXPECT_TRUE(absl::IsUnauthenticated(sink->fatal()[0]));
+}
+
+TEST(ReceiveLoopIntakeTest, RetryFatalErrorsRetriesThem) {
+  auto driver = std::make_shared<testing::FaultyDriver>(NewMemoryDriver());
+  ASSERT_TRUE(driver->SendToQueue("q", "m", absl::ZeroDuration()).ok());
+  driver->receive.FailNext(2, absl::PermissionDeniedError("NOPERM"));
+  auto sink = std::make_shared<RecordingSink>();
+  ReceiveOptions o;
+  o.retry_fatal_errors = true;
+  std::stop_source stop;
+  absl::Status st;
+  std::thread loop([&] { st = ReceiveInto(*driver, "q", o, sink, stop.get_token()); });
+  EXPECT_TRUE(WaitUntil([&] { return sink->processed() == 1; }));
+  stop.request_stop();
+  loop.join();
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(driver->receive.injected(), 2);
+  EXPECT_TRUE(sink->fatal().empty());
+}
+
+// SetConcurrency while the loop runs: raising it starts workers that take deliveries at once;
+// lowering it retires workers, and the loop still drains and stops cleanly.
+TEST(ReceiveLoopIntakeTest, TheControlStartsAndRetiresWorkersWhileRunning) {
+  std::shared_ptr<Driver> driver = NewMemoryDriver();
+  auto control = std::make_shared<ReceiveControl>(ReceiveControl::Limits{1, 8, false});
+  absl::Mutex mu;
+  int running = 0, waiting_for = 3;
+  std::atomic<int> done{0};
+  ReceiveOptions o;
+  o.control = control;
+  std::stop_source stop;
+  absl::Status st;
+  std::thread loop([&] {
+    st = ReceiveMessage(
+        *driver, "q", o,
+        [&](const Delivery&) {
+          absl::MutexLock lock(&mu);
+          ++running;
+          // The first three wait until three run at once: only started workers can get there.
+          auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+            return waiting_for == 0 || running >= waiting_for;
+          };
+          mu.Await(absl::Condition(&enough));
+          waiting_for = 0;
+          --running;
+          done.fetch_add(1);
+          return Settlement::Done();
+        },
+        stop.get_token());
+  });
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(driver->SendToQueue("q", "m", absl::ZeroDuration()).ok());
+  control->SetConcurrency(3);
+  EXPECT_TRUE(WaitUntil([&] { return done.load() == 20; }));
+  control->SetConcurrency(1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(driver->SendToQueue("q", "m", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(WaitUntil([&] { return done.load() == 25; }));
+  EXPECT_EQ(control->Read().limits.concurrency, 1);
+  EXPECT_EQ(control->Read().acknowledged, 25u);
+  stop.request_stop();
+  loop.join();
+  EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(ReceiveLoopIntakeTest, BadConsumerBackoffIsRefused) {
+  ReceiveOptions o;
+  o.consumer_backoff = BackoffPolicy{absl::ZeroDuration(), absl::Seconds(1)};
+  absl::Status st = ValidateReceiveOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_NE(st.message().find("consumer_backoff"), absl::string_view::npos) << st;
+}
+
+TEST(ReceiveControlTest, MaxInFlightZeroPausesAndKeepsTheLimit) {
+  ReceiveControl c(ReceiveControl::Limits{2, 16, false});
+  c.SetMaxInFlight(0);
+  EXPECT_TRUE(c.Read().limits.paused);
+  EXPECT_EQ(c.Read().limits.max_in_flight, 16);
+  c.Resume();
+  EXPECT_FALSE(c.Read().limits.paused);
+  c.Pause();
+  c.SetMaxInFlight(4);
+  EXPECT_FALSE(c.Read().limits.paused);
+  EXPECT_EQ(c.Read().limits.max_in_flight, 4);
+  // Starved: held reaches 85% of the window.
+  c.held.store(3);
+  EXPECT_FALSE(c.Read().starved);
+  c.held.store(4);
+  EXPECT_TRUE(c.Read().starved);
+  c.in_backoff.store(true);
+  EXPECT_FALSE(c.Read().starved);
 }
 
 }  // namespace

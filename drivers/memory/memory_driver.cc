@@ -1,6 +1,7 @@
 #include "drivers/memory/memory_driver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <string>
 #include <utility>
@@ -77,7 +78,11 @@ class MemoryConsumer final : public Consumer {
  public:
   MemoryConsumer(std::shared_ptr<MemoryDriver> driver, Queue* queue, uint64_t id,
                  ConsumerOptions options)
-      : driver_(std::move(driver)), queue_(queue), id_(id), options_(options) {}
+      : driver_(std::move(driver)),
+        queue_(queue),
+        id_(id),
+        options_(options),
+        limit_(options.max_in_flight) {}
   ~MemoryConsumer() override;
 
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
@@ -88,6 +93,7 @@ class MemoryConsumer final : public Consumer {
                absl::Span<absl::Status> results) override;
   absl::Status Nack(absl::string_view receipt, absl::Duration delay) override;
   absl::Status Extend(absl::string_view receipt) override;
+  void SetIntake(int max_held) override;
 
  private:
   // With driver_->mu_ held.
@@ -97,6 +103,8 @@ class MemoryConsumer final : public Consumer {
   Queue* const queue_;  // owned by the driver; never freed (DeleteQueue empties it)
   const uint64_t id_;
   const ConsumerOptions options_;
+  // The most deliveries held now (SetIntake; ConsumerOptions::max_in_flight at first).
+  std::atomic<int> limit_;
 };
 
 class MemoryDriver final : public Driver, public std::enable_shared_from_this<MemoryDriver> {
@@ -357,6 +365,12 @@ MemoryConsumer::~MemoryConsumer() {
   d.held_.erase(id_);
 }
 
+void MemoryConsumer::SetIntake(int max_held) {
+  // Under the driver's lock, so a Receive waiting for room sees it.
+  absl::MutexLock lock(&driver_->mu_);
+  limit_.store(max_held);
+}
+
 absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_token stop,
                                      std::vector<Delivery>* out) {
   if (max < 1) return absl::InvalidArgumentError("Receive: max must be >= 1");
@@ -368,12 +382,12 @@ absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_tok
   const absl::Time deadline = d.options_.clock->Now() + wait;
   int& held = d.held_[id_];
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu_) {
-    return stop.stop_requested() || (!queue_->ready.empty() && held < options_.max_in_flight);
+    return stop.stop_requested() || (!queue_->ready.empty() && held < limit_.load());
   };
   while (true) {
     const absl::Time now = d.options_.clock->Now();
     d.Promote(queue_, now);
-    const int room = std::min(max, options_.max_in_flight - held);
+    const int room = std::min(max, limit_.load() - held);
     if (room > 0 && !queue_->ready.empty()) {
       const int n = std::min<int>(room, static_cast<int>(queue_->ready.size()));
       const size_t base = out->size();

@@ -61,6 +61,7 @@ class NsqConsumer final : public Consumer {
   absl::Status Extend(absl::string_view receipt) override {
     return state_->Settle(receipt, nsq::Settlement::kExtend, {});
   }
+  void SetIntake(int max_held) override { state_->SetIntake(max_held); }
 
  private:
   std::shared_ptr<Core> core_;

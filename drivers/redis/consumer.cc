@@ -52,7 +52,8 @@ class RedisConsumer final : public Consumer {
         queue_(std::move(queue)),
         keys_(core_->options().key_prefix, queue_),
         options_(options),
-        blocking_(core_->client().NewBlocking()) {}
+        blocking_(core_->client().NewBlocking()),
+        limit_(options.max_in_flight) {}
 
   ~RedisConsumer() override {
     // Give back what this consumer still holds, so others get it now rather than after the
@@ -173,6 +174,13 @@ class RedisConsumer final : public Consumer {
     });
   }
 
+  // Reserves stop at once when the limit drops (a reserve in progress completes); a Receive
+  // waiting for room wakes when it rises.
+  void SetIntake(int max_held) override {
+    absl::MutexLock lock(&mu_);
+    limit_ = max_held;
+  }
+
   absl::Status Extend(absl::string_view receipt) override {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
@@ -196,7 +204,7 @@ class RedisConsumer final : public Consumer {
     absl::MutexLock lock(&mu_);
     auto has_room = [this] {
       mu_.AssertHeld();
-      return stopping_ || static_cast<int>(held_.size()) < options_.max_in_flight;
+      return stopping_ || static_cast<int>(held_.size()) < limit_;
     };
     if (!core_->options().clock->AwaitWithDeadline(&mu_, absl::Condition(&has_room), deadline)) {
       return -1;
@@ -206,7 +214,7 @@ class RedisConsumer final : public Consumer {
       if (stop.stop_requested()) return -1;
     }
     // One reserve moves at most script_batch messages, like every other script call.
-    return std::max(0, std::min({max, options_.max_in_flight - static_cast<int>(held_.size()),
+    return std::max(0, std::min({max, limit_ - static_cast<int>(held_.size()),
                                  core_->options().limits.script_batch}));
   }
 
@@ -294,6 +302,8 @@ class RedisConsumer final : public Consumer {
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> held_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The most deliveries held now (SetIntake; ConsumerOptions::max_in_flight at first).
+  int limit_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

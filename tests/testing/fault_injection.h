@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
@@ -56,18 +57,42 @@ class FaultSwitch {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
+// What the receive loop asked of a driver's consumers, in order: "intake N" for each
+// Consumer::SetIntake(N), "receive M" for each Receive(max = M) that returned deliveries.
+class IntakeLog {
+ public:
+  void Add(std::string entry) {
+    absl::MutexLock lock(&mu_);
+    entries_.push_back(std::move(entry));
+  }
+  std::vector<std::string> entries() const {
+    absl::MutexLock lock(&mu_);
+    return entries_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::string> entries_ ABSL_GUARDED_BY(mu_);
+};
+
 // A consumer that marks deliveries whose bytes equal `corrupt_data` (when not empty) as corrupt
-// (Delivery::corrupt), as a driver does when the broker's record of a message is broken, and
-// counts the leases it renewed in `*extends`.
+// (Delivery::corrupt), as a driver does when the broker's record of a message is broken, counts
+// the leases it renewed in `*extends`, fails Receive as `*receive` says and logs intake calls.
 class CorruptingConsumer final : public Consumer {
  public:
   CorruptingConsumer(std::unique_ptr<Consumer> base, std::string corrupt_data,
-                     std::atomic<int>* extends)
-      : base_(std::move(base)), corrupt_data_(std::move(corrupt_data)), extends_(extends) {}
+                     std::atomic<int>* extends, FaultSwitch* receive, IntakeLog* log)
+      : base_(std::move(base)),
+        corrupt_data_(std::move(corrupt_data)),
+        extends_(extends),
+        receive_(receive),
+        log_(log) {}
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out) override {
+    if (absl::Status st = receive_->Check(); !st.ok()) return st;
     const size_t before = out->size();
     absl::Status st = base_->Receive(max, wait, stop, out);
+    if (out->size() > before) log_->Add(absl::StrCat("receive ", max));
     for (size_t i = before; i < out->size(); ++i) {
       if (!corrupt_data_.empty() && (*out)[i].data == corrupt_data_) {
         (*out)[i].corrupt = "injected: broker record corrupt";
@@ -87,11 +112,17 @@ class CorruptingConsumer final : public Consumer {
     if (st.ok()) extends_->fetch_add(1);
     return st;
   }
+  void SetIntake(int max_held) override {
+    log_->Add(absl::StrCat("intake ", max_held));
+    base_->SetIntake(max_held);
+  }
 
  private:
   std::unique_ptr<Consumer> base_;
   const std::string corrupt_data_;
   std::atomic<int>* const extends_;
+  FaultSwitch* const receive_;
+  IntakeLog* const log_;
 };
 
 class FaultyDriver final : public Driver {
@@ -106,6 +137,8 @@ class FaultyDriver final : public Driver {
   std::string corrupt_data;
   // Leases that consumers of this driver renewed (Consumer::Extend calls that succeeded).
   std::atomic<int> extends{0};
+  FaultSwitch receive;  // Consumer::Receive
+  IntakeLog intake;     // what consumers were asked (SetIntake, Receive)
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
@@ -136,7 +169,8 @@ class FaultyDriver final : public Driver {
                                                           const ConsumerOptions& o) override {
     absl::StatusOr<std::unique_ptr<Consumer>> c = base_->NewConsumer(q, o);
     if (!c.ok()) return c;
-    return std::unique_ptr<Consumer>(new CorruptingConsumer(std::move(*c), corrupt_data, &extends));
+    return std::unique_ptr<Consumer>(
+        new CorruptingConsumer(std::move(*c), corrupt_data, &extends, &receive, &intake));
   }
   DriverStats Stats() const override { return base_->Stats(); }
   absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q,

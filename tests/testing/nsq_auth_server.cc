@@ -42,7 +42,8 @@ void NsqAuthServer::Run() {
     const std::string target(req.target());
     const size_t at = target.find(granted);
     const size_t end = at + granted.size();
-    const bool ok = at != std::string::npos && (end == target.size() || target[end] == '&');
+    const bool ok = !refusing_.load() && at != std::string::npos &&
+                    (end == target.size() || target[end] == '&');
     http::response<http::string_body> res(ok ? http::status::ok : http::status::forbidden, 11);
     res.set(http::field::content_type, "application/json");
     res.body() = ok ? R"({"ttl":3600,"identity":"test","authorizations":[)"

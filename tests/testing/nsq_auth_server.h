@@ -1,5 +1,6 @@
 // A minimal nsqd auth server (nsqd --auth-http-address): GET /auth?secret=... grants every
-// topic and channel to the one secret it was made with, 403 to anything else.
+// topic and channel to the one secret it was made with, 403 to anything else (and to every
+// secret while SetRefusing(true)).
 //
 //   NsqAuthServer auth("right");
 //   auto nsqd = NsqdServer::Start({.auth_http_address = auth.address()});
@@ -29,6 +30,8 @@ class NsqAuthServer {
   std::string address() const;
   // Auth requests answered so far.
   int requests() const { return requests_.load(); }
+  // True: refuses every secret from now on (a revoked secret); false: grants the right one again.
+  void SetRefusing(bool refusing) { refusing_.store(refusing); }
 
  private:
   void Run();
@@ -38,6 +41,7 @@ class NsqAuthServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   std::atomic<bool> stop_{false};
   std::atomic<int> requests_{0};
+  std::atomic<bool> refusing_{false};
   std::thread thread_;
 };
 

@@ -41,6 +41,7 @@ ConsumerState::ConsumerState(Core* core, std::string queue, ConsumerOptions opti
       tick_(core->io()),
       poll_timer_(core->io()) {
   absl::MutexLock lock(&mu_);
+  intake_ = options_.max_in_flight;
   subs_.push_back(Sub{queue_, core_->options().queue_channel, false, {}});
   for (const auto& [topic, keys] : bindings) subs_.push_back(Sub{topic, queue_, true, keys});
 }
@@ -101,7 +102,7 @@ absl::Status ConsumerState::Receive(int max, absl::Duration wait, std::stop_toke
   const absl::Time deadline = clock.Now() + wait;
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop.stop_requested() || stopped_ ||
-           (!buffer_.empty() && static_cast<int>(held_.size()) < options_.max_in_flight);
+           (!buffer_.empty() && static_cast<int>(held_.size()) < intake_);
   };
   // Demand drives RDY: while someone waits in Receive (and shortly after), nsqd may push.
   ++waiting_;
@@ -116,7 +117,7 @@ absl::Status ConsumerState::Receive(int max, absl::Duration wait, std::stop_toke
   clock.AwaitWithDeadline(&mu_, absl::Condition(&ready), deadline);
   --waiting_;
   last_demand_ = clock.Now();
-  int n = std::min<int>(max, options_.max_in_flight - static_cast<int>(held_.size()));
+  int n = std::min<int>(max, intake_ - static_cast<int>(held_.size()));
   while (n > 0 && !buffer_.empty() && !stop.stop_requested()) {
     Buffered b = std::move(buffer_.front());
     buffer_.pop_front();
@@ -132,6 +133,28 @@ absl::Status ConsumerState::Receive(int max, absl::Duration wait, std::stop_toke
   }
   if (out->empty() && live_ == 0 && !last_error_.ok()) return last_error_;
   return absl::OkStatus();
+}
+
+void ConsumerState::SetIntake(int max_held) {
+  absl::MutexLock lock(&mu_);
+  if (max_held == intake_) return;
+  intake_ = max_held;
+  if (stopped_) return;
+  // On this thread, not posted: the RDY must reach nsqd before the FIN of the delivery whose
+  // outcome changed the intake, or nsqd would push the next message at the old RDY.
+  DistributeRdy();
+  if (max_held > 0) return;
+  // Taking nothing: what nsqd pushed before the RDY 0 and was not handed out goes back (REQ 0),
+  // for other consumers or for this one when intake opens, instead of staying leased here.
+  for (const Buffered& b : buffer_) {
+    if (Slot* slot = SlotByConn(b.conn_id)) {
+      AppendReq(b.id, 0, &slot->pending);
+      --slot->buffered;
+      --slot->in_flight;
+    }
+  }
+  buffer_.clear();
+  FlushAllPending();
 }
 
 absl::Status ConsumerState::Settle(absl::string_view receipt, Settlement how,

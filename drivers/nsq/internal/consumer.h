@@ -86,6 +86,11 @@ class ConsumerState : public Connection::Listener,
   absl::Status Receive(int max, absl::Duration wait, std::stop_token stop,
                        std::vector<Delivery>* out);
 
+  // Bus::Consumer::SetIntake: 0 sends RDY 0 on every connection and gives back (REQ 0) what
+  // is buffered and not handed out; more plans RDY with that as max_in_flight (1, a backoff's
+  // probe: RDY 1 on one connection). Sent at once, before any FIN that follows.
+  void SetIntake(int max_held);
+
   // OK; InvalidArgument for a malformed receipt; FailedPrecondition when the delivery is not
   // held (already settled), its lease ran out, or its connection is gone (nsqd redelivers it).
   absl::Status Settle(absl::string_view receipt, Settlement how, absl::Duration delay);
@@ -195,6 +200,8 @@ class ConsumerState : public Connection::Listener,
   absl::Time last_demand_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool demand_on_ ABSL_GUARDED_BY(mu_) = false;  // RDY currently granted
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
+  // SetIntake: the most deliveries held (options_.max_in_flight until told otherwise).
+  int intake_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace bus::nsq

@@ -108,6 +108,11 @@ void ConsumerState::OnMessage(Slot& slot, absl::Time now, Message& m, std::strin
     AppendReq(m.id, std::max<int64_t>(1, ToMs(absl::Ceil(rest, absl::Milliseconds(1)))), cmds);
     return;
   }
+  if (intake_ == 0) {
+    // Sent before our RDY 0 reached nsqd: not taken while intake is stopped, given back at once.
+    AppendReq(m.id, 0, cmds);
+    return;
+  }
   if (slot.buffered >= slot.rdy_high) {
     slot.overflowed = true;
     return;

@@ -36,7 +36,7 @@ awaitable<void> ConsumerState::TickLoop([[maybe_unused]] std::shared_ptr<Consume
 }
 
 // Plans RDY (drivers/nsq/internal/rdy_planner.h) over the live connections, in slot order, and
-// sends what changed.
+// sends what changed. SetIntake's limit is the plan's max_in_flight; 0 is RDY 0 everywhere.
 void ConsumerState::DistributeRdy() {
   std::vector<Slot*> live;
   std::vector<RdyConnection> conns;
@@ -51,9 +51,25 @@ void ConsumerState::DistributeRdy() {
   }
   if (live.empty()) return;
   const absl::Time now = core_->Now();
+  if (intake_ == 0) {
+    // Taking nothing (a pause or a consumer backoff): RDY 0 everywhere.
+    for (Slot* s : live) {
+      if (s->rdy == 0) continue;
+      std::string cmd;
+      AppendRdy(0, &cmd);
+      s->conn->Send(cmd);
+      s->rdy = 0;
+      s->rdy_since = now;
+    }
+    // The next Receive after intake opens again replans at once.
+    demand_on_ = false;
+    return;
+  }
+  // A backoff's probe is intake 1: the plan for max_in_flight 1, RDY 1 on one connection (the
+  // one that waited longest when there are several).
   const RdyPlan plan =
       PlanRdy(conns,
-              RdyLimits{.max_in_flight = options_.max_in_flight,
+              RdyLimits{.max_in_flight = intake_,
                         .idle = core_->options().consuming.rdy_redistribute_interval,
                         .waiting = waiting_,
                         .last_demand = last_demand_},
