@@ -24,8 +24,8 @@
 // With a PostgreSQL server of your own, the stores in a schema of that database (the password
 // from the URL, PGPASSWORD or ~/.pgpass, as libpq reads them; never printed):
 //
-//   PGPASSWORD=... bazel run //examples/quickstart -- \
-//       --stores='postgres://orders@127.0.0.1:5432/orders?schema=quickstart'
+//   export PGPASSWORD=...
+//   bazel run //examples/quickstart -- --stores='postgres://orders@db:5432/orders?schema=qs'
 //
 // Each run
 // uses a queue of its own ("orders-<run id>"), so runs over the same file do not see each
