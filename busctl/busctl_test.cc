@@ -2,6 +2,7 @@
 // real nsqd and nsqlookupd, and a SQLite file, each started here; a Handler in this process
 // produces the dead letters. Also keeps docs/busctl.md's transcript true.
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/nsq_server.h"
+#include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
@@ -396,6 +398,86 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
     EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
     EXPECT_THAT(r.err, Not(HasSubstr("hunter2")));
   }
+}
+
+// busctl on PostgreSQL stores: the password from the URL, PGPASSWORD or a passfile (libpq's
+// own), sslmode passed to libpq, and the password shown nowhere.
+TEST(BusctlPostgres, ListCountReplayOnAPostgresUrlWithThePasswordFromLibpq) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> redis = RedisServer::Start({});
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  absl::StatusOr<std::unique_ptr<PostgresServer>> pg = PostgresServer::Start({});
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  const std::string password = (*pg)->options().password;
+  const std::string driver = absl::StrCat("--driver=redis://127.0.0.1:", (*redis)->port());
+  // No password in the URL: libpq takes it from PGPASSWORD or the passfile.
+  const std::string bare = absl::StrCat("postgres://", (*pg)->options().user,
+                                        "@127.0.0.1:", (*pg)->port(), "/postgres?schema=ops");
+  const std::string stores = "--stores=" + bare;
+  const std::vector<std::string> env = {"PGPASSWORD=" + password};
+  auto no_password = [&](const Result& r) {
+    EXPECT_THAT(r.out, Not(HasSubstr(password)));
+    EXPECT_THAT(r.err, Not(HasSubstr(password)));
+  };
+
+  Result r = Busctl({driver, "publish", "orders", "--data=hello", "--biz-uid=u1"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  // The handler's process has the password in its URL.
+  const std::string with_password =
+      absl::StrCat("postgres://", (*pg)->options().user, ":", password,
+                   "@127.0.0.1:", (*pg)->port(), "/postgres?schema=ops");
+  absl::StatusOr<std::shared_ptr<DeadLetterStore>> letters = OpenDeadLetterStore(with_password);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  RunHandler(std::string(absl::StripPrefix(driver, "--driver=")), with_password, "orders",
+             Permanent(absl::InternalError("card declined")), [&] {
+               absl::StatusOr<int64_t> n = (*letters)->Count("orders");
+               return n.ok() && *n == 1;
+             });
+
+  r = Busctl({stores, "dead-letters", "count", "orders", "--json"}, env);
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["permanent"], 1) << r.out;
+  no_password(r);
+  r = Busctl({stores, "dead-letters", "list", "orders", "--json"}, env);
+  ASSERT_EQ(r.exit, 0) << r.err;
+  ASSERT_EQ(JsonLines(r.out).size(), 1u);
+  EXPECT_THAT(JsonLines(r.out)[0]["reason"].get<std::string>(), HasSubstr("card declined"));
+  no_password(r);
+
+  // The passfile instead of PGPASSWORD (libpq requires mode 0600).
+  const std::string dir = MakeTempDir("busctl-pgpass");
+  const std::string passfile = dir + "/pgpass";
+  std::ofstream(passfile) << "127.0.0.1:" << (*pg)->port() << ":*:" << (*pg)->options().user << ":"
+                          << password << "\n";
+  ASSERT_EQ(chmod(passfile.c_str(), 0600), 0);
+  r = Busctl({driver, stores, "dead-letters", "replay", "orders", "--all"},
+             {"PGPASSFILE=" + passfile});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "replayed 1\n");
+  no_password(r);
+  RemoveTree(dir);
+  r = Busctl({stores, "dead-letters", "count", "orders", "--json"}, env);
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["permanent"], 0) << r.out;
+  r = Busctl({driver, "stats", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["ready"], 1);
+
+  // A wrong password, and a password in the URL that the server refuses: exit 1, not shown.
+  r = Busctl({stores, "dead-letters", "count", "orders"}, {"PGPASSWORD=wrong-secret"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("password"));
+  EXPECT_THAT(r.err, Not(HasSubstr("wrong-secret")));
+  const std::string refused =
+      absl::StrCat("--stores=postgres://", (*pg)->options().user,
+                   ":bad-url-secret@127.0.0.1:", (*pg)->port(), "/postgres");
+  r = Busctl({refused, "dead-letters", "count", "orders"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, Not(HasSubstr("bad-url-secret")));
+  // sslmode goes to libpq: the test server has no TLS, so sslmode=require is refused.
+  r = Busctl({stores + "&sslmode=require", "dead-letters", "count", "orders"}, env);
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("SSL"));
+  no_password(r);
 }
 
 TEST(BusctlHelp, ListsEveryCommandAndFlagWithItsDefault) {

@@ -21,6 +21,12 @@
 //
 //   bazel run //examples/quickstart -- --driver=nsq --nsqd=127.0.0.1:4150 --lookupd=127.0.0.1:4161
 //
+// With a PostgreSQL server of your own, the stores in a schema of that database (the password
+// from the URL, PGPASSWORD or ~/.pgpass, as libpq reads them; never printed):
+//
+//   export PGPASSWORD=...
+//   bazel run //examples/quickstart -- --stores='postgres://orders@db:5432/orders?schema=qs'
+//
 // Each run
 // uses a queue of its own ("orders-<run id>"), so runs over the same file do not see each
 // other's keys, and the dead letters of every run stay in the file for inspection:

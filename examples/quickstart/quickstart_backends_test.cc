@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/nsq_server.h"
+#include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 
@@ -77,6 +78,28 @@ TEST(QuickstartBackendsTest, AddsUpWithConnectionUrls) {
   EXPECT_NE(out.find("redis driver, sqlite://"), std::string::npos) << out;
   EXPECT_NE(out.find(": OK"), std::string::npos) << out;
   RemoveTree(dir);
+}
+
+// PostgreSQL mode: the stores on a server the user has, given as a postgres:// URL; the password
+// from PGPASSWORD (libpq's own), never printed.
+TEST(QuickstartBackendsTest, AddsUpWithPostgresStores) {
+  auto server = PostgresServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string password = (*server)->options().password;
+  const std::string url =
+      absl::StrCat("postgres://", (*server)->options().user, "@127.0.0.1:", (*server)->port(),
+                   "/postgres?schema=quickstart");
+  std::string out;
+  EXPECT_EQ(RunQuickstart({"--stores=" + url}, &out, {"PGPASSWORD=" + password}), 0) << out;
+  EXPECT_NE(out.find("memory driver, postgres://"), std::string::npos) << out;
+  EXPECT_NE(out.find(": OK"), std::string::npos) << out;
+  // The same with the password in the URL: shown redacted.
+  const std::string with_password =
+      absl::StrCat("postgres://", (*server)->options().user, ":", password,
+                   "@127.0.0.1:", (*server)->port(), "/postgres?schema=quickstart");
+  EXPECT_EQ(RunQuickstart({"--stores=" + with_password}, &out), 0) << out;
+  EXPECT_EQ(out.find(password), std::string::npos) << out;
+  EXPECT_NE(out.find(": OK"), std::string::npos) << out;
 }
 
 TEST(QuickstartBackendsTest, AddsUpOnTheRedisDriverWithSqliteStores) {
@@ -160,6 +183,17 @@ TEST(QuickstartBackendsTest, AWrongRedisPasswordIsAClearError) {
   ExpectOneLineError({"--driver=redis", redis}, "UNAUTHENTICATED: redis broker");  // none given
   ExpectOneLineError({"--stores=redis", redis}, "UNAUTHENTICATED: dead-letter store",
                      {"REDIS_PASSWORD=wrong-password"});
+}
+
+TEST(QuickstartBackendsTest, AWrongPostgresPasswordIsAClearError) {
+  auto server = PostgresServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = absl::StrCat("--stores=postgres://", (*server)->options().user,
+                                       "@127.0.0.1:", (*server)->port(), "/postgres");
+  ExpectOneLineError({url}, "UNAUTHENTICATED: dead-letter store", {"PGPASSWORD=wrong-password"});
+  std::string out;
+  EXPECT_EQ(RunQuickstart({url}, &out, {"PGPASSWORD=wrong-password"}), 1);
+  EXPECT_EQ(out.find("wrong-password"), std::string::npos) << out;
 }
 
 TEST(QuickstartBackendsTest, AnUnreachableNsqdIsAClearError) {

@@ -9,6 +9,18 @@
 // published to --invoices_queue through the outbox in the same transaction; the Handler relays
 // it.
 //
+// With --postgres (a libpq connection string) the stores, and the effects, are PostgreSQL's
+// instead: the dead-letter and idempotency stores (or a PostgresInbox with --inbox) in schema
+// --pg_schema, and the effect row in the table <pg_schema>.effects, written without the inbox
+// by an INSERT of its own (its own transaction, committed before `handle` returns), with the
+// inbox by the same INSERT in the inbox's transaction.
+//
+// With --sleep_after=K the K-th call of the effect in this run (counted from 1) writes
+// "sleeping in the effect of <biz_uid>" to stderr after its INSERT and then sleeps until the
+// process is killed: with the inbox inside the open transaction, without it between the
+// committed effect and the mark-done. The crash test waits for that line to kill the process
+// there.
+//
 // Runs until SIGTERM (a clean stop: in-flight handlers finish, exit 0) or until killed. Exits 2
 // when it cannot start.
 
@@ -16,6 +28,7 @@
 #include <sqlite3.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -28,10 +41,15 @@
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
 #include "drivers/redis/redis_driver.h"
+#include "idempotency/postgres/idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
+#include "postgresql/libpq-fe.h"
+#include "storage/postgres/db/postgres_db.h"
+#include "storage/postgres/dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_database.h"
 #include "tests/crash/mark_done_log.h"
+#include "transactional/postgres/inbox.h"
 #include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
@@ -47,11 +65,25 @@ ABSL_FLAG(bool, inbox, false,
           "inbox's transaction (SqliteInbox), with an invoice published to --invoices_queue "
           "through the outbox; --effects_db and --mark_done_log are not used");
 ABSL_FLAG(std::string, invoices_queue, "crash-invoices", "queue of the invoices (--inbox)");
+ABSL_FLAG(std::string, postgres, "",
+          "libpq connection string: PostgreSQL stores and effects instead of SQLite's "
+          "(--stores_db and --effects_db are not used)");
+ABSL_FLAG(std::string, pg_schema, "crash", "schema of the PostgreSQL stores and effects table");
+ABSL_FLAG(int, sleep_after, 0,
+          "the effect's K-th call in this run sleeps after its INSERT until the process is "
+          "killed (0: never)");
 
 namespace {
 
-// The application's side effect: one row per `handle` call, committed before it returns.
+// The application's side effect without the inbox: one row per `handle` call, committed before
+// it returns.
 class Effects {
+ public:
+  virtual ~Effects() = default;
+  virtual absl::Status Record(const std::string& biz_uid, int incarnation) = 0;
+};
+
+class SqliteEffects final : public Effects {
  public:
   static absl::StatusOr<std::unique_ptr<Effects>> Open(const std::string& path) {
     sqlite3* db = nullptr;
@@ -68,14 +100,14 @@ class Effects {
       sqlite3_close(db);
       return st;
     }
-    return std::unique_ptr<Effects>(new Effects(db, insert));
+    return std::unique_ptr<Effects>(new SqliteEffects(db, insert));
   }
-  ~Effects() {
+  ~SqliteEffects() override {
     sqlite3_finalize(insert_);
     sqlite3_close(db_);
   }
 
-  absl::Status Record(const std::string& biz_uid, int incarnation) {
+  absl::Status Record(const std::string& biz_uid, int incarnation) override {
     absl::MutexLock lock(&mu_);
     sqlite3_bind_text(insert_, 1, biz_uid.data(), static_cast<int>(biz_uid.size()),
                       SQLITE_TRANSIENT);
@@ -87,10 +119,64 @@ class Effects {
   }
 
  private:
-  Effects(sqlite3* db, sqlite3_stmt* insert) : db_(db), insert_(insert) {}
+  SqliteEffects(sqlite3* db, sqlite3_stmt* insert) : db_(db), insert_(insert) {}
   absl::Mutex mu_;
   sqlite3* db_;
   sqlite3_stmt* insert_ ABSL_GUARDED_BY(mu_);
+};
+
+// The same on PostgreSQL: the INSERT on a connection of the application's own, in a transaction
+// of its own (autocommit).
+class PostgresEffects final : public Effects {
+ public:
+  static absl::StatusOr<std::unique_ptr<Effects>> Open(const std::string& conninfo,
+                                                       const std::string& schema) {
+    PGconn* conn = PQconnectdb(conninfo.c_str());
+    if (PQstatus(conn) != CONNECTION_OK) {
+      absl::Status st = absl::UnavailableError(PQerrorMessage(conn));
+      PQfinish(conn);
+      return st;
+    }
+    return std::unique_ptr<Effects>(new PostgresEffects(
+        conn,
+        absl::StrCat("INSERT INTO ", schema, ".effects (biz_uid, incarnation) VALUES ($1, $2)")));
+  }
+  ~PostgresEffects() override { PQfinish(conn_); }
+
+  absl::Status Record(const std::string& biz_uid, int incarnation) override {
+    const std::string n = absl::StrCat(incarnation);
+    const char* params[] = {biz_uid.c_str(), n.c_str()};
+    absl::MutexLock lock(&mu_);
+    PGresult* r = PQexecParams(conn_, insert_.c_str(), 2, nullptr, params, nullptr, nullptr, 0);
+    absl::Status st = PQresultStatus(r) == PGRES_COMMAND_OK
+                          ? absl::OkStatus()
+                          : absl::UnavailableError(PQresultErrorMessage(r));
+    PQclear(r);
+    return st;
+  }
+
+ private:
+  PostgresEffects(PGconn* conn, std::string insert) : conn_(conn), insert_(std::move(insert)) {}
+  absl::Mutex mu_;
+  PGconn* conn_ ABSL_GUARDED_BY(mu_);
+  const std::string insert_;
+};
+
+// --sleep_after: the effect's K-th call says so and sleeps until the process is killed.
+class SleepInEffect {
+ public:
+  explicit SleepInEffect(int k) : k_(k) {}
+  void MaybeSleep(const std::string& biz_uid) {
+    if (k_ <= 0 || calls_.fetch_add(1) + 1 != k_) return;
+    std::fprintf(stderr, "sleeping in the effect of %s\n", biz_uid.c_str());
+    std::fflush(stderr);
+    // The test kills the process during this sleep; it is the window under test.
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+
+ private:
+  const int k_;
+  std::atomic<int> calls_{0};
 };
 
 int Fail(const absl::Status& st) {
@@ -110,41 +196,88 @@ int main(int argc, char** argv) {
 
   const int incarnation = absl::GetFlag(FLAGS_incarnation);
   const bool inbox_mode = absl::GetFlag(FLAGS_inbox);
-  absl::StatusOr<std::unique_ptr<Effects>> effects =
-      inbox_mode ? absl::StatusOr<std::unique_ptr<Effects>>(nullptr)
-                 : Effects::Open(absl::GetFlag(FLAGS_effects_db));
-  if (!effects.ok()) return Fail(effects.status());
+  const std::string postgres = absl::GetFlag(FLAGS_postgres);
+  const std::string pg_schema = absl::GetFlag(FLAGS_pg_schema);
+  SleepInEffect sleeper(absl::GetFlag(FLAGS_sleep_after));
 
   bus::RedisOptions redis;
   redis.port = absl::GetFlag(FLAGS_redis_port);
   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = bus::NewRedisDriver(redis);
   if (!driver.ok()) return Fail(driver.status());
 
-  bus::SqliteOptions sqlite;
-  sqlite.path = absl::GetFlag(FLAGS_stores_db);
-  absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
-  if (!db.ok()) return Fail(db.status());
-  std::shared_ptr<bus::IdempotencyStore> idempotency;
-  std::shared_ptr<bus::SqliteInbox> inbox;
-  if (inbox_mode) {
-    absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> opened = bus::NewSqliteInbox(*db);
-    if (!opened.ok()) return Fail(opened.status());
-    inbox = *opened;
-    idempotency = inbox;
+  // The stores, and in inbox mode the inbox, on SQLite or PostgreSQL.
+  std::shared_ptr<bus::DeadLetterStore> dead_letters;
+  std::shared_ptr<bus::IdempotencyStore> keys;
+  bus::TransactionalHandler transactional;
+  const std::string invoices = absl::GetFlag(FLAGS_invoices_queue);
+  if (postgres.empty()) {
+    bus::SqliteOptions sqlite;
+    sqlite.path = absl::GetFlag(FLAGS_stores_db);
+    absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
+    if (!db.ok()) return Fail(db.status());
+    dead_letters = bus::NewSqliteDeadLetterStore(*db);
+    if (inbox_mode) {
+      absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> inbox = bus::NewSqliteInbox(*db);
+      if (!inbox.ok()) return Fail(inbox.status());
+      keys = *inbox;
+      // The effect and the invoice commit with the key's mark-done, or not at all.
+      transactional =
+          (*inbox)->Handle([&, invoices](const bus::Message& msg, bus::SqliteTransaction& tx) {
+            absl::StatusOr<int64_t> n =
+                tx.Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
+                           {msg.biz_uid, incarnation});
+            if (!n.ok()) return n.status();
+            sleeper.MaybeSleep(msg.biz_uid);
+            return tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}}).status();
+          });
+    } else {
+      keys = bus::NewSqliteIdempotencyStore(*db);
+    }
   } else {
+    bus::PostgresOptions pg;
+    pg.conninfo = postgres;
+    pg.schema = pg_schema;
+    absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(pg);
+    if (!db.ok()) return Fail(db.status());
+    dead_letters = bus::NewPostgresDeadLetterStore(*db);
+    if (inbox_mode) {
+      absl::StatusOr<std::shared_ptr<bus::PostgresInbox>> inbox = bus::NewPostgresInbox(*db);
+      if (!inbox.ok()) return Fail(inbox.status());
+      keys = *inbox;
+      const std::string insert = absl::StrCat("INSERT INTO ", pg_schema,
+                                              ".effects (biz_uid, incarnation) VALUES ($1, $2)");
+      transactional = (*inbox)->Handle([&, invoices, insert](const bus::Message& msg,
+                                                             bus::PostgresTransaction& tx) {
+        absl::StatusOr<int64_t> n = tx.Execute(insert, {msg.biz_uid, absl::StrCat(incarnation)});
+        if (!n.ok()) return n.status();
+        sleeper.MaybeSleep(msg.biz_uid);
+        return tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}}).status();
+      });
+    } else {
+      keys = bus::NewPostgresIdempotencyStore(*db);
+    }
+  }
+
+  // Without the inbox: the effect in a transaction of its own, and the mark-done calls logged.
+  std::unique_ptr<Effects> effects;
+  if (!inbox_mode) {
+    absl::StatusOr<std::unique_ptr<Effects>> opened =
+        postgres.empty() ? SqliteEffects::Open(absl::GetFlag(FLAGS_effects_db))
+                         : PostgresEffects::Open(postgres, pg_schema);
+    if (!opened.ok()) return Fail(opened.status());
+    effects = *std::move(opened);
     absl::StatusOr<std::shared_ptr<bus::testing::MarkDoneLog>> logged =
-        bus::testing::MarkDoneLog::Open(bus::NewSqliteIdempotencyStore(*db),
-                                        absl::GetFlag(FLAGS_mark_done_log),
+        bus::testing::MarkDoneLog::Open(std::move(keys), absl::GetFlag(FLAGS_mark_done_log),
                                         absl::StrCat(incarnation));
     if (!logged.ok()) return Fail(logged.status());
-    idempotency = *logged;
+    keys = *logged;
   }
 
   bus::HandlerOptions options;
   options.queue = absl::GetFlag(FLAGS_queue);
   options.driver = *driver;
-  options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
-  options.stores.idempotency = idempotency;
+  options.stores.dead_letters = dead_letters;
+  options.stores.idempotency = keys;
   options.observability.logger = bus::StderrLogger(bus::LogLevel::kWarning);
   options.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
   options.flow.batch_size = absl::GetFlag(FLAGS_batch_size);
@@ -155,28 +288,17 @@ int main(int argc, char** argv) {
   // so a dead run's key is free before its delivery returns.
   options.flow.delivery_lease = absl::Seconds(4);
   options.stores.idempotency_lease = absl::Milliseconds(1500);
-  bus::TransactionalHandler transactional;
-  if (inbox_mode) {
-    // The effect and the invoice commit with the key's mark-done, or not at all.
-    const std::string invoices = absl::GetFlag(FLAGS_invoices_queue);
-    transactional =
-        inbox->Handle([&, invoices](const bus::Message& msg, bus::SqliteTransaction& tx) {
-          absl::StatusOr<int64_t> n =
-              tx.Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
-                         {msg.biz_uid, incarnation});
-          if (!n.ok()) return n.status();
-          return tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}}).status();
-        });
-  } else {
+  if (!inbox_mode) {
     options.handle = [&](const bus::Message& msg) -> absl::Status {
-      return (*effects)->Record(msg.biz_uid, incarnation);
+      absl::Status st = effects->Record(msg.biz_uid, incarnation);
+      if (st.ok()) sleeper.MaybeSleep(msg.biz_uid);
+      return st;
     };
   }
   absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
       inbox_mode ? bus::Handler::Create(options, std::move(transactional))
                  : bus::Handler::Create(options);
   if (!handler.ok()) return Fail(handler.status());
-
   std::atomic<bool> run_ended{false};
   std::thread stopper([&] {
     int sig = 0;

@@ -11,6 +11,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "bus/publisher.h"
 
 namespace bus::testing {
@@ -69,10 +71,11 @@ bool EffectsReader::CreateTable() {
              "incarnation INTEGER NOT NULL)");
 }
 
-int64_t EffectsReader::Count(const char* sql) {
+int64_t EffectsReader::Count(const std::string& sql) {
+  const std::string text = absl::StrReplaceAll(sql, {{"{effects}", "effects"}});
   sqlite3_stmt* stmt = nullptr;
   int64_t n = -1;
-  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) == SQLITE_OK &&
+  if (sqlite3_prepare_v2(db_, text.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
       sqlite3_step(stmt) == SQLITE_ROW) {
     n = sqlite3_column_int64(stmt, 0);
   }
@@ -91,6 +94,35 @@ std::map<std::string, std::vector<int>> EffectsReader::All() {
     }
   }
   sqlite3_finalize(stmt);
+  return out;
+}
+
+bool PostgresEffectsReader::CreateTable() {
+  return server_
+      .Exec(absl::StrCat("CREATE SCHEMA ", schema_, "; CREATE TABLE ", schema_,
+                         ".effects (id bigserial PRIMARY KEY, biz_uid text NOT NULL, "
+                         "incarnation integer NOT NULL)"))
+      .ok();
+}
+
+int64_t PostgresEffectsReader::Count(const std::string& sql) {
+  absl::StatusOr<std::vector<std::string>> rows =
+      server_.Exec(absl::StrReplaceAll(sql, {{"{effects}", absl::StrCat(schema_, ".effects")}}));
+  int64_t n = -1;
+  if (!rows.ok() || rows->empty() || !absl::SimpleAtoi((*rows)[0], &n)) return -1;
+  return n;
+}
+
+std::map<std::string, std::vector<int>> PostgresEffectsReader::All() {
+  std::map<std::string, std::vector<int>> out;
+  absl::StatusOr<std::vector<std::string>> rows = server_.Exec(
+      absl::StrCat("SELECT biz_uid || ' ' || incarnation FROM ", schema_, ".effects ORDER BY id"));
+  if (!rows.ok()) return out;
+  for (const std::string& row : *rows) {
+    std::pair<std::string, std::string> parts = absl::StrSplit(row, ' ');
+    int incarnation = -1;
+    if (absl::SimpleAtoi(parts.second, &incarnation)) out[parts.first].push_back(incarnation);
+  }
   return out;
 }
 

@@ -1,18 +1,24 @@
-// The crash test with and without the inbox: 3000 messages on a Redis queue, a consumer child
-// process (crash_consumer) killed with SIGKILL at random moments 6 times and restarted, then a
-// last run that drains the queue and stops cleanly.
+// The crash test with and without the inbox, on SQLite and on PostgreSQL: 3000 messages on a
+// Redis queue, a consumer child process (crash_consumer) killed with SIGKILL 12 times and
+// restarted, then a last run that drains the queue and stops cleanly. Every other kill is forced
+// inside the effect: the run's effect sleeps after its INSERT (--sleep_after) and the test kills
+// it there; with the inbox that is inside the open transaction (on PostgreSQL the test sees it
+// in pg_stat_activity, "idle in transaction" with a transaction id, before it kills), without it
+// between the committed effect and the mark-done. The other kills land at random moments.
 //
 //  - With the inbox (--inbox; batch_size 1 and 64): each effect row is written in the inbox's
 //    transaction, so every message has exactly one effect row, none missing; and every
 //    message's invoice, published through the outbox in the same transaction, reaches the
 //    invoices queue after the restarts (at least once, always with the one id fixed when it
 //    was committed).
-//  - Without it (batch_size 64; the effect in another file, as tests/crash/crash_test.cc): the
-//    same kills repeat effects, the window between `handle` and mark-done that
-//    docs/pipeline.md describes. So the test shows the difference the inbox makes.
+//  - Without it (batch_size 64; the effect in a transaction of its own, as
+//    tests/crash/crash_test.cc): the same kills repeat effects, the window between `handle` and
+//    mark-done that docs/pipeline.md describes. So the test shows the difference the inbox
+//    makes.
 //
 // The kill moments come from a seeded generator (printed; BUS_CRASH_SEED replays one): before
-// each kill the test waits until the running child has added a random number of effects.
+// a random kill the test waits until the running child has added a random number of effects;
+// a forced kill's effect call is a random one of the run's first 150.
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -35,6 +41,7 @@
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/crash/crash_files.h"
+#include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
@@ -43,14 +50,22 @@ namespace bus::testing {
 namespace {
 
 constexpr int kMessages = 3000;
-constexpr int kKills = 6;
+constexpr int kKills = 12;
 constexpr char kQueue[] = "crash";
 constexpr char kInvoices[] = "crash-invoices";
 
+enum class Backend { kSqlite, kPostgres };
+
 struct Mode {
+  Backend backend;
   int batch_size;
   bool inbox;
 };
+
+// Open transactions of the consumers that have written (the test's own connection is active).
+constexpr char kOpenWritingTransactions[] =
+    "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND "
+    "backend_xid IS NOT NULL";
 
 class InboxCrashTest : public ::testing::TestWithParam<Mode> {};
 
@@ -65,10 +80,19 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string dir = MakeTempDir("inbox_crash");
   const std::string stores_db = dir + "/stores.db";
-  // With the inbox the effects live in the stores' file; without it, in a file of their own.
-  const std::string effects_db = mode.inbox ? stores_db : dir + "/effects.db";
-  EffectsReader effects(effects_db);
-  ASSERT_TRUE(effects.CreateTable());
+  std::unique_ptr<PostgresServer> postgres;
+  std::unique_ptr<EffectsTable> effects;
+  if (mode.backend == Backend::kPostgres) {
+    absl::StatusOr<std::unique_ptr<PostgresServer>> started = PostgresServer::Start({});
+    ASSERT_TRUE(started.ok()) << started.status();
+    postgres = *std::move(started);
+    // The stores' schema holds the effects table, with the inbox and without it.
+    effects = std::make_unique<PostgresEffectsReader>(*postgres, "crash");
+  } else {
+    // With the inbox the effects live in the stores' file; without it, in a file of their own.
+    effects = std::make_unique<EffectsReader>(mode.inbox ? stores_db : dir + "/effects.db");
+  }
+  ASSERT_TRUE(effects->CreateTable());
 
   RedisOptions redis;
   redis.port = (*server)->port();
@@ -76,18 +100,25 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   ASSERT_TRUE(driver.ok()) << driver.status();
   ASSERT_TRUE(PublishNumbered(*driver, kQueue, kMessages).ok());
 
-  auto start = [&](int incarnation) {
+  // sleep_after: the run's effect call that sleeps until killed (0: none).
+  auto start = [&](int incarnation, int sleep_after) {
     std::vector<std::string> argv = {ConsumerBinary(),
                                      absl::StrCat("--redis_port=", (*server)->port()),
                                      absl::StrCat("--queue=", kQueue),
-                                     absl::StrCat("--stores_db=", stores_db),
                                      absl::StrCat("--incarnation=", incarnation),
-                                     absl::StrCat("--batch_size=", mode.batch_size)};
+                                     absl::StrCat("--batch_size=", mode.batch_size),
+                                     absl::StrCat("--sleep_after=", sleep_after)};
+    if (postgres != nullptr) {
+      argv.push_back(absl::StrCat("--postgres=", postgres->Url()));
+      argv.push_back("--pg_schema=crash");
+    } else {
+      argv.push_back(absl::StrCat("--stores_db=", stores_db));
+      argv.push_back(absl::StrCat("--effects_db=", dir, "/effects.db"));
+    }
     if (mode.inbox) {
       argv.push_back("--inbox");
       argv.push_back(absl::StrCat("--invoices_queue=", kInvoices));
     } else {
-      argv.push_back(absl::StrCat("--effects_db=", effects_db));
       argv.push_back(absl::StrCat("--mark_done_log=", dir, "/mark_done.log"));
     }
     return ChildProcess::Start(argv, absl::StrCat(dir, "/consumer-", incarnation, ".log"));
@@ -96,29 +127,50 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
     return ReadFile(absl::StrCat(dir, "/consumer-", incarnation, ".log"));
   };
 
+  int forced = 0, seen_open = 0;
   for (int incarnation = 0; incarnation < kKills; ++incarnation) {
-    absl::StatusOr<std::unique_ptr<ChildProcess>> child = start(incarnation);
-    ASSERT_TRUE(child.ok()) << child.status();
+    const bool force = incarnation % 2 == 1;
+    const int sleep_after = force ? std::uniform_int_distribution<int>(1, 150)(random) : 0;
     const int64_t target =
-        effects.Rows() + std::uniform_int_distribution<int>(60, kMessages / (kKills + 2))(random);
-    ASSERT_TRUE(WaitUntil([&] { return effects.Rows() >= target || !(*child)->Running(); },
-                          absl::Seconds(60)))
+        effects->Rows() + std::uniform_int_distribution<int>(60, kMessages / (kKills + 2))(random);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child = start(incarnation, sleep_after);
+    ASSERT_TRUE(child.ok()) << child.status();
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          if (!(*child)->Running()) return true;
+          if (force)
+            return child_log(incarnation).find("sleeping in the effect") != std::string::npos;
+          return effects->Rows() >= target;
+        },
+        absl::Seconds(60)))
         << "run " << incarnation << " made no progress:\n"
         << child_log(incarnation);
     ASSERT_TRUE((*child)->Running()) << child_log(incarnation);
+    if (force) {
+      ++forced;
+      // The sleeping effect's transaction is open on the server, its INSERT not committed.
+      if (postgres != nullptr && mode.inbox) {
+        absl::StatusOr<std::vector<std::string>> open = postgres->Exec(kOpenWritingTransactions);
+        ASSERT_TRUE(open.ok()) << open.status();
+        if (open->size() == 1 && (*open)[0] != "0") ++seen_open;
+      }
+    }
     const int status = (*child)->Kill(SIGKILL);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
-    std::cout << "killed run " << incarnation << " at " << effects.Rows() << " effects"
-              << std::endl;
+    std::cout << "killed run " << incarnation << (force ? " inside its effect" : "") << " at "
+              << effects->Rows() << " effects" << std::endl;
+  }
+  if (postgres != nullptr && mode.inbox) {
+    EXPECT_EQ(seen_open, forced) << "a forced kill found no open transaction";
   }
 
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child = start(kKills);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = start(kKills, 0);
   ASSERT_TRUE(child.ok()) << child.status();
   EXPECT_TRUE(
-      WaitUntil([&] { return effects.DistinctMessages() >= kMessages || !(*child)->Running(); },
+      WaitUntil([&] { return effects->DistinctMessages() >= kMessages || !(*child)->Running(); },
                 absl::Seconds(90)) &&
       (*child)->Running())
-      << effects.DistinctMessages() << " of " << kMessages << ":\n"
+      << effects->DistinctMessages() << " of " << kMessages << ":\n"
       << child_log(kKills);
 
   // With the inbox: every invoice reaches its queue (the last run's relay sends what the
@@ -148,7 +200,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit << "\n" << child_log(kKills);
 
-  const std::map<std::string, std::vector<int>> per_message = effects.All();
+  const std::map<std::string, std::vector<int>> per_message = effects->All();
   int missing = 0, repeated = 0, extra = 0;
   for (int i = 0; i < kMessages; ++i) {
     auto it = per_message.find(absl::StrCat("m-", i));
@@ -163,9 +215,14 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   }
   EXPECT_EQ(missing, 0);
   EXPECT_EQ(per_message.size(), static_cast<size_t>(kMessages));
-  std::cout << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
-            << ", seed " << seed << ": " << kKills << " kills, " << missing << " missing, "
-            << repeated << " messages took effect more than once (" << extra << " repeats)";
+  std::cout << (mode.backend == Backend::kPostgres ? "postgres" : "sqlite") << ", "
+            << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
+            << ", seed " << seed << ": " << kKills << " kills (" << forced << " inside the effect";
+  if (postgres != nullptr && mode.inbox) {
+    std::cout << ", " << seen_open << " seen in an open transaction";
+  }
+  std::cout << "), " << missing << " missing, " << repeated
+            << " messages took effect more than once (" << extra << " repeats)";
   if (mode.inbox) {
     EXPECT_EQ(repeated, 0) << "the inbox let an effect repeat";
     int missing_invoices = 0, unstable = 0;
@@ -190,12 +247,15 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   if (!HasFailure()) RemoveTree(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, InboxCrashTest,
-                         ::testing::Values(Mode{1, true}, Mode{64, true}, Mode{64, false}),
-                         [](const ::testing::TestParamInfo<Mode>& info) {
-                           return absl::StrCat(info.param.inbox ? "Inbox" : "NoInbox", "Batch",
-                                               info.param.batch_size);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, InboxCrashTest,
+    ::testing::Values(Mode{Backend::kSqlite, 1, true}, Mode{Backend::kSqlite, 64, true},
+                      Mode{Backend::kSqlite, 64, false}, Mode{Backend::kPostgres, 1, true},
+                      Mode{Backend::kPostgres, 64, true}, Mode{Backend::kPostgres, 64, false}),
+    [](const ::testing::TestParamInfo<Mode>& info) {
+      return absl::StrCat(info.param.backend == Backend::kPostgres ? "Postgres" : "Sqlite",
+                          info.param.inbox ? "Inbox" : "NoInbox", "Batch", info.param.batch_size);
+    });
 
 }  // namespace
 }  // namespace bus::testing

@@ -8,6 +8,7 @@
 #define TESTS_TESTING_FAULT_INJECTION_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -139,6 +140,10 @@ class FaultyDriver final : public Driver {
   std::atomic<int> extends{0};
   FaultSwitch receive;  // Consumer::Receive
   IntakeLog intake;     // what consumers were asked (SetIntake, Receive)
+  // When set (before use), called after each send the base driver accepted, on the sender's
+  // thread, before the send returns: a fault between the broker's accept and the sender's next
+  // step.
+  std::function<void()> after_send;
 
   absl::string_view name() const override { return base_->name(); }
   std::shared_ptr<Clock> clock() const override { return base_->clock(); }
@@ -153,17 +158,17 @@ class FaultyDriver final : public Driver {
   absl::Status DoSendToQueue(absl::string_view q, absl::string_view data,
                              absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
-    return base_->SendToQueue(q, data, d);
+    return AfterSend(base_->SendToQueue(q, data, d));
   }
   absl::Status DoSendBatchToQueue(absl::string_view q, absl::Span<const std::string> data,
                                   absl::Duration d) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
-    return base_->SendBatchToQueue(q, data, d);
+    return AfterSend(base_->SendBatchToQueue(q, data, d));
   }
   absl::Status DoSendToTopic(absl::string_view t, absl::string_view data,
                              absl::string_view k) override {
     if (absl::Status st = send.Check(); !st.ok()) return st;
-    return base_->SendToTopic(t, data, k);
+    return AfterSend(base_->SendToTopic(t, data, k));
   }
   absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view q,
                                                           const ConsumerOptions& o) override {
@@ -192,6 +197,10 @@ class FaultyDriver final : public Driver {
   }
 
  private:
+  absl::Status AfterSend(absl::Status st) {
+    if (st.ok() && after_send != nullptr) after_send();
+    return st;
+  }
   std::shared_ptr<Driver> base_;
 };
 

@@ -1,7 +1,8 @@
 // The PostgreSQL inbox on a real server: a Handler whose effect runs in the idempotency store's
 // transaction. Effects and mark-done commit together at batch 1 and 64; every rollback path
-// (handler error, exception, lost lease, statement timeout, serialization failure) leaves
-// neither effect nor key marked done, and the message is handled later exactly once; the inbox
+// (handler error, exception, lost lease, statement timeout, serialization failure, server
+// restart mid-batch) leaves neither effect nor outbox row nor key marked done, and the message
+// is handled later exactly once; the inbox
 // still behaves as the PostgreSQL idempotency store (conformance suite).
 
 #include "transactional/postgres/inbox.h"
@@ -92,6 +93,12 @@ class PostgresInboxTest : public ::testing::TestWithParam<int> {
   }
   int64_t Effects(absl::string_view biz_uid) {
     return Count(absl::StrCat(" WHERE biz_uid = '", biz_uid, "'"));
+  }
+  // Outbox rows committed and not yet relayed.
+  int64_t Pending() {
+    absl::StatusOr<PostgresOutboxDepth> depth = PostgresOutboxPending(*db_);
+    EXPECT_TRUE(depth.ok()) << depth.status();
+    return depth.ok() ? depth->pending : -1;
   }
   // Whether the key of `biz_uid` is done: a fresh owner cannot take it.
   bool Done(absl::string_view biz_uid) {
@@ -232,6 +239,12 @@ TEST_P(PostgresInboxTest, AFailingOrThrowingMessageRollsBackAloneAndIsHandledLat
   }
   EXPECT_EQ(handler_->Stats().succeeded, 8u);
   EXPECT_EQ(inbox_->stats().rolled_back, 2u);
+  // The failed attempts' invoices rolled back with them: one per message reaches the queue.
+  EXPECT_EQ(inbox_->stats().published, 8u);
+  ASSERT_TRUE(WaitUntil([&] { return Pending() == 0; }, absl::Seconds(60)));
+  absl::StatusOr<QueueCounts> invoices = driver_->InspectQueue("invoices");
+  ASSERT_TRUE(invoices.ok()) << invoices.status();
+  EXPECT_EQ(invoices->ready, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, PostgresInboxTest, ::testing::Values(1, 64),
@@ -267,9 +280,11 @@ TEST_F(PostgresInboxCallTest, AStaleOwnerCommitsNothing) {
   const absl::Status st = RunOne(*inbox_, "orders.k", "stale", Effect());
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_EQ(Count(""), 0);
+  EXPECT_EQ(Pending(), 0);
   // The fresh owner's lease is untouched, and its own run commits.
   EXPECT_TRUE(RunOne(*inbox_, "orders.k", "fresh", Effect()).ok());
   EXPECT_EQ(Count(""), 1);
+  EXPECT_EQ(Pending(), 1);
   EXPECT_TRUE(Done("k"));
 }
 
@@ -288,8 +303,16 @@ TEST_F(PostgresInboxCallTest, AStatementTimeoutRollsTheEffectBackAndKeepsTheLeas
   EXPECT_TRUE(absl::IsDeadlineExceeded(effect)) << effect;
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_EQ(Count(""), 0);
-  // Still leased to the caller (the pipeline releases it for the retry).
+  EXPECT_EQ(Pending(), 0);
+  // Still leased to the caller (the pipeline releases it for the retry): not done.
   EXPECT_TRUE((*inbox)->Release("orders.slow", "me").ok());
+  EXPECT_FALSE(Done("slow"));
+  // Handled later, once.
+  ASSERT_TRUE(*(*inbox)->Acquire("orders.slow", "me", absl::Minutes(5)));
+  EXPECT_TRUE(RunOne(**inbox, "orders.slow", "me", Effect()).ok());
+  EXPECT_EQ(Effects("orders.slow"), 1);
+  EXPECT_EQ(Pending(), 1);
+  EXPECT_TRUE(Done("slow"));
 }
 
 TEST_F(PostgresInboxCallTest, TheRawConnectionRunsInTheSameTransaction) {
@@ -360,6 +383,7 @@ TEST_F(PostgresInboxCallTest, AServerRestartMidBatchCommitsNothing) {
   EXPECT_TRUE(absl::IsUnavailable(results[0])) << results[0];
   EXPECT_TRUE(absl::IsUnavailable(results[1])) << results[1];
   EXPECT_EQ(Count(""), 0);
+  EXPECT_EQ(Pending(), 0);
   // Still leased to the caller; handled again, once each.
   calls = 1;
   inbox_->RunAndMarkDone(
@@ -374,6 +398,7 @@ TEST_F(PostgresInboxCallTest, AServerRestartMidBatchCommitsNothing) {
   EXPECT_TRUE(results[1].ok()) << results[1];
   EXPECT_EQ(Effects("r1"), 1);
   EXPECT_EQ(Effects("r2"), 1);
+  EXPECT_EQ(Pending(), 2);
   EXPECT_TRUE(Done("r1"));
   EXPECT_TRUE(Done("r2"));
 }
@@ -423,6 +448,7 @@ TEST_F(PostgresInboxCallTest, ASerializationFailureRunsTheBatchAgain) {
   EXPECT_GE(b_runs.load(), 2);
   EXPECT_GE((*b)->stats().batch_retries, 1u);
   EXPECT_EQ(Count(""), 2);  // one effect row each, none of the failed run
+  EXPECT_EQ(Pending(), 2);  // one invoice each
   EXPECT_EQ(*Exec(absl::StrCat("SELECT n FROM ", options_.schema, ".counter")),
             std::vector<std::string>{"2"});
   EXPECT_TRUE(Done("a"));

@@ -1,8 +1,10 @@
 // The PostgreSQL outbox on a real server: messages published inside inbox transactions commit
 // with the effect and reach the broker after the commit, in order, once each; a rolled-back
 // message's rows are never sent; rows committed while no relay ran are sent by a relay started
-// later; the relay survives a PostgreSQL restart and a broker that refuses sends; one relay is
-// active per database.
+// later (a service killed between its commit and the relay); the relay survives a PostgreSQL
+// restart, also one in the middle of its work, and a broker that refuses sends; a restart
+// between the broker's accept and the row's delete sends the row again, and a downstream inbox
+// makes its effect once; one relay is active per database.
 
 #include <memory>
 #include <stop_token>
@@ -10,12 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "bus/envelope.h"
+#include "bus/handler.h"
 #include "drivers/memory/memory_driver.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/postgres/dead_letter_store.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/fault_injection.h"
 #include "tests/testing/postgres_store_harness.h"
@@ -49,7 +55,8 @@ class PostgresOutboxTest : public ::testing::Test {
     absl::StatusOr<std::shared_ptr<PostgresInbox>> inbox = NewPostgresInbox(db_, o);
     ASSERT_TRUE(inbox.ok()) << inbox.status();
     inbox_ = *inbox;
-    ASSERT_TRUE(db_->Migrate().ok());
+    const absl::Status migrated = db_->Migrate();
+    ASSERT_TRUE(migrated.ok()) << migrated;
     ASSERT_TRUE(driver_->CreateQueue("invoices", absl::ZeroDuration()).ok());
     absl::StatusOr<std::unique_ptr<Consumer>> c = driver_->NewConsumer("invoices", {});
     ASSERT_TRUE(c.ok()) << c.status();
@@ -71,7 +78,7 @@ class PostgresOutboxTest : public ::testing::Test {
         inbox_
             ->Handle([&](const Message& msg, PostgresTransaction& tx) -> absl::Status {
               absl::StatusOr<std::string> id =
-                  tx.SendToQueue("invoices", Outgoing{msg.biz_uid, "x", {}});
+                  tx.SendToQueue(queue_, Outgoing{msg.biz_uid, "x", {}});
               if (!id.ok()) return id.status();
               int number = 0;
               if (fail != nullptr && absl::SimpleAtoi(msg.biz_uid, &number) && fail(number)) {
@@ -123,6 +130,8 @@ class PostgresOutboxTest : public ::testing::Test {
   }
 
   PostgresOptions options_ = testing::FreshPostgresOptions();
+  // Where Commit publishes.
+  std::string queue_ = "invoices";
   PostgresRelayOptions relay_options_;
   std::shared_ptr<PostgresDatabase> db_;
   std::shared_ptr<PostgresInbox> inbox_;
@@ -181,6 +190,97 @@ TEST_F(PostgresOutboxTest, ABrokerThatRefusesLosesNothingAndKeepsTheOrder) {
   Commit(10, 5);
   ASSERT_TRUE(WaitUntil([&] { return ReceivedAll(15); }, absl::Seconds(60)));
   EXPECT_EQ(Received(), Numbers(0, 15));
+}
+
+// The relay is in the middle of its work (rows pending, the broker refusing them) when the
+// server restarts: once both are back, every row is sent, in order, once.
+TEST_F(PostgresOutboxTest, APostgresRestartMidRelayLosesNothingAndKeepsTheOrder) {
+  auto faulty = std::make_shared<testing::FaultyDriver>(driver_);
+  faulty->send.FailAlways();
+  std::shared_ptr<PostgresOutboxRelay> relay = StartRelay(faulty);
+  Commit(0, 10);
+  ASSERT_TRUE(WaitUntil([&] { return relay->stats().relay_errors >= 2; }, absl::Seconds(60)));
+  ASSERT_TRUE(
+      testing::SharedPostgresServer()->Restart(testing::PostgresServer::Shutdown::kImmediate).ok());
+  faulty->send.Heal();
+  Commit(10, 5);
+  ASSERT_TRUE(WaitUntil([&] { return ReceivedAll(15); }, absl::Seconds(60)));
+  ASSERT_TRUE(WaitUntil([&] { return PostgresOutboxPending(*db_)->pending == 0; }));
+  EXPECT_EQ(Received(), Numbers(0, 15));
+}
+
+// The server restarts after the broker accepted a send and before the relay deleted the rows:
+// they are sent again (at least once), in order, and an inbox downstream makes each effect once.
+TEST_F(PostgresOutboxTest, ARestartAfterTheSendRepeatsItAndADownstreamInboxMakesEachEffectOnce) {
+  queue_ = "receipts";
+  ASSERT_TRUE(driver_->CreateQueue(queue_, absl::ZeroDuration()).ok());
+  PostgresOptions downstream_options = testing::FreshPostgresOptions();
+  absl::StatusOr<std::shared_ptr<PostgresDatabase>> downstream_db =
+      PostgresDatabase::Open(downstream_options);
+  ASSERT_TRUE(downstream_db.ok()) << downstream_db.status();
+  absl::StatusOr<std::shared_ptr<PostgresInbox>> downstream = NewPostgresInbox(*downstream_db);
+  ASSERT_TRUE(downstream.ok()) << downstream.status();
+  ASSERT_TRUE((*downstream_db)->Migrate().ok());
+  const std::string table = absl::StrCat(downstream_options.schema, ".receipts");
+  ASSERT_TRUE(testing::SharedPostgresServer()
+                  ->Exec(absl::StrCat("CREATE TABLE ", table, " (biz_uid text)"))
+                  .ok());
+  HandlerOptions o;
+  o.queue = queue_;
+  o.driver = driver_;
+  o.observability.logger = NullLogger();
+  o.stores.dead_letters = NewPostgresDeadLetterStore(*downstream_db);
+  o.replay.interval = absl::ZeroDuration();
+  o.infra_backoff.initial = absl::ZeroDuration();
+  o.infra_backoff.max = absl::ZeroDuration();
+  o.retry_delay = [](int) { return absl::ZeroDuration(); };
+  const std::string insert = absl::StrCat("INSERT INTO ", table, " VALUES ($1)");
+  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(
+      std::move(o), (*downstream)->Handle([&](const Message& msg, PostgresTransaction& tx) {
+        return tx.Execute(insert, {msg.biz_uid}).status();
+      }));
+  ASSERT_TRUE(handler.ok()) << handler.status();
+  std::jthread run([h = handler->get()] { EXPECT_TRUE(h->Run().ok()); });
+  const absl::Cleanup stop = [&] { (*handler)->Stop(); };  // before `run` joins
+
+  // The first send that the broker accepted waits while this thread restarts the server (the
+  // server must be started by the thread that lives as long as it: its parent-death signal).
+  auto faulty = std::make_shared<testing::FaultyDriver>(driver_);
+  absl::Notification sent, restarted;
+  std::atomic<bool> first{true};
+  faulty->after_send = [&] {
+    if (!first.exchange(false)) return;
+    sent.Notify();
+    restarted.WaitForNotification();
+  };
+  std::shared_ptr<PostgresOutboxRelay> relay = StartRelay(faulty);
+  Commit(0, 10);
+  ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const absl::Status restart =
+      testing::SharedPostgresServer()->Restart(testing::PostgresServer::Shutdown::kImmediate);
+  restarted.Notify();
+  ASSERT_TRUE(restart.ok()) << restart;
+  auto count = [&](const std::string& what) {
+    absl::StatusOr<std::vector<std::string>> rows =
+        testing::SharedPostgresServer()->Exec(absl::StrCat("SELECT ", what, " FROM ", table));
+    return rows.ok() && rows->size() == 1 ? std::stoll((*rows)[0]) : -1;
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        absl::StatusOr<PostgresOutboxDepth> depth = PostgresOutboxPending(*db_);
+        absl::StatusOr<QueueCounts> queue = driver_->InspectQueue(queue_);
+        return count("count(DISTINCT biz_uid)") == 10 && depth.ok() && depth->pending == 0 &&
+               queue.ok() && queue->ready + queue->delayed + queue->in_flight == 0;
+      },
+      absl::Seconds(90)))
+      << "effects " << count("count(*)") << ", received " << (*handler)->Stats().received
+      << ", succeeded " << (*handler)->Stats().succeeded << ", duplicates "
+      << (*handler)->Stats().duplicates << ", redelivered " << (*handler)->Stats().redelivered
+      << ", dead-lettered " << (*handler)->Stats().dead_lettered << ", pending "
+      << PostgresOutboxPending(*db_)->pending << ", relayed " << relay->stats().relayed
+      << ", relay errors " << relay->stats().relay_errors;
+  EXPECT_GE((*handler)->Stats().duplicates, 1u) << "the restart repeated no send";
+  EXPECT_EQ(count("count(*)"), 10);
 }
 
 TEST_F(PostgresOutboxTest, OneRelayIsActivePerDatabase) {
