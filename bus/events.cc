@@ -20,6 +20,14 @@ absl::string_view EventTypeName(EventType type) {
       return "lease_lost";
     case EventType::kReconnect:
       return "reconnect";
+    case EventType::kHandlerStarted:
+      return "handler_started";
+    case EventType::kConnected:
+      return "connected";
+    case EventType::kReconnecting:
+      return "reconnecting";
+    case EventType::kDraining:
+      return "draining";
   }
   return "?";
 }

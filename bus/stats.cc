@@ -53,15 +53,19 @@ absl::Duration LatencyHistogram::Max() const {
 }
 
 std::string HandlerStats::ToString() const {
-  return absl::StrFormat(
-      "received=%d succeeded=%d failed=%d retried=%d dead_lettered=%d duplicates=%d "
-      "malformed=%d replayed=%d redelivered=%d store_errors=%d callback_errors=%d in_flight=%d "
-      "reconnects=%d events_dropped=%d running=%s consuming=%s latency_p50=%s latency_p99=%s "
-      "latency_max=%s",
-      received, succeeded, failed, retried, dead_lettered, duplicates, malformed, replayed,
-      redelivered, store_errors, callback_errors, in_flight, reconnects, events_dropped,
-      running ? "true" : "false", consuming ? "true" : "false", absl::FormatDuration(latency_p50),
-      absl::FormatDuration(latency_p99), absl::FormatDuration(latency_max));
+  return absl::StrFormat("poisoned=%d resetups=%d ", poisoned, resetups) +
+         absl::StrFormat(
+             "received=%d succeeded=%d failed=%d retried=%d dead_lettered=%d duplicates=%d "
+             "malformed=%d replayed=%d redelivered=%d store_errors=%d callback_errors=%d "
+             "in_flight=%d "
+             "reconnects=%d events_dropped=%d running=%s consuming=%s latency_p50=%s "
+             "latency_p99=%s "
+             "latency_max=%s",
+             received, succeeded, failed, retried, dead_lettered, duplicates, malformed, replayed,
+             redelivered, store_errors, callback_errors, in_flight, reconnects, events_dropped,
+             running ? "true" : "false", consuming ? "true" : "false",
+             absl::FormatDuration(latency_p50), absl::FormatDuration(latency_p99),
+             absl::FormatDuration(latency_max));
 }
 
 }  // namespace bus

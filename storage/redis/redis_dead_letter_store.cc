@@ -141,15 +141,13 @@ absl::StatusOr<Reply> One(absl::StatusOr<std::vector<Reply>> replies) {
   return std::move(r);
 }
 
-constexpr DeadLetterKind kKinds[] = {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent,
-                                     DeadLetterKind::kExhausted};
-
 // Parses the meta field; a letter from before kinds (no meta) gets the kind its reason implies.
 void ParseMeta(absl::string_view meta, DeadLetter* d) {
   std::vector<absl::string_view> parts = absl::StrSplit(meta, ' ');
   int kind = 0;
   int64_t first = 0, last = 0;
-  if (parts.size() == 5 && absl::SimpleAtoi(parts[0], &kind) && kind >= 0 && kind <= 2 &&
+  if (parts.size() == 5 && absl::SimpleAtoi(parts[0], &kind) && kind >= 0 &&
+      kind < static_cast<int>(std::size(kDeadLetterKinds)) &&
       absl::SimpleAtoi(parts[1], &d->attempts) && absl::SimpleAtoi(parts[2], &first) &&
       absl::SimpleAtoi(parts[3], &last) && absl::SimpleAtoi(parts[4], &d->replays)) {
     d->kind = static_cast<DeadLetterKind>(kind);
@@ -277,14 +275,14 @@ class RedisDeadLetterStore final : public DeadLetterStore {
  private:
   struct Keys {
     std::string seq, ids, data, reason, time, meta, msg, bymsg;
-    std::string kind[3];  // by DeadLetterKind
+    std::string kind[std::size(kDeadLetterKinds)];  // by DeadLetterKind
   };
   Keys KeysOf(absl::string_view queue) const {
     const std::string base = absl::StrCat(options_.key_prefix, "dlq:{", queue, "}:");
     Keys k{base + "seq",    base + "ids",   base + "data",
            base + "reason", base + "time",  base + "meta",
            base + "msg",    base + "bymsg", {}};
-    for (DeadLetterKind kind : kKinds) {
+    for (DeadLetterKind kind : kDeadLetterKinds) {
       k.kind[static_cast<int>(kind)] = absl::StrCat(base, "ids:", DeadLetterKindName(kind));
     }
     return k;
@@ -294,7 +292,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
   static std::vector<std::string> Indexes(const Keys& k, DeadLetterKinds kinds) {
     if (kinds.all()) return {k.ids};
     std::vector<std::string> out;
-    for (DeadLetterKind kind : kKinds) {
+    for (DeadLetterKind kind : kDeadLetterKinds) {
       if (kinds.Contains(kind)) out.push_back(k.kind[static_cast<int>(kind)]);
     }
     return out;
