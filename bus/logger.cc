@@ -1,5 +1,8 @@
 #include "bus/logger.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <string>
 
@@ -15,9 +18,27 @@ std::string Rfc3339Millis(absl::Time t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
 }
 
-// One fwrite per line keeps concurrent lines from interleaving.
-void WriteLine(std::FILE* out, const std::string& line) {
-  std::fwrite(line.data(), 1, line.size(), out);
+// Writes `line` whole and at once, under the FILE's lock: what the FILE still buffers is flushed
+// first, then the line goes out in one write(2) (continued only after a short write). So lines
+// of different threads never interleave, and a reader of the file or pipe (a log shipper) sees
+// each record complete as soon as it is logged. A FILE without a descriptor (open_memstream)
+// gets fwrite and fflush.
+void WriteLine(std::FILE* out, absl::string_view line) {
+  flockfile(out);
+  const int fd = fileno(out);
+  if (fd < 0) {
+    std::fwrite(line.data(), 1, line.size(), out);
+    std::fflush(out);
+  } else {
+    std::fflush(out);
+    while (!line.empty()) {
+      const ssize_t n = ::write(fd, line.data(), line.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // a log line that cannot be written is dropped
+      line.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+  funlockfile(out);
 }
 
 class StderrLoggerImpl final : public Logger {

@@ -81,7 +81,8 @@ struct JsonLinesLoggerOptions {
   LogLevel min_level = LogLevel::kInfo;
 };
 
-// Writes one JSON object per record and line (nlohmann/json), with one write per line:
+// Writes one JSON object per record and line (nlohmann/json), each line whole in one write(2) and
+// flushed at once (a file or pipe read while the service runs holds complete records):
 //   {"time":"2026-12-01T11:21:04.123Z","level":"warn","component":"handler","queue":"orders",
 //    "message_id":"…","biz_uid":"…","event":"dead_lettered","error":"…","attempt":4,
 //    "trace_id":"…","msg":"…"}

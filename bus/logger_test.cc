@@ -1,12 +1,18 @@
 #include "bus/logger.h"
 
+#include <poll.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -126,6 +132,99 @@ TEST(JsonLinesLoggerTest, DropsRecordsBelowTheMinimumLevel) {
   r.level = LogLevel::kWarning;
   logger->Write(r);
   EXPECT_EQ(out.Lines().size(), 1u);
+}
+
+// A pipe whose write end is a FILE* for the logger, read on this side.
+class Pipe {
+ public:
+  Pipe() {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    read_fd_ = fds[0];
+    write_ = fdopen(fds[1], "w");  // fully buffered, as stdout is when it is not a terminal
+  }
+  ~Pipe() {
+    if (write_ != nullptr) std::fclose(write_);
+    close(read_fd_);
+  }
+  std::FILE* file() { return write_; }
+  void CloseWriter() {
+    std::fclose(write_);
+    write_ = nullptr;
+  }
+  // What arrives, without the writer closing, until it ends a line or `timeout` of real time
+  // passes.
+  std::string ReadLine(absl::Duration timeout) {
+    std::string got;
+    const absl::Time end = absl::Now() + timeout;
+    while ((got.empty() || got.back() != '\n') && absl::Now() < end) {
+      pollfd p{read_fd_, POLLIN, 0};
+      if (poll(&p, 1, 10) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = read(read_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+  // Everything until the writer is closed.
+  std::string ReadAll() {
+    std::string got;
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(read_fd_, buf, sizeof buf)) > 0) got.append(buf, static_cast<size_t>(n));
+    return got;
+  }
+
+ private:
+  int read_fd_ = -1;
+  std::FILE* write_ = nullptr;
+};
+
+TEST(JsonLinesLoggerTest, ARecordReachesAPipeWholeAsSoonAsItIsLogged) {
+  Pipe pipe;
+  auto logger = JsonLinesLogger({.out = pipe.file()});
+  logger->Write(Full());
+  // The FILE stays open and is never flushed by the test: the logger flushed the record.
+  const std::string got = pipe.ReadLine(absl::Seconds(30));
+  ASSERT_FALSE(got.empty());
+  ASSERT_EQ(got.back(), '\n');
+  EXPECT_EQ(nlohmann::json::parse(got)["msg"], std::string(Full().text));
+}
+
+TEST(JsonLinesLoggerTest, EightThreadsLogWholeRecordsWhileTheReaderReads) {
+  constexpr int kThreads = 8;
+  constexpr int kRecords = 400;
+  Pipe pipe;
+  auto logger = JsonLinesLogger({.out = pipe.file()});
+  std::string read;
+  std::thread reader([&] { read = pipe.ReadAll(); });
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < kRecords; ++i) {
+        LogRecord r = Full();
+        // About 2 KiB: several records never fit one stdio buffer.
+        const std::string text = absl::StrCat(t, " ", i, " ", std::string(2000, 'x'));
+        r.text = text;
+        logger->Write(r);
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  pipe.CloseWriter();
+  reader.join();
+  std::vector<int> next(kThreads, 0);
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(read, '\n', absl::SkipEmpty())) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "not a whole record: " << line.substr(0, 80);
+    const std::vector<std::string> parts = absl::StrSplit(j["msg"].get<std::string>(), ' ');
+    const int t = std::stoi(parts[0]);
+    EXPECT_EQ(std::stoi(parts[1]), next[t]++) << "thread " << t << "'s records out of order";
+    ++lines;
+  }
+  EXPECT_EQ(lines, kThreads * kRecords);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 #     find_package(msgbus CONFIG), with CMake's pkg-config module (msgbus.pc), and with a plain
 #     compiler line from `pkg-config --cflags --libs msgbus`, and runs each build's programs: one
 #     publishes and handles one message on the memory driver with SQLite stores and reports
-#     bus::Version(), the other is a GoogleTest test on the installed test harness.
+#     bus::Version(), the other is a GoogleTest test on the installed test harness;
+#  5. runs docs/cmake.md's consumer blocks and commands as they stand (tools/doc_block.py).
 # Prints one line per step; on a failure, the end of that step's log, and exits 1.
 #
 #   bash tools/cmake_check.sh
@@ -116,6 +117,30 @@ consumer_pkg_config_cxx() {
       examples/cmake_consumer/main.cc $flags
 }
 
+# 5. docs/cmake.md's consumer, from the doc itself (tools/doc_block.py): its CMakeLists.txt
+# blocks with examples/cmake_consumer/main.cc as main.cc, built with the doc's commands (its
+# /opt/msgbus replaced by the prefix), each program run. The pkg-config block is the part a
+# user adds to a project of theirs, so it gets the find_package block's first two lines.
+docs_consumer() {
+  local doc=$root/docs/cmake.md block="python3 $root/tools/doc_block.py $root/docs/cmake.md"
+  local fp=$work/docs-find-package pc=$work/docs-pkg-config
+  mkdir -p "$fp" "$pc"
+  $block cmake-find-package >"$fp/CMakeLists.txt" || return 1
+  { $block cmake-find-package | head -n 2 && $block cmake-pkg-config; } >"$pc/CMakeLists.txt" ||
+    return 1
+  cp examples/cmake_consumer/main.cc "$fp/main.cc"
+  cp examples/cmake_consumer/main.cc "$pc/main.cc"
+  local commands
+  commands=$($block cmake-find-package-build | sed "s|/opt/msgbus|$prefix|g") || return 1
+  (cd "$fp" && echo "+ $commands" && bash -euo pipefail -c "$commands") || return 1
+  "$fp/build/orders" "$fp/orders.db" | grep "^msgbus $version: handled " || return 1
+  commands=$($block cmake-pkg-config-build | sed "s|/opt/msgbus|$prefix|g") || return 1
+  (cd "$pc" && echo "+ $commands" && bash -euo pipefail -c "$commands") || return 1
+  "$pc/build/orders" "$pc/orders.db" | grep "^msgbus $version: handled " || return 1
+  "$pc/a.out" "$pc/a.db" | grep "^msgbus $version: handled " || return 1
+  echo "docs/cmake.md's consumer steps ran ($doc)"
+}
+
 echo "cmake_check: msgbus $version, $(cmake --version | head -n 1), $jobs jobs, in $work"
 step configure cmake -S "$root" -B "$work/build" "${generator[@]}" -DCMAKE_INSTALL_PREFIX="$prefix"
 if command -v bazel >/dev/null 2>&1; then
@@ -130,4 +155,5 @@ pcdir=$(dirname "$(find "$prefix" -name msgbus.pc | head -n 1)")
 step consumer-find-package consumer_find_package
 step consumer-pkg-config-cmake consumer_pkg_config_cmake
 step consumer-pkg-config-cxx consumer_pkg_config_cxx
+step docs-consumer docs_consumer
 echo "cmake_check: ok"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and tests examples/consumer (a workspace that depends on this library) from a clean
 # state, with the steps of README.md's "Using it from another Bazel workspace", twice: with the
-# library as a local_repository (the example's own WORKSPACE), and as an http_archive of a
+# library as a local_repository (the README's WORKSPACE lines, read from README.md), and as an http_archive of a
 # `git archive` tarball of HEAD (file:// URL: no network). Both runs share a disk cache, so the
 # second builds little.
 # Copies the consumer's gtest reports to $1 (default /tmp/consumer-logs) for counting.
@@ -20,9 +20,39 @@ run_consumer() {  # $1: workspace dir, $2: label for the reports
   (cd "$1" && bazel shutdown)
 }
 
-# 1. local_repository: a copy of the example, pointing at this checkout.
+# The README's steps, taken from README.md itself (tools/doc_block.py): its WORKSPACE lines
+# (with this checkout as the path) and its .bazelrc lines, every one of which the example's
+# .bazelrc must hold.
+readme_block() { python3 "$root/tools/doc_block.py" "$root/README.md" "$1"; }
+readme_workspace=$(readme_block workspace)
+readme_bazelrc=$(readme_block bazelrc)
+while IFS= read -r line; do
+  case "$line" in "" | "#"*) continue ;; esac
+  grep -qxF -- "$line" "$root/examples/consumer/.bazelrc" || {
+    echo "consumer_check: README.md's .bazelrc line is not in examples/consumer/.bazelrc: $line" >&2
+    exit 1
+  }
+done <<<"$readme_bazelrc"
+
+# 1. local_repository: a copy of the example whose WORKSPACE is the README's, pointing at this
+# checkout.
 cp -r "$root/examples/consumer" "$work/local"
-sed -i "s|path = \"../..\"|path = \"$root\"|" "$work/local/WORKSPACE"
+{
+  echo 'workspace(name = "orders_consumer")'
+  echo "$readme_workspace" | sed "s|path = \"third_party/msgbus\"|path = \"$root\"|"
+} >"$work/local/WORKSPACE"
+grep -q "path = \"$root\"" "$work/local/WORKSPACE" || {
+  echo "consumer_check: README.md's WORKSPACE block has no local_repository path to replace" >&2
+  exit 1
+}
+# Every target README.md names exists.
+labels=$(grep -o '@msgbus//[A-Za-z0-9_/:.-]*' "$root/README.md" | grep -v '\.bzl$' | sort -u)
+(cd "$work/local" && for label in $labels; do
+  bazel query --disk_cache="$work/cache" "$label" >/dev/null 2>&1 || {
+    echo "consumer_check: README.md names $label, which does not exist" >&2
+    exit 1
+  }
+done)
 run_consumer "$work/local" local
 
 # 2. http_archive of `git archive HEAD`, fetched from file://.
