@@ -26,6 +26,14 @@ absl::string_view EventTypeName(EventType type) {
       return "backoff_ended";
     case EventType::kFatalError:
       return "fatal_error";
+    case EventType::kHandlerStarted:
+      return "handler_started";
+    case EventType::kConnected:
+      return "connected";
+    case EventType::kReconnecting:
+      return "reconnecting";
+    case EventType::kDraining:
+      return "draining";
   }
   return "?";
 }

@@ -9,9 +9,15 @@
 //     if (e.type == bus::EventType::kDeadLettered) dead_letter_counter.Increment();
 //   };
 //
-// Order: one message's events are delivered in the order they happened (a failure's kFailed
-// before its kRetried or kDeadLettered); events of messages handled at once on several workers
-// interleave. The observer is called on one thread, one event at a time, never after the
+// Order: one message's events are delivered in the order they happened (kHandlerStarted, then
+// kHandled or kFailed, a failure's kFailed before its kRetried or kDeadLettered); events of
+// messages handled at once on several workers interleave.
+//
+// Codes: Event::code is stable and machine-readable, for counting and alerting: the canonical
+// name of the status code of the error an event is about (absl::StatusCodeToString:
+// "UNAVAILABLE", "FAILED_PRECONDITION", "UNKNOWN" for a handler's exception), empty when there
+// is none. It never holds text from the application or the broker; that stays in `error` and
+// in the log. The observer is called on one thread, one event at a time, never after the
 // Handler is destroyed; an exception it throws is dropped.
 //
 // Thread-safety: Event is a plain value; the observer is only ever called from one thread.
@@ -62,10 +68,25 @@ enum class EventType {
   // An error a retry cannot fix (Unauthenticated, PermissionDenied) ends Run() after the drain
   // (error: the driver's status).
   kFatalError,
+  // The consumer side, as the event consumer of the seeds reports it:
+
+  // handle() is about to be called for a message (attempt: the handle attempt).
+  kHandlerStarted,
+  // Run() consumes: the queue is set up and its consumer runs (detail "setup"), and again
+  // after the Handler set the queue up anew following a reconnect (detail "resetup").
+  kConnected,
+  // The broker could not be reached (detail: "consumer" when creating the consumer, "receive"
+  // when fetching); the receive loop tries again with its backoff. code: the driver's status
+  // code, error: its message.
+  kReconnecting,
+  // Stop() was called while Run() runs: no new deliveries are taken, handlers are told
+  // (HandleContext), and the drain waits up to flow.shutdown_timeout.
+  kDraining,
 };
 
 // "handled", "failed", "retried", "dead_lettered", "duplicate", "redelivered", "lease_lost",
-// "reconnect", "backoff_started", "backoff_ended", "fatal_error".
+// "reconnect", "backoff_started", "backoff_ended", "fatal_error", "handler_started", "connected",
+// "reconnecting", "draining".
 absl::string_view EventTypeName(EventType type);
 
 struct Event {
@@ -79,13 +100,17 @@ struct Event {
   std::string biz_uid{};
   // The trace id of the message's traceparent (bus/trace.h); empty without a valid one.
   std::string trace_id{};
-  // The handle attempt (1 = the first) for kHandled, kFailed, kRetried and kDeadLettered.
+  // The handle attempt (1 = the first) for kHandlerStarted, kHandled, kFailed, kRetried and
+  // kDeadLettered.
   int attempt = 0;
-  // kFailed: the handler's failure message; kDeadLettered: the reason; kRedelivered and
-  // kLeaseLost: the error.
+  // kFailed: the handler's failure message; kDeadLettered: the reason; kRedelivered,
+  // kLeaseLost and kReconnecting: the error.
   std::string error{};
   // See EventType.
   std::string detail{};
+  // Stable and machine-readable (see "Codes" above): the status code's canonical name, or
+  // empty.
+  std::string code{};
   // kReconnect: the driver's reconnects so far.
   uint64_t reconnects = 0;
 };

@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
        flow.consumer_backoff->max < flow.consumer_backoff->initial)) {
     return Invalid("flow.consumer_backoff", "initial must be > 0 and <= max");
   }
+  if (flow.max_deliveries < 0) {
+    return Invalid("flow.max_deliveries", "must be 0 (no cap) or >= 1");
+  }
   HandlerOptions::Stores& stores = o.stores;
   if (stores.idempotency_lease == absl::ZeroDuration()) {
     stores.idempotency_lease = flow.delivery_lease / 2;
@@ -196,7 +199,7 @@ absl::Status Handler::Ready(absl::Duration timeout) const {
   return absl::OkStatus();
 }
 
-void Handler::Stop() { pipeline_->stop.request_stop(); }
+void Handler::Stop() { pipeline_->RequestStop(); }
 
 namespace {
 
@@ -204,10 +207,73 @@ namespace {
 constexpr BackoffPolicy kSetupBackoff{absl::Milliseconds(100), absl::Seconds(5),
                                       BackoffPolicy::Jitter::kNone};
 
+// How often the re-set-up thread looks at the driver's reconnect counter.
+constexpr absl::Duration kReconnectPoll = absl::Seconds(1);
+
 // Errors that retrying the queue set-up cannot fix: Run() returns them.
 bool Fatal(const absl::Status& st) {
   return absl::IsInvalidArgument(st) || absl::IsFailedPrecondition(st) ||
          absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st);
+}
+
+// The queue's set-up: idempotent driver calls, run before consuming and again after a reconnect.
+absl::Status SetUpQueue(const HandlerOptions& o) {
+  absl::Status st = o.driver->CreateQueue(o.queue, o.setup.queue_delay);
+  if (st.ok() && o.setup.subscribe.has_value()) {
+    st = o.driver->Subscribe(o.setup.subscribe->topic, o.queue, o.setup.subscribe->route_key);
+  }
+  return st;
+}
+
+// Runs SetUpQueue until it succeeds (OK), fails with an error a retry cannot fix (that error),
+// or `stop` is requested (Cancelled); while the broker cannot be reached, retries with the
+// set-up backoff on the Handler's clock, logging each failure. `*reconnects` is the driver's
+// reconnect count read just before the attempt that succeeded: a later reconnect may have lost
+// what it set up. `what` names the set-up in the log ("setup", "resetup").
+absl::Status SetUpWithRetries(internal::Pipeline& p, std::stop_token stop, absl::string_view what,
+                              uint64_t* reconnects) {
+  const HandlerOptions& o = p.options;
+  Backoff backoff(kSetupBackoff);
+  while (true) {
+    *reconnects = o.driver->Stats().reconnects;
+    const absl::Status st = SetUpQueue(o);
+    if (st.ok()) return st;
+    const std::string error = st.ToString();
+    const std::string event = absl::StrCat(what, "_failed");
+    // flow.retry_fatal_errors keeps retrying what credentials may fix later.
+    if (Fatal(st) && !(o.flow.retry_fatal_errors && IsFatalReceiveError(st))) {
+      p.Log(LogLevel::kError, event, absl::StrCat("queue ", what, " failed: ", error), nullptr,
+            error);
+      return st;
+    }
+    const absl::Duration wait = backoff.Next();
+    p.Log(LogLevel::kError, event,
+          absl::StrCat("queue ", what, " failed (attempt ", backoff.failures(), "): ", error,
+                       "; retrying in ", absl::FormatDuration(wait)),
+          nullptr, error);
+    if (SleepUntil(*o.clock, o.clock->Now() + wait, stop)) return absl::CancelledError();
+  }
+}
+
+// Re-set-up: after the driver reconnects, the broker may have come back without its data (a
+// Redis restarted without persistence has lost the queue's topic bindings), so the set-up runs
+// again after every reconnect the driver counts, until stopped. `reconnects`: the count the
+// last set-up saw.
+void ResetUpAfterReconnects(std::shared_ptr<internal::Pipeline> p, std::stop_token stop,
+                            uint64_t reconnects) {
+  const HandlerOptions& o = p->options;
+  // Polled on the real clock: reconnects are the broker's events, in real time, and a Handler
+  // on a FakeClock must not need a test to move time for them.
+  const std::shared_ptr<Clock> real = RealClock();
+  while (!SleepUntil(*real, real->Now() + kReconnectPoll, stop)) {
+    if (o.driver->Stats().reconnects == reconnects) continue;
+    const absl::Status st = SetUpWithRetries(*p, stop, "resetup", &reconnects);
+    if (absl::IsCancelled(st)) return;
+    if (!st.ok()) continue;  // logged; tried again after the next reconnect
+    p->resetups.fetch_add(1, std::memory_order_relaxed);
+    p->Log(LogLevel::kInfo, "resetup", "queue set up again after the driver reconnected");
+    p->Emit(EventType::kConnected, nullptr, 0, {}, "resetup");
+  }
 }
 
 // Run() after Begin: set-up, then consuming until stopped, then the drain. Touches only the
@@ -225,27 +291,11 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
 
   // The queue (and the binding) must exist before consuming. While the broker cannot be
   // reached, keep trying with backoff; only an error that a retry cannot fix ends Run().
-  Backoff backoff(kSetupBackoff);
-  while (true) {
-    absl::Status setup = o.driver->CreateQueue(o.queue, o.setup.queue_delay);
-    if (setup.ok() && o.setup.subscribe.has_value()) {
-      setup = o.driver->Subscribe(o.setup.subscribe->topic, o.queue, o.setup.subscribe->route_key);
-    }
-    if (setup.ok()) break;
-    const std::string error = setup.ToString();
-    // flow.retry_fatal_errors keeps retrying what credentials may fix later.
-    if (Fatal(setup) && !(o.flow.retry_fatal_errors && IsFatalReceiveError(setup))) {
-      p->Log(LogLevel::kError, "setup_failed", absl::StrCat("queue setup failed: ", error), nullptr,
-             error);
-      return finish(setup);
-    }
-    const absl::Duration wait = backoff.Next();
-    p->Log(LogLevel::kError, "setup_failed",
-           absl::StrCat("queue setup failed (attempt ", backoff.failures(), "): ", error,
-                        "; retrying in ", absl::FormatDuration(wait)),
-           nullptr, error);
-    if (SleepUntil(*o.clock, o.clock->Now() + wait, stop)) return finish(absl::OkStatus());
+  uint64_t reconnects = 0;
+  if (absl::Status st = SetUpWithRetries(*p, stop, "setup", &reconnects); !st.ok()) {
+    return finish(absl::IsCancelled(st) ? absl::OkStatus() : st);
   }
+  std::thread resetup(ResetUpAfterReconnects, p, stop, reconnects);
 
   // Step 7: the replay loop, on its own thread, until stopped. It replays exhausted letters
   // only; permanent and malformed ones wait for a person.
@@ -294,6 +344,7 @@ absl::Status RunPipeline(std::shared_ptr<internal::Pipeline> p) {
   // The pipeline is the receive loop's sink: its workers call Pipeline::Process directly.
   absl::Status st = ReceiveInto(*o.driver, o.queue, ro, p, stop);
   p->stop.request_stop();
+  resetup.join();
   if (replay.joinable()) replay.join();
   for (std::thread& t : background) t.join();
   return finish(st);

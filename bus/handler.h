@@ -32,8 +32,11 @@
 //     user `ensure` the delivery goes back to the broker with the infrastructure backoff
 //     (counted in store_errors and redelivered, never settled); a user `ensure` decides instead.
 //  3. Not acquired: ask `ensure`; kAlreadyHandled settles and counts a duplicate.
-//  4. Call `handle`. OK is success; an error status is a retryable failure, unless wrapped by
-//     Permanent(); a thrown exception is a retryable failure with the exception's text.
+//  4. Call `handle` (with a HandleContext in its second form, bus/handle_context.h). OK is
+//     success; an error status is a retryable failure, unless wrapped by Permanent(); a thrown
+//     exception is a retryable failure with the exception's text; Cancelled after Stop() gives
+//     the delivery back. With flow.max_deliveries, a message delivered more often than that is
+//     dead-lettered as poison before step 2, unhandled.
 //  5. Success: mark the key done (kept for `stores.idempotency_retention`), settle.
 //  6. Failure: release the key, increment `retried`, set `last_error`, ask `retry_delay`. A
 //     negative delay or a permanent failure: store a dead letter of kind exhausted or
@@ -114,10 +117,11 @@ class Handler {
 
   // Creates the queue (and the subscription), then consumes until Stop(). While the broker
   // cannot be reached, set-up is retried with backoff (100ms doubling to 5s, each failure
-  // logged) until it succeeds or Stop() is called. Returns OK after a clean stop, and at once
-  // if Stop() came first; FailedPrecondition if already running (Start() included) or if a Run()
-  // already completed; the driver's error when set-up fails with one that a retry cannot fix
-  // (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); Unauthenticated or
+  // logged) until it succeeds or Stop() is called; after each reconnect of the driver the set-up
+  // runs again (a broker restarted empty gets its bindings back). Returns OK after a clean stop,
+  // and at once if Stop() came first; FailedPrecondition if already running (Start() included) or
+  // if a Run() already completed; the driver's error when set-up fails with one that a retry cannot
+  // fix (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); Unauthenticated or
   // PermissionDenied when the consumer fails with it while consuming (after the drain; unless
   // flow.retry_fatal_errors); DeadlineExceeded
   // if handlers were still running when the shutdown timeout ran out (their deliveries are left
@@ -133,8 +137,9 @@ class Handler {
   // was not called.
   absl::Status Wait();
 
-  // Asks Run() to stop and returns at once (safe from any thread, callbacks included).
-  // Idempotent. Wait() or the destructor then waits for it.
+  // Asks Run() to stop and returns at once (safe from any thread, callbacks included):
+  // handlers are told at once (HandleContext::stopping) and get flow.shutdown_timeout to
+  // return. Idempotent. Wait() or the destructor then waits for it.
   void Stop();
 
   // Waits until Run() consumes (queue set up, consumer running): OK; FailedPrecondition when

@@ -19,4 +19,9 @@ bool IsPermanent(const absl::Status& status) {
   return !status.ok() && status.GetPayload(kPermanentPayloadUrl).has_value();
 }
 
+absl::Status HandleFn::operator()(const Message& msg) const {
+  static const HandleContext* const never_stops = new HandleContext();
+  return fn_(msg, *never_stops);
+}
+
 }  // namespace bus

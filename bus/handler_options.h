@@ -5,10 +5,13 @@
 #ifndef BUS_HANDLER_OPTIONS_H_
 #define BUS_HANDLER_OPTIONS_H_
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +21,7 @@
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/events.h"
+#include "bus/handle_context.h"
 #include "bus/logger.h"
 #include "bus/message.h"
 #include "bus/metrics.h"
@@ -39,7 +43,49 @@ enum class Ensure {
   kNotHandled,
 };
 
-using HandleFn = std::function<absl::Status(const Message& msg)>;
+// The application's function, in either of two forms:
+//
+//   options.handle = [](const bus::Message& msg) -> absl::Status { ... };
+//   options.handle = [](const bus::Message& msg, const bus::HandleContext& ctx) -> absl::Status {
+//     ...  // ctx.stopping(), ctx.WaitFor(d), ctx.stop_token(): the Handler is stopping
+//   };
+//
+// The second form learns that the Handler is stopping (bus/handle_context.h); the first is
+// called the same way and never asks. Empty (nullptr) until set. Copyable; calling it is
+// thread-safe when the function it holds is.
+class HandleFn {
+ public:
+  HandleFn() = default;
+  HandleFn(std::nullptr_t) {}  // NOLINT: as std::function
+  // The context form.
+  template <typename F>
+  requires(!std::is_same_v<std::remove_cvref_t<F>, HandleFn> &&
+           std::is_invocable_r_v<absl::Status, F&, const Message&, const HandleContext&>)
+      HandleFn(F fn)
+      : fn_(std::move(fn)) {}  // NOLINT: implicit, as std::function
+  // The message-only form.
+  template <typename F>
+  requires(!std::is_same_v<std::remove_cvref_t<F>, HandleFn> &&
+           !std::is_invocable_v<F&, const Message&, const HandleContext&> &&
+           std::is_invocable_r_v<absl::Status, F&, const Message&>)
+      HandleFn(F fn)  // NOLINT: implicit, as std::function
+      : fn_([fn = std::move(fn)](const Message& msg, const HandleContext&) mutable -> absl::Status {
+          return fn(msg);
+        }) {}
+
+  absl::Status operator()(const Message& msg, const HandleContext& ctx) const {
+    return fn_(msg, ctx);
+  }
+  // With a context that never stops (HandleContext()).
+  absl::Status operator()(const Message& msg) const;
+
+  explicit operator bool() const { return fn_ != nullptr; }
+  friend bool operator==(const HandleFn& fn, std::nullptr_t) { return fn.fn_ == nullptr; }
+
+ private:
+  std::function<absl::Status(const Message&, const HandleContext&)> fn_;
+};
+
 using EnsureFn = std::function<Ensure(const Message& msg)>;
 
 struct Subscription {
@@ -155,6 +201,19 @@ struct HandlerOptions {
     // after the drain, logged once with a kFatalError event. True: keep retrying with backoff
     // (Ready() shows it).
     bool retry_fatal_errors = false;
+    // Max deliveries: a message the broker has delivered more than this many times
+    // (Delivery::attempts) is dead-lettered as kPoison, with the count in its reason, without
+    // calling `ensure` or `handle`, then settled; >= 0, 0 (the default): no cap. Only
+    // deliveries that ended without the Handler settling them count: the process died while
+    // handling the message, or its lease ran out. A failure of `handle` never counts (it is
+    // settled by a re-send, which the broker counts from 1 again), nor do deliveries this
+    // process gave back itself (a store outage, a stop). Off by default because the broker's
+    // count also includes deliveries that were only buffered: when a message crashes the
+    // process, the others it held (up to max_in_flight) are delivered again too, and a small
+    // cap would dead-letter them beside it. To stop a crash loop, set it (5 is go-nsq's
+    // MaxAttempts) with a small max_in_flight. Drivers whose broker does not count deliveries
+    // report 0 and are never capped.
+    int max_deliveries = 0;
   };
   Flow flow{};
 

@@ -41,6 +41,34 @@ using ::bus::testing::Recorder;
 using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
+TEST_F(HandlerTest, ARetriedFailureIsLoggedAtMostOncePerIntervalWithTheCountLeftOut) {
+  auto records = std::make_shared<testing::CapturingRecordLogger>();
+  HandlerOptions o = Options([](const Message& m) -> absl::Status {
+    if (m.retried == 0) return absl::UnavailableError("db down");
+    return absl::OkStatus();
+  });
+  o.observability.logger = records;
+  o.retry_delay = [](int) { return absl::Hours(1); };  // the retries stay away
+  Handler* h = Start(o);
+  // Three failures at one instant: the first is logged, the other two are left out.
+  for (int i = 0; i < 3; ++i) Publish(absl::StrCat("order-", i), "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 3; }));
+  std::vector<testing::CapturedRecord> logged = records->WithEvent("handle_failed");
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_EQ(logged[0].level, LogLevel::kWarning);
+  EXPECT_EQ(logged[0].attempt, 1);
+  EXPECT_EQ(logged[0].error, "db down");
+  EXPECT_THAT(logged[0].text, HasSubstr("re-sent, due in 1h"));
+  // Ten seconds later the next failure is logged, with the count of those left out.
+  WaitUntilSettled();
+  AdvanceAndSettle(absl::Seconds(10));
+  Publish("order-3", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().retried == 4; }));
+  logged = records->WithEvent("handle_failed");
+  ASSERT_EQ(logged.size(), 2u);
+  EXPECT_THAT(logged[1].text, HasSubstr("(2 more retried since the last record)"));
+}
+
 TEST_F(HandlerTest, RetryableFailureIsResentWithTheComputedDelay) {
   Recorder rec;
   HandlerOptions o = Options([&](const Message& m) {

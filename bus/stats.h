@@ -30,6 +30,8 @@ struct HandlerStats {
   uint64_t redelivered = 0;      // deliveries given back to the broker unsettled
   uint64_t store_errors = 0;     // failed calls of the idempotency or dead-letter store
   uint64_t callback_errors = 0;  // exceptions thrown by ensure or retry_delay
+  uint64_t poisoned = 0;         // dead-lettered as poison: delivered over flow.max_deliveries
+  uint64_t resetups = 0;         // queue set-ups run again after a reconnect of the driver
   int64_t in_flight = 0;         // messages inside the pipeline right now
   uint64_t reconnects = 0;       // the driver's reconnects
   uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)

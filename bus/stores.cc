@@ -1,5 +1,7 @@
 #include "bus/stores.h"
 
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 
 namespace bus {
@@ -12,23 +14,25 @@ absl::string_view DeadLetterKindName(DeadLetterKind kind) {
       return "permanent";
     case DeadLetterKind::kExhausted:
       return "exhausted";
+    case DeadLetterKind::kPoison:
+      return "poison";
   }
   return "unknown";
 }
 
 absl::StatusOr<DeadLetterKind> ParseDeadLetterKind(absl::string_view name) {
-  for (DeadLetterKind k :
-       {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted}) {
+  for (DeadLetterKind k : kDeadLetterKinds) {
     if (name == DeadLetterKindName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dead-letter kind \"", name,
-                                                 "\" (want malformed, permanent or exhausted)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dead-letter kind \"", name, "\" (want malformed, permanent, exhausted or poison)"));
 }
 
 absl::Status ValidateDeadLetter(const DeadLetter& letter) {
   if (letter.queue.empty()) return absl::InvalidArgumentError("DeadLetter.queue: missing");
   const int k = static_cast<int>(letter.kind);
-  if (k < 0 || k > 2) return absl::InvalidArgumentError("DeadLetter.kind: out of range");
+  if (k < 0 || k >= static_cast<int>(std::size(kDeadLetterKinds)))
+    return absl::InvalidArgumentError("DeadLetter.kind: out of range");
   if (letter.attempts < 0) return absl::InvalidArgumentError("DeadLetter.attempts: negative");
   if (letter.replays < 0) return absl::InvalidArgumentError("DeadLetter.replays: negative");
   return absl::OkStatus();

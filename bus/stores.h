@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,8 +37,8 @@
 namespace bus {
 
 // Why a letter was dead-lettered. The periodic replay (HandlerOptions::replay.interval) takes
-// kExhausted letters only: a retry may succeed later. kPermanent and kMalformed letters wait
-// for a person (Handler::ReplayDeadLetters with a filter, or a purge).
+// kExhausted letters only: a retry may succeed later. kPermanent, kMalformed and kPoison letters
+// wait for a person (Handler::ReplayDeadLetters with a filter, or a purge).
 enum class DeadLetterKind : int {
   // The bytes are not a valid envelope (or the broker's record of them was corrupt).
   kMalformed = 0,
@@ -45,14 +46,25 @@ enum class DeadLetterKind : int {
   kPermanent = 1,
   // The retry policy gave up (retry_delay returned a negative delay).
   kExhausted = 2,
+  // The broker delivered the message more often than HandlerOptions::flow.max_deliveries
+  // allows (each delivery ended without being settled: the process died while handling it, or
+  // its lease ran out); it was not handled again. The reason says how many deliveries.
+  kPoison = 3,
 };
 
-// "malformed", "permanent", "exhausted".
+// Every kind, in the order of their values: what a listing (busctl, the console, metrics)
+// walks, so that a new kind appears everywhere.
+inline constexpr DeadLetterKind kDeadLetterKinds[] = {
+    DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted,
+    DeadLetterKind::kPoison};
+
+// "malformed", "permanent", "exhausted", "poison".
 absl::string_view DeadLetterKindName(DeadLetterKind kind);
 // The inverse of DeadLetterKindName; InvalidArgument for any other text.
 absl::StatusOr<DeadLetterKind> ParseDeadLetterKind(absl::string_view name);
 
-// A set of kinds, as a bit mask: DeadLetterKinds{} is empty, AllDeadLetterKinds() has all three.
+// A set of kinds, as a bit mask: DeadLetterKinds{} is empty, AllDeadLetterKinds() has every
+// kind.
 class DeadLetterKinds {
  public:
   constexpr DeadLetterKinds() = default;
@@ -60,8 +72,14 @@ class DeadLetterKinds {
     for (DeadLetterKind k : kinds) bits_ |= Bit(k);
   }
   constexpr bool Contains(DeadLetterKind kind) const { return (bits_ & Bit(kind)) != 0; }
+  // This set and `kind`.
+  constexpr DeadLetterKinds With(DeadLetterKind kind) const {
+    DeadLetterKinds s = *this;
+    s.bits_ |= Bit(kind);
+    return s;
+  }
   constexpr bool empty() const { return bits_ == 0; }
-  constexpr bool all() const { return bits_ == 7; }
+  constexpr bool all() const { return bits_ == (uint32_t{1} << std::size(kDeadLetterKinds)) - 1; }
   // Bit i set: kind i is in the set.
   constexpr uint32_t bits() const { return bits_; }
   friend constexpr bool operator==(DeadLetterKinds, DeadLetterKinds) = default;
@@ -71,7 +89,9 @@ class DeadLetterKinds {
   uint32_t bits_ = 0;
 };
 constexpr DeadLetterKinds AllDeadLetterKinds() {
-  return {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted};
+  DeadLetterKinds all;
+  for (DeadLetterKind k : kDeadLetterKinds) all = all.With(k);
+  return all;
 }
 
 struct DeadLetter {
@@ -87,7 +107,9 @@ struct DeadLetter {
   // Why it was dead-lettered (the last error, or why the envelope could not be decoded).
   std::string reason{};
   DeadLetterKind kind = DeadLetterKind::kExhausted;
-  // Failed attempts of the message (its `retried` when it was stored); 0 when malformed.
+  // Failed attempts of the message (its `retried` when it was stored); 0 when malformed. A
+  // poison letter keeps the message's `retried` too (the deliveries it was not settled in are
+  // not failed attempts; its reason counts them).
   int attempts = 0;
   // When the message first failed and when it failed last (for a malformed letter: when it was
   // found malformed, both).

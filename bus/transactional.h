@@ -29,11 +29,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "bus/driver.h"
+#include "bus/handle_context.h"
 #include "bus/logger.h"
 #include "bus/message.h"
 #include "bus/stores.h"
 
 namespace bus {
+namespace internal {
+struct Pipeline;  // bus/internal/pipeline.h
+}  // namespace internal
 
 // The store's open transaction, as the effect sees it. Each store derives its own type from it
 // (SqliteTransaction) and its handle helper casts to that; the pipeline only passes it on. Valid
@@ -41,6 +45,15 @@ namespace bus {
 class Transaction {
  public:
   virtual ~Transaction() = default;
+
+  // The Handler's context for the effect running now (bus/handle_context.h): stopping(), a
+  // wait that returns on Stop(). Outside a Handler's effect call, a context that never stops.
+  const HandleContext& context() const;
+
+ private:
+  friend struct internal::Pipeline;
+  // Set by the pipeline around each effect call.
+  const HandleContext* context_ = nullptr;
 };
 
 // Work that runs beside a Handler for as long as it consumes (an outbox relay): Run is called on

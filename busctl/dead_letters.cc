@@ -16,10 +16,6 @@
 namespace busctl {
 namespace {
 
-constexpr bus::DeadLetterKind kKinds[] = {bus::DeadLetterKind::kMalformed,
-                                          bus::DeadLetterKind::kPermanent,
-                                          bus::DeadLetterKind::kExhausted};
-
 // Letters are read from the store in batches of this many.
 constexpr int kBatch = 500;
 
@@ -252,7 +248,7 @@ absl::Status RunDeadCount(const Invocation& in) {
   std::vector<std::string> header = {"QUEUE"};
   std::vector<std::string> row = {queue};
   int64_t total = 0;
-  for (bus::DeadLetterKind k : kKinds) {
+  for (bus::DeadLetterKind k : bus::kDeadLetterKinds) {
     if (!kinds.Contains(k)) continue;
     absl::StatusOr<int64_t> n = (*dl)->Count(queue, bus::DeadLetterKinds{k});
     if (!n.ok()) return n.status();

@@ -22,7 +22,7 @@ ABSL_FLAG(std::vector<std::string>, header, {}, "publish: a header k=v; repeat f
 ABSL_FLAG(absl::Duration, delay, absl::ZeroDuration(), "publish: deliver after this long");
 ABSL_FLAG(std::string, data, "", "publish: the payload (default: stdin)");
 ABSL_FLAG(bool, raw, false, "publish: stdin exactly, with its trailing newline");
-ABSL_FLAG(busctl::KindFlag, kind, {}, "dead-letters: malformed, permanent or exhausted");
+ABSL_FLAG(busctl::KindFlag, kind, {}, "dead-letters: malformed, permanent, exhausted or poison");
 ABSL_FLAG(int, limit, 100, "dead-letters list: at most this many letters");
 ABSL_FLAG(busctl::SinceFlag, since, {}, "dead-letters list: failed last at or after this");
 ABSL_FLAG(std::vector<std::string>, id, {}, "dead-letters replay: this letter; repeat for more");
@@ -39,7 +39,7 @@ bool AbslParseFlag(absl::string_view text, KindFlag* flag, std::string* error) {
   }
   absl::StatusOr<bus::DeadLetterKind> kind = bus::ParseDeadLetterKind(text);
   if (!kind.ok()) {
-    *error = "want malformed, permanent or exhausted";
+    *error = "want malformed, permanent, exhausted or poison";
     return false;
   }
   flag->kind = *kind;

@@ -84,7 +84,7 @@ kind.
 )"},
     {"dead-letters", R"(Usage: busctl dead-letters list|show|replay|purge|count ...
   list QUEUE [--kind=K] [--limit=N] [--since=T]
-      --kind=K     malformed, permanent or exhausted (default: every kind)
+      --kind=K     malformed, permanent, exhausted or poison (default: every kind)
       --limit=N    at most N letters (default: 100)
       --since=T    only letters that failed last at or after T: RFC 3339
                    (2024-05-01T12:00:00Z) or a duration ago (1h) (default: all)

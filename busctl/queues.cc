@@ -1,16 +1,13 @@
 // busctl queues and stats QUEUE: ready, delayed and in-flight counts and, with --stores, dead
 // letters by kind.
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "busctl/commands.h"
 #include "busctl/output.h"
 
 namespace busctl {
 namespace {
-
-constexpr bus::DeadLetterKind kKinds[] = {bus::DeadLetterKind::kMalformed,
-                                          bus::DeadLetterKind::kPermanent,
-                                          bus::DeadLetterKind::kExhausted};
 
 absl::Status PrintQueues(const Invocation& in, const std::vector<std::string>& queues,
                          bus::Driver& driver) {
@@ -30,7 +27,7 @@ absl::Status PrintQueues(const Invocation& in, const std::vector<std::string>& q
                                     absl::StrCat(c->in_flight)};
     if (dl != nullptr) {
       Json dead = Json::object();
-      for (bus::DeadLetterKind k : kKinds) {
+      for (bus::DeadLetterKind k : bus::kDeadLetterKinds) {
         absl::StatusOr<int64_t> n = dl->Count(q, bus::DeadLetterKinds{k});
         if (!n.ok()) return n.status();
         dead[std::string(bus::DeadLetterKindName(k))] = *n;
@@ -46,7 +43,11 @@ absl::Status PrintQueues(const Invocation& in, const std::vector<std::string>& q
   }
   if (!JsonOutput()) {
     std::vector<std::string> header = {"QUEUE", "READY", "DELAYED", "IN_FLIGHT"};
-    if (dl != nullptr) header.insert(header.end(), {"MALFORMED", "PERMANENT", "EXHAUSTED"});
+    if (dl != nullptr) {
+      for (bus::DeadLetterKind k : bus::kDeadLetterKinds) {
+        header.push_back(absl::AsciiStrToUpper(bus::DeadLetterKindName(k)));
+      }
+    }
     PrintTable(header, rows);
   }
   return absl::OkStatus();

@@ -64,9 +64,15 @@ class ObservabilityTest : public ::testing::Test {
     return raw;
   }
 
-  void TearDown() override {
+  void TearDown() override { StopAll(); }
+
+  // Stops and destroys the handlers: their observers are not called after this (Stop() itself
+  // makes a kDraining event), so a test whose observer captures its locals calls it last.
+  void StopAll() {
     for (auto& h : handlers_) h->Stop();
     for (auto& r : runs_) EXPECT_TRUE(r.get().ok());
+    runs_.clear();
+    handlers_.clear();
   }
 
   std::string Publish(std::string biz_uid, std::vector<std::pair<std::string, std::string>> headers,
@@ -224,11 +230,29 @@ TEST_F(ObservabilityTest, EachOutcomeIsAnEventWithTheMessagesFields) {
   ASSERT_TRUE(driver_->SendToQueue("orders", "not an envelope", absl::ZeroDuration()).ok());
   ASSERT_TRUE(WaitUntil([&] { return events_.Count(EventType::kDeadLettered) == 2; }));
 
-  const std::vector<Event> all = events_.events();
+  // The outcomes; kConnected comes first and each handle call has its kHandlerStarted.
+  std::vector<Event> all;
+  int started = 0;
+  const std::vector<Event> every = events_.events();
+  ASSERT_FALSE(every.empty());
+  EXPECT_EQ(every[0].type, EventType::kConnected);
+  EXPECT_EQ(every[0].detail, "setup");
+  for (const Event& e : every) {
+    if (e.type == EventType::kHandlerStarted) {
+      ++started;
+    } else if (e.type != EventType::kConnected) {
+      all.push_back(e);
+    }
+  }
+  EXPECT_EQ(started, 3);  // flaky twice, bad once
   std::vector<std::string> kinds;
   for (const Event& e : all) kinds.push_back(std::string(EventTypeName(e.type)));
   EXPECT_THAT(kinds, ::testing::ElementsAre("failed", "retried", "handled", "failed",
                                             "dead_lettered", "duplicate", "dead_lettered"));
+  // Stable codes: the status code's name, never the handler's text.
+  EXPECT_EQ(all[0].code, "UNAVAILABLE");
+  EXPECT_EQ(all[3].code, "INVALID_ARGUMENT");
+  EXPECT_EQ(all[6].code, "INVALID_ARGUMENT");  // not an envelope
   for (const Event& e : all) {
     EXPECT_EQ(e.queue, "orders");
     EXPECT_EQ(e.time, clock_->Now());
@@ -332,8 +356,10 @@ TEST_F(ObservabilityTest, AThrowingObserverIsIgnoredAndStillCalled) {
   Handler* h = Start(std::move(o));
   Publish("a", {});
   Publish("b", {});
-  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 2; }));
+  // kConnected, then kHandlerStarted and kHandled for each message.
+  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 5; }));
   EXPECT_EQ(h->Stats().succeeded, 2u);
+  StopAll();
 }
 
 TEST_F(ObservabilityTest, TheObserverQueueMustHoldAnEvent) {
@@ -382,7 +408,8 @@ TEST_F(ObservabilityTest, ASlowObserverDropsEventsAndNeverBlocksThePipeline) {
   ASSERT_TRUE(run.get().ok());
   // Nothing is pushed any more; what is still queued is delivered (at most two queues' worth).
   ASSERT_TRUE(WaitUntil(
-      [&] { return delivered.load() + h->Stats().events_dropped == uint64_t{kMessages}; }));
+      // kConnected, kHandlerStarted and kHandled per message, and Stop()'s kDraining.
+      [&] { return delivered.load() + h->Stats().events_dropped == 2 * uint64_t{kMessages} + 2; }));
   EXPECT_GT(delivered.load(), 0u);
   EXPECT_LT(delivered.load(), uint64_t{kMessages} / 10);
 }

@@ -242,6 +242,25 @@ TEST_P(DeadLetterStoreConformanceTest, FetchCountAndPurgeFilterByKind) {
   EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kPermanent}), 0);
 }
 
+TEST_P(DeadLetterStoreConformanceTest, EveryKindIsKeptFetchedCountedAndPurgedOnItsOwn) {
+  const std::string q = Unique("q");
+  for (DeadLetterKind kind : kDeadLetterKinds) {
+    ASSERT_TRUE(store_->Store(Letter(q, DeadLetterKindName(kind), "r", kind)).ok());
+  }
+  EXPECT_EQ(*store_->Count(q), static_cast<int64_t>(std::size(kDeadLetterKinds)));
+  for (DeadLetterKind kind : kDeadLetterKinds) {
+    EXPECT_EQ(*store_->Count(q, {kind}), 1) << DeadLetterKindName(kind);
+    absl::StatusOr<std::vector<DeadLetter>> one = store_->Fetch(q, 10, "", {kind});
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_EQ(one->size(), 1u) << DeadLetterKindName(kind);
+    EXPECT_EQ((*one)[0].kind, kind);
+    EXPECT_EQ((*one)[0].data, DeadLetterKindName(kind));
+  }
+  ASSERT_TRUE(store_->Purge(q, {DeadLetterKind::kPoison}).ok());
+  EXPECT_EQ(*store_->Count(q, {DeadLetterKind::kPoison}), 0);
+  EXPECT_EQ(*store_->Count(q), static_cast<int64_t>(std::size(kDeadLetterKinds)) - 1);
+}
+
 TEST_P(DeadLetterStoreConformanceTest, StoringALetterOfTheSameMessageAndAttemptsAgainIsANoOp) {
   const std::string q = Unique("q");
   DeadLetter letter = Letter(q, "v1", "r");

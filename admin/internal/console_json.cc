@@ -170,40 +170,19 @@ absl::StatusOr<int> IntParam(const Target& t, const std::string& name, int fallb
   return v;
 }
 
-static DeadLetterKinds KindsFromBits(uint32_t bits) {
-  constexpr DeadLetterKind m = DeadLetterKind::kMalformed, p = DeadLetterKind::kPermanent,
-                           e = DeadLetterKind::kExhausted;
-  switch (bits) {
-    case 1:
-      return {m};
-    case 2:
-      return {p};
-    case 3:
-      return {m, p};
-    case 4:
-      return {e};
-    case 5:
-      return {m, e};
-    case 6:
-      return {p, e};
-    default:
-      return {m, p, e};
-  }
-}
-
 // "malformed,permanent,..."; empty or "all": every kind.
 absl::StatusOr<DeadLetterKinds> ParseKinds(absl::string_view text) {
   if (text.empty() || text == "all") return AllDeadLetterKinds();
-  uint32_t bits = 0;
+  DeadLetterKinds kinds;
   for (absl::string_view name : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     absl::StatusOr<DeadLetterKind> k = ParseDeadLetterKind(name);
     if (!k.ok()) {
       return absl::InvalidArgumentError(
-          "kind must be a comma-separated list of malformed, permanent, exhausted");
+          "kind must be a comma-separated list of malformed, permanent, exhausted, poison");
     }
-    bits |= uint32_t{1} << static_cast<int>(*k);
+    kinds = kinds.With(*k);
   }
-  return KindsFromBits(bits);
+  return kinds.empty() ? AllDeadLetterKinds() : kinds;
 }
 
 absl::StatusOr<DeadLetterKinds> KindsFromJson(const json& body) {
@@ -220,8 +199,7 @@ absl::StatusOr<DeadLetterKinds> KindsFromJson(const json& body) {
 
 json KindNames(DeadLetterKinds kinds) {
   json out = json::array();
-  for (DeadLetterKind k :
-       {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted}) {
+  for (DeadLetterKind k : kDeadLetterKinds) {
     if (kinds.Contains(k)) out.push_back(std::string(DeadLetterKindName(k)));
   }
   return out;

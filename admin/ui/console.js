@@ -225,7 +225,7 @@ async function queuePage(name) {
 
 // ---- dead letters ------------------------------------------------------------------------
 
-const KINDS = ['exhausted', 'permanent', 'malformed'];
+const KINDS = ['exhausted', 'permanent', 'malformed', 'poison'];
 
 async function deadPage(name, params) {
   crumbs(link([], 'queues'), link(['queue', name], name), el('span', {}, 'dead letters'));

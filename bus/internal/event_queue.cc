@@ -54,7 +54,8 @@ void EventQueue::Unpack(const Slot& s, Event* e) const {
   e->type = s.type;
   e->time = s.time;
   e->attempt = s.attempt;
-  std::string* fields[kParts] = {&e->message_id, &e->biz_uid, &e->trace_id, &e->error, &e->detail};
+  std::string* fields[kParts] = {&e->message_id, &e->biz_uid, &e->trace_id,
+                                 &e->error,      &e->detail,  &e->code};
   size_t at = 0;
   for (int i = 0; i < kParts; ++i) {
     fields[i]->assign(s.text, at, s.sizes[i]);

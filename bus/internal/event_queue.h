@@ -28,8 +28,9 @@
 namespace bus::internal {
 
 class EventQueue {
-  static constexpr int kParts = 5;
-  // One packed event: message id, biz_uid, trace id, error and detail, one after the other.
+  static constexpr int kParts = 6;
+  // One packed event: message id, biz_uid, trace id, error, detail and code, one after the
+  // other.
   struct Slot {
     EventType type = EventType::kHandled;
     int attempt = 0;
@@ -73,10 +74,10 @@ class EventQueue {
   // waits for the observer; dropped (and counted) when full or closed.
   void Push(Stage* stage, EventType type, absl::Time time, int attempt,
             absl::string_view message_id, absl::string_view biz_uid, absl::string_view traceparent,
-            absl::string_view error, absl::string_view detail) {
+            absl::string_view error, absl::string_view detail, absl::string_view code) {
     if (stage != nullptr) {
       Pack(&stage->slots_[stage->size_++], type, time, attempt,
-           {message_id, biz_uid, traceparent, error, detail});
+           {message_id, biz_uid, traceparent, error, detail, code});
       if (stage->size_ == kStageLimit) Flush(stage);
       return;
     }
@@ -86,7 +87,7 @@ class EventQueue {
       return;
     }
     Pack(&pending_[pending_size_++], type, time, attempt,
-         {message_id, biz_uid, traceparent, error, detail});
+         {message_id, biz_uid, traceparent, error, detail, code});
     if (waiting_) cv_.Signal();
   }
 

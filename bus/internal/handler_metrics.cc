@@ -34,6 +34,12 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
             q, s.store_errors);
   w.Counter("bus_callback_errors_total", "Exceptions thrown by ensure or retry_delay.", q,
             s.callback_errors);
+  w.Counter("bus_messages_poisoned_total",
+            "Messages dead-lettered as poison: delivered more often than flow.max_deliveries.", q,
+            s.poisoned);
+  w.Counter("bus_setup_repeats_total",
+            "Queue set-ups (CreateQueue, Subscribe) run again after the driver reconnected.", q,
+            s.resetups);
   w.Counter("bus_events_dropped_total",
             "Observer events dropped because the observer's queue was full (bus/events.h).", q,
             s.events_dropped);
@@ -92,8 +98,7 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
 
   if (dead_letters == nullptr) return;
   int failed = 0;
-  for (DeadLetterKind kind :
-       {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent, DeadLetterKind::kExhausted}) {
+  for (DeadLetterKind kind : kDeadLetterKinds) {
     absl::StatusOr<int64_t> n = dead_letters->Count(queue, {kind});
     if (!n.ok()) {
       ++failed;

@@ -114,8 +114,11 @@ int Pipeline::AutoBatchLimit() const {
 // ---- The receive loop's side ----
 
 void Pipeline::OnConsuming() {
-  absl::MutexLock lock(&mu);
-  consuming = true;
+  {
+    absl::MutexLock lock(&mu);
+    consuming = true;
+  }
+  Emit(EventType::kConnected, nullptr, 0, {}, "setup");
 }
 
 int Pipeline::BatchLimit() { return options.flow.batch_size > 0 ? 0 : AutoBatchLimit(); }
@@ -124,7 +127,7 @@ void Pipeline::Process(absl::Span<const Delivery> deliveries, absl::Span<Settlem
   thread_local std::vector<Input> inputs;
   inputs.resize(deliveries.size());
   for (size_t i = 0; i < deliveries.size(); ++i) {
-    inputs[i] = Input{deliveries[i].data, deliveries[i].corrupt, -1};
+    inputs[i] = Input{deliveries[i].data, deliveries[i].corrupt, -1, deliveries[i].attempts};
   }
   if (events != nullptr && staged_events == nullptr) {
     // One per thread, for the thread's life: a worker thread serves one Handler. The events of
@@ -142,10 +145,34 @@ void Pipeline::OnError(const ReceiveError& error) {
   const bool lease_lost = error.lease_lost();
   Log(LogLevel::kError, lease_lost ? "lease_lost" : "driver_error", absl::StrCat("driver: ", text),
       nullptr, text);
+  if (error.kind == ReceiveError::Kind::kConsumer || error.kind == ReceiveError::Kind::kReceive) {
+    EmitStatus(EventType::kReconnecting, nullptr, 0, error.status,
+               ReceiveErrorKindName(error.kind));
+  }
   if (lease_lost) {
     Emit(EventType::kLeaseLost, nullptr, 0,
-         absl::StrCat(ReceiveErrorKindName(error.kind), ": ", error.status.message()), "delivery");
+         absl::StrCat(ReceiveErrorKindName(error.kind), ": ", error.status.message()), "delivery",
+         StatusCodeName(error.status));
   }
+}
+
+std::string StatusCodeName(const absl::Status& st) {
+  return st.ok() ? std::string() : absl::StatusCodeToString(st.code());
+}
+
+void Pipeline::RequestStop() {
+  bool is_consuming = false;
+  {
+    absl::MutexLock lock(&mu);
+    is_consuming = consuming;
+  }
+  if (is_consuming && !stop.stop_requested() && !draining.exchange(true)) {
+    Log(LogLevel::kInfo, "draining",
+        absl::StrCat("stopping: no new deliveries; running handlers are told and get up to ",
+                     absl::FormatDuration(options.flow.shutdown_timeout)));
+    Emit(EventType::kDraining, nullptr);
+  }
+  stop.request_stop();
 }
 
 // ---- Steps 1 to 6 for a batch ----
@@ -168,6 +195,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   b.owner_views.clear();
   for (size_t i = 0; i < n; ++i) {
     if (!Decode(in[i], &b.msgs[i], &out[i])) continue;
+    if (!WithinMaxDeliveries(in[i], b.msgs[i], &out[i])) continue;
     if (in[i].replays >= 0) SetHeader(b.msgs[i], kReplaysHeader, absl::StrCat(in[i].replays + 1));
     KeyOf(b.msgs[i], &b.keys[i]);
     b.owners[i] = NewOwnerToken();
@@ -222,7 +250,12 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       continue;
     }
     // 4.
-    const absl::Status result = CallHandle(msg, nullptr);
+    EmitStarted(msg);
+    const absl::Status result = CallHandle(msg, in[i].deliveries, nullptr);
+    if (StoppedHandle(result)) {
+      out[i] = Abandoned(msg, b.keys[i], b.owners[i], under_key);
+      continue;
+    }
     if (!result.ok()) {
       // 6.
       out[i] = Failed(msg, b.keys[i], b.owners[i], under_key, result);
@@ -240,12 +273,34 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   }
   if (!b.pending.empty()) {
     // 4 and 5 (or 6) of every message to handle, in one transaction of the inbox.
-    HandleInTransaction(b.pending, absl::MakeSpan(b.msgs.data(), n),
+    HandleInTransaction(b.pending, in, absl::MakeSpan(b.msgs.data(), n),
                         absl::MakeConstSpan(b.keys.data(), n),
                         absl::MakeConstSpan(b.owners.data(), n), b.pending_acquired, out);
   }
   // 5. Mark the handled keys done, in one call.
   if (!b.done_keys.empty()) MarkDone(b.done_keys, b.done_owners, b.done_msgs);
+  if (options.flow.max_deliveries > 0) {
+    CountGiveBacks(in, absl::MakeConstSpan(b.msgs.data(), n), b.decoded, out);
+  }
+}
+
+void Pipeline::CountGiveBacks(absl::Span<const Input> in, absl::Span<const Message> msgs,
+                              absl::Span<const size_t> decoded, absl::Span<const Settlement> out) {
+  bool any_back = false;
+  for (size_t i : decoded) any_back |= in[i].replays < 0 && !out[i].done;
+  if (!any_back && !gave_back_any.load(std::memory_order_relaxed)) return;
+  absl::MutexLock lock(&gave_back_mu);
+  for (size_t i : decoded) {
+    if (in[i].replays >= 0) continue;
+    if (out[i].done) {
+      gave_back.erase(msgs[i].id);
+    } else if (auto it = gave_back.find(msgs[i].id); it != gave_back.end()) {
+      ++it->second;
+    } else if (gave_back.size() < kMaxGaveBack) {
+      gave_back.emplace(msgs[i].id, 1);
+    }
+  }
+  gave_back_any.store(!gave_back.empty(), std::memory_order_relaxed);
 }
 
 // ---- 1. Decode ----
@@ -271,7 +326,37 @@ bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
   letter.reason = absl::StrCat("malformed: ", st.message());
   letter.kind = DeadLetterKind::kMalformed;
   letter.first_failed_at = letter.last_failed_at = options.clock->Now();
-  *out = StoreDeadLetter(std::move(letter), nullptr);
+  *out = StoreDeadLetter(std::move(letter), nullptr, StatusCodeName(st));
+  return false;
+}
+
+bool Pipeline::WithinMaxDeliveries(const Input& in, const Message& msg, Settlement* out) {
+  const int cap = options.flow.max_deliveries;
+  if (cap == 0 || in.replays >= 0 || in.deliveries <= cap) return true;
+  int unsettled = in.deliveries;
+  if (gave_back_any.load(std::memory_order_relaxed)) {
+    absl::MutexLock lock(&gave_back_mu);
+    if (auto it = gave_back.find(msg.id); it != gave_back.end()) unsettled -= it->second;
+  }
+  if (unsettled <= cap) return true;
+  poisoned.fetch_add(1, std::memory_order_relaxed);
+  const absl::Time now = options.clock->Now();
+  DeadLetter letter;
+  letter.queue = options.queue;
+  letter.data = std::string(in.data);
+  letter.message_id = msg.id;
+  letter.reason = absl::StrCat("poison: delivered ", in.deliveries, " times (", unsettled,
+                               " not settled), more than flow.max_deliveries (", cap, ")");
+  letter.kind = DeadLetterKind::kPoison;
+  letter.attempts = msg.retried;
+  letter.first_failed_at =
+      absl::FromUnixMicros(HeaderInt(msg, kFirstFailedHeader, absl::ToUnixMicros(now)));
+  letter.last_failed_at = now;
+  letter.replays = static_cast<int>(HeaderInt(msg, kReplaysHeader, 0));
+  Log(LogLevel::kWarning, "poison",
+      absl::StrCat("message ", msg.id, " ", letter.reason, ": dead-lettered without handling"),
+      &msg, letter.reason, msg.retried);
+  *out = StoreDeadLetter(std::move(letter), &msg);
   return false;
 }
 
@@ -321,7 +406,7 @@ Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
                      "; deliveries are given back to the broker until the store answers"),
         &msg, error);
   }
-  return InfraFailure(&msg, "store_error", error);
+  return InfraFailure(&msg, "store_error", st);
 }
 
 // ---- 3. Resolve: a key not acquired ----
@@ -386,22 +471,30 @@ Settlement Pipeline::CallbackThrew(absl::string_view callback, const Message& ms
       absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
                    "; the delivery is given back"),
       &msg, what);
-  return InfraFailure(&msg, "callback_error", what);
+  return InfraFailure(&msg, "callback_error", absl::UnknownError(what));
 }
 
 // ---- 4. Handle ----
 
-absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
+absl::Status Pipeline::CallHandle(const Message& msg, int deliveries, Transaction* tx) {
   // An exception is a retryable failure and never reaches the driver.
   const absl::Time start = options.clock->Now();
+  const HandleContext context(stop.get_token(), *options.clock, deliveries);
   absl::Status result;
   try {
-    result = tx != nullptr ? handle_in_transaction(msg, *tx) : options.handle(msg);
+    if (tx != nullptr) {
+      tx->context_ = &context;
+      result = handle_in_transaction(msg, *tx);
+      tx->context_ = nullptr;
+    } else {
+      result = options.handle(msg, context);
+    }
   } catch (const std::exception& e) {
     result = absl::UnknownError(absl::StrCat("handler threw: ", e.what()));
   } catch (...) {
     result = absl::UnknownError("handler threw a non-std exception");
   }
+  if (tx != nullptr) tx->context_ = nullptr;
   const absl::Duration took = options.clock->Now() - start;
   latency.Record(took);
   // Weight 1/8: a few slow calls move the batch size within a batch or two. Racing updates
@@ -410,6 +503,20 @@ absl::Status Pipeline::CallHandle(const Message& msg, Transaction* tx) {
   const int64_t avg = handle_nanos.load(std::memory_order_relaxed);
   handle_nanos.store(avg == 0 ? ns : avg + (ns - avg) / 8, std::memory_order_relaxed);
   return result;
+}
+
+bool Pipeline::StoppedHandle(const absl::Status& result) const {
+  return absl::IsCancelled(result) && stop.stop_requested();
+}
+
+Settlement Pipeline::Abandoned(const Message& msg, const std::string& key, absl::string_view owner,
+                               bool acquired) {
+  Settlement s = Settlement::Redeliver();
+  if (acquired && !Release(key, owner)) s.redeliver_after = options.stores.idempotency_lease;
+  redelivered.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kRedelivered, &msg, msg.retried + 1, "", "stopping",
+       StatusCodeName(absl::CancelledError()));
+  return s;
 }
 
 // ---- 5. Success ----
@@ -449,7 +556,7 @@ void Pipeline::MarkDoneFailed(const Message& msg, absl::string_view key, const a
       msg.retried + 1);
   // FailedPrecondition: the key's lease ran out and it is no longer ours.
   if (absl::IsFailedPrecondition(st)) {
-    Emit(EventType::kLeaseLost, &msg, msg.retried + 1, st.message(), "idempotency");
+    EmitStatus(EventType::kLeaseLost, &msg, msg.retried + 1, st, "idempotency");
   }
 }
 
@@ -475,7 +582,8 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
     SetHeader(msg, kFirstFailedHeader, absl::StrCat(absl::ToUnixMicros(end)));
   }
   const bool permanent = IsPermanent(result);
-  Emit(EventType::kFailed, &msg, msg.retried, msg.last_error, permanent ? "permanent" : "");
+  Emit(EventType::kFailed, &msg, msg.retried, msg.last_error, permanent ? "permanent" : "",
+       StatusCodeName(result));
   absl::Duration delay = NoRetry();
   if (!permanent) {
     try {
@@ -499,7 +607,7 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
         absl::FromUnixMicros(HeaderInt(msg, kFirstFailedHeader, absl::ToUnixMicros(end)));
     letter.last_failed_at = end;
     letter.replays = static_cast<int>(HeaderInt(msg, kReplaysHeader, 0));
-    Settlement s = after_lease(StoreDeadLetter(std::move(letter), &msg));
+    Settlement s = after_lease(StoreDeadLetter(std::move(letter), &msg, StatusCodeName(result)));
     if (s.done) {
       Log(LogLevel::kWarning, "dead_lettered",
           absl::StrCat(
@@ -514,11 +622,33 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
     const std::string error = st.ToString();
     Log(LogLevel::kError, "retry_send_failed",
         absl::StrCat("re-send of ", msg.id, " failed: ", error), &msg, error, msg.retried);
-    return after_lease(InfraFailure(&msg, "resend_failed", error));
+    return after_lease(InfraFailure(&msg, "resend_failed", st));
   }
   retried.fetch_add(1, std::memory_order_relaxed);
   Emit(EventType::kRetried, &msg, msg.retried);
+  LogRetried(msg, delay);
   return Taken();
+}
+
+void Pipeline::LogRetried(const Message& msg, absl::Duration delay) {
+  const absl::Time now = options.clock->Now();
+  uint64_t left_out = 0;
+  {
+    absl::MutexLock lock(&retry_log_mu);
+    if (now - retry_logged_at < kRetryLogInterval) {
+      ++retry_log_suppressed;
+      return;
+    }
+    retry_logged_at = now;
+    left_out = retry_log_suppressed;
+    retry_log_suppressed = 0;
+  }
+  Log(LogLevel::kWarning, "handle_failed",
+      absl::StrCat(
+          "message ", msg.id, " failed (attempt ", msg.retried, "): ", msg.last_error,
+          "; re-sent, due in ", absl::FormatDuration(delay),
+          left_out > 0 ? absl::StrCat(" (", left_out, " more retried since the last record)") : ""),
+      &msg, msg.last_error, msg.retried);
 }
 
 bool Pipeline::Release(absl::string_view key, absl::string_view owner) {
@@ -543,7 +673,7 @@ Settlement Pipeline::Taken() {
 }
 
 Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
-                                  absl::string_view error) {
+                                  const absl::Status& error) {
   if (!batch_infra.failed) {
     batch_infra.failed = true;
     absl::MutexLock lock(&infra_mu);
@@ -551,11 +681,14 @@ Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
     infra_failing.store(true, std::memory_order_relaxed);
   }
   redelivered.fetch_add(1, std::memory_order_relaxed);
-  Emit(EventType::kRedelivered, msg, 0, error, why);
+  if (events != nullptr) {
+    Emit(EventType::kRedelivered, msg, 0, error.ToString(), why, StatusCodeName(error));
+  }
   return Settlement::Redeliver(batch_infra.delay);
 }
 
-Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg) {
+Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg,
+                                     absl::string_view code) {
   absl::StatusOr<std::string> id = options.stores.dead_letters->Store(letter);
   if (!id.ok()) {
     store_errors.fetch_add(1, std::memory_order_relaxed);
@@ -563,18 +696,32 @@ Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg) {
     Log(LogLevel::kError, "store_failed",
         absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind), "): ", error),
         msg, error, letter.attempts);
-    return InfraFailure(msg, "store_error", error);
+    return InfraFailure(msg, "store_error", id.status());
   }
   dead_lettered.fetch_add(1, std::memory_order_relaxed);
   Emit(EventType::kDeadLettered, msg, letter.attempts, letter.reason,
-       DeadLetterKindName(letter.kind));
+       DeadLetterKindName(letter.kind), code);
   return Taken();
 }
 
 // ---- Events ----
 
+void Pipeline::EmitStarted(const Message& msg) {
+  if (events == nullptr) return;
+  Emit(EventType::kHandlerStarted, &msg, msg.retried + 1);
+  // Now, not at the end of the batch: an observer watching running handlers must see it while
+  // the handler runs.
+  if (staged_events != nullptr) events->Flush(staged_events);
+}
+
+void Pipeline::EmitStatus(EventType type, const Message* msg, int attempt, const absl::Status& st,
+                          absl::string_view detail) {
+  if (events == nullptr) return;
+  Emit(type, msg, attempt, st.message(), detail, StatusCodeName(st));
+}
+
 void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::string_view error,
-                    absl::string_view detail) {
+                    absl::string_view detail, absl::string_view code) {
   if (events == nullptr) return;
   const absl::Time now = options.clock->Now();
   absl::string_view id, biz_uid, traceparent;
@@ -585,7 +732,7 @@ void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::strin
       traceparent = *v;
     }
   }
-  events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail);
+  events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail, code);
 }
 
 }  // namespace bus::internal

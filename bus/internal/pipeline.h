@@ -56,10 +56,16 @@ struct Input {
   absl::string_view corrupt;
   // For a dead letter being replayed: its `replays`; -1 for a delivery from the broker.
   int replays = -1;
+  // Delivery::attempts: how many times the broker has delivered it (0: it does not say, or a
+  // replayed letter).
+  int deliveries = 0;
 };
 
 // Everything the pipeline touches, shared (by shared_ptr) with the receive loop's workers, which
 // may outlive Run() and the Handler when abandoned after the shutdown timeout.
+// Event::code of `st`: its status code's canonical name ("UNAVAILABLE"), empty when OK.
+std::string StatusCodeName(const absl::Status& st);
+
 struct Pipeline final : ReceiveSink {
   Pipeline(HandlerOptions o, bool user_ensure, TransactionalHandler tx);
 
@@ -84,6 +90,8 @@ struct Pipeline final : ReceiveSink {
   std::atomic<uint64_t> redelivered{0};
   std::atomic<uint64_t> store_errors{0};
   std::atomic<uint64_t> callback_errors{0};
+  std::atomic<uint64_t> poisoned{0};
+  std::atomic<uint64_t> resetups{0};
   std::atomic<int64_t> in_flight{0};
   LatencyHistogram latency;
   // A moving average of handle() durations (ns; 0 until the first), for AutoBatchLimit.
@@ -108,6 +116,23 @@ struct Pipeline final : ReceiveSink {
   absl::flat_hash_map<std::string, std::string> ghost_owners ABSL_GUARDED_BY(ghosts_mu);
   static constexpr size_t kMaxGhostOwners = 4096;
 
+  // Max deliveries (flow.max_deliveries): how many times this process gave each message back to
+  // the broker unsettled (an infrastructure failure, a stop, a late batch), by message id. The
+  // broker counts those deliveries too; they are subtracted, so that only deliveries that ended
+  // without the pipeline settling them (a crash, a lost lease) count against the cap. Bounded;
+  // an entry goes when its message is settled. Only kept when the cap is on.
+  absl::Mutex gave_back_mu;
+  absl::flat_hash_map<std::string, int> gave_back ABSL_GUARDED_BY(gave_back_mu);
+  std::atomic<bool> gave_back_any{false};
+  static constexpr size_t kMaxGaveBack = 65536;
+
+  // The log of retryable failures whose re-send succeeded: the first is written, then at most
+  // one per kRetryLogInterval, which says how many were left out since the last one.
+  static constexpr absl::Duration kRetryLogInterval = absl::Seconds(10);
+  absl::Mutex retry_log_mu;
+  absl::Time retry_logged_at ABSL_GUARDED_BY(retry_log_mu) = absl::InfinitePast();
+  uint64_t retry_log_suppressed ABSL_GUARDED_BY(retry_log_mu) = 0;
+
   mutable absl::Mutex mu;
   bool running ABSL_GUARDED_BY(mu) = false;
   bool consuming ABSL_GUARDED_BY(mu) = false;
@@ -115,6 +140,11 @@ struct Pipeline final : ReceiveSink {
 
   // Set when options.observability.observer is; closed by ~Handler.
   std::unique_ptr<EventQueue> events;
+
+  // Handler::Stop(): while consuming, the drain's log record and kDraining event first (so
+  // they come before anything the stop causes), then the stop itself. Idempotent.
+  void RequestStop();
+  std::atomic<bool> draining{false};
 
   // Handler::Stats().
   HandlerStats Stats() const;
@@ -150,6 +180,10 @@ struct Pipeline final : ReceiveSink {
   // 1. False when in.data does not decode (or the broker's record was corrupt); `*out` then says
   // how to settle it.
   bool Decode(const Input& in, Message* msg, Settlement* out);
+  // 1. After Decode: false when the broker has delivered `msg` more often than
+  // flow.max_deliveries allows; it is then dead-lettered as poison (not handled) and `*out`
+  // says how to settle it.
+  bool WithinMaxDeliveries(const Input& in, const Message& msg, Settlement* out);
 
   // 2. The idempotency key of a decoded message.
   void KeyOf(const Message& msg, std::string* key) const;
@@ -173,14 +207,24 @@ struct Pipeline final : ReceiveSink {
   Resolution Resolve(const Message& msg, const std::string& key, absl::string_view owner,
                      const absl::StatusOr<bool>& acquired);
 
-  // 4. Calls `handle` (or, with `tx`, handle_in_transaction), turning an exception into a
-  // retryable failure, and records the latency.
-  absl::Status CallHandle(const Message& msg, Transaction* tx);
+  // 4. Calls `handle` (or, with `tx`, handle_in_transaction) with a HandleContext of the Handler's
+  // stop (`deliveries` as Input::deliveries), turning an exception into a retryable failure,
+  // and records the latency.
+  absl::Status CallHandle(const Message& msg, int deliveries, Transaction* tx);
+  // 4. Whether `result` is a handler giving up because the Handler is stopping (Cancelled,
+  // after Stop()): then Abandoned, not Failed.
+  bool StoppedHandle(const absl::Status& result) const;
+  // 4. Gives the delivery back unsettled (releasing the key when `acquired`); no failure is
+  // counted.
+  Settlement Abandoned(const Message& msg, const std::string& key, absl::string_view owner,
+                       bool acquired);
   // 4 and 5 (or 6) for the messages to handle of a batch with an inbox (positions `pending` of
-  // `msgs`), in one TransactionalStore::RunAndMarkDone; sets out[i] for each.
-  void HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
-                           absl::Span<const std::string> keys, absl::Span<const std::string> owners,
-                           absl::Span<const char> acquired, absl::Span<Settlement> out);
+  // `msgs`, which came from `in`), in one TransactionalStore::RunAndMarkDone; sets out[i] for
+  // each.
+  void HandleInTransaction(absl::Span<const size_t> pending, absl::Span<const Input> in,
+                           absl::Span<Message> msgs, absl::Span<const std::string> keys,
+                           absl::Span<const std::string> owners, absl::Span<const char> acquired,
+                           absl::Span<Settlement> out);
 
   // 5. `handle` succeeded: counted and settled (the caller marks the key done).
   Settlement Succeeded(const Message& msg);
@@ -202,10 +246,10 @@ struct Pipeline final : ReceiveSink {
   Settlement Taken();
   // Gives the delivery (of `msg`, when it decoded) back to the broker with the infrastructure
   // backoff; `why` and `error` go to the kRedelivered event.
-  Settlement InfraFailure(const Message* msg, absl::string_view why, absl::string_view error);
+  Settlement InfraFailure(const Message* msg, absl::string_view why, const absl::Status& error);
   // Stores a dead letter (of `msg`, when it decoded); Done once stored, else the delivery goes
-  // back with the backoff.
-  Settlement StoreDeadLetter(DeadLetter letter, const Message* msg);
+  // back with the backoff. `code`: the kDeadLettered event's (the failure's status code).
+  Settlement StoreDeadLetter(DeadLetter letter, const Message* msg, absl::string_view code = {});
 
   // Writes a record about `msg` (if any) to the logger. `event` names what happened, `text`
   // says it in a sentence; `attempt` is the handle attempt it is about (0: none). Never throws:
@@ -213,9 +257,16 @@ struct Pipeline final : ReceiveSink {
   void Log(LogLevel level, absl::string_view event, absl::string_view text,
            const Message* msg = nullptr, absl::string_view error = {}, int attempt = 0) const;
   // Queues an event for the observer, if there is one; never waits for it. On a receive worker,
-  // into the thread's stage (EventQueue::Stage) until Process flushes it.
+  // into the thread's stage (EventQueue::Stage) until Process flushes it. `code` is Event::code
+  // (a status code's canonical name, or empty).
   void Emit(EventType type, const Message* msg, int attempt = 0, absl::string_view error = {},
-            absl::string_view detail = {});
+            absl::string_view detail = {}, absl::string_view code = {});
+  // kHandlerStarted for `msg`, delivered to the queue at once with what this thread staged
+  // before it.
+  void EmitStarted(const Message& msg);
+  // Emit with the code of `st` (empty when OK) and its message as the error.
+  void EmitStatus(EventType type, const Message* msg, int attempt, const absl::Status& st,
+                  absl::string_view detail = {});
 
  private:
   // 2: the lost-acquire bookkeeping (ghost_owners).
@@ -232,6 +283,11 @@ struct Pipeline final : ReceiveSink {
   // out).
   bool Release(absl::string_view key, absl::string_view owner);
   void MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st);
+  // 6. The rate-limited log of a retryable failure whose re-send succeeded.
+  void LogRetried(const Message& msg, absl::Duration delay);
+  // Max deliveries: records the batch's settlements of broker deliveries in gave_back.
+  void CountGiveBacks(absl::Span<const Input> in, absl::Span<const Message> msgs,
+                      absl::Span<const size_t> decoded, absl::Span<const Settlement> out);
 };
 
 }  // namespace bus::internal

@@ -17,13 +17,14 @@ void Pipeline::OnBackoff(const BackoffChange& change) {
         absl::StrCat("handler failures: intake paused for ", absl::FormatDuration(change.wait),
                      " (", change.level, " consecutive failure(s)), then one message as a probe"));
     if (events != nullptr) {
-      events->Push(nullptr, EventType::kBackoffStarted, now, 0, {}, {}, {}, {}, detail);
+      events->Push(nullptr, EventType::kBackoffStarted, now, 0, {}, {}, {}, {}, detail, {});
     }
     return;
   }
   Log(LogLevel::kInfo, "backoff_ended", "a probe succeeded: full intake again");
-  if (events != nullptr)
-    events->Push(nullptr, EventType::kBackoffEnded, now, 0, {}, {}, {}, {}, {});
+  if (events != nullptr) {
+    events->Push(nullptr, EventType::kBackoffEnded, now, 0, {}, {}, {}, {}, {}, {});
+  }
 }
 
 void Pipeline::OnFatal(const ReceiveError& error) {
@@ -35,10 +36,10 @@ void Pipeline::OnFatal(const ReceiveError& error) {
       nullptr, text);
   if (events != nullptr) {
     events->Push(nullptr, EventType::kFatalError, options.clock->Now(), 0, {}, {}, {}, text,
-                 ReceiveErrorKindName(error.kind));
+                 ReceiveErrorKindName(error.kind), StatusCodeName(error.status));
   }
-  // Handlers are told at once (the pipeline's stop), as on Stop(); Run() returns the error.
-  stop.request_stop();
+  // Handlers are told at once and the drain begins, as on Stop(); Run() returns the error.
+  RequestStop();
 }
 
 }  // namespace bus::internal

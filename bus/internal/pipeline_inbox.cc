@@ -9,8 +9,8 @@
 
 namespace bus::internal {
 
-void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<Message> msgs,
-                                   absl::Span<const std::string> keys,
+void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<const Input> in,
+                                   absl::Span<Message> msgs, absl::Span<const std::string> keys,
                                    absl::Span<const std::string> owners,
                                    absl::Span<const char> acquired, absl::Span<Settlement> out) {
   thread_local std::vector<TransactionalStore::Entry> entries;
@@ -21,6 +21,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
     const size_t i = pending[k];
     entries.push_back(acquired[k] ? TransactionalStore::Entry{keys[i], owners[i]}
                                   : TransactionalStore::Entry{});
+    EmitStarted(msgs[i]);
   }
   // An effect not run (the transaction could not start) stays OK here; its result says why.
   effects.assign(pending.size(), absl::OkStatus());
@@ -31,13 +32,18 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
   transactional->RunAndMarkDone(
       entries, options.stores.idempotency_retention,
       [&](size_t k, Transaction& tx) -> absl::Status {
-        effect_results[k] = CallHandle(msgs[pending[k]], &tx);
+        effect_results[k] = CallHandle(msgs[pending[k]], in[pending[k]].deliveries, &tx);
         return effect_results[k];
       },
       absl::MakeSpan(results));
   for (size_t k = 0; k < pending.size(); ++k) {
     const size_t i = pending[k];
     const bool under_key = acquired[k] != 0;
+    if (StoppedHandle(effects[k])) {
+      // The effect gave up for the stop and was rolled back: the delivery goes back.
+      out[i] = Abandoned(msgs[i], keys[i], owners[i], under_key);
+      continue;
+    }
     if (!effects[k].ok()) {
       // 6. The effect failed and was rolled back: the usual failure path.
       out[i] = Failed(msgs[i], keys[i], owners[i], under_key, effects[k]);
@@ -57,8 +63,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
           absl::StrCat("message ", msgs[i].id, ": ", results[k].message(),
                        "; its effect was rolled back and it is given back"),
           &msgs[i], results[k].message(), msgs[i].retried + 1);
-      Emit(EventType::kLeaseLost, &msgs[i], msgs[i].retried + 1, results[k].message(),
-           "idempotency");
+      EmitStatus(EventType::kLeaseLost, &msgs[i], msgs[i].retried + 1, results[k], "idempotency");
       redelivered.fetch_add(1, std::memory_order_relaxed);
       out[i] = Settlement::Redeliver();
       continue;
@@ -72,7 +77,7 @@ void Pipeline::HandleInTransaction(absl::Span<const size_t> pending, absl::Span<
                      "; its effect was rolled back"),
         &msgs[i], error, msgs[i].retried + 1);
     const bool released = !under_key || Release(keys[i], owners[i]);
-    out[i] = InfraFailure(&msgs[i], "store_error", error);
+    out[i] = InfraFailure(&msgs[i], "store_error", results[k]);
     if (!released) {
       out[i].redeliver_after = std::max(out[i].redeliver_after, options.stores.idempotency_lease);
     }

@@ -19,6 +19,8 @@ HandlerStats Pipeline::Stats() const {
   out.redelivered = redelivered.load(std::memory_order_relaxed);
   out.store_errors = store_errors.load(std::memory_order_relaxed);
   out.callback_errors = callback_errors.load(std::memory_order_relaxed);
+  out.poisoned = poisoned.load(std::memory_order_relaxed);
+  out.resetups = resetups.load(std::memory_order_relaxed);
   out.in_flight = in_flight.load(std::memory_order_relaxed);
   out.reconnects = options.driver->Stats().reconnects;
   out.events_dropped = events != nullptr ? events->dropped() : 0;

@@ -1,8 +1,10 @@
 // The Handler on the Redis driver and the Redis stores, against a real redis-server the test
 // starts itself: batches (HandlerOptions::flow.batch_size) handle each message once, skip duplicate
-// business ids, and reach Redis in batched calls.
+// business ids, and reach Redis in batched calls; after a restart that lost every key, the
+// Handler sets its queue and topic binding up again.
 
 #include <atomic>
+#include <csignal>
 #include <memory>
 #include <set>
 #include <string>
@@ -23,6 +25,58 @@
 
 namespace bus::testing {
 namespace {
+
+TEST(RedisHandlerTest, AfterARestartWithoutDataTheBindingIsSetUpAgain) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.logger = NullLogger();
+  auto driver = NewRedisDriver(options);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+
+  absl::Mutex mu;
+  std::set<std::string> handled;
+  HandlerOptions h;
+  h.queue = "orders";
+  h.driver = *driver;
+  h.setup.subscribe = Subscription{.topic = "events"};
+  h.observability.logger = NullLogger();
+  h.replay.interval = absl::ZeroDuration();
+  std::atomic<int> connected{0};
+  h.observability.observer = [&](const Event& e) {
+    if (e.type == EventType::kConnected && e.detail == "resetup") ++connected;
+  };
+  h.handle = [&](const Message& m) {
+    absl::MutexLock lock(&mu);
+    handled.insert(m.biz_uid);
+    return absl::OkStatus();
+  };
+  auto handler = Handler::Create(h);
+  ASSERT_TRUE(handler.ok()) << handler.status();
+  std::thread runner([&] { EXPECT_TRUE((*handler)->Run().ok()); });
+  ASSERT_TRUE((*handler)->WaitUntilRunning(absl::Seconds(30)).ok());
+  auto seen = [&](const std::string& biz_uid) {
+    absl::MutexLock lock(&mu);
+    return handled.contains(biz_uid);
+  };
+  Publisher publisher = *Publisher::Create(*driver);
+  ASSERT_TRUE(publisher.PublishToTopic("events", "", {"before", "x", {}}).ok());
+  ASSERT_TRUE(WaitUntil([&] { return seen("before"); }));
+
+  // Restarted without persistence: the queue and the binding of "events" to it are gone.
+  (*server)->Stop(SIGKILL);
+  ASSERT_TRUE((*server)->Restart().ok());
+  // The driver reconnects and the Handler runs its set-up again.
+  ASSERT_TRUE(WaitUntil([&] { return (*handler)->Stats().resetups >= 1; }))
+      << (*handler)->Stats().ToString();
+  EXPECT_GE((*handler)->Stats().reconnects, 1u);
+  ASSERT_TRUE(publisher.PublishToTopic("events", "", {"after", "x", {}}).ok());
+  EXPECT_TRUE(WaitUntil([&] { return seen("after"); })) << (*handler)->Stats().ToString();
+  EXPECT_TRUE(WaitUntil([&] { return connected.load() >= 1; }));
+  (*handler)->Stop();
+  runner.join();
+}
 
 TEST(RedisHandlerTest, BatchesHandleEachMessageOnceInBatchedCalls) {
   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});

@@ -19,9 +19,9 @@ using pg_internal::Statement;
 // The kinds as a smallint[] literal: "{0,2}".
 std::string KindsArray(DeadLetterKinds kinds) {
   std::string out = "{";
-  for (int k = 0; k < 3; ++k) {
-    if (!kinds.Contains(static_cast<DeadLetterKind>(k))) continue;
-    absl::StrAppend(&out, out.size() > 1 ? "," : "", k);
+  for (DeadLetterKind k : kDeadLetterKinds) {
+    if (!kinds.Contains(k)) continue;
+    absl::StrAppend(&out, out.size() > 1 ? "," : "", static_cast<int>(k));
   }
   return out + "}";
 }

@@ -79,30 +79,31 @@ end
 return out
 )lua";
 
-// KEYS: ids, data, reason, time, meta, the three kind indexes, msg, bymsg. ARGV: ids to remove.
+// KEYS: ids, data, reason, time, meta, the four kind indexes (kDeadLetterKinds), msg, bymsg.
+// ARGV: ids to remove.
 #define BUS_REDIS_DLQ_DROP                                           \
   "local function drop(ids)\n"                                       \
   "  for _, id in ipairs(ids) do\n"                                  \
-  "    local m = redis.call('HGET', KEYS[9], id)\n"                  \
-  "    if m then redis.call('HDEL', KEYS[10], m) end\n"              \
+  "    local m = redis.call('HGET', KEYS[10], id)\n"                 \
+  "    if m then redis.call('HDEL', KEYS[11], m) end\n"              \
   "  end\n"                                                          \
   "  redis.call('ZREM', KEYS[1], unpack(ids))\n"                     \
   "  for k = 2, 5 do redis.call('HDEL', KEYS[k], unpack(ids)) end\n" \
-  "  for k = 6, 8 do redis.call('ZREM', KEYS[k], unpack(ids)) end\n" \
-  "  redis.call('HDEL', KEYS[9], unpack(ids))\n"                     \
+  "  for k = 6, 9 do redis.call('ZREM', KEYS[k], unpack(ids)) end\n" \
+  "  redis.call('HDEL', KEYS[10], unpack(ids))\n"                    \
   "end\n"
 constexpr char kRemove[] = BUS_REDIS_DLQ_DROP R"lua(
 drop({ARGV[1]})
 return 1
 )lua";
 
-// KEYS: ids, data, reason, time, meta, the three kind indexes, msg, bymsg, then the index to
+// KEYS: ids, data, reason, time, meta, the four kind indexes, msg, bymsg, then the index to
 // purge from (ids, or one kind index). ARGV: batch. Removes up to `batch` letters of that
 // index; returns how many remain in it.
 constexpr char kPurge[] = BUS_REDIS_DLQ_DROP R"lua(
-local ids = redis.call('ZRANGE', KEYS[11], 0, tonumber(ARGV[1]) - 1)
+local ids = redis.call('ZRANGE', KEYS[12], 0, tonumber(ARGV[1]) - 1)
 if #ids > 0 then drop(ids) end
-return redis.call('ZCARD', KEYS[11])
+return redis.call('ZCARD', KEYS[12])
 )lua";
 #undef BUS_REDIS_DLQ_DROP
 
@@ -141,15 +142,13 @@ absl::StatusOr<Reply> One(absl::StatusOr<std::vector<Reply>> replies) {
   return std::move(r);
 }
 
-constexpr DeadLetterKind kKinds[] = {DeadLetterKind::kMalformed, DeadLetterKind::kPermanent,
-                                     DeadLetterKind::kExhausted};
-
 // Parses the meta field; a letter from before kinds (no meta) gets the kind its reason implies.
 void ParseMeta(absl::string_view meta, DeadLetter* d) {
   std::vector<absl::string_view> parts = absl::StrSplit(meta, ' ');
   int kind = 0;
   int64_t first = 0, last = 0;
-  if (parts.size() == 5 && absl::SimpleAtoi(parts[0], &kind) && kind >= 0 && kind <= 2 &&
+  if (parts.size() == 5 && absl::SimpleAtoi(parts[0], &kind) && kind >= 0 &&
+      kind < static_cast<int>(std::size(kDeadLetterKinds)) &&
       absl::SimpleAtoi(parts[1], &d->attempts) && absl::SimpleAtoi(parts[2], &first) &&
       absl::SimpleAtoi(parts[3], &last) && absl::SimpleAtoi(parts[4], &d->replays)) {
     d->kind = static_cast<DeadLetterKind>(kind);
@@ -239,8 +238,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
     }
     const Keys k = KeysOf(queue);
     return One(client_->Eval(RemoveScript(),
-                             {{"10", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
-                               k.kind[2], k.msg, k.bymsg, std::string(id)}},
+                             {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1],
+                               k.kind[2], k.kind[3], k.msg, k.bymsg, std::string(id)}},
                              options_.timeouts.request, redis::Durability::kReplicated))
         .status();
   }
@@ -262,8 +261,8 @@ class RedisDeadLetterStore final : public DeadLetterStore {
       while (true) {
         absl::StatusOr<Reply> r = One(client_->Eval(
             PurgeScript(),
-            {{"11", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2], k.msg,
-              k.bymsg, index, absl::StrCat(options_.limits.script_batch)}},
+            {{"12", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2],
+              k.kind[3], k.msg, k.bymsg, index, absl::StrCat(options_.limits.script_batch)}},
             options_.timeouts.request));
         if (!r.ok()) return r.status();
         if (r->integer == 0) break;
@@ -277,14 +276,16 @@ class RedisDeadLetterStore final : public DeadLetterStore {
  private:
   struct Keys {
     std::string seq, ids, data, reason, time, meta, msg, bymsg;
-    std::string kind[3];  // by DeadLetterKind
+    // By DeadLetterKind; the scripts above take the four in this order.
+    std::string kind[4];
+    static_assert(std::size(kDeadLetterKinds) == 4);
   };
   Keys KeysOf(absl::string_view queue) const {
     const std::string base = absl::StrCat(options_.key_prefix, "dlq:{", queue, "}:");
     Keys k{base + "seq",    base + "ids",   base + "data",
            base + "reason", base + "time",  base + "meta",
            base + "msg",    base + "bymsg", {}};
-    for (DeadLetterKind kind : kKinds) {
+    for (DeadLetterKind kind : kDeadLetterKinds) {
       k.kind[static_cast<int>(kind)] = absl::StrCat(base, "ids:", DeadLetterKindName(kind));
     }
     return k;
@@ -294,7 +295,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
   static std::vector<std::string> Indexes(const Keys& k, DeadLetterKinds kinds) {
     if (kinds.all()) return {k.ids};
     std::vector<std::string> out;
-    for (DeadLetterKind kind : kKinds) {
+    for (DeadLetterKind kind : kDeadLetterKinds) {
       if (kinds.Contains(kind)) out.push_back(k.kind[static_cast<int>(kind)]);
     }
     return out;

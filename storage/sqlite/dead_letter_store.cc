@@ -78,8 +78,8 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
     // One kind (the replay loop's fetch) reads that kind's index only.
     int single = -1;
-    for (int k = 0; k < 3; ++k) {
-      if (kinds.bits() == (uint32_t{1} << k)) single = k;
+    for (DeadLetterKind k : kDeadLetterKinds) {
+      if (kinds == DeadLetterKinds{k}) single = static_cast<int>(k);
     }
     int64_t after = 0;
     if (!after_id.empty()) {
@@ -109,8 +109,9 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
         letter.reason = std::string(stmt->ColumnText(2));
         letter.stored_at = absl::FromUnixMicros(stmt->ColumnInt64(3));
         const int64_t kind = stmt->ColumnInt64(4);
-        letter.kind =
-            kind >= 0 && kind <= 2 ? static_cast<DeadLetterKind>(kind) : DeadLetterKind::kMalformed;
+        letter.kind = kind >= 0 && kind < static_cast<int64_t>(std::size(kDeadLetterKinds))
+                          ? static_cast<DeadLetterKind>(kind)
+                          : DeadLetterKind::kMalformed;
         letter.attempts = static_cast<int>(stmt->ColumnInt64(5));
         letter.first_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(6));
         letter.last_failed_at = absl::FromUnixMicros(stmt->ColumnInt64(7));
