@@ -121,8 +121,8 @@ class Handler {
   // runs again (a broker restarted empty gets its bindings back). Returns OK after a clean stop,
   // and at once if Stop() came first; FailedPrecondition if already running (Start() included) or
   // if a Run() already completed; the driver's error when set-up fails with one that a retry cannot
-  // fix (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); Unauthenticated or
-  // PermissionDenied when the consumer fails with it while consuming (after the drain; unless
+  // fix (InvalidArgument, FailedPrecondition, Unauthenticated, PermissionDenied); Unauthenticated
+  // or PermissionDenied when the consumer fails with it while consuming (after the drain; unless
   // flow.retry_fatal_errors); DeadlineExceeded
   // if handlers were still running when the shutdown timeout ran out (their deliveries are left
   // to redelivery).
