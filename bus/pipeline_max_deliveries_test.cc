@@ -74,6 +74,7 @@ TEST_F(MaxDeliveriesTest, AMessageDeliveredMoreThanTheCapIsPoisonAndNotHandled) 
   absl::StatusOr<QueueCounts> counts = driver_->InspectQueue("orders");
   ASSERT_TRUE(counts.ok());
   EXPECT_EQ(counts->ready + counts->in_flight, 0);
+  EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
 }
 
 TEST_F(MaxDeliveriesTest, AtTheCapTheMessageIsStillHandled) {
@@ -105,6 +106,7 @@ TEST_F(MaxDeliveriesTest, NoCapByDefault) {
   EXPECT_EQ(h->options().flow.max_deliveries, 0);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
   EXPECT_EQ(h->Stats().poisoned, 0u);
+  EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
 }
 
 TEST_F(MaxDeliveriesTest, TheHandlersOwnGiveBacksDoNotCount) {
@@ -126,6 +128,7 @@ TEST_F(MaxDeliveriesTest, TheHandlersOwnGiveBacksDoNotCount) {
   EXPECT_EQ(h->Stats().redelivered, 5u);
   EXPECT_EQ(h->Stats().poisoned, 0u);
   EXPECT_TRUE(Letters().empty());
+  EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
 }
 
 TEST_F(MaxDeliveriesTest, APoisonLetterWaitsForAPersonAndCanBeReplayed) {
@@ -153,6 +156,7 @@ TEST_F(MaxDeliveriesTest, APoisonLetterWaitsForAPersonAndCanBeReplayed) {
   EXPECT_EQ(*replayed, 1);
   EXPECT_EQ(rec.size(), 1u);
   EXPECT_TRUE(Letters().empty());
+  EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
 }
 
 TEST(MaxDeliveriesOptionTest, NegativeIsRefusedNamingTheField) {

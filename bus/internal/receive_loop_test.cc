@@ -208,7 +208,8 @@ TEST(ReceiveLoopIntakeTest, TheControlStartsAndRetiresWorkersWhileRunning) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(driver->SendToQueue("q", "m", absl::ZeroDuration()).ok());
   EXPECT_TRUE(WaitUntil([&] { return done.load() == 25; }));
   EXPECT_EQ(control->Read().limits.concurrency, 1);
-  EXPECT_EQ(control->Read().acknowledged, 25u);
+  // Acknowledged after the callback returned: wait for the last ack.
+  EXPECT_TRUE(WaitUntil([&] { return control->Read().acknowledged == 25u; }));
   stop.request_stop();
   loop.join();
   EXPECT_TRUE(st.ok()) << st;

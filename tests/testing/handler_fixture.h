@@ -95,10 +95,14 @@ class HandlerTest : public ::testing::Test {
     return run_.get();
   }
 
+  // Stops the handler and destroys it, so that its threads (the observer's among them) are
+  // gone before a derived fixture's members are. A test whose callbacks capture its own locals
+  // calls StopAndWait() before they go.
   void TearDown() override {
     if (handler_ != nullptr && run_.valid()) {
       EXPECT_TRUE(StopAndWait().ok());
     }
+    handler_.reset();
   }
 
   std::string Publish(std::string biz_uid, std::string payload,
