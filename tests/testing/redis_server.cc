@@ -21,12 +21,17 @@
 namespace bus::testing {
 
 absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions options) {
-  absl::StatusOr<int> port = PickFreePort();
-  if (!port.ok()) return port.status();
-  std::unique_ptr<RedisServer> server(
-      new RedisServer(std::move(options), *port, MakeTempDir("redis")));
-  if (absl::Status st = server->Launch(); !st.ok()) return st;
-  return server;
+  // A port that was free when picked may be taken before redis-server binds it (another test's
+  // server, or a cluster node's bus port picked just before): then it exits at once saying so,
+  // and it is started again on another port.
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<int> port = PickFreePort();
+    if (!port.ok()) return port.status();
+    std::unique_ptr<RedisServer> server(new RedisServer(options, *port, MakeTempDir("redis")));
+    absl::Status st = server->Launch();
+    if (st.ok()) return server;
+    if (attempt == 5 || !absl::StrContains(st.message(), "Address already in use")) return st;
+  }
 }
 
 RedisServer::~RedisServer() {
@@ -96,11 +101,21 @@ absl::Status RedisServer::Launch() {
       ChildProcess::Start(argv, absl::StrCat(dir_, "/redis.log"));
   if (!child.ok()) return child.status();
   process_ = std::move(*child);
-  if (absl::Status st = WaitForPort(port_, absl::Seconds(20)); !st.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("redis-server did not start (is it on PATH?): ", st.message()));
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (true) {
+    if (WaitForPort(port_, absl::Milliseconds(100)).ok()) return absl::OkStatus();
+    if (!process_->Running()) {
+      std::ifstream in(absl::StrCat(dir_, "/redis.log"));
+      std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      process_.reset();
+      return absl::UnavailableError(
+          absl::StrCat("redis-server exited at start on port ", port_, ": ", log));
+    }
+    if (absl::Now() > give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "redis-server did not start (is it on PATH?): nothing listens on 127.0.0.1:", port_));
+    }
   }
-  return absl::OkStatus();
 }
 
 void RedisServer::Stop(int signal) {
