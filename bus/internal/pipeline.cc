@@ -1,3 +1,4 @@
+// Over 600 lines: steps 1-6 share file-local helpers (headers, the batch's thread-local state); the split by step that moves them into pipeline.h is the next change.
 #include "bus/internal/pipeline.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Over 600 lines: the loop's state (buffer, workers, intake control) is one class; splitting it needs its declaration in a private header, the next change.
 #include "bus/internal/receive_loop.h"
 
 #include <algorithm>
