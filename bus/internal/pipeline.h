@@ -2,9 +2,11 @@
 // workers and the replay loop share, and the steps. Internal to //bus:handler; bus/handler.cc
 // owns the Handler's lifecycle (Create, Run, Start, Stats) and drives this.
 //
-// Each step is one function, declared here in the order of the steps and defined in
-// pipeline.cc in the same order (with an inbox, HandleInTransaction in pipeline_inbox.cc; step 7
-// in pipeline_replay.cc; Stats and Log in pipeline_report.cc). A delivery's walk: the receive
+// Each step is one function, declared here in the order of the steps and defined in the same
+// order: the receive loop's side, ProcessBatch and the events in pipeline.cc; steps 1 to 3 in
+// pipeline_intake.cc; steps 4 to 6 and the settlements in pipeline_outcome.cc (with an inbox,
+// HandleInTransaction in pipeline_inbox.cc); intake control in pipeline_flow.cc; step 7 in
+// pipeline_replay.cc; Stats and Log in pipeline_report.cc. A delivery's walk: the receive
 // loop's worker calls Process (the pipeline is its ReceiveSink, bus/internal/receive_loop.h), which
 // runs ProcessBatch:
 //   1. Decode                 envelope -> Message, or a malformed dead letter
@@ -25,6 +27,7 @@
 #define BUS_INTERNAL_PIPELINE_H_
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -60,6 +63,14 @@ struct Input {
   // replayed letter).
   int deliveries = 0;
 };
+
+// Headers the pipeline keeps on a message that failed (docs/pipeline.md, "Reserved headers").
+inline constexpr char kFirstFailedHeader[] = "bus-first-failed-at-us";
+inline constexpr char kReplaysHeader[] = "bus-replays";
+// Sets header `key` of `msg` to `value` (adding it when absent).
+void SetHeader(Message& msg, const char* key, std::string value);
+// Header `key` of `msg` as an integer; `fallback` when absent or not a number.
+int64_t HeaderInt(const Message& msg, const char* key, int64_t fallback);
 
 // Everything the pipeline touches, shared (by shared_ptr) with the receive loop's workers, which
 // may outlive Run() and the Handler when abandoned after the shutdown timeout.
@@ -269,6 +280,9 @@ struct Pipeline final : ReceiveSink {
                   absl::string_view detail = {});
 
  private:
+  // Settlements: a new batch on this thread for the infrastructure backoff, whose streak grows
+  // once per batch with a failure (InfraFailure).
+  void StartBatchInfra();
   // 2: the lost-acquire bookkeeping (ghost_owners).
   void RememberGhost(absl::string_view key, absl::string_view owner);
   std::optional<std::string> TakeGhost(absl::string_view key);

@@ -179,6 +179,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   IdentifyResponse identify_;
   std::atomic<bool> closed_{false};
   std::atomic<int64_t> last_read_ns_{0};  // steady clock, at the last read from the socket
+  // Network pacing (heartbeat silence) is real time on the steady clock, never the driver's
+  // injected clock: nsqd's heartbeats arrive in real time.
+  static int64_t SteadyNanos();
 
   absl::Mutex mu_;
   std::string out_ ABSL_GUARDED_BY(mu_);

@@ -55,7 +55,7 @@ absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqTls& 
 Core::Core(NsqOptions options, std::shared_ptr<asio::ssl::context> tls_context)
     : options_(std::move(options)), tls_context_(std::move(tls_context)) {
   for (int i = 0; i < options_.io_threads; ++i) {
-    ios_.push_back(std::make_unique<asio::io_context>(1));
+    ios_.push_back(std::make_unique<IoContext>(1));
     works_.push_back(asio::make_work_guard(*ios_.back()));
   }
   for (auto& io : ios_) threads_.emplace_back([io = io.get()] { io->run(); });
@@ -65,6 +65,10 @@ Core::~Core() {
   for (auto& w : works_) w.reset();
   for (auto& io : ios_) io->stop();
   for (auto& t : threads_) t.join();
+  // Every context's pending handlers first (they may hold another context's timers), then the
+  // services.
+  for (auto& io : ios_) io->shutdown();
+  for (auto& io : ios_) io->destroy();
 }
 
 void Core::Log(LogLevel level, absl::string_view event, absl::string_view text,

@@ -91,9 +91,20 @@ class Core {
   HttpHeaders NsqdHeaders() const;
 
  private:
+  // An io_context whose pending handlers can be destroyed apart from its services. A handler
+  // pending on one context may own an object with a timer or socket of another (a consumer's
+  // state on a connection's thread), so ~Core destroys every context's handlers before any
+  // context's services (boost::asio::execution_context::shutdown, then destroy).
+  class IoContext : public boost::asio::io_context {
+   public:
+    using boost::asio::execution_context::destroy;
+    using boost::asio::execution_context::shutdown;
+    using boost::asio::io_context::io_context;
+  };
+
   NsqOptions options_;
   std::shared_ptr<boost::asio::ssl::context> tls_context_;
-  std::vector<std::unique_ptr<boost::asio::io_context>> ios_;
+  std::vector<std::unique_ptr<IoContext>> ios_;
   std::vector<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> works_;
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> next_io_{0};

@@ -1,0 +1,186 @@
+// Steps 1 to 3 of the pipeline (bus/internal/pipeline.h): decode, max deliveries, acquire the
+// idempotency keys, and resolve a key not acquired.
+#include <algorithm>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "bus/envelope.h"
+#include "bus/internal/pipeline.h"
+
+namespace bus::internal {
+
+// ---- 1. Decode ----
+
+bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
+  absl::Status st = in.corrupt.empty()
+                        ? DecodeEnvelope(in.data, msg, options.flow.max_message_bytes)
+                        : absl::DataLossError(in.corrupt);
+  if (st.ok()) return true;
+  if (in.replays >= 0) {
+    // A letter that still does not decode would only be stored again: it stays where it is.
+    *out = Settlement::Redeliver();
+    return false;
+  }
+  // A poison message becomes a dead letter and never blocks the queue.
+  malformed.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kWarning, "malformed",
+      absl::StrCat("poison message (", in.data.size(), " bytes): ", st.message()), nullptr,
+      st.message());
+  DeadLetter letter;
+  letter.queue = options.queue;
+  letter.data = std::string(in.data);
+  letter.reason = absl::StrCat("malformed: ", st.message());
+  letter.kind = DeadLetterKind::kMalformed;
+  letter.first_failed_at = letter.last_failed_at = options.clock->Now();
+  *out = StoreDeadLetter(std::move(letter), nullptr, StatusCodeName(st));
+  return false;
+}
+
+bool Pipeline::WithinMaxDeliveries(const Input& in, const Message& msg, Settlement* out) {
+  const int cap = options.flow.max_deliveries;
+  if (cap == 0 || in.replays >= 0 || in.deliveries <= cap) return true;
+  int unsettled = in.deliveries;
+  if (gave_back_any.load(std::memory_order_relaxed)) {
+    absl::MutexLock lock(&gave_back_mu);
+    if (auto it = gave_back.find(msg.id); it != gave_back.end()) unsettled -= it->second;
+  }
+  if (unsettled <= cap) return true;
+  poisoned.fetch_add(1, std::memory_order_relaxed);
+  const absl::Time now = options.clock->Now();
+  DeadLetter letter;
+  letter.queue = options.queue;
+  letter.data = std::string(in.data);
+  letter.message_id = msg.id;
+  letter.reason = absl::StrCat("poison: delivered ", in.deliveries, " times (", unsettled,
+                               " not settled), more than flow.max_deliveries (", cap, ")");
+  letter.kind = DeadLetterKind::kPoison;
+  letter.attempts = msg.retried;
+  letter.first_failed_at =
+      absl::FromUnixMicros(HeaderInt(msg, kFirstFailedHeader, absl::ToUnixMicros(now)));
+  letter.last_failed_at = now;
+  letter.replays = static_cast<int>(HeaderInt(msg, kReplaysHeader, 0));
+  Log(LogLevel::kWarning, "poison",
+      absl::StrCat("message ", msg.id, " ", letter.reason, ": dead-lettered without handling"),
+      &msg, letter.reason, msg.retried);
+  *out = StoreDeadLetter(std::move(letter), &msg);
+  return false;
+}
+
+// ---- 2. Acquire ----
+
+void Pipeline::KeyOf(const Message& msg, std::string* key) const {
+  key->assign(options.queue);
+  key->push_back('.');
+  key->append(msg.biz_uid.empty() ? msg.id : msg.biz_uid);
+}
+
+void Pipeline::Acquire(absl::Span<const absl::string_view> keys,
+                       absl::Span<const absl::string_view> owners,
+                       absl::Span<absl::StatusOr<bool>> acquired) {
+  if (keys.size() == 1) {
+    acquired[0] =
+        options.stores.idempotency->Acquire(keys[0], owners[0], options.stores.idempotency_lease);
+    return;
+  }
+  std::fill(acquired.begin(), acquired.end(), false);
+  options.stores.idempotency->AcquireMany(keys, owners, options.stores.idempotency_lease, acquired);
+}
+
+void Pipeline::RememberGhost(absl::string_view key, absl::string_view owner) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+}
+
+std::optional<std::string> Pipeline::TakeGhost(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (ghost_owners.empty()) return std::nullopt;
+  auto it = ghost_owners.find(key);
+  if (it == ghost_owners.end()) return std::nullopt;
+  std::string owner = std::move(it->second);
+  ghost_owners.erase(it);
+  return owner;
+}
+
+Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
+                                   absl::string_view owner, const absl::Status& st) {
+  RememberGhost(key, owner);
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  const std::string error = st.ToString();
+  if (!acquire_failing.exchange(true)) {
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("idempotency acquire failed for ", key, ": ", error,
+                     "; deliveries are given back to the broker until the store answers"),
+        &msg, error);
+  }
+  return InfraFailure(&msg, "store_error", st);
+}
+
+// ---- 3. Resolve: a key not acquired ----
+
+Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& key,
+                                       absl::string_view owner,
+                                       const absl::StatusOr<bool>& acquired) {
+  const Resolution kUnderKey{Resolution::Next::kHandleUnderKey};
+  if (acquired.ok()) {
+    if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
+      Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
+    }
+    if (*acquired) return kUnderKey;
+    // Taken: perhaps by an acquire of ours whose reply was lost.
+    if (std::optional<std::string> ghost = TakeGhost(key);
+        ghost.has_value() && options.stores.idempotency->Release(key, *ghost).ok()) {
+      absl::StatusOr<bool> again =
+          options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
+      if (!again.ok()) {
+        if (!has_user_ensure) {
+          return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, again.status())};
+        }
+      } else if (*again) {
+        return kUnderKey;
+      }
+    }
+  } else if (!has_user_ensure) {
+    // A store error is not "not acquired": without a business re-check to decide, the delivery
+    // goes back to the broker.
+    return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, acquired.status())};
+  } else {
+    RememberGhost(key, owner);
+    store_errors.fetch_add(1, std::memory_order_relaxed);
+    const std::string error = acquired.status().ToString();
+    Log(LogLevel::kError, "store_failed",
+        absl::StrCat("idempotency acquire failed for ", key, ": ", error, "; ensure decides"), &msg,
+        error);
+  }
+  // Not acquired (or the store failed and the user's ensure knows the business state).
+  Ensure verdict = Ensure::kAlreadyHandled;
+  try {
+    verdict = options.ensure(msg);
+  } catch (const std::exception& e) {
+    return {Resolution::Next::kSettled, CallbackThrew("ensure", msg, e.what())};
+  } catch (...) {
+    return {Resolution::Next::kSettled, CallbackThrew("ensure", msg, "a non-std exception")};
+  }
+  if (verdict == Ensure::kAlreadyHandled) return {Resolution::Next::kSettled, Duplicate(msg)};
+  return {Resolution::Next::kHandleWithoutKey};
+}
+
+Settlement Pipeline::Duplicate(const Message& msg) {
+  duplicates.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kDuplicate, &msg);
+  return Taken();
+}
+
+Settlement Pipeline::CallbackThrew(absl::string_view callback, const Message& msg,
+                                   absl::string_view what) {
+  callback_errors.fetch_add(1, std::memory_order_relaxed);
+  Log(LogLevel::kError, "callback_threw",
+      absl::StrCat(callback, " threw for message ", msg.id, ": ", what,
+                   "; the delivery is given back"),
+      &msg, what);
+  return InfraFailure(&msg, "callback_error", absl::UnknownError(what));
+}
+
+}  // namespace bus::internal

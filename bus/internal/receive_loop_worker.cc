@@ -1,0 +1,313 @@
+// What the receive loop's workers and its lease keeper do (bus/internal/receive_loop_state.h):
+// take deliveries from the buffer or fetch them, run the sink, settle, follow the consumer
+// backoff and the live limits, and extend leases.
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bus/internal/receive_loop_state.h"
+#include "bus/retry.h"
+
+namespace bus::receive_loop_internal {
+
+void Loop::ApplyConcurrency() {
+  if (stopping) return;
+  int surplus = active_workers - limits.concurrency;
+  for (auto it = slots.rbegin(); surplus > 0 && it != slots.rend(); ++it) {
+    if (it->retire) continue;
+    it->retire = true;
+    --active_workers;
+    --surplus;
+  }
+  while (active_workers < limits.concurrency) {
+    Slot* slot = &slots.emplace_back();
+    ++active_workers;
+    ++running_workers;
+    threads.emplace_back([self = shared_from_this(), slot] { self->Worker(slot); });
+  }
+}
+
+void Loop::UpdateIntake() {
+  int intake = limits.max_in_flight;
+  if (limits.paused || phase == Phase::kWaiting || phase == Phase::kProbing) {
+    intake = 0;
+  } else if (phase == Phase::kProbe) {
+    intake = 1;
+  }
+  control->in_backoff.store(phase != Phase::kOpen, std::memory_order_relaxed);
+  if (intake == intake_told) return;
+  intake_told = intake;
+  consumer->SetIntake(intake);
+}
+
+void Loop::EnterBackoff(std::vector<BackoffChange>* changes) {
+  const absl::Duration wait = BackoffDelay(*options.consumer_backoff, backoff_level, *random);
+  phase = Phase::kWaiting;
+  backoff_until = clock->Now() + wait;
+  control->backoffs.fetch_add(1, std::memory_order_relaxed);
+  changes->push_back({true, wait, backoff_level});
+  UpdateIntake();
+}
+
+void Loop::RecordOutcomes(absl::Span<const Settlement> ss, bool probe,
+                          std::vector<BackoffChange>* changes) {
+  if (!options.consumer_backoff.has_value()) return;
+  const BackoffPolicy& policy = *options.consumer_backoff;
+  bool decided = false;
+  for (const Settlement& s : ss) {
+    if (s.outcome == Outcome::kNone) continue;
+    // While the backoff waits, outcomes of deliveries started before it are not counted (as
+    // go-nsq); once it probes, only the probe's is.
+    if (phase == Phase::kWaiting) continue;
+    if (phase != Phase::kOpen && !probe) continue;
+    decided = true;
+    if (s.outcome == Outcome::kSucceeded) {
+      if (backoff_level == 0) continue;
+      --backoff_level;
+      if (backoff_level > 0) {
+        EnterBackoff(changes);
+      } else {
+        phase = Phase::kOpen;
+        changes->push_back({false, absl::ZeroDuration(), 0});
+        UpdateIntake();
+      }
+    } else {
+      // Grows until the delay reaches the policy's max (go-nsq stops at max_backoff_duration).
+      if (ExponentialDelay(policy.initial, policy.max, std::max(1, backoff_level)) < policy.max ||
+          backoff_level == 0) {
+        ++backoff_level;
+      }
+      EnterBackoff(changes);
+    }
+  }
+  if (probe && !decided && phase == Phase::kProbing) {
+    // The probe told nothing (a duplicate, a store failure): let another one through.
+    phase = Phase::kProbe;
+    UpdateIntake();
+  }
+}
+
+void Loop::Settled(const absl::Status& st, bool ack) {
+  if (st.ok()) {
+    if (ack) control->acknowledged.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (absl::IsFailedPrecondition(st)) control->lease_lost.fetch_add(1, std::memory_order_relaxed);
+  Report(ack ? ReceiveError::Kind::kAck : ReceiveError::Kind::kNack, st);
+}
+
+void Loop::SettleOne(absl::string_view receipt, const Settlement& s) {
+  Settled(s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after), s.done);
+}
+
+void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
+                       SettleScratch* scratch) {
+  if (ds.size() == 1) return SettleOne(ds[0].receipt, ss[0]);
+  scratch->acks.clear();
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (ss[i].done) {
+      scratch->acks.push_back(ds[i].receipt);
+    } else {
+      SettleOne(ds[i].receipt, ss[i]);
+    }
+  }
+  if (scratch->acks.empty()) return;
+  scratch->results.assign(scratch->acks.size(), absl::OkStatus());
+  consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
+  for (const absl::Status& st : scratch->results) Settled(st, true);
+}
+
+void Loop::Worker(Slot* slot_ptr) {
+  std::vector<Delivery> fetched;
+  std::vector<Delivery> settling;
+  std::vector<Settlement> settlements;
+  std::vector<BackoffChange> changes;
+  std::vector<Held> giving_back;
+  SettleScratch scratch;
+  absl::MutexLock lock(&mu);
+  Slot& slot = *slot_ptr;
+  while (!stopping && !slot.retire) {
+    if (phase == Phase::kWaiting && clock->Now() >= backoff_until) {
+      phase = Phase::kProbe;
+      UpdateIntake();
+    }
+    if (limits.paused && !buffer.empty()) {
+      // Paused: what is buffered goes back to the broker (for other consumers, or for us after
+      // Resume) rather than staying leased for as long as the pause lasts.
+      giving_back.assign(std::make_move_iterator(buffer.begin()),
+                         std::make_move_iterator(buffer.end()));
+      buffer.clear();
+      mu.Unlock();
+      for (const Held& h : giving_back) SettleOne(h.delivery.receipt, Settlement::Redeliver());
+      mu.Lock();
+      SetHeld(held - static_cast<int>(giving_back.size()));
+      giving_back.clear();
+      continue;
+    }
+    if (Admitting() && !buffer.empty()) {
+      size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
+      const int sink_limit = sink->BatchLimit();
+      if (sink_limit > 0 || options.batch_size == 0) {
+        // A fair share of all that is held (buffered and running), not of the buffer alone:
+        // with the others busy, halving the buffer at each take would shrink every batch.
+        const size_t workers = static_cast<size_t>(std::max(1, limits.concurrency));
+        const size_t share = (static_cast<size_t>(held) + workers - 1) / workers;
+        const int limit = sink_limit > 0 ? sink_limit : kMaxAutoBatch;
+        n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
+      }
+      const bool probe = phase == Phase::kProbe;
+      if (probe) {
+        n = 1;
+        phase = Phase::kProbing;
+        UpdateIntake();
+      }
+      for (size_t i = 0; i < n; ++i) {
+        slot.deliveries.push_back(std::move(buffer.front().delivery));
+        slot.renewed_at.push_back(buffer.front().renewed_at);
+        buffer.pop_front();
+      }
+      mu.Unlock();
+      settlements.assign(n, Settlement::Redeliver());
+      try {
+        sink->Process(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(settlements));
+      } catch (const std::exception& e) {
+        Report(ReceiveError::Kind::kCallback,
+               absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+        settlements.assign(n, Settlement::Redeliver());
+      } catch (...) {
+        Report(ReceiveError::Kind::kCallback,
+               absl::InternalError("receive callback threw a non-std exception"));
+        settlements.assign(n, Settlement::Redeliver());
+      }
+      mu.Lock();
+      // Before the settle, so that a backoff's intake change reaches the consumer before the
+      // ack makes room (NSQ: RDY 0 goes out before the FIN).
+      RecordOutcomes(settlements, probe, &changes);
+      if (!abandoned) {
+        // Settling outside the lock would race the keeper extending a settled delivery, which
+        // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
+        settling.swap(slot.deliveries);
+        slot.renewed_at.clear();
+        mu.Unlock();
+        for (const BackoffChange& c : changes) sink->OnBackoff(c);
+        changes.clear();
+        SettleBatch(settling, settlements, &scratch);
+        settling.clear();
+        mu.Lock();
+      } else {
+        slot.deliveries.clear();
+        slot.renewed_at.clear();
+        changes.clear();
+      }
+      SetHeld(held - static_cast<int>(n));
+      continue;
+    }
+    const int room = Room();
+    const absl::Time now = clock->Now();
+    if (!Admitting() || !buffer.empty() || fetching || room <= 0 || now < fetch_paused_until) {
+      // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
+      // prefetch window has room, or a pause (backoff or broker failure) ends.
+      auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
+        if (!Admitting()) return false;
+        return !buffer.empty() || (!fetching && Room() > 0);
+      };
+      absl::Time deadline = absl::InfiniteFuture();
+      if (phase == Phase::kWaiting) deadline = backoff_until;
+      if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
+      if (deadline == absl::InfiniteFuture()) {
+        mu.Await(absl::Condition(&cond));
+      } else if (now < deadline) {
+        // A pause for a broker failure waits it out even if the condition holds.
+        if (now < fetch_paused_until && deadline == fetch_paused_until) {
+          auto stopped = [this, &slot]()
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
+          clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
+        } else {
+          clock->AwaitWithDeadline(&mu, absl::Condition(&cond), deadline);
+        }
+      }
+      continue;
+    }
+    fetching = true;
+    mu.Unlock();
+    fetched.clear();
+    const absl::Status st = consumer->Receive(room, options.poll_wait, stop, &fetched);
+    const absl::Time received_at = clock->Now();
+    mu.Lock();
+    fetching = false;
+    if (!st.ok()) {
+      if (IsFatalReceiveError(st) && !options.retry_fatal_errors) {
+        // A retry cannot fix it: the loop ends with it, after the drain.
+        if (fatal.ok()) {
+          fatal = st;
+          stopping = true;
+          mu.Unlock();
+          sink->OnFatal({ReceiveError::Kind::kReceive, st});
+          mu.Lock();
+        }
+        continue;
+      }
+      // The broker is unreachable: back off so a dead broker does not spin, and keep trying;
+      // the driver reconnects underneath. The pause is shared: every worker waits it out.
+      Report(ReceiveError::Kind::kReceive, st);
+      fetch_paused_until = received_at + fetch_backoff.Next();
+      continue;
+    }
+    fetch_backoff.Reset();
+    for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
+    SetHeld(held + static_cast<int>(fetched.size()));
+  }
+  --running_workers;
+  for (auto it = slots.begin(); it != slots.end(); ++it) {
+    if (&*it == slot_ptr) {
+      slots.erase(it);
+      break;
+    }
+  }
+}
+
+void Loop::Keeper() {
+  const absl::Duration half = options.lease / 2;
+  const absl::Duration period = std::max(options.lease / 4, absl::Milliseconds(1));
+  std::vector<std::string> receipts;
+  absl::MutexLock lock(&mu);
+  while (true) {
+    auto cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return (stopping && running_workers == 0) || abandoned;
+    };
+    if (clock->AwaitWithDeadline(&mu, absl::Condition(&cond), clock->Now() + period)) break;
+    const absl::Time now = clock->Now();
+    // Extend outside the lock: copy the receipts (not the payloads), since the entries may move
+    // meanwhile.
+    receipts.clear();
+    for (Held& h : buffer) {
+      if (now - h.renewed_at >= half) {
+        receipts.push_back(h.delivery.receipt);
+        h.renewed_at = now;
+      }
+    }
+    for (Slot& slot : slots) {
+      for (size_t i = 0; i < slot.deliveries.size(); ++i) {
+        if (now - slot.renewed_at[i] >= half) {
+          receipts.push_back(slot.deliveries[i].receipt);
+          slot.renewed_at[i] = now;
+        }
+      }
+    }
+    if (receipts.empty()) continue;
+    mu.Unlock();
+    for (const std::string& receipt : receipts) {
+      if (absl::Status st = consumer->Extend(receipt);
+          !st.ok() && !absl::IsFailedPrecondition(st)) {
+        Report(ReceiveError::Kind::kExtend, st);
+      }
+    }
+    mu.Lock();
+  }
+}
+
+}  // namespace bus::receive_loop_internal
