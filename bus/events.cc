@@ -34,6 +34,8 @@ absl::string_view EventTypeName(EventType type) {
       return "reconnecting";
     case EventType::kDraining:
       return "draining";
+    case EventType::kAcknowledged:
+      return "acknowledged";
   }
   return "?";
 }

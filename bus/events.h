@@ -82,11 +82,16 @@ enum class EventType {
   // Stop() was called while Run() runs: no new deliveries are taken, handlers are told
   // (HandleContext), and the drain waits up to flow.shutdown_timeout.
   kDraining,
+  // The broker accepted the ack of a delivery the pipeline settled as done (handled, a
+  // duplicate, re-sent as a retry, or dead-lettered after handle failed): the message will not
+  // come back. Not sent for deliveries dead-lettered before handling (malformed, poison), nor
+  // for replayed dead letters (no broker delivery); an ack the broker refused is a kLeaseLost.
+  kAcknowledged,
 };
 
 // "handled", "failed", "retried", "dead_lettered", "duplicate", "redelivered", "lease_lost",
 // "reconnect", "backoff_started", "backoff_ended", "fatal_error", "handler_started", "connected",
-// "reconnecting", "draining".
+// "reconnecting", "draining", "acknowledged".
 absl::string_view EventTypeName(EventType type);
 
 struct Event {

@@ -240,11 +240,36 @@ TEST_F(ObservabilityTest, EachOutcomeIsAnEventWithTheMessagesFields) {
   for (const Event& e : every) {
     if (e.type == EventType::kHandlerStarted) {
       ++started;
-    } else if (e.type != EventType::kConnected) {
+    } else if (e.type != EventType::kConnected && e.type != EventType::kAcknowledged) {
       all.push_back(e);
     }
   }
   EXPECT_EQ(started, 3);  // flaky twice, bad once
+  // Every delivery the broker took the ack of, after its outcome: flaky re-sent, flaky handled,
+  // bad dead-lettered, the duplicate; not the malformed one (it has no message id).
+  ASSERT_TRUE(WaitUntil([&] { return events_.Count(EventType::kAcknowledged) == 4; }));
+  const std::vector<Event> acked = events_.Of(EventType::kAcknowledged);
+  ASSERT_EQ(acked.size(), 4u);
+  EXPECT_EQ(acked[0].message_id, flaky);
+  EXPECT_EQ(acked[0].trace_id, kTraceId);
+  EXPECT_EQ(acked[1].message_id, flaky);
+  EXPECT_EQ(acked[2].message_id, bad);
+  EXPECT_EQ(acked[3].biz_uid, "flaky");
+  for (const Event& e : acked) {
+    EXPECT_EQ(e.queue, "orders");
+    EXPECT_EQ(e.code, "");
+  }
+  // The nth event of `type` about message `id`, as a position in the whole log.
+  const std::vector<Event> log = events_.events();
+  auto position = [&](EventType type, const std::string& id, int nth) {
+    for (size_t i = 0; i < log.size(); ++i) {
+      if (log[i].type == type && log[i].message_id == id && nth-- == 0) return i;
+    }
+    return log.size();
+  };
+  EXPECT_LT(position(EventType::kRetried, flaky, 0), position(EventType::kAcknowledged, flaky, 0));
+  EXPECT_LT(position(EventType::kHandled, flaky, 0), position(EventType::kAcknowledged, flaky, 1));
+  EXPECT_LT(position(EventType::kDeadLettered, bad, 0), position(EventType::kAcknowledged, bad, 0));
   std::vector<std::string> kinds;
   for (const Event& e : all) kinds.push_back(std::string(EventTypeName(e.type)));
   EXPECT_THAT(kinds, ::testing::ElementsAre("failed", "retried", "handled", "failed",
@@ -356,8 +381,8 @@ TEST_F(ObservabilityTest, AThrowingObserverIsIgnoredAndStillCalled) {
   Handler* h = Start(std::move(o));
   Publish("a", {});
   Publish("b", {});
-  // kConnected, then kHandlerStarted and kHandled for each message.
-  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 5; }));
+  // kConnected, then kHandlerStarted, kHandled and kAcknowledged for each message.
+  ASSERT_TRUE(WaitUntil([&] { return calls.load() == 7; }));
   EXPECT_EQ(h->Stats().succeeded, 2u);
   StopAll();
 }
@@ -408,8 +433,8 @@ TEST_F(ObservabilityTest, ASlowObserverDropsEventsAndNeverBlocksThePipeline) {
   ASSERT_TRUE(run.get().ok());
   // Nothing is pushed any more; what is still queued is delivered (at most two queues' worth).
   ASSERT_TRUE(WaitUntil(
-      // kConnected, kHandlerStarted and kHandled per message, and Stop()'s kDraining.
-      [&] { return delivered.load() + h->Stats().events_dropped == 2 * uint64_t{kMessages} + 2; }));
+      // kConnected; kHandlerStarted, kHandled and kAcknowledged per message; Stop()'s kDraining.
+      [&] { return delivered.load() + h->Stats().events_dropped == 3 * uint64_t{kMessages} + 2; }));
   EXPECT_GT(delivered.load(), 0u);
   EXPECT_LT(delivered.load(), uint64_t{kMessages} / 10);
 }

@@ -44,6 +44,9 @@ struct BatchScratch {
   std::vector<char> pending_acquired;
 };
 
+// This thread's batch buffers: ProcessBatch's, read again by OnSettled for the batch it just ran.
+thread_local BatchScratch batch_scratch;
+
 // This thread's stage of observer events (EventQueue::Stage), set by Process; null elsewhere.
 thread_local EventQueue::Stage* staged_events = nullptr;
 
@@ -126,6 +129,20 @@ void Pipeline::Process(absl::Span<const Delivery> deliveries, absl::Span<Settlem
   if (events != nullptr) events->Flush(staged_events);
 }
 
+void Pipeline::OnSettled(absl::Span<const Settlement> settlements,
+                         absl::Span<const absl::Status> results) {
+  if (events == nullptr) return;
+  // The receive loop calls this on the thread whose Process ran the batch, before its next one:
+  // batch_scratch still holds the batch's decoded messages.
+  const BatchScratch& b = batch_scratch;
+  for (size_t i : b.decoded) {
+    if (i < settlements.size() && settlements[i].done && results[i].ok()) {
+      Emit(EventType::kAcknowledged, &b.msgs[i]);
+    }
+  }
+  events->Flush(staged_events);
+}
+
 void Pipeline::OnError(const ReceiveError& error) {
   const std::string text =
       absl::StrCat(ReceiveErrorKindName(error.kind), ": ", error.status.ToString());
@@ -169,7 +186,7 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   received.fetch_add(n, std::memory_order_relaxed);
   InFlight gauge(&in_flight, static_cast<int64_t>(n));
   StartBatchInfra();
-  thread_local BatchScratch b;
+  BatchScratch& b = batch_scratch;
   if (b.msgs.size() < n) {
     b.msgs.resize(n);
     b.keys.resize(n);

@@ -177,6 +177,9 @@ struct Pipeline final : ReceiveSink {
   // stops the Handler (the drain follows).
   void OnBackoff(const BackoffChange& change) override;
   void OnFatal(const ReceiveError& error) override;
+  // A kAcknowledged event for each message of the batch whose ack the broker accepted.
+  void OnSettled(absl::Span<const Settlement> settlements,
+                 absl::Span<const absl::Status> results) override;
 
   // The receive loop's live limits and intake counters (Handler::Pause, SetConcurrency, ...).
   const std::shared_ptr<ReceiveControl> control;

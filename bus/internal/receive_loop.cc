@@ -286,7 +286,10 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
     loop->buffer.clear();
   }
   // Give back what was received and never started, so it is redelivered at once.
-  for (const Held& h : unstarted) loop->SettleOne(h.delivery.receipt, Settlement::Redeliver());
+  // (A refused nack is reported by SettleOne; the delivery comes back when its lease ends.)
+  for (const Held& h : unstarted) {
+    loop->SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+  }
 
   int stuck = 0;
   std::vector<std::thread> workers;

@@ -251,6 +251,15 @@ class ReceiveSink {
   virtual void OnBackoff(const BackoffChange& change) { static_cast<void>(change); }
   // Once, when `error` (a fatal one, not retried) ends the loop; the drain follows.
   virtual void OnFatal(const ReceiveError& error) { static_cast<void>(error); }
+  // After a batch that Process decided was settled: results[i] is the broker's answer to the
+  // ack (settlements[i].done) or nack of the batch's delivery i. Called on the thread that ran
+  // Process for that batch, before that thread's next Process, and not for a batch abandoned
+  // after the shutdown timeout (it is not settled).
+  virtual void OnSettled(absl::Span<const Settlement> settlements,
+                         absl::Span<const absl::Status> results) {
+    static_cast<void>(settlements);
+    static_cast<void>(results);
+  }
 };
 
 // Errors of NewConsumer and Receive that a retry cannot fix: Unauthenticated, PermissionDenied.

@@ -46,7 +46,9 @@ struct Slot {
 // A worker's reusable buffers for settling a batch.
 struct SettleScratch {
   std::vector<absl::string_view> acks;  // receipts
-  std::vector<absl::Status> results;
+  std::vector<absl::Status> results;    // of the acks, in the order of `acks`
+  std::vector<size_t> ack_positions;    // the batch position of each of `acks`
+  std::vector<absl::Status> settled;    // the ack's or nack's result of each delivery
 };
 
 // Where the consumer backoff is (go-nsq's backoff, docs/pipeline.md "Consumer backoff").
@@ -126,7 +128,9 @@ struct Loop : std::enable_shared_from_this<Loop> {
 
   void Worker(Slot* slot);
   void Keeper();
-  void SettleOne(absl::string_view receipt, const Settlement& s);
+  // Acks or nacks one delivery as `s` says; the broker's answer (also counted and reported).
+  absl::Status SettleOne(absl::string_view receipt, const Settlement& s);
+  // Settles a batch (its acks in one AckMany), then tells the sink (OnSettled).
   void SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
                    SettleScratch* scratch);
   void Settled(const absl::Status& st, bool ack);

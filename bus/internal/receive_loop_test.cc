@@ -9,11 +9,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "bus/clock.h"
 #include "drivers/memory/memory_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fault_injection.h"
@@ -168,6 +170,70 @@ TEST(ReceiveLoopIntakeTest, RetryFatalErrorsRetriesThem) {
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(driver->receive.injected(), 2);
   EXPECT_TRUE(sink->fatal().empty());
+}
+
+// OnSettled tells the sink, on the thread that processed the batch, the broker's answer to each
+// delivery's ack or nack: OK for both of a batch settled in time; FailedPrecondition for the
+// acks of a batch whose delivery lease ran out while it was processed (the Handler's
+// kAcknowledged events follow these answers).
+class SettleRecordingSink final : public ReceiveSink {
+ public:
+  explicit SettleRecordingSink(std::shared_ptr<FakeClock> clock) : clock_(std::move(clock)) {}
+
+  void Process(absl::Span<const Delivery> ds, absl::Span<Settlement> out) override {
+    absl::MutexLock lock(&mu_);
+    processed_on_ = std::this_thread::get_id();
+    for (size_t i = 0; i < ds.size(); ++i) {
+      out[i] = ds[i].data == "back" ? Settlement::Redeliver(absl::Hours(1)) : Settlement::Done();
+    }
+    // The second batch outlives its delivery lease.
+    if (++batches_ == 2) clock_->Advance(absl::Minutes(5));
+  }
+  void OnSettled(absl::Span<const Settlement> ss, absl::Span<const absl::Status> results) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(std::this_thread::get_id(), processed_on_);
+    ASSERT_EQ(ss.size(), results.size());
+    for (size_t i = 0; i < ss.size(); ++i) settled_.push_back({ss[i].done, results[i].code()});
+  }
+  std::vector<std::pair<bool, absl::StatusCode>> settled() {
+    absl::MutexLock lock(&mu_);
+    return settled_;
+  }
+
+ private:
+  const std::shared_ptr<FakeClock> clock_;
+  absl::Mutex mu_;
+  std::thread::id processed_on_ ABSL_GUARDED_BY(mu_);
+  int batches_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<bool, absl::StatusCode>> settled_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(ReceiveLoopSettleTest, TheSinkLearnsTheBrokersAnswerToEachSettlement) {
+  auto clock = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> driver = NewMemoryDriver({.clock = clock});
+  ASSERT_TRUE(driver->CreateQueue("q", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->SendBatchToQueue("q", {"ok", "back", "ok"}, absl::ZeroDuration()).ok());
+  auto sink = std::make_shared<SettleRecordingSink>(clock);
+  ReceiveOptions o;
+  o.batch_size = 3;
+  o.max_in_flight = 3;
+  o.lease = absl::Minutes(1);
+  std::stop_source stop;
+  std::thread loop([&] { EXPECT_TRUE(ReceiveInto(*driver, "q", o, sink, stop.get_token()).ok()); });
+  EXPECT_TRUE(WaitUntil([&] { return sink->settled().size() == 3; }));
+  EXPECT_TRUE(driver->SendBatchToQueue("q", {"ok", "ok"}, absl::ZeroDuration()).ok());
+  // The second batch's deliveries come back (their acks were refused) and are settled again.
+  EXPECT_TRUE(WaitUntil([&] { return sink->settled().size() >= 5; }));
+  stop.request_stop();
+  loop.join();
+  using P = std::pair<bool, absl::StatusCode>;
+  std::vector<P> settled = sink->settled();
+  settled.resize(5);
+  EXPECT_EQ(settled, (std::vector<P>{{true, absl::StatusCode::kOk},
+                                     {false, absl::StatusCode::kOk},
+                                     {true, absl::StatusCode::kOk},
+                                     {true, absl::StatusCode::kFailedPrecondition},
+                                     {true, absl::StatusCode::kFailedPrecondition}}));
 }
 
 // SetConcurrency while the loop runs: raising it starts workers that take deliveries at once;

@@ -99,25 +99,38 @@ void Loop::Settled(const absl::Status& st, bool ack) {
   Report(ack ? ReceiveError::Kind::kAck : ReceiveError::Kind::kNack, st);
 }
 
-void Loop::SettleOne(absl::string_view receipt, const Settlement& s) {
-  Settled(s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after), s.done);
+absl::Status Loop::SettleOne(absl::string_view receipt, const Settlement& s) {
+  absl::Status st = s.done ? consumer->Ack(receipt) : consumer->Nack(receipt, s.redeliver_after);
+  Settled(st, s.done);
+  return st;
 }
 
 void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
                        SettleScratch* scratch) {
-  if (ds.size() == 1) return SettleOne(ds[0].receipt, ss[0]);
-  scratch->acks.clear();
-  for (size_t i = 0; i < ds.size(); ++i) {
-    if (ss[i].done) {
-      scratch->acks.push_back(ds[i].receipt);
-    } else {
-      SettleOne(ds[i].receipt, ss[i]);
+  scratch->settled.assign(ds.size(), absl::OkStatus());
+  if (ds.size() == 1) {
+    scratch->settled[0] = SettleOne(ds[0].receipt, ss[0]);
+  } else {
+    scratch->acks.clear();
+    scratch->ack_positions.clear();
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (ss[i].done) {
+        scratch->acks.push_back(ds[i].receipt);
+        scratch->ack_positions.push_back(i);
+      } else {
+        scratch->settled[i] = SettleOne(ds[i].receipt, ss[i]);
+      }
+    }
+    if (!scratch->acks.empty()) {
+      scratch->results.assign(scratch->acks.size(), absl::OkStatus());
+      consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
+      for (size_t k = 0; k < scratch->acks.size(); ++k) {
+        Settled(scratch->results[k], true);
+        scratch->settled[scratch->ack_positions[k]] = std::move(scratch->results[k]);
+      }
     }
   }
-  if (scratch->acks.empty()) return;
-  scratch->results.assign(scratch->acks.size(), absl::OkStatus());
-  consumer->AckMany(scratch->acks, absl::MakeSpan(scratch->results));
-  for (const absl::Status& st : scratch->results) Settled(st, true);
+  sink->OnSettled(ss, scratch->settled);
 }
 
 void Loop::Worker(Slot* slot_ptr) {
@@ -141,7 +154,10 @@ void Loop::Worker(Slot* slot_ptr) {
                          std::make_move_iterator(buffer.end()));
       buffer.clear();
       mu.Unlock();
-      for (const Held& h : giving_back) SettleOne(h.delivery.receipt, Settlement::Redeliver());
+      for (const Held& h : giving_back) {
+        // A refused nack is reported by SettleOne; the delivery comes back when its lease ends.
+        SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+      }
       mu.Lock();
       SetHeld(held - static_cast<int>(giving_back.size()));
       giving_back.clear();
