@@ -78,12 +78,14 @@ Core::Core(RedisOptions options)
 
 void Core::LogReconnect(const std::string& address) {
   const uint64_t n = reconnects_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The record's fields are views: the text must outlive Write.
+  const std::string text = absl::StrCat("reconnected to ", address, " (reconnects: ", n, ")");
   LogRecord r;
   r.level = LogLevel::kWarning;
   r.time = options_.clock->Now();
   r.component = "redis";
   r.event = "reconnected";
-  r.text = absl::StrCat("reconnected to ", address, " (reconnects: ", n, ")");
+  r.text = text;
   options_.logger->Write(r);
 }
 
