@@ -168,6 +168,8 @@ void ExpectMetricsMatchStats(const AdminServer& admin, const Handler& handler,
   EXPECT_EQ(value("bus_messages_in_flight", ql), s.in_flight);
   EXPECT_EQ(value("bus_driver_reconnects_total", {{"queue", q}, {"driver", driver_name}}),
             s.reconnects);
+  EXPECT_EQ(value("bus_driver_connections", {{"queue", q}, {"driver", driver_name}}),
+            s.connections);
   EXPECT_EQ(value("bus_handler_running", ql), 1);
   EXPECT_EQ(value("bus_handler_consuming", ql), 1);
   EXPECT_EQ(value("bus_deliveries_acknowledged_total", ql), s.acknowledged);

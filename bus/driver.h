@@ -156,6 +156,9 @@ struct QueueCounts {
 struct DriverStats {
   // Times a connection was re-established after being lost.
   uint64_t reconnects = 0;
+  // Connections to the broker open now: the driver's own and its consumers' (the memory
+  // driver has none).
+  int64_t connections = 0;
 };
 
 // The public methods are not virtual: each validates its names, keys and options (InvalidArgument

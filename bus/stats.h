@@ -34,6 +34,7 @@ struct HandlerStats {
   uint64_t resetups = 0;         // queue set-ups run again after a reconnect of the driver
   int64_t in_flight = 0;         // messages inside the pipeline right now
   uint64_t reconnects = 0;       // the driver's reconnects
+  int64_t connections = 0;       // the driver's broker connections open now (DriverStats)
   uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
   bool running = false;          // Run() is in progress (setting up, consuming or draining)
   bool consuming = false;        // Run() has set up the queue and its consumer is running

@@ -49,6 +49,11 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
             "Connections the queue's driver re-established (the driver's count; handlers "
             "sharing a driver show the same value).",
             {{"queue", std::string(queue)}, {"driver", std::string(driver.name())}}, s.reconnects);
+  w.Gauge("bus_driver_connections",
+          "Connections to the broker the queue's driver holds open now (the driver's count; "
+          "handlers sharing a driver show the same value; 0 for the memory driver).",
+          {{"queue", std::string(queue)}, {"driver", std::string(driver.name())}},
+          static_cast<double>(s.connections));
   w.Gauge("bus_handler_running", "1 while the handler's Run() is in progress.", q,
           s.running ? 1 : 0);
   w.Gauge("bus_handler_consuming", "1 while the handler's consumer is running.", q,

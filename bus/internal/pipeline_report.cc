@@ -22,7 +22,9 @@ HandlerStats Pipeline::Stats() const {
   out.poisoned = poisoned.load(std::memory_order_relaxed);
   out.resetups = resetups.load(std::memory_order_relaxed);
   out.in_flight = in_flight.load(std::memory_order_relaxed);
-  out.reconnects = options.driver->Stats().reconnects;
+  const DriverStats driver = options.driver->Stats();
+  out.reconnects = driver.reconnects;
+  out.connections = driver.connections;
   out.events_dropped = events != nullptr ? events->dropped() : 0;
   {
     absl::MutexLock lock(&mu);

@@ -241,6 +241,7 @@ class NsqDriver final : public Driver {
   DriverStats Stats() const override {
     DriverStats s;
     s.reconnects = core_->reconnects();
+    s.connections = core_->connections();
     return s;
   }
 

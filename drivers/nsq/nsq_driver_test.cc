@@ -490,8 +490,15 @@ TEST(NsqDriverTest, ProducerAndConsumerSurviveAnNsqdRestart) {
     }
   });
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(publish()) << "before the restart";
+  // DriverStats::connections: the producer's publishing connections (taken in turn, so both
+  // are open after 100 publishes) and the consumer's one, open now.
+  const int64_t publishing = NsqOptions{}.publishing.connections;
+  EXPECT_TRUE(testing::WaitUntil([&] { return producer->Stats().connections == publishing; }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return consumer_driver->Stats().connections == 1; }));
   nsqd->Kill(SIGTERM);  // returns once nsqd has written its messages to disk and exited
   EXPECT_FALSE(publish()) << "a publish to an nsqd that has exited was accepted";
+  EXPECT_TRUE(testing::WaitUntil([&] { return producer->Stats().connections == 0; }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return consumer_driver->Stats().connections == 0; }));
   ASSERT_TRUE(nsqd->Restart().ok());
   // The producer backs off after the failure, so the first publishes may still fail.
   ASSERT_TRUE(testing::WaitUntil(publish, kPatience)) << "no publish accepted after the restart";
@@ -502,6 +509,8 @@ TEST(NsqDriverTest, ProducerAndConsumerSurviveAnNsqdRestart) {
         return std::includes(seen.begin(), seen.end(), accepted.begin(), accepted.end());
       },
       kPatience));
+  EXPECT_EQ(producer->Stats().connections, publishing);
+  EXPECT_TRUE(testing::WaitUntil([&] { return consumer_driver->Stats().connections == 1; }));
   consumer.request_stop();
   consumer.join();
   absl::MutexLock lock(&mu);

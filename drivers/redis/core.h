@@ -60,6 +60,7 @@ class Core {
 
   const RedisOptions& options() const { return options_; }
   Client& client() { return *client_; }
+  const Client& client() const { return *client_; }
   uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
 
   // 32 random hex digits.

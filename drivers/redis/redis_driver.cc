@@ -146,7 +146,12 @@ class RedisDriver final : public Driver {
     return redis::NewQueueConsumer(core_, std::string(queue), options);
   }
 
-  DriverStats Stats() const override { return {core_->reconnects()}; }
+  DriverStats Stats() const override {
+    DriverStats s;
+    s.reconnects = core_->reconnects();
+    s.connections = core_->client().connections();
+    return s;
+  }
 
   absl::Status Ping(absl::Duration timeout) override { return core_->client().Ping(timeout); }
 

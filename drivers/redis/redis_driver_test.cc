@@ -257,6 +257,30 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
   EXPECT_GE(producer->Stats().reconnects + consumer_driver->Stats().reconnects, 1u);
 }
 
+// DriverStats::connections counts the connections open now: the pipelined one, a consumer's
+// blocking one while it waits; none once the server is gone; back after it returns.
+TEST(RedisDriverTest, ConnectionsCountWhatIsOpenNow) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->CreateQueue("conns", absl::ZeroDuration()).ok());
+  EXPECT_EQ(driver->Stats().connections, 1);
+  auto c = driver->NewConsumer("conns", {1, absl::Seconds(5)});
+  ASSERT_TRUE(c.ok());
+  std::vector<Delivery> got;
+  ASSERT_TRUE((*c)->Receive(1, absl::Milliseconds(200), {}, &got).ok());
+  EXPECT_EQ(driver->Stats().connections, 2);  // and the consumer's BLPOP connection
+
+  server->Stop(SIGKILL);
+  ASSERT_TRUE(WaitUntil([&] {
+    static_cast<void>(driver->Ping(absl::Milliseconds(200)));  // notices the loss
+    return driver->Stats().connections == 0;
+  }));
+  ASSERT_TRUE(server->Restart().ok());
+  ASSERT_TRUE(WaitUntil([&] { return driver->Ping(absl::Seconds(1)).ok(); }));
+  EXPECT_GE(driver->Stats().connections, 1);
+}
+
 TEST(RedisDriverTest, ASendRetriesAfterItsBackoffOnTheInjectedClock) {
   auto server = MustStart();
   ASSERT_NE(server, nullptr);

@@ -356,6 +356,7 @@ void Connection::CloseOnIo(absl::Status why) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_.exchange(true)) return;
+    if (started_ && options_.open_count != nullptr) options_.open_count->fetch_sub(1);
     close_status_ = why;
     fd_ = -1;
     pending.swap(pending_);

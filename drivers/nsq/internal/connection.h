@@ -82,6 +82,9 @@ struct ConnectionOptions {
   bool tls_verify = true;
   Codec codec = Codec::kNone;
   int deflate_level = 6;
+  // Counts this connection while it is open (from a successful Handshake until it closes);
+  // shared by every connection of a driver (DriverStats::connections). Null: not counted.
+  std::shared_ptr<std::atomic<int64_t>> open_count{};
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {

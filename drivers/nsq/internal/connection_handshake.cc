@@ -250,6 +250,8 @@ awaitable<absl::Status> Connection::Handshake() {
   {
     absl::MutexLock lock(&mu_);
     started_ = true;
+    // Counted while open: CloseOnIo (which sets closed_ under mu_) takes it off again.
+    if (!closed_.load() && options_.open_count != nullptr) options_.open_count->fetch_add(1);
     // Direct writes bypass TLS and the encoder: only on a plain connection.
     if (tls_ == nullptr && codec_ == nullptr) fd_ = socket_.native_handle();
   }

@@ -106,6 +106,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
   // Only consumers receive messages; a producer's sample rate would mean nothing.
   if (msg_timeout > absl::ZeroDuration()) c.identify.sample_rate = options_.consuming.sample_rate;
+  c.open_count = open_connections_;
   c.tls_context = tls_context_;
   c.tls_required = options_.tls.required;
   c.tls_server_name = options_.tls.server_name;

@@ -73,6 +73,8 @@ class Core {
            absl::string_view error = {});
   void CountReconnect() { reconnects_.fetch_add(1); }
   uint64_t reconnects() const { return reconnects_.load(); }
+  // Connections to nsqd open now (every connection made with ConnOptions).
+  int64_t connections() const { return open_connections_->load(); }
 
   // A fresh reconnect backoff (NsqOptions::reconnect_backoff with the options' random source):
   // one per consumer connection slot and per publishing nsqd.
@@ -109,6 +111,8 @@ class Core {
   std::vector<std::thread> threads_;
   std::atomic<uint64_t> next_io_{0};
   std::atomic<uint64_t> reconnects_{0};
+  const std::shared_ptr<std::atomic<int64_t>> open_connections_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace bus::nsq

@@ -142,9 +142,10 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
     if (on_reconnect_) {
       cb = [this] { on_reconnect_(absl::StrCat(options_.host, ":", options_.port)); };
     }
-    return Connection::Create(
-        io_.get(), ToConnectionOptions(options_, component_, options_.host, options_.port, tls_),
-        std::move(cb));
+    ConnectionOptions c =
+        ToConnectionOptions(options_, component_, options_.host, options_.port, tls_);
+    c.open_count = open_;
+    return Connection::Create(io_.get(), std::move(c), std::move(cb));
   }
 
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
@@ -197,12 +198,14 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
   absl::Status Ping(absl::Duration timeout) override { return redis::Ping(*conn_, timeout); }
 
   uint64_t reconnects() const override { return conn_->reconnects(); }
+  int64_t connections() const override { return open_->load(std::memory_order_relaxed); }
   bool clustered() const override { return false; }
 
  private:
   const RedisOptions options_;
   const std::string component_;
   const ReconnectCallback on_reconnect_;
+  const std::shared_ptr<std::atomic<int64_t>> open_ = std::make_shared<std::atomic<int64_t>>(0);
   const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls_ = LoadTls(options_);
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::shared_ptr<Connection> conn_;

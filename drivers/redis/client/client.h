@@ -121,6 +121,8 @@ class Client {
 
   // Times a lost connection was re-established, over every connection.
   virtual uint64_t reconnects() const = 0;
+  // Connections to Redis open now: the pipelined ones and the blocking ones it made.
+  virtual int64_t connections() const = 0;
 
   // True for a cluster: a script call may then only touch keys of one slot. On one server a
   // caller may put keys of any slot into one call (one script run instead of one per key).

@@ -71,11 +71,12 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
     std::string host = address;  // addresses come from ParseHostPort'able sources
     int port = 0;
     (void)ParseHostPort(address, &host, &port);
-    return Connection::Create(
-        io_.get(), ToConnectionOptions(options_, component_, host, port, tls_), [this, address] {
-          reconnects_.fetch_add(1, std::memory_order_relaxed);
-          if (on_reconnect_) on_reconnect_(address);
-        });
+    ConnectionOptions c = ToConnectionOptions(options_, component_, host, port, tls_);
+    c.open_count = open_;
+    return Connection::Create(io_.get(), std::move(c), [this, address] {
+      reconnects_.fetch_add(1, std::memory_order_relaxed);
+      if (on_reconnect_) on_reconnect_(address);
+    });
   }
 
   std::shared_ptr<Connection> Pipelined(const std::string& address) {
@@ -152,6 +153,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   }
 
   uint64_t reconnects() const override { return reconnects_.load(std::memory_order_relaxed); }
+  int64_t connections() const override { return open_->load(std::memory_order_relaxed); }
   bool clustered() const override { return true; }
 
   // Runs `items` (commands, or calls of `script`) on the nodes that serve them; see client.h.
@@ -234,6 +236,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
   const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls_ = LoadTls(options_);
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::atomic<uint64_t> reconnects_{0};
+  const std::shared_ptr<std::atomic<int64_t>> open_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stale_{true};
   absl::Mutex refresh_mu_;  // one refresh at a time
   absl::Mutex mu_;

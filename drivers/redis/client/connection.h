@@ -112,6 +112,9 @@ struct ConnectionOptions {
   // (Redis's own largest string, proto-max-bulk-len) and 1,048,576 elements.
   int64_t max_reply_bytes = int64_t{512} << 20;
   int64_t max_reply_elements = int64_t{1} << 20;
+  // Counts this connection while it is connected (AUTH and SELECT done, until it is lost or
+  // shut down); shared by the connections of one client. Null: not counted.
+  std::shared_ptr<std::atomic<int64_t>> open_count{};
 };
 
 // An io_context run by one background thread. Its destructor returns once every Connection on

@@ -447,6 +447,7 @@ awaitable<void> Connection::Impl::Serve() {
   ever_connected = true;
   lost = false;
   ready = true;
+  if (options.open_count != nullptr) options.open_count->fetch_add(1);
   front_seen = 0;
   auto reqs = std::move(waiting);
   waiting.clear();
@@ -457,6 +458,7 @@ awaitable<void> Connection::Impl::Serve() {
   asio::co_spawn(io, Writer(shared_from_this(), generation), asio::detached);
   absl::Status why = co_await ReadLoop();
   ready = false;
+  if (options.open_count != nullptr) options.open_count->fetch_sub(1);
   lost = !closed_by_us;
   CloseSocket();
   out_buf.clear();
