@@ -267,6 +267,9 @@ void ResetUpAfterReconnects(std::shared_ptr<internal::Pipeline> p, std::stop_tok
   const std::shared_ptr<Clock> real = RealClock();
   while (!SleepUntil(*real, real->Now() + kReconnectPoll, stop)) {
     if (o.driver->Stats().reconnects == reconnects) continue;
+    // The broker is back: a failure from now on starts the infrastructure backoff anew instead
+    // of waiting out a streak grown during the outage.
+    p->ResetInfraBackoff();
     const absl::Status st = SetUpWithRetries(*p, stop, "resetup", &reconnects);
     if (absl::IsCancelled(st)) return;
     if (!st.ok()) continue;  // logged; tried again after the next reconnect

@@ -190,6 +190,30 @@ TEST_F(HandlerTest, AnIdempotencyStoreErrorWithoutEnsureGivesTheDeliveryBack) {
   }
 }
 
+// A reconnect of the driver ends the infrastructure backoff's streak: the broker is back, so a
+// failure after it waits the first step again, not the step the outage had grown to.
+TEST_F(HandlerTest, AReconnectEndsTheInfrastructureBackoffsStreak) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire.FailAlways(absl::UnavailableError("store down"));
+  auto driver = std::make_shared<testing::FaultyDriver>(driver_);
+  HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
+  o.driver = driver;
+  o.stores.idempotency = faulty;
+  o.infra_backoff = {.initial = absl::Seconds(1), .max = absl::Hours(1)};
+  Handler* h = Start(o);
+  ASSERT_TRUE(publisher_.SendToQueue("orders", Outgoing{.biz_uid = "a"}).ok());
+  // Given back after waits of 1, 2, 4 and 8 s; the fifth give-back waits 16 s.
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().redelivered == 5; }, absl::Minutes(1)));
+  driver->reconnects.fetch_add(1);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().resetups == 1; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().redelivered == 6; }, absl::Minutes(1)));
+  // The sixth give-back waits the first step (1 s), not 32 s.
+  const absl::Time sixth = clock_->Now();
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().redelivered == 7; }, absl::Minutes(1)));
+  EXPECT_EQ(clock_->Now() - sixth, absl::Seconds(1));
+  EXPECT_EQ(h->Stats().succeeded, 0u);
+}
+
 TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
   auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
   faulty->acquire_then_fail.store(true);  // the store takes the key, the reply is lost

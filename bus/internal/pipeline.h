@@ -258,6 +258,8 @@ struct Pipeline final : ReceiveSink {
   // Settlements. Taken: the message was taken care of (handled, skipped, re-sent or stored);
   // ends the infrastructure streak.
   Settlement Taken();
+  // Ends the infrastructure streak (also when the driver reconnected: the broker is back).
+  void ResetInfraBackoff();
   // Gives the delivery (of `msg`, when it decoded) back to the broker with the infrastructure
   // backoff; `why` and `error` go to the kRedelivered event.
   Settlement InfraFailure(const Message* msg, absl::string_view why, const absl::Status& error);

@@ -218,12 +218,14 @@ bool Pipeline::Release(absl::string_view key, absl::string_view owner) {
 void Pipeline::StartBatchInfra() { batch_infra.failed = false; }
 
 Settlement Pipeline::Taken() {
-  if (infra_failing.load(std::memory_order_relaxed)) {
-    absl::MutexLock lock(&infra_mu);
-    infra_backoff.Reset();
-    infra_failing.store(false, std::memory_order_relaxed);
-  }
+  if (infra_failing.load(std::memory_order_relaxed)) ResetInfraBackoff();
   return Settlement::Done();
+}
+
+void Pipeline::ResetInfraBackoff() {
+  absl::MutexLock lock(&infra_mu);
+  infra_backoff.Reset();
+  infra_failing.store(false, std::memory_order_relaxed);
 }
 
 Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,

@@ -140,6 +140,8 @@ class FaultyDriver final : public Driver {
   std::atomic<int> extends{0};
   FaultSwitch receive;  // Consumer::Receive
   IntakeLog intake;     // what consumers were asked (SetIntake, Receive)
+  // Added to the base driver's DriverStats::reconnects: a test's reconnect of the broker.
+  std::atomic<uint64_t> reconnects{0};
   // When set (before use), called after each send the base driver accepted, on the sender's
   // thread, before the send returns: a fault between the broker's accept and the sender's next
   // step.
@@ -177,7 +179,11 @@ class FaultyDriver final : public Driver {
     return std::unique_ptr<Consumer>(
         new CorruptingConsumer(std::move(*c), corrupt_data, &extends, &receive, &intake));
   }
-  DriverStats Stats() const override { return base_->Stats(); }
+  DriverStats Stats() const override {
+    DriverStats s = base_->Stats();
+    s.reconnects += reconnects.load();
+    return s;
+  }
   absl::Status DoUnsubscribe(absl::string_view t, absl::string_view q,
                              absl::string_view k) override {
     if (absl::Status st = setup.Check(); !st.ok()) return st;
