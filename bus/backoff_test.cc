@@ -6,20 +6,11 @@
 
 #include "absl/time/time.h"
 #include "bus/clock.h"
+#include "bus/random.h"
 #include "gtest/gtest.h"
 
 namespace bus {
 namespace {
-
-// A RandomSource that returns a fixed number.
-class FixedRandom final : public RandomSource {
- public:
-  explicit FixedRandom(double u) : u_(u) {}
-  double Uniform() override { return u_; }
-
- private:
-  double u_;
-};
 
 TEST(BackoffTest, DoublesUpToTheMaxAndResets) {
   Backoff b({.initial = absl::Milliseconds(100), .max = absl::Milliseconds(350)});
@@ -34,7 +25,7 @@ TEST(BackoffTest, DoublesUpToTheMaxAndResets) {
 }
 
 TEST(BackoffTest, JitterUsesTheInjectedSource) {
-  auto half = std::make_shared<FixedRandom>(0.5);
+  auto half = FixedRandom(0.5);
   Backoff full({.initial = absl::Seconds(1),
                 .max = absl::Seconds(8),
                 .jitter = BackoffPolicy::Jitter::kFull},
@@ -50,7 +41,7 @@ TEST(BackoffTest, JitterUsesTheInjectedSource) {
 }
 
 TEST(BackoffTest, BackoffDelayIsTheNthDelayOfTheSamePolicy) {
-  auto half = std::make_shared<FixedRandom>(0.5);
+  auto half = FixedRandom(0.5);
   const BackoffPolicy policy{.initial = absl::Seconds(1),
                              .max = absl::Seconds(8),
                              .jitter = BackoffPolicy::Jitter::kEqual};

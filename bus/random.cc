@@ -25,6 +25,15 @@ class LockedRandom final : public RandomSource {
   Gen gen_ ABSL_GUARDED_BY(mu_);
 };
 
+class Fixed final : public RandomSource {
+ public:
+  explicit Fixed(double u) : u_(u) {}
+  double Uniform() override { return u_; }
+
+ private:
+  const double u_;
+};
+
 }  // namespace
 
 std::shared_ptr<RandomSource> DefaultRandom() {
@@ -37,6 +46,8 @@ std::shared_ptr<RandomSource> SeededRandom(uint64_t seed) {
   // std::mt19937_64 gives the same sequence for a seed on every platform and Abseil version.
   return std::make_shared<LockedRandom<std::mt19937_64>>(std::mt19937_64(seed));
 }
+
+std::shared_ptr<RandomSource> FixedRandom(double u) { return std::make_shared<Fixed>(u); }
 
 uint64_t RandomId64() {
   thread_local absl::BitGen gen;

@@ -30,6 +30,10 @@ std::shared_ptr<RandomSource> DefaultRandom();
 // A deterministic source for tests: the same seed gives the same sequence.
 std::shared_ptr<RandomSource> SeededRandom(uint64_t seed);
 
+// A source for tests that pins every draw to `u` (in [0, 1)), so that every jittered delay is
+// known: with Jitter::kEqual, 0 gives half the delay and values near 1 the whole of it.
+std::shared_ptr<RandomSource> FixedRandom(double u);
+
 // 64 random bits for an identifier, from a per-thread generator seeded from the operating
 // system's entropy (no lock on the hot path).
 uint64_t RandomId64();

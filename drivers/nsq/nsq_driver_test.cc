@@ -49,16 +49,6 @@ using testing::NsqlookupdServer;
 
 constexpr absl::Duration kPatience = absl::Seconds(30);
 
-// Jitter pinned to one number, so every backoff delay is known.
-class FixedRandom final : public RandomSource {
- public:
-  explicit FixedRandom(double u) : u_(u) {}
-  double Uniform() override { return u_; }
-
- private:
-  const double u_;
-};
-
 std::unique_ptr<NsqdServer> StartNsqd(NsqdConfig config = {}) {
   auto s = NsqdServer::Start(std::move(config));
   EXPECT_TRUE(s.ok()) << s.status();
@@ -604,7 +594,7 @@ TEST(NsqDriverTest, AuthWithTheRightSecretWorksAndAWrongOneFailsClearlyWithoutAS
   auto wrong = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()},
                            .auth = {.secret = "wrong-secret-value"},
                            .clock = clock,
-                           .random = std::make_shared<FixedRandom>(0.5)});
+                           .random = FixedRandom(0.5)});
   for (int i = 0; i < 50; ++i) {
     st = wrong->SendToQueue("authq", "x", absl::ZeroDuration());
     EXPECT_FALSE(st.ok());
@@ -714,7 +704,7 @@ TEST(NsqDriverTest, MalformedFramesCloseTheConnectionWithAClearError) {
                                                 .max = absl::Seconds(1),
                                                 .jitter = BackoffPolicy::Jitter::kEqual},
                           .clock = clock,
-                          .random = std::make_shared<FixedRandom>(0.5)});
+                          .random = FixedRandom(0.5)});
   ASSERT_TRUE(d3.ok()) << d3.status();
   auto c = (*d3)->NewConsumer("q", ConsumerOptions{1, absl::Seconds(30)});
   ASSERT_TRUE(c.ok());

@@ -112,16 +112,6 @@ int64_t BlockedClients(const RedisServer& server) {
   return -1;
 }
 
-// Always the same number, so a test knows every backoff pause.
-class FixedRandom final : public RandomSource {
- public:
-  explicit FixedRandom(double value) : value_(value) {}
-  double Uniform() override { return value_; }
-
- private:
-  const double value_;
-};
-
 TEST(RedisDriverTest, MessagesHeldByAKilledConsumerAreAllRedelivered) {
   auto server = MustStart();
   ASSERT_NE(server, nullptr);
@@ -287,7 +277,7 @@ TEST(RedisDriverTest, ASendRetriesAfterItsBackoffOnTheInjectedClock) {
   auto clock = std::make_shared<FakeClock>();
   RedisOptions options = OptionsFor(*server);
   options.clock = clock;
-  options.random = std::make_shared<FixedRandom>(0.5);
+  options.random = FixedRandom(0.5);
   // Fake time passes only by Advance: the send keeps retrying until the server is back.
   options.timeouts.request = absl::Hours(1);
   auto driver = MustDriver(options);
@@ -530,7 +520,7 @@ TEST(RedisDriverTest, ARequestThatCannotBeSentBeforeItsDeadlineIsUnavailable) {
   options.backoff = {.initial = absl::Seconds(10),
                      .max = absl::Seconds(10),
                      .jitter = BackoffPolicy::Jitter::kFull};
-  options.random = std::make_shared<FixedRandom>(0.99);
+  options.random = FixedRandom(0.99);
   options.logger = NullLogger();
   auto driver = MustDriver(options);
   for (int i = 0; i < 2; ++i) {

@@ -238,16 +238,6 @@ TEST_F(OutboxTest, WhileTheBrokerIsDownTheRelayBacksOffAndSendsEverythingOnceItI
   EXPECT_EQ(outbox_->stats().relayed, 200u);
 }
 
-// A RandomSource that always draws `u`.
-class FixedRandom final : public RandomSource {
- public:
-  explicit FixedRandom(double u) : u_(u) {}
-  double Uniform() override { return u_; }
-
- private:
-  const double u_;
-};
-
 // A driver that refuses every send, counting them.
 class RefusingDriver final : public Driver {
  public:
@@ -287,7 +277,7 @@ TEST_F(OutboxTest, WhileSendsFailTheRelayWaitsItsBackoffOnTheDatabaseClock) {
   SqliteOutboxOptions options;
   options.backoff_base = absl::Seconds(1);
   options.backoff_max = absl::Seconds(4);
-  options.random = std::make_shared<FixedRandom>(0.5);
+  options.random = FixedRandom(0.5);
   absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(*db, options);
   ASSERT_TRUE(outbox.ok()) << outbox.status();
   ASSERT_TRUE((*outbox)

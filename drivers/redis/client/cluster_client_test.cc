@@ -31,16 +31,6 @@ using ::bus::testing::RedisCluster;
 using ::bus::testing::WaitUntil;
 using ::testing::HasSubstr;
 
-// Always the same number, so a test knows every backoff pause.
-class FixedRandom final : public RandomSource {
- public:
-  explicit FixedRandom(double value) : value_(value) {}
-  double Uniform() override { return value_; }
-
- private:
-  const double value_;
-};
-
 TEST(ClusterClientBackoffTest, RoundsWithoutAMasterPauseOnTheInjectedClock) {
   absl::StatusOr<int> port = ::bus::testing::PickFreePort();
   ASSERT_TRUE(port.ok()) << port.status();
@@ -48,7 +38,7 @@ TEST(ClusterClientBackoffTest, RoundsWithoutAMasterPauseOnTheInjectedClock) {
   RedisOptions options;
   options.seeds = {absl::StrCat("127.0.0.1:", *port)};  // nothing listens: no slot map
   options.clock = clock;
-  options.random = std::make_shared<FixedRandom>(0.5);
+  options.random = FixedRandom(0.5);
   options.logger = NullLogger();
   std::shared_ptr<Client> client = NewClient(options);
   absl::StatusOr<Reply> reply;
