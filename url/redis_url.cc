@@ -98,6 +98,7 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
         o.sentinel.password_source = "REDIS_SENTINEL_PASSWORD";
       }
     }
+    p.Duration("sentinel_check_interval", &o.sentinel.check_interval);
     if (!o.sentinel.username.empty() && o.sentinel.password.empty()) {
       return Bad("parameter sentinel_username",
                  "needs a sentinel_password (or REDIS_SENTINEL_PASSWORD)");

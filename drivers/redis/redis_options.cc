@@ -48,6 +48,9 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
     if (!sen.master_name.empty()) return bad("sentinel.master_name", "needs sentinel.addresses");
     if (!sen.password.empty()) return bad("sentinel.password", "needs sentinel.addresses");
   }
+  if (sen.check_interval < absl::ZeroDuration()) {
+    return bad("sentinel.check_interval", "must be >= 0 (0: no periodic check)");
+  }
   if (!sen.username.empty() && sen.password.empty()) {
     return bad("sentinel.username", "needs sentinel.password");
   }
@@ -132,7 +135,8 @@ std::string ToString(const RedisOptions& o) {
     where = absl::StrCat("sentinel.addresses=", absl::StrJoin(s.addresses, ","),
                          " sentinel.master_name=", s.master_name,
                          " sentinel.username=", s.username.empty() ? "<default>" : s.username,
-                         " sentinel.password=", s.password.empty() ? "<none>" : "<redacted>");
+                         " sentinel.password=", s.password.empty() ? "<none>" : "<redacted>",
+                         " sentinel.check_interval=", absl::FormatDuration(s.check_interval));
   } else if (!o.seeds.empty()) {
     where = absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
   } else {

@@ -76,6 +76,11 @@ struct RedisOptions {
     // Where `password` came from, named in AUTH errors (url/url.h sets "the URL
     // (sentinel_password)" or "REDIS_SENTINEL_PASSWORD"). Empty: "RedisOptions.sentinel.password".
     std::string password_source{};
+    // How often a background thread asks the sentinels where the master is, so that a switch
+    // that leaves the old master up (a manual failover, a healed partition) is followed
+    // within this time and not only once the old master is demoted. Default 1 s; 0: never
+    // (only a lost connection or READONLY has the master looked up again).
+    absl::Duration check_interval = absl::Seconds(1);
   };
   Sentinel sentinel{};
 

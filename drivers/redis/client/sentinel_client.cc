@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stop_token>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,6 +78,13 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   }
 
   ~SentinelClient() override {
+    std::jthread watch;
+    {
+      absl::MutexLock lock(&mu_);
+      watch = std::move(watch_);
+    }
+    watch.request_stop();
+    if (watch.joinable()) watch.join();
     std::vector<std::shared_ptr<Connection>> all;
     {
       absl::MutexLock lock(&mu_);
@@ -263,6 +272,9 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
         conns_.erase(it++);
       }
       out = master_;
+      if (!watch_.joinable() && options_.sentinel.check_interval > absl::ZeroDuration()) {
+        watch_ = std::jthread([this](std::stop_token stop) { Watch(stop); });
+      }
     }
     for (auto& c : retired) c->Shutdown();
     if (!was.empty() && was != address) {
@@ -279,6 +291,19 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
       Reconnected(address);
     }
     return out;
+  }
+
+  // Every sentinel.check_interval, until stopped: when the sentinels name another master than
+  // the one in use, the next call looks it up again.
+  void Watch(std::stop_token stop) {
+    const Clock& clock = *options_.clock;
+    while (!SleepUntil(clock, clock.Now() + options_.sentinel.check_interval, stop)) {
+      absl::StatusOr<std::string> named =
+          AskSentinels(clock.Now() + options_.timeouts.connect, stop);
+      if (!named.ok()) continue;  // calls find out for themselves
+      absl::MutexLock lock(&mu_);
+      if (master_.conn != nullptr && master_.address != *named) stale_.store(true);
+    }
   }
 
   std::shared_ptr<Connection> SentinelConnection(const std::string& address) {
@@ -305,7 +330,7 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
 
   // The master's address from the first sentinel that names one; see the header comment for
   // the errors.
-  absl::StatusOr<std::string> AskSentinels(absl::Time deadline) {
+  absl::StatusOr<std::string> AskSentinels(absl::Time deadline, std::stop_token stop = {}) {
     const std::string& name = options_.sentinel.master_name;
     std::vector<std::string> order;
     {
@@ -315,11 +340,16 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
     }
     std::vector<std::string> tried, unknown;
     absl::Status refused;  // a setting to fix (auth, TLS, not a sentinel)
-    for (const std::string& s : order) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& s = order[i];
       const absl::Duration left = deadline - options_.clock->Now();
-      if (left <= absl::ZeroDuration()) break;
+      if (left <= absl::ZeroDuration() || stop.stop_requested()) break;
+      // A fair share of what is left, so that a sentinel that does not answer leaves time for
+      // the others.
+      const absl::Duration budget =
+          std::min(options_.timeouts.connect, left / static_cast<int64_t>(order.size() - i));
       absl::StatusOr<Reply> r = SentinelConnection(s)->Command(
-          {"SENTINEL", "get-master-addr-by-name", name}, std::min(left, options_.timeouts.connect));
+          {"SENTINEL", "get-master-addr-by-name", name}, budget, stop);
       absl::StatusOr<std::optional<std::string>> a = r.ok() ? ParseMasterAddress(*r) : r.status();
       if (a.ok() && a->has_value()) {
         Prefer(s);
@@ -380,6 +410,9 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   absl::flat_hash_map<std::string, std::shared_ptr<Connection>> conns_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Connection>> sentinel_conns_
       ABSL_GUARDED_BY(mu_);
+  // Started by the first discovery (nothing runs before the first request); joined first on
+  // destruction.
+  std::jthread watch_ ABSL_GUARDED_BY(mu_);
 };
 
 // A connection of its own to the master, made again when the master changes.

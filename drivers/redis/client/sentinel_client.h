@@ -18,10 +18,14 @@
 //    READONLY, nothing ran, so the call is repeated on the master found again, within its
 //    deadline; otherwise the replies are returned (READONLY is Unavailable to ReplyStatus),
 //  - a re-established connection to it (the node may have come back as a replica).
-// Sentinel's +switch-master pub/sub is not used: a failover demotes or kills the old master,
-// and Sentinel closes the normal clients of each node it reconfigures (CLIENT KILL TYPE normal),
-// so the first two already see every switch (docs/redis.md, "Sentinel").
-//
+//  - the sentinels naming another master: a background thread (started by the first
+//    discovery, joined on destruction) asks them every sentinel.check_interval (SleepUntil on
+//    RedisOptions::clock). This catches a switch that leaves the old master up and writable
+//    for a while (a manual failover; a healed partition), which Sentinel demotes only about
+//    10 s later. Sentinel's +switch-master pub/sub would tell the same; it is not used because
+//    Connection is request/reply only (it refuses bytes no request asked for, a bound against
+//    hostile servers), and polling needs no second kind of connection (docs/redis.md,
+//    "Sentinel").
 // A new master counts as a reconnect (ReconnectCallback with its address), and is logged.
 //
 // Errors, when no master can be found by the deadline: FailedPrecondition when the sentinels
