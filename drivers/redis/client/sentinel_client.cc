@@ -359,7 +359,11 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
         unknown.push_back(s);
         continue;
       }
-      tried.push_back(absl::StrCat(s, " (", a.status().message(), ")"));
+      tried.push_back(s);
+      {
+        absl::MutexLock lock(&mu_);
+        sentinel_errors_[s] = std::string(a.status().message());
+      }
       if (!Lost(a.status()) && refused.ok()) {
         const bool setting = absl::IsUnauthenticated(a.status()) ||
                              absl::IsPermissionDenied(a.status()) ||
@@ -383,9 +387,20 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
           absl::StrCat("redis sentinel: no time left to ask the sentinels (",
                        absl::StrJoin(order, ", "), ") where master \"", name, "\" is"));
     }
+    // Every sentinel, with why it failed last (a round that ran out of time may not have
+    // reached them all).
+    std::vector<std::string> why;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const std::string& s : order) {
+        auto it = sentinel_errors_.find(s);
+        why.push_back(absl::StrCat(
+            s, " (", it == sentinel_errors_.end() ? "not asked in time" : it->second, ")"));
+      }
+    }
     return absl::UnavailableError(
         absl::StrCat("redis sentinel: no sentinel answered where master \"", name, "\" is (tried ",
-                     absl::StrJoin(tried, "; "), ")"));
+                     absl::StrJoin(why, "; "), ")"));
   }
 
   void Prefer(const std::string& sentinel) {
@@ -410,6 +425,8 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   absl::flat_hash_map<std::string, std::shared_ptr<Connection>> conns_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Connection>> sentinel_conns_
       ABSL_GUARDED_BY(mu_);
+  // Why each sentinel last failed to answer, for the error that names them all.
+  absl::flat_hash_map<std::string, std::string> sentinel_errors_ ABSL_GUARDED_BY(mu_);
   // Started by the first discovery (nothing runs before the first request); joined first on
   // destruction.
   std::jthread watch_ ABSL_GUARDED_BY(mu_);
