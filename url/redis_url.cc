@@ -7,8 +7,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "url/internal/url_parts.h"
 #include "url/url.h"
-#include "url/url_parts.h"
 
 namespace bus {
 

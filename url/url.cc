@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "url/url_parts.h"
+#include "url/internal/url_parts.h"
 
 namespace bus {
 

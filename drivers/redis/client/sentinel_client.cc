@@ -96,7 +96,8 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
     }
     for (auto& c : all) c->Shutdown();
     all.clear();
-    // io_ (declared first) is destroyed last, after every connection on it shut down.
+    // io_ (declared before the connection maps) is destroyed after them, once every connection
+    // on it shut down.
   }
 
   // A connection to data node `address` with the data nodes' credentials. Its re-established

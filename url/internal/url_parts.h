@@ -4,8 +4,8 @@
 //
 // Thread-safety: pure functions; a Params belongs to one parse.
 
-#ifndef URL_URL_PARTS_H_
-#define URL_URL_PARTS_H_
+#ifndef URL_INTERNAL_URL_PARTS_H_
+#define URL_INTERNAL_URL_PARTS_H_
 
 #include <optional>
 #include <set>
@@ -128,4 +128,4 @@ class Params {
 
 }  // namespace bus::url_internal
 
-#endif  // URL_URL_PARTS_H_
+#endif  // URL_INTERNAL_URL_PARTS_H_
