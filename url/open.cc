@@ -47,7 +47,8 @@ absl::StatusOr<RedisOptions> Redis(const ParsedUrl& url, const OpenOverrides& o)
 
 bool IsRedis(const ParsedUrl& url) {
   return url.scheme == "redis" || url.scheme == "redis+cluster" || url.scheme == "rediss" ||
-         url.scheme == "rediss+cluster" || url.scheme == "unix" || url.scheme == "redis+unix";
+         url.scheme == "rediss+cluster" || url.scheme == "redis+sentinel" ||
+         url.scheme == "rediss+sentinel" || url.scheme == "unix" || url.scheme == "redis+unix";
 }
 
 }  // namespace

@@ -1,4 +1,3 @@
-// Over 600 lines: the Redis, NSQ and PostgreSQL parsers are in one file; one file per scheme is the next change.
 #include "url/url.h"
 
 #include <cstdlib>
@@ -13,50 +12,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "url/internal/url_parts.h"
 
 namespace bus {
-namespace {
+
+namespace url_internal {
 
 absl::Status Bad(absl::string_view part, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("URL ", part, ": ", why));
-}
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
-// password).
-absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part) {
-  std::string out;
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '%') {
-      out.push_back(in[i]);
-      continue;
-    }
-    if (i + 2 >= in.size()) return Bad(part, "truncated %-escape");
-    const int hi = HexValue(in[i + 1]), lo = HexValue(in[i + 2]);
-    if (hi < 0 || lo < 0) return Bad(part, "bad %-escape");
-    out.push_back(static_cast<char>(hi * 16 + lo));
-    i += 2;
-  }
-  return out;
-}
-
-std::string Encode(absl::string_view in) {
-  std::string out;
-  for (unsigned char c : in) {
-    if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      absl::StrAppend(&out, absl::StrFormat("%%%02X", c));
-    }
-  }
-  return out;
 }
 
 absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
@@ -97,104 +60,6 @@ absl::StatusOr<UrlHost> ParseHost(absl::string_view text) {
   return h;
 }
 
-// The query parameters, consumed one by one; what is left at the end is unknown.
-class Params {
- public:
-  explicit Params(const ParsedUrl& url) : params_(url.params) {}
-
-  // The value of `name`, removed; nullopt when absent. Given twice: an error (in status()).
-  std::optional<std::string> Take(absl::string_view name) {
-    std::optional<std::string> v;
-    for (auto it = params_.begin(); it != params_.end();) {
-      if (it->first != name) {
-        ++it;
-        continue;
-      }
-      if (v.has_value()) Fail(Bad(absl::StrCat("parameter ", name), "given twice"));
-      v = it->second;
-      it = params_.erase(it);
-    }
-    return v;
-  }
-  // Every value of a list parameter ("a,b" and repeats add up), removed.
-  std::vector<std::string> TakeList(absl::string_view name) {
-    std::vector<std::string> out;
-    for (auto it = params_.begin(); it != params_.end();) {
-      if (it->first != name) {
-        ++it;
-        continue;
-      }
-      for (absl::string_view v : absl::StrSplit(it->second, ',', absl::SkipEmpty())) {
-        out.emplace_back(v);
-      }
-      it = params_.erase(it);
-    }
-    return out;
-  }
-
-  void String(absl::string_view name, std::string* out) {
-    if (auto v = Take(name)) *out = *v;
-  }
-  // True when given (and valid).
-  bool Duration(absl::string_view name, absl::Duration* out) {
-    auto v = Take(name);
-    if (!v) return false;
-    if (!absl::ParseDuration(*v, out)) {
-      Fail(Bad(absl::StrCat("parameter ", name),
-               absl::StrCat("\"", absl::CEscape(*v), "\" is not a duration (like 250ms, 5s)")));
-      return false;
-    }
-    return true;
-  }
-  template <typename Int>
-  void Integer(absl::string_view name, Int* out) {
-    auto v = Take(name);
-    if (!v) return;
-    if (!absl::SimpleAtoi(*v, out)) {
-      Fail(Bad(absl::StrCat("parameter ", name),
-               absl::StrCat("\"", absl::CEscape(*v), "\" is not an integer")));
-    }
-  }
-  void Bool(absl::string_view name, bool* out) {
-    auto v = Take(name);
-    if (!v) return;
-    if (*v == "true" || *v == "1") {
-      *out = true;
-    } else if (*v == "false" || *v == "0") {
-      *out = false;
-    } else {
-      Fail(Bad(absl::StrCat("parameter ", name), "want true or false"));
-    }
-  }
-  void Fail(absl::Status st) {
-    if (status_.ok()) status_ = std::move(st);
-  }
-
-  // The first error, or InvalidArgument naming every parameter nobody took.
-  absl::Status Finish() {
-    if (!status_.ok()) return status_;
-    if (params_.empty()) return absl::OkStatus();
-    std::set<std::string> names;
-    for (const auto& [k, v] : params_) names.insert(k);
-    return Bad(names.size() == 1 ? "parameter" : "parameters",
-               absl::StrCat("unknown: ", absl::StrJoin(names, ", ")));
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> params_;
-  absl::Status status_;
-};
-
-absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
-  if (!url.user.empty() || url.password.has_value()) {
-    return Bad("user", absl::StrCat(url.scheme, ":// takes no user or password"));
-  }
-  if (!allow_path && !url.path.empty()) {
-    return Bad("path", absl::StrCat(url.scheme, ":// takes no path"));
-  }
-  return absl::OkStatus();
-}
-
 std::string JoinHost(const UrlHost& h, int default_port) {
   const int port = h.port != 0 ? h.port : default_port;
   if (h.host.find(':') != std::string::npos) return absl::StrCat("[", h.host, "]:", port);
@@ -204,6 +69,64 @@ std::string JoinHost(const UrlHost& h, int default_port) {
 absl::Status Prefixed(const absl::Status& st) {
   if (st.ok()) return st;
   return absl::Status(st.code(), absl::StrCat("URL: ", st.message()));
+}
+
+}  // namespace url_internal
+
+namespace {
+
+using url_internal::Bad;
+using url_internal::JoinHost;
+using url_internal::Params;
+using url_internal::ParseHost;
+using url_internal::Prefixed;
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
+// password).
+absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out.push_back(in[i]);
+      continue;
+    }
+    if (i + 2 >= in.size()) return Bad(part, "truncated %-escape");
+    const int hi = HexValue(in[i + 1]), lo = HexValue(in[i + 2]);
+    if (hi < 0 || lo < 0) return Bad(part, "bad %-escape");
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+std::string Encode(absl::string_view in) {
+  std::string out;
+  for (unsigned char c : in) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      absl::StrAppend(&out, absl::StrFormat("%%%02X", c));
+    }
+  }
+  return out;
+}
+
+absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
+  if (!url.user.empty() || url.password.has_value()) {
+    return Bad("user", absl::StrCat(url.scheme, ":// takes no user or password"));
+  }
+  if (!allow_path && !url.path.empty()) {
+    return Bad("path", absl::StrCat(url.scheme, ":// takes no path"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -324,9 +247,11 @@ std::string RedactedUrl(const ParsedUrl& url) {
   }
   for (size_t i = 0; i < url.params.size(); ++i) {
     const auto& [k, v] = url.params[i];
-    absl::StrAppend(&out, i == 0 ? "?" : "&", Encode(k), "=",
-                    k == "auth_secret" || k == "password" || k == "tls_key_password" ? "<redacted>"
-                                                                                     : Encode(v));
+    absl::StrAppend(
+        &out, i == 0 ? "?" : "&", Encode(k), "=",
+        k == "auth_secret" || k == "password" || k == "tls_key_password" || k == "sentinel_password"
+            ? "<redacted>"
+            : Encode(v));
   }
   return out;
 }
@@ -345,87 +270,6 @@ GetEnv ProcessEnv() {
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   };
-}
-
-absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme == "unix" || url.scheme == "redis+unix") {
-    return Bad("scheme", "unix sockets are not supported; use redis://host:port");
-  }
-  const bool tls = url.scheme == "rediss" || url.scheme == "rediss+cluster";
-  const bool cluster = url.scheme == "redis+cluster" || url.scheme == "rediss+cluster";
-  if (url.scheme != "redis" && url.scheme != "rediss" && !cluster) {
-    return Bad("scheme", absl::StrCat("want redis://, rediss:// (TLS), redis+cluster:// or "
-                                      "rediss+cluster://, got ",
-                                      url.scheme));
-  }
-  RedisOptions o;
-  o.tls.enabled = tls;
-  if (cluster) {
-    if (url.hosts.empty()) return Bad("host", "redis+cluster:// needs at least one seed node");
-    for (const UrlHost& h : url.hosts) o.seeds.push_back(JoinHost(h, 6379));
-  } else if (url.hosts.size() > 1) {
-    return Bad("host", "redis:// takes one host (a cluster's nodes: redis+cluster://h1,h2)");
-  } else if (!url.hosts.empty()) {
-    o.host = url.hosts[0].host;
-    if (url.hosts[0].port != 0) o.port = url.hosts[0].port;
-  }
-  o.username = url.user;
-  if (url.password.has_value()) {
-    o.password = *url.password;
-    o.password_source = "the URL";
-  } else if (env) {
-    if (std::optional<std::string> p = env("REDIS_PASSWORD")) {
-      o.password = *p;
-      o.password_source = "REDIS_PASSWORD";
-    }
-  }
-  if (!o.username.empty() && o.password.empty()) {
-    return Bad("password", "a user needs a password (in the URL or REDIS_PASSWORD)");
-  }
-  bool db_from_path = false;
-  if (!url.path.empty()) {
-    if (!absl::SimpleAtoi(url.path, &o.db) || o.db < 0) {
-      return Bad("db", absl::StrCat("\"", absl::CEscape(url.path), "\" is not a database number"));
-    }
-    db_from_path = true;
-  }
-  Params p(url);
-  if (auto db = p.Take("db")) {
-    if (db_from_path) return Bad("db", "given in the path and as a parameter");
-    if (!absl::SimpleAtoi(*db, &o.db) || o.db < 0) return Bad("db", "not a database number");
-  }
-  p.String("key_prefix", &o.key_prefix);
-  // The parameters keep flat names (connect_timeout for timeouts.connect), as for nsq://.
-  if (absl::Duration timeout; p.Duration("timeout", &timeout)) {
-    o.timeouts.connect = o.timeouts.request = timeout;
-  }
-  p.Duration("connect_timeout", &o.timeouts.connect);
-  p.Duration("request_timeout", &o.timeouts.request);
-  p.Duration("reconnect_backoff_base", &o.backoff.initial);
-  p.Duration("reconnect_backoff_max", &o.backoff.max);
-  p.Integer("script_batch", &o.limits.script_batch);
-  p.Integer("max_reply_bytes", &o.limits.max_reply_bytes);
-  p.Integer("max_reply_elements", &o.limits.max_reply_elements);
-  p.Integer("wait_replicas", &o.replication.wait_replicas);
-  p.Duration("wait_timeout", &o.replication.wait_timeout);
-  p.String("tls_ca_file", &o.tls.ca_file);
-  p.String("tls_ca_dir", &o.tls.ca_dir);
-  p.String("tls_cert_file", &o.tls.cert_file);
-  p.String("tls_key_file", &o.tls.key_file);
-  p.String("tls_server_name", &o.tls.server_name);
-  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
-  if (auto v = p.Take("tls_min_version")) {
-    if (*v == "1.2") {
-      o.tls.min_version = RedisOptions::Tls::Version::kTls12;
-    } else if (*v == "1.3") {
-      o.tls.min_version = RedisOptions::Tls::Version::kTls13;
-    } else {
-      return Bad("parameter tls_min_version", "want 1.2 or 1.3");
-    }
-  }
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateRedisOptions(o); !st.ok()) return Prefixed(st);
-  return o;
 }
 
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {

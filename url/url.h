@@ -4,7 +4,8 @@
 //   memory://
 //   redis://[user[:password]@]host[:port][/db][?key_prefix=..&request_timeout=..]
 //   redis+cluster://[user[:password]@]host1[:port][,host2[:port]...][?...]   (seed nodes)
-//   rediss://...   rediss+cluster://...   (the same over TLS)
+//   redis+sentinel://[user[:password]@]sentinel1[:26379][,sentinel2...]/master-name[?...]
+//   rediss://...   rediss+cluster://...   rediss+sentinel://...   (the same over TLS)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
@@ -67,8 +68,8 @@ struct ParsedUrl {
 // Splits and decodes `url`. InvalidArgument naming the bad part.
 absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view url);
 
-// `url` written back with the password and any `auth_secret` or `tls_key_password` shown as
-// "<redacted>".
+// `url` written back with the password and any `auth_secret`, `tls_key_password` or
+// `sentinel_password` shown as "<redacted>".
 std::string RedactedUrl(const ParsedUrl& url);
 // The same for a URL string; one that does not parse is shown as its scheme only.
 std::string RedactedUrl(absl::string_view url);
@@ -86,8 +87,12 @@ GetEnv ProcessEnv();
 // tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, tls_server_name,
 // tls_insecure_skip_verify, tls_min_version (1.2 or 1.3) (tls.*).
 // redis+cluster:// → the same with its hosts as RedisOptions::seeds (a Redis Cluster; db 0).
-// rediss:// and rediss+cluster:// set tls.enabled. The result is validated
-// (ValidateRedisOptions).
+// redis+sentinel:// → the same with its hosts as RedisOptions::sentinel.addresses (port default
+// 26379) and its path as sentinel.master_name (the database is then the db parameter); the
+// user and password are the data nodes', the sentinels' own come from sentinel_username and
+// sentinel_password (else REDIS_SENTINEL_PASSWORD in `env`).
+// rediss://, rediss+cluster:// and rediss+sentinel:// set tls.enabled (to the sentinels too).
+// The result is validated (ValidateRedisOptions).
 absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // nsq:// → NsqOptions. Hosts are nsqd TCP addresses (port default 4150); none is allowed with

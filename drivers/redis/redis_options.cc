@@ -13,7 +13,7 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   auto bad = [](absl::string_view field, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("RedisOptions.", field, " ", why));
   };
-  if (o.seeds.empty()) {
+  if (o.seeds.empty() && o.sentinel.addresses.empty()) {
     if (o.host.empty()) return bad("host", "must not be empty");
     if (o.port < 1 || o.port > 65535) return bad("port", "must be 1 to 65535");
   }
@@ -23,6 +23,36 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
     if (absl::Status st = redis::ParseHostPort(seed, &host, &port); !st.ok()) {
       return bad("seeds", st.message());
     }
+  }
+  const RedisOptions::Sentinel& sen = o.sentinel;
+  for (const std::string& address : sen.addresses) {
+    std::string host;
+    int port = 0;
+    if (absl::Status st = redis::ParseHostPort(address, &host, &port); !st.ok()) {
+      return bad("sentinel.addresses", st.message());
+    }
+  }
+  if (!sen.addresses.empty()) {
+    if (!o.seeds.empty()) {
+      return bad("sentinel.addresses", "cannot be set with seeds (Sentinel or Cluster, not both)");
+    }
+    if (sen.master_name.empty()) {
+      return bad("sentinel.master_name", "must be set with sentinel.addresses");
+    }
+    for (char c : sen.master_name) {
+      if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) {
+        return bad("sentinel.master_name", "must not hold spaces or control characters");
+      }
+    }
+  } else {
+    if (!sen.master_name.empty()) return bad("sentinel.master_name", "needs sentinel.addresses");
+    if (!sen.password.empty()) return bad("sentinel.password", "needs sentinel.addresses");
+  }
+  if (sen.check_interval < absl::ZeroDuration()) {
+    return bad("sentinel.check_interval", "must be >= 0 (0: no periodic check)");
+  }
+  if (!sen.username.empty() && sen.password.empty()) {
+    return bad("sentinel.username", "needs sentinel.password");
   }
   if (!o.seeds.empty() && o.db != 0) {
     return bad("db", "must be 0 with seeds (a cluster has db 0 only)");
@@ -99,8 +129,19 @@ std::string Tls(const RedisOptions::Tls& t) {
 }  // namespace
 
 std::string ToString(const RedisOptions& o) {
-  const std::string where = o.seeds.empty() ? absl::StrCat("host=", o.host, " port=", o.port)
-                                            : absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
+  std::string where;
+  if (!o.sentinel.addresses.empty()) {
+    const RedisOptions::Sentinel& s = o.sentinel;
+    where = absl::StrCat("sentinel.addresses=", absl::StrJoin(s.addresses, ","),
+                         " sentinel.master_name=", s.master_name,
+                         " sentinel.username=", s.username.empty() ? "<default>" : s.username,
+                         " sentinel.password=", s.password.empty() ? "<none>" : "<redacted>",
+                         " sentinel.check_interval=", absl::FormatDuration(s.check_interval));
+  } else if (!o.seeds.empty()) {
+    where = absl::StrCat("seeds=", absl::StrJoin(o.seeds, ","));
+  } else {
+    where = absl::StrCat("host=", o.host, " port=", o.port);
+  }
   return absl::StrCat("redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
                       " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
                       " key_prefix=\"", o.key_prefix,

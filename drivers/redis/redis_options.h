@@ -7,7 +7,8 @@
 //   redis.password = secret;               // optional: AUTH
 //   redis.timeouts.request = absl::Seconds(2);
 //
-// The groups: where the server is and how to authenticate (top level), `timeouts`,
+// The groups: where the server is and how to authenticate (top level, and `sentinel` for a
+// master found through Redis Sentinel), `timeouts`,
 // `replication` (WAIT after sends), `limits` (script batches, reply bounds), `backoff`
 // (reconnects and retries), and the injected clock, logger and random source. A field whose
 // default is 0 means "chosen by the library" where the comment says so. The factories validate
@@ -57,6 +58,32 @@ struct RedisOptions {
   std::string username{};
   // Database number for SELECT; default 0 (no SELECT).
   int db = 0;
+  // Redis Sentinel: the client asks the sentinels where the master named `master_name` is
+  // and follows it across failovers (docs/redis.md, "Sentinel"). Empty `addresses`: no
+  // Sentinel. With addresses, host and port are not used and seeds must be empty; the top-level
+  // username, password and db are the data nodes' (the master's), `tls` applies to the
+  // sentinels and the data nodes alike.
+  struct Sentinel {
+    // "host:port" of one or more sentinels ("[v6]:port" for IPv6), asked in turn.
+    std::vector<std::string> addresses{};
+    // The name the sentinels monitor the master under (`sentinel monitor <name> ...`); needed
+    // with addresses.
+    std::string master_name{};
+    // The sentinels' own AUTH (their requirepass or an ACL user), apart from the data nodes'.
+    // Empty password: no AUTH to the sentinels. Never logged, never in errors or ToString().
+    std::string username{};
+    std::string password{};
+    // Where `password` came from, named in AUTH errors (url/url.h sets "the URL
+    // (sentinel_password)" or "REDIS_SENTINEL_PASSWORD"). Empty: "RedisOptions.sentinel.password".
+    std::string password_source{};
+    // How often a background thread asks the sentinels where the master is, so that a switch
+    // that leaves the old master up (a manual failover, a healed partition) is followed
+    // within this time and not only once the old master is demoted. Default 1 s; 0: never
+    // (only a lost connection or READONLY has the master looked up again).
+    absl::Duration check_interval = absl::Seconds(1);
+  };
+  Sentinel sentinel{};
+
   // Prefix of every key the driver or a store writes. Default "bus:". Each queue's keys share
   // one hash tag, "{queue}", so they live in one cluster slot.
   std::string key_prefix = "bus:";

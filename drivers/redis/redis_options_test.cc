@@ -88,6 +88,65 @@ TEST(RedisOptionsTest, SeedsReplaceHostAndPort) {
   EXPECT_EQ(port, 7001);
 }
 
+TEST(RedisOptionsTest, SentinelFieldsAreCheckedAndNamed) {
+  struct Case {
+    const char* want;
+    void (*mutate)(RedisOptions&);
+  };
+  const Case cases[] = {
+      {"RedisOptions.sentinel.addresses", [](RedisOptions& o) { o.sentinel.addresses = {"h"}; }},
+      {"RedisOptions.sentinel.master_name must be set",
+       [](RedisOptions& o) { o.sentinel.addresses = {"h:26379"}; }},
+      {"RedisOptions.sentinel.master_name must not hold spaces",
+       [](RedisOptions& o) {
+         o.sentinel.addresses = {"h:26379"};
+         o.sentinel.master_name = "my master";
+       }},
+      {"RedisOptions.sentinel.addresses cannot be set with seeds",
+       [](RedisOptions& o) {
+         o.sentinel.addresses = {"h:26379"};
+         o.sentinel.master_name = "m";
+         o.seeds = {"h:7000"};
+       }},
+      {"RedisOptions.sentinel.master_name needs sentinel.addresses",
+       [](RedisOptions& o) { o.sentinel.master_name = "m"; }},
+      {"RedisOptions.sentinel.password needs sentinel.addresses",
+       [](RedisOptions& o) { o.sentinel.password = "p"; }},
+      {"RedisOptions.sentinel.username needs sentinel.password",
+       [](RedisOptions& o) {
+         o.sentinel.addresses = {"h:26379"};
+         o.sentinel.master_name = "m";
+         o.sentinel.username = "u";
+       }},
+  };
+  for (const Case& c : cases) {
+    RedisOptions o;
+    c.mutate(o);
+    absl::Status st = ValidateRedisOptions(o);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.want;
+    EXPECT_THAT(st.message(), HasSubstr(c.want)) << st;
+  }
+}
+
+TEST(RedisOptionsTest, SentinelReplacesHostAndPortAndItsPasswordIsRedacted) {
+  RedisOptions o;
+  o.host = "";
+  o.port = 0;
+  o.db = 3;
+  o.password = "data-secret";
+  o.sentinel.addresses = {"10.0.0.1:26379", "[::1]:26380"};
+  o.sentinel.master_name = "orders";
+  o.sentinel.username = "watcher";
+  o.sentinel.password = "sentinel-secret";
+  EXPECT_TRUE(ValidateRedisOptions(o).ok()) << ValidateRedisOptions(o);
+  const std::string s = ToString(o);
+  EXPECT_THAT(s, HasSubstr("sentinel.addresses=10.0.0.1:26379,[::1]:26380 "
+                           "sentinel.master_name=orders sentinel.username=watcher "
+                           "sentinel.password=<redacted>"));
+  EXPECT_THAT(s, Not(HasSubstr("secret")));
+  EXPECT_THAT(s, HasSubstr("password=<redacted> db=3"));
+}
+
 TEST(RedisOptionsTest, MaxReplyElementsUpToItsDocumentedBound) {
   RedisOptions o;
   o.limits.max_reply_elements = kMaxRedisReplyElements;

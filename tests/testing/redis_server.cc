@@ -71,6 +71,7 @@ absl::Status RedisServer::WriteConfig() const {
     absl::StrAppend(&conf, "user ", ConfQuote(options_.user), " on ",
                     ConfQuote(absl::StrCat(">", options_.user_password)), " ~* &* +@all\n");
   }
+  for (const std::string& line : options_.config_lines) absl::StrAppend(&conf, line, "\n");
   const std::string path = config_path();
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path));
@@ -82,12 +83,17 @@ absl::Status RedisServer::WriteConfig() const {
 }
 
 absl::Status RedisServer::Launch() {
-  if (absl::Status st = WriteConfig(); !st.ok()) return st;
+  // A sentinel rewrites its config file with what it learnt: a restart keeps it.
+  if (!options_.sentinel || !launched_) {
+    if (absl::Status st = WriteConfig(); !st.ok()) return st;
+  }
+  launched_ = true;
   std::vector<std::string> argv = {
       "redis-server",  config_path(), "--bind",       "127.0.0.1",
       "--dir",         dir_,          "--save",       "",
       "--daemonize",   "no",          "--appendonly", options_.append_only ? "yes" : "no",
       "--appendfsync", "always"};
+  if (options_.sentinel) argv.push_back("--sentinel");
   if (const auto& tls = options_.tls) {
     argv.insert(argv.end(),
                 {"--port", "0", "--tls-port", absl::StrCat(port_), "--tls-cert-file",

@@ -35,6 +35,12 @@ struct RedisServerOptions {
   bool append_only = false;
   // More "--name value" arguments.
   std::vector<std::string> extra_args{};
+  // More lines of the config file (mode 0600): the place for settings that hold a secret
+  // (masterauth, sentinel auth-pass) and for `sentinel ...` directives.
+  std::vector<std::string> config_lines{};
+  // Runs `redis-server <config> --sentinel`: a Redis Sentinel (it rewrites its config file,
+  // so Restart() keeps what it learnt).
+  bool sentinel = false;
 
   // TLS only: redis-server --port 0 --tls-port P --tls-cert-file --tls-key-file
   // --tls-ca-cert-file --tls-auth-clients yes|no (tests/testing/tls_certs.h makes the files).
@@ -88,6 +94,7 @@ class RedisServer {
   int port_;
   std::string dir_;
   std::unique_ptr<ChildProcess> process_;
+  bool launched_ = false;
 };
 
 }  // namespace bus::testing

@@ -6,6 +6,7 @@
 #include "bus/logger.h"
 #include "bus/random.h"
 #include "drivers/redis/client/cluster_client.h"
+#include "drivers/redis/client/sentinel_client.h"
 #include "drivers/redis/client/tls.h"
 
 namespace bus {
@@ -235,6 +236,9 @@ std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback
                                   std::string component) {
   if (!options.seeds.empty()) {
     return NewClusterClient(options, std::move(on_reconnect), std::move(component));
+  }
+  if (!options.sentinel.addresses.empty()) {
+    return NewSentinelClient(options, std::move(on_reconnect), std::move(component));
   }
   return std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect),
                                         std::move(component));

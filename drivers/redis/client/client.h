@@ -31,6 +31,10 @@
 // ExecuteEach and EvalEach fail only the commands of the node that failed: the others' replies
 // are returned (one node down leaves the keys of the other masters usable).
 //
+// Sentinel (RedisOptions::sentinel.addresses set): the master the sentinels name, checked with
+// ROLE, with one pipelined Connection to it as on one server; a lost connection or READONLY has
+// it looked up again (sentinel_client.h).
+//
 // Durable writes: Eval(..., Durability::kReplicated) pipelines `WAIT wait_replicas
 // wait_timeout` after the calls on each node when RedisOptions::replication.wait_replicas > 0
 // and fails the call with Unavailable when fewer replicas acknowledged in time.
@@ -150,7 +154,8 @@ ConnectionOptions ToConnectionOptions(
     const absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>>& tls);
 
 // A Client for `options` (valid: ValidateRedisOptions; defaults filled in by WithDefaults): a
-// cluster client when options.seeds is set, else one server. Does not connect: the first
+// cluster client when options.seeds is set, a Sentinel client when options.sentinel.addresses
+// is, else one server. Does not connect: the first
 // request does. Loads options.tls once (call LoadTls first to report a bad file). `component` names
 // the user in AUTH errors, so a user knows which URL to fix.
 std::shared_ptr<Client> NewClient(const RedisOptions& options,

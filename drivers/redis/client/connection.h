@@ -88,6 +88,9 @@ struct ConnectionOptions {
   // ("the URL", "REDIS_PASSWORD"). Never the password itself.
   std::string component = "redis client";
   std::string password_source = "the options";
+  // Where to put a password, said when the server answers NOAUTH and none was given; empty:
+  // the data nodes' places (the URL, REDIS_PASSWORD, RedisOptions.password).
+  std::string noauth_hint{};
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
   // TLS: the context every connection of a client shares (tls.h MakeTlsContext); nullptr:

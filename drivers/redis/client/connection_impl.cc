@@ -409,10 +409,12 @@ awaitable<absl::Status> Connection::Impl::ReadLoop() {
           // The server wants a password and none was given: say who connected where, and how
           // to give one (the text still starts with NOAUTH: it stays Unauthenticated).
           absl::StrAppend(&reply.str, " (server ", options.host, ":", options.port, ", ",
-                          options.component,
-                          ": no password given; put one in the URL "
-                          "(redis://:password@host:port) or in REDIS_PASSWORD, or set "
-                          "RedisOptions.password)");
+                          options.component, ": no password given; ",
+                          options.noauth_hint.empty()
+                              ? "put one in the URL (redis://:password@host:port) or in "
+                                "REDIS_PASSWORD, or set RedisOptions.password"
+                              : options.noauth_hint,
+                          ")");
         }
       }
       Dispatched(front);
