@@ -107,11 +107,12 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
     std::string host;
     int port = 0;
     (void)ParseHostPort(address, &host, &port);  // from ParseMasterAddress
-    return Connection::Create(
-        io_.get(), ToConnectionOptions(options_, component_, host, port, tls_), [this, address] {
-          stale_.store(true);
-          Reconnected(address);
-        });
+    ConnectionOptions c = ToConnectionOptions(options_, component_, host, port, tls_);
+    c.open_count = open_;
+    return Connection::Create(io_.get(), std::move(c), [this, address] {
+      stale_.store(true);
+      Reconnected(address);
+    });
   }
 
   absl::StatusOr<std::vector<Reply>> Execute(std::vector<std::vector<std::string>> commands,
@@ -164,6 +165,8 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   }
 
   uint64_t reconnects() const override { return reconnects_.load(std::memory_order_relaxed); }
+  // The data nodes' connections and the sentinels'.
+  int64_t connections() const override { return open_->load(std::memory_order_relaxed); }
   bool clustered() const override { return false; }
 
   const RedisOptions& options() const { return options_; }
@@ -325,6 +328,7 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
         "the sentinels want one: put it in the URL's sentinel_password parameter or in "
         "REDIS_SENTINEL_PASSWORD, or set RedisOptions.sentinel.password";
     o.db = 0;  // sentinels have no databases
+    o.open_count = open_;
     c = Connection::Create(io_.get(), std::move(o));
     return c;
   }
@@ -417,6 +421,7 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   std::unique_ptr<IoThread> io_ = std::make_unique<IoThread>();
   std::vector<std::string> sentinels_;  // normalized "host:port"
   std::atomic<uint64_t> reconnects_{0};
+  const std::shared_ptr<std::atomic<int64_t>> open_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stale_{true};
   absl::Mutex mu_;
   Master master_ ABSL_GUARDED_BY(mu_);
