@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
   }
 
   const bool user_ensure = o.ensure != nullptr;
-  if (o.observability.logger == nullptr) o.observability.logger = StderrLogger();
+  if (o.observability.logger == nullptr) o.observability.logger = DefaultLogger();
   if (stores.idempotency == nullptr) stores.idempotency = NullIdempotencyStore();
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };

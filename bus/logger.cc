@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/base/const_init.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 
@@ -133,5 +136,26 @@ std::shared_ptr<Logger> JsonLinesLogger(JsonLinesLoggerOptions options) {
 }
 
 std::shared_ptr<Logger> NullLogger() { return std::make_shared<NullLoggerImpl>(); }
+
+namespace {
+absl::Mutex default_logger_mu(absl::kConstInit);
+std::shared_ptr<Logger>& DefaultLoggerSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(default_logger_mu) {
+  static std::shared_ptr<Logger>* slot = new std::shared_ptr<Logger>();
+  return *slot;
+}
+}  // namespace
+
+void SetDefaultLogger(std::shared_ptr<Logger> logger) {
+  absl::MutexLock lock(&default_logger_mu);
+  DefaultLoggerSlot() = std::move(logger);
+}
+
+std::shared_ptr<Logger> DefaultLogger(LogLevel stderr_level) {
+  {
+    absl::MutexLock lock(&default_logger_mu);
+    if (DefaultLoggerSlot() != nullptr) return DefaultLoggerSlot();
+  }
+  return StderrLogger(stderr_level);
+}
 
 }  // namespace bus

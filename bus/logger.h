@@ -92,6 +92,20 @@ std::shared_ptr<Logger> JsonLinesLogger(JsonLinesLoggerOptions options = {});
 // Discards everything.
 std::shared_ptr<Logger> NullLogger();
 
+// The process's default logger: the one every part of the library writes to when its options
+// leave the logger unset (HandlerOptions::observability.logger, RedisOptions::logger,
+// NsqOptions::logger, the outbox relays, OpenOverrides::logger), so one call sends the records
+// of the Handler, the drivers and the stores to one place:
+//
+//   bus::SetDefaultLogger(bus::JsonLinesLogger({.out = stdout}));  // first thing in main()
+//
+// A part takes the default when it is created and keeps it; set it before creating them.
+// nullptr (the start): each part's own default, StderrLogger at its level.
+void SetDefaultLogger(std::shared_ptr<Logger> logger);
+// The logger set by SetDefaultLogger, else StderrLogger(`stderr_level`): the level a part
+// uses for stderr when no default is set (the drivers log warnings and up by default).
+std::shared_ptr<Logger> DefaultLogger(LogLevel stderr_level = LogLevel::kInfo);
+
 }  // namespace bus
 
 #endif  // BUS_LOGGER_H_

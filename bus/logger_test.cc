@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -225,6 +226,32 @@ TEST(JsonLinesLoggerTest, EightThreadsLogWholeRecordsWhileTheReaderReads) {
     ++lines;
   }
   EXPECT_EQ(lines, kThreads * kRecords);
+}
+
+}  // namespace
+}  // namespace bus
+
+namespace bus {
+namespace {
+
+// SetDefaultLogger: what DefaultLogger gives every part created without a logger, until it is
+// set back to none (then each part's stderr default).
+TEST(DefaultLoggerTest, PartsWithoutALoggerTakeTheDefault) {
+  class Counting final : public Logger {
+   public:
+    void Write(const LogRecord&) override { ++records; }
+    std::atomic<int> records{0};
+  };
+  auto counting = std::make_shared<Counting>();
+  SetDefaultLogger(counting);
+  EXPECT_EQ(DefaultLogger(), counting);
+  EXPECT_EQ(DefaultLogger(LogLevel::kWarning), counting);
+  DefaultLogger()->Write(LogRecord{});
+  EXPECT_EQ(counting->records.load(), 1);
+  SetDefaultLogger(nullptr);
+  std::shared_ptr<Logger> fallback = DefaultLogger();
+  ASSERT_NE(fallback, nullptr);
+  EXPECT_NE(fallback, counting);
 }
 
 }  // namespace

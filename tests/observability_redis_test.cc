@@ -1,7 +1,8 @@
 // Structured logs and events against a real redis-server with a password: while the server is
 // stopped and started again, the Handler, the Redis driver and the Redis stores write records
-// (JSON lines, parsed back here) and the observer sees the reconnect; the password appears in
-// no field of any record or event.
+// (JSON lines, parsed back here) to the one default logger (bus::SetDefaultLogger; none of them
+// is given a logger) and the observer sees the reconnect; the password appears in no field of
+// any record or event.
 
 #include <cstdio>
 #include <cstdlib>
@@ -34,15 +35,15 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({.password = kPassword});
   ASSERT_TRUE(server.ok()) << server.status();
   MemFile out;
-  // One logger for the driver, the stores and the handler; the stream is read once all of them
-  // are gone.
+  // One logger for the driver, the stores and the handler, the process's default; the stream is
+  // read once all of them are gone.
   auto logger = std::make_shared<CountingLogger>(
       JsonLinesLogger({.out = out.get(), .min_level = LogLevel::kDebug}));
+  SetDefaultLogger(logger);
 
   RedisOptions options;
   options.port = (*server)->port();
   options.password = kPassword;
-  options.logger = logger;
   options.timeouts.connect = absl::Milliseconds(500);
   options.timeouts.request = absl::Milliseconds(500);
   auto driver = NewRedisDriver(options);
@@ -52,7 +53,8 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   ASSERT_TRUE(dead_letters.ok() && idempotency.ok());
 
   EventLog events;
-  HandlerOptions h = FailFirstAttemptOptions(*driver, *dead_letters, *idempotency, logger, &events);
+  HandlerOptions h =
+      FailFirstAttemptOptions(*driver, *dead_letters, *idempotency, nullptr, &events);
   auto handler = Handler::Create(h);
   ASSERT_TRUE(handler.ok()) << handler.status();
   auto run = std::async(std::launch::async, [&] { return (*handler)->Run(); });
@@ -80,9 +82,11 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   driver->reset();
   dead_letters->reset();
   idempotency->reset();
+  SetDefaultLogger(nullptr);
   const std::vector<nlohmann::json> records = RecordsWithoutSecret(out.Lines(), kPassword);
-  int reconnected = 0, failed_attempts = 0;
+  int reconnected = 0, failed_attempts = 0, handler_records = 0;
   for (const nlohmann::json& j : records) {
+    if (j.value("component", "") == "handler") ++handler_records;
     if (j.value("component", "") == "redis" && j.value("event", "") == "reconnected") {
       ++reconnected;
     }
@@ -90,6 +94,7 @@ TEST(ObservabilityRedisTest, RecordsAndEventsAcrossAnOutageCarryNoSecret) {
   }
   EXPECT_GE(reconnected, 1) << records.size() << " records";
   EXPECT_GE(failed_attempts, 1) << records.size() << " records";
+  EXPECT_GE(handler_records, 1) << records.size() << " records";
 }
 
 }  // namespace

@@ -189,7 +189,7 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
 
 NsqOptions WithNsqDefaults(NsqOptions options) {
   if (options.auth.client_id.empty()) options.auth.client_id = HostName();
-  if (!options.logger) options.logger = StderrLogger(LogLevel::kInfo);
+  if (!options.logger) options.logger = DefaultLogger(LogLevel::kInfo);
   if (!options.clock) options.clock = RealClock();
   if (!options.random) options.random = DefaultRandom();
   return options;

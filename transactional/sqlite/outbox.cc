@@ -299,7 +299,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
 
 std::shared_ptr<BackgroundTask> SqliteOutbox::RelayTask(std::shared_ptr<Driver> driver,
                                                         std::shared_ptr<Logger> logger) {
-  if (logger == nullptr) logger = StderrLogger();
+  if (logger == nullptr) logger = DefaultLogger();
   return std::make_shared<RelayTaskImpl>(shared_from_this(), std::move(driver), std::move(logger));
 }
 

@@ -25,7 +25,7 @@ absl::Status Ping(Connection& conn, absl::Duration timeout) {
 
 RedisOptions WithDefaults(RedisOptions options) {
   if (options.clock == nullptr) options.clock = RealClock();
-  if (options.logger == nullptr) options.logger = StderrLogger(LogLevel::kWarning);
+  if (options.logger == nullptr) options.logger = DefaultLogger(LogLevel::kWarning);
   if (options.random == nullptr) options.random = DefaultRandom();
   if (options.limits.script_batch == 0) options.limits.script_batch = kDefaultRedisScriptBatch;
   return options;
