@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "bus/envelope.h"
 #include "bus/handler.h"
+#include "bus/logger.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
 #include "gmock/gmock.h"
@@ -98,18 +99,35 @@ TEST_F(HandlerTest, CreateFillsTheSeedDefaults) {
   o.queue = "orders";
   o.driver = driver_;
   o.handle = [](const Message&) { return absl::OkStatus(); };
+  // The logger: the process's default (bus::SetDefaultLogger) when one is set.
+  const std::shared_ptr<Logger> process_logger = NullLogger();
+  SetDefaultLogger(process_logger);
   auto h = Handler::Create(o);
+  SetDefaultLogger(nullptr);
   ASSERT_TRUE(h.ok()) << h.status();
   const HandlerOptions& filled = (*h)->options();
-  EXPECT_NE(filled.observability.logger, nullptr);
-  EXPECT_NE(filled.stores.dead_letters, nullptr);
-  EXPECT_NE(filled.stores.idempotency, nullptr);
+  EXPECT_EQ(filled.observability.logger, process_logger);
+  // Stores that keep nothing: a letter is taken and not kept, a key is never held or done.
+  ASSERT_NE(filled.stores.dead_letters, nullptr);
+  DeadLetter letter;
+  letter.queue = "orders";
+  letter.data = "x";
+  EXPECT_TRUE(filled.stores.dead_letters->Store(letter).ok());
+  EXPECT_EQ(*filled.stores.dead_letters->Count("orders"), 0);
+  ASSERT_NE(filled.stores.idempotency, nullptr);
+  EXPECT_TRUE(*filled.stores.idempotency->Acquire("orders.k", "a", absl::Seconds(5)));
+  EXPECT_TRUE(filled.stores.idempotency->MarkDone("orders.k", "a", absl::Hours(1)).ok());
+  EXPECT_TRUE(*filled.stores.idempotency->Acquire("orders.k", "b", absl::Seconds(5)));
+  // ensure says "already handled"; retry_delay says "never retry".
   EXPECT_EQ(filled.ensure(Message{}), Ensure::kAlreadyHandled);
   EXPECT_LT(filled.retry_delay(1), absl::ZeroDuration());
   EXPECT_EQ(filled.flow.max_in_flight, kAutoInFlightPerWorker);  // concurrency 1
   EXPECT_EQ(filled.flow.batch_size, 0);                          // chosen by the Handler
   EXPECT_EQ(filled.stores.idempotency_lease, absl::Seconds(15));
   EXPECT_EQ(filled.clock, driver_->clock());
+  EXPECT_EQ(filled.flow.concurrency, 1);
+  EXPECT_EQ(filled.flow.shutdown_timeout, absl::Seconds(30));
+  EXPECT_EQ(filled.replay.interval, absl::Minutes(1));  // the seed's replay every minute
 }
 
 }  // namespace
