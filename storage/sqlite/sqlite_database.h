@@ -66,7 +66,7 @@ class SqliteDatabase {
   static absl::StatusOr<std::shared_ptr<SqliteDatabase>> Open(SqliteOptions options);
 
   // The schema version this library writes and reads.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   ~SqliteDatabase();
   SqliteDatabase(const SqliteDatabase&) = delete;

@@ -36,9 +36,11 @@ inline constexpr char kFetchLettersOfKindSql[] =
 #undef BUS_SQLITE_LETTER_COLUMNS
 // ?1 queue, ?2 id.
 inline constexpr char kRemoveLetterSql[] = "DELETE FROM dead_letters WHERE queue = ?1 AND id = ?2";
-// ?1 queue, ?2 kind mask.
+// ?1 queue, ?2 kind mask. From the maintained counts (schema.h, version 4): at most one row per
+// kind, whatever the number of letters.
 inline constexpr char kCountLettersSql[] =
-    "SELECT count(*) FROM dead_letters WHERE queue = ?1 AND ((1 << kind) & ?2) != 0";
+    "SELECT coalesce(sum(n), 0) FROM dead_letter_counts WHERE queue = ?1 AND "
+    "((1 << kind) & ?2) != 0";
 // ?1 queue.
 inline constexpr char kMaxLetterIdSql[] = "SELECT max(id) FROM dead_letters WHERE queue = ?1";
 // ?1 queue, ?2 highest id to delete, ?3 batch size, ?4 kind mask.

@@ -17,6 +17,7 @@ const Migration kMigrations[] = {
     {1, kMigrationV1},
     {2, kMigrationV2},
     {3, kMigrationV3},
+    {4, kMigrationV4},
 };
 
 }  // namespace

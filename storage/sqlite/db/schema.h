@@ -16,7 +16,7 @@ namespace bus::sqlite_internal {
 //
 // The version this library writes and reads (SqliteDatabase::kSchemaVersion): the last
 // migration's. A new version appends a migration below and to migrations.cc.
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 //
 // The version lives in the table bus_meta (not in PRAGMA user_version, which an application
 // sharing the file may use for its own schema).
@@ -99,6 +99,33 @@ inline constexpr const char* kMigrationV3[] = {
     "  id INTEGER PRIMARY KEY CHECK (id = 1),"
     "  owner TEXT NOT NULL,"
     "  expires_at_ms INTEGER NOT NULL)",
+};
+
+// Migration to version 4: how many letters each queue holds of each kind, kept by triggers in
+// the transaction that stores, removes or purges a letter (also a writer of another process), so
+// that Count reads at most four rows of dead_letter_counts instead of counting the queue's
+// letters (it runs on every metrics scrape, at the start of each replay pass and in busctl). A
+// file's existing letters are counted once, here. A count that reaches zero is deleted.
+inline constexpr const char* kMigrationV4[] = {
+    "CREATE TABLE dead_letter_counts ("
+    "  queue TEXT NOT NULL,"
+    "  kind INTEGER NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  PRIMARY KEY (queue, kind)"
+    ") WITHOUT ROWID",
+    "INSERT INTO dead_letter_counts (queue, kind, n) "
+    "SELECT queue, kind, count(*) FROM dead_letters GROUP BY queue, kind",
+    "CREATE TRIGGER dead_letters_count_insert AFTER INSERT ON dead_letters BEGIN "
+    "INSERT INTO dead_letter_counts (queue, kind, n) VALUES (new.queue, new.kind, 1) "
+    "ON CONFLICT (queue, kind) DO UPDATE SET n = n + 1; END",
+    "CREATE TRIGGER dead_letters_count_delete AFTER DELETE ON dead_letters BEGIN "
+    "UPDATE dead_letter_counts SET n = n - 1 WHERE queue = old.queue AND kind = old.kind; "
+    "DELETE FROM dead_letter_counts WHERE queue = old.queue AND kind = old.kind AND n <= 0; END",
+    "CREATE TRIGGER dead_letters_count_update AFTER UPDATE OF queue, kind ON dead_letters BEGIN "
+    "UPDATE dead_letter_counts SET n = n - 1 WHERE queue = old.queue AND kind = old.kind; "
+    "DELETE FROM dead_letter_counts WHERE queue = old.queue AND kind = old.kind AND n <= 0; "
+    "INSERT INTO dead_letter_counts (queue, kind, n) VALUES (new.queue, new.kind, 1) "
+    "ON CONFLICT (queue, kind) DO UPDATE SET n = n + 1; END",
 };
 
 // ---- Transactions ----
