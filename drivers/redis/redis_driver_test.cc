@@ -247,6 +247,36 @@ TEST(RedisDriverTest, ClientsReconnectAcrossAServerRestartAndNoAcceptedSendIsLos
   EXPECT_GE(producer->Stats().reconnects + consumer_driver->Stats().reconnects, 1u);
 }
 
+// Redis's count of keys freed on its lazy-free thread (INFO memory), -1 if unknown.
+int64_t LazyFreed(const RedisServer& server) {
+  absl::StatusOr<std::string> info = server.Cli({"INFO", "memory"});
+  if (!info.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+    if (absl::ConsumePrefix(&line, "lazyfreed_objects:")) return Int(line);
+  }
+  return -1;
+}
+
+// DeleteQueue takes a queue's keys out at once and leaves freeing a large one to Redis's
+// lazy-free thread (UNLINK), so it never holds the server while a million messages are freed.
+TEST(RedisDriverTest, DeletingALargeQueueFreesItOffTheServersMainThread) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->CreateQueue("large", absl::ZeroDuration()).ok());
+  std::vector<std::string> bodies;
+  for (int i = 0; i < 2000; ++i) bodies.push_back(absl::StrCat("m", i));
+  ASSERT_TRUE(driver->SendBatchToQueue("large", bodies, absl::ZeroDuration()).ok());
+  const int64_t before = LazyFreed(*server);
+  ASSERT_GE(before, 0);
+  ASSERT_TRUE(driver->DeleteQueue("large").ok());
+  // The message bodies' hash at least (2,000 fields) went to the lazy-free thread.
+  EXPECT_TRUE(WaitUntil([&] { return LazyFreed(*server) > before; }));
+  absl::StatusOr<QueueCounts> counts = driver->InspectQueue("large");
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
+}
+
 // DriverStats::connections counts the connections open now: the pipelined one, a consumer's
 // blocking one while it waits; none once the server is gone; back after it returns.
 TEST(RedisDriverTest, ConnectionsCountWhatIsOpenNow) {
