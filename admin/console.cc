@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "admin/internal/console_health.h"
 #include "admin/internal/console_json.h"
 #include "bus/backoff.h"
 #include "bus/names.h"
@@ -28,6 +29,7 @@ using console_internal::EncodePageToken;
 using console_internal::Error;
 using console_internal::FilterFromJson;
 using console_internal::FromStatus;
+using console_internal::HandlerState;
 using console_internal::IntParam;
 using console_internal::json;
 using console_internal::Json;
@@ -185,12 +187,6 @@ struct Console::Impl {
     return absl::OkStatus();
   }
 
-  static std::string StateOf(const HandlerStats& s) {
-    if (s.consuming) return "consuming";
-    if (s.running) return "starting";
-    return "stopped";
-  }
-
   json QueueJson(const std::string& name, int points, bool counts_from_broker) const {
     json q = {{"name", name}};
     if (counts_from_broker) {
@@ -219,7 +215,7 @@ struct Console::Impl {
     }
     const Handler* h = options.handlers[static_cast<size_t>(i)];
     const HandlerStats s = h->Stats();
-    q["handler"] = {{"state", StateOf(s)},
+    q["handler"] = {{"state", HandlerState(s)},
                     {"received", s.received},
                     {"handled", s.succeeded},
                     {"failed", s.failed},
@@ -261,40 +257,24 @@ struct Console::Impl {
     return Json(200, QueueJson(name, *points, true));
   }
 
-  ConsoleResponse Health() const {
-    json out = {{"ok", true}};
-    auto check = [&](absl::string_view what, absl::string_view detail, const absl::Status& st) {
-      json e = {{"what", std::string(what)}, {"name", std::string(detail)}, {"ok", st.ok()}};
-      if (!st.ok()) {
-        e["error"] = st.ToString();
-        out["ok"] = false;
-      }
-      out["checks"].push_back(std::move(e));
-    };
-    out["checks"] = json::array();
-    check("broker", options.driver->name(), options.driver->Ping(options.ping_timeout));
-    std::set<const void*> seen{options.driver.get()};
-    for (Handler* h : options.handlers) {
-      const HandlerOptions& o = h->options();
-      if (o.driver != nullptr && seen.insert(o.driver.get()).second) {
-        check("broker", o.driver->name(), o.driver->Ping(options.ping_timeout));
-      }
-      if (o.stores.dead_letters != nullptr && seen.insert(o.stores.dead_letters.get()).second) {
-        check("dead-letter store", o.queue, o.stores.dead_letters->Ping(options.ping_timeout));
-      }
-      if (o.stores.idempotency != nullptr && seen.insert(o.stores.idempotency.get()).second) {
-        check("idempotency store", o.queue, o.stores.idempotency->Ping(options.ping_timeout));
-      }
+  ConsoleResponse Health() const { return Json(200, console_internal::HealthJson(options)); }
+
+  // POST /api/queues/Q/pause and /resume: the Handler of Q in this process stops taking
+  // deliveries (what it holds goes back to the broker) or takes them again.
+  ConsoleResponse PauseOrResume(const std::string& queue, bool pause) const {
+    if (absl::Status st = KnownQueue(queue); !st.ok()) return FromStatus(st);
+    const int i = HandlerIndex(queue);
+    if (i < 0) {
+      return Error(409, absl::StrCat("no handler of queue ", queue,
+                                     " runs in this process: pause it where it runs"));
     }
-    if (options.dead_letters != nullptr && seen.insert(options.dead_letters.get()).second) {
-      check("dead-letter store", "", options.dead_letters->Ping(options.ping_timeout));
+    Handler* h = options.handlers[static_cast<size_t>(i)];
+    if (pause) {
+      h->Pause();
+    } else {
+      h->Resume();
     }
-    json handlers = json::array();
-    for (Handler* h : options.handlers) {
-      handlers.push_back({{"queue", h->options().queue}, {"state", StateOf(h->Stats())}});
-    }
-    out["handlers"] = std::move(handlers);
-    return Json(200, out);
+    return Json(200, {{"queue", queue}, {"state", HandlerState(h->Stats())}});
   }
 
   // Walks `queue`'s letters of `kinds` after `after_id`, calling `visit(decoded, cursor)` for
@@ -507,6 +487,11 @@ struct Console::Impl {
     if (s.size() >= 3 && s[1] == "queues") {
       const std::string& q = s[2];
       if (s.size() == 3) return get ? Queue(t, q) : only("GET");
+      if (s.size() == 4 && (s[3] == "pause" || s[3] == "resume")) {
+        if (!post) return only("POST");
+        if (std::optional<ConsoleResponse> refused = RefuseWrite(req)) return *refused;
+        return PauseOrResume(q, s[3] == "pause");
+      }
       if (s[3] == "dead-letters") {
         if (s.size() == 4) return get ? Letters(t, q) : only("GET");
         if (s.size() == 5 && (s[4] == "replay" || s[4] == "purge")) {

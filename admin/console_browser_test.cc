@@ -224,6 +224,31 @@ TEST_F(ConsoleBrowserTest, ReplayButtonReplaysAndTheHandlerHandlesIt) {
   ExpectNothingRan();
 }
 
+// The queue page pauses the Handler (the overview then shows it paused) and resumes it; a
+// message sent while paused is handled after the resume.
+TEST_F(ConsoleBrowserTest, PauseAndResumeFromTheQueuePage) {
+  Open({.write_token = kToken});
+  rig_->Send({.biz_uid = "before", .payload = "fine"});
+  ASSERT_TRUE(rig_->WaitFor(1, 0));
+  Go("#/queue/orders");
+  ASSERT_TRUE(browser_->WaitFor("document.getElementById('pause') !== null"));
+  EnterToken(kToken);
+  Click("#pause");
+  ASSERT_TRUE(WaitText("#notice", "orders: paused.")) << Text("#notice");
+  EXPECT_TRUE(rig_->handler()->Stats().paused);
+  ASSERT_TRUE(browser_->WaitFor("document.getElementById('resume') !== null"));
+  rig_->Send({.biz_uid = "while-paused", .payload = "fine"});
+  Go("#/");
+  ASSERT_TRUE(WaitText("#queues [data-field=state]", "paused"));
+  Go("#/queue/orders");  // a fresh page: the token is entered again
+  ASSERT_TRUE(browser_->WaitFor("document.getElementById('resume') !== null"));
+  EnterToken(kToken);
+  Click("#resume");
+  ASSERT_TRUE(WaitText("#notice", "orders: consuming.")) << Text("#notice");
+  EXPECT_TRUE(rig_->WaitFor(2, 0));
+  ExpectNothingRan();
+}
+
 TEST_F(ConsoleBrowserTest, PurgeAsksWithTheCountThenPurges) {
   Open({.write_token = kToken});
   for (int i = 0; i < 3; ++i) rig_->Send({.payload = absl::StrCat("fail ", i)});

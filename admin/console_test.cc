@@ -333,12 +333,13 @@ TEST_F(ConsoleApiTest, ReadOnlyWithoutATokenRefusesEveryWrite) {
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE((*c)->writable());
   EXPECT_FALSE(Get(**c, "/api/config").body["writes"]);
-  for (const char* action : {"replay", "purge"}) {
-    Answer a = Post(**c, absl::StrCat("/api/queues/orders/dead-letters/", action),
-                    {{"ids", {"1"}}, {"count", 2}});
+  for (const char* action : {"dead-letters/replay", "dead-letters/purge", "pause", "resume"}) {
+    Answer a =
+        Post(**c, absl::StrCat("/api/queues/orders/", action), {{"ids", {"1"}}, {"count", 2}});
     EXPECT_EQ(a.status, 403) << action;
     EXPECT_THAT(a.body["error"].get<std::string>(), HasSubstr("read-only"));
   }
+  EXPECT_FALSE(rig_->handler()->Stats().paused);
   EXPECT_EQ(Get(**c, "/api/queues/orders")["dead_letters"], 2);
 }
 
@@ -411,6 +412,31 @@ TEST_F(ConsoleApiTest, ReplayWithoutAHandlerHereIsAConflict) {
   Answer a = Post(*console_, "/api/queues/other/dead-letters/replay", {{"ids", {"1"}}});
   EXPECT_EQ(a.status, 409);
   EXPECT_THAT(a.body["error"].get<std::string>(), HasSubstr("no handler of queue other"));
+}
+
+// Pause and resume reach the Handler of the queue (its state, on the queue and in health);
+// they are writes (token, POST) of a queue whose handler runs here.
+TEST_F(ConsoleApiTest, PauseAndResumeTheHandlerOfAQueue) {
+  Workload();
+  Answer a = Post(*console_, "/api/queues/orders/pause", json::object());
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a["state"], "paused");
+  EXPECT_TRUE(rig_->handler()->Stats().paused);
+  EXPECT_EQ(Get(*console_, "/api/queues/orders")["handler"]["state"], "paused");
+  EXPECT_EQ(Get(*console_, "/api/health")["handlers"][0]["state"], "paused");
+  a = Post(*console_, "/api/queues/orders/resume", json::object());
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a["state"], "consuming");
+  EXPECT_FALSE(rig_->handler()->Stats().paused);
+
+  EXPECT_EQ(Post(*console_, "/api/queues/orders/pause", json::object(), false).status, 401);
+  EXPECT_EQ(Get(*console_, "/api/queues/orders/pause").status, 405);
+  EXPECT_EQ(Post(*console_, "/api/queues/nope/pause", json::object()).status, 404);
+  ASSERT_TRUE(rig_->driver()->CreateQueue("other", absl::ZeroDuration()).ok());
+  a = Post(*console_, "/api/queues/other/pause", json::object());
+  EXPECT_EQ(a.status, 409);
+  EXPECT_THAT(a.body["error"].get<std::string>(), HasSubstr("no handler of queue other"));
+  EXPECT_FALSE(rig_->handler()->Stats().paused);
 }
 
 TEST_F(ConsoleApiTest, PurgeNeedsTheCountTheUserSaw) {

@@ -70,6 +70,11 @@ function fmt(n) {
   return n.toLocaleString('en-US');
 }
 
+// A CSS class for a handler's state ("backing off" -> "state-backing-off").
+function stateClass(s) {
+  return 'state-' + String(s).replace(/[^a-z]+/g, '-');
+}
+
 function last(arr) {
   return arr && arr.length ? arr[arr.length - 1] : null;
 }
@@ -150,7 +155,7 @@ async function overview() {
       el('td', { class: 'num', 'data-field': 'in_flight' }, fmt(q.in_flight)),
       el('td', { class: 'num', 'data-field': 'dead_letters' },
         q.dead_letters === null ? '–' : link(['dead', q.name], fmt(q.dead_letters))),
-      el('td', { 'data-field': 'state', class: h ? 'state-' + h.state : 'muted' },
+      el('td', { 'data-field': 'state', class: h ? stateClass(h.state) : 'muted' },
         h ? h.state : 'no handler here'),
       el('td', { class: 'num', 'data-field': 'handled' }, h ? fmt(h.handled) : '–'),
       el('td', { class: 'num', 'data-field': 'failed' }, h ? fmt(h.failed) : '–'),
@@ -181,7 +186,7 @@ function healthTable(health) {
         el('td', { class: c.ok ? 'ok' : 'bad' }, c.ok ? 'ok' : c.error))),
       ...health.handlers.map((h) => el('tr', {},
         el('td', {}, 'handler'), el('td', {}, h.queue),
-        el('td', { class: 'state-' + h.state }, h.state)))));
+        el('td', { class: stateClass(h.state) }, h.state)))));
 }
 
 // ---- queue -------------------------------------------------------------------------------
@@ -206,6 +211,16 @@ async function queuePage(name) {
       stat('handled', h.handled, 'handled'), stat('failed', h.failed, 'failed'),
       stat('retried', h.retried), stat('dead-lettered', h.dead_lettered),
       stat('in pipeline', h.in_flight), stat('p99 ms', h.latency_p99_ms)));
+    if (state.config.writes) {
+      // Pause stops intake (what the handler holds goes back to the broker); Resume restarts it.
+      const paused = h.state === 'paused';
+      const action = paused ? 'resume' : 'pause';
+      nodes.push(el('div', { class: 'actions' }, el('button', { id: action, onclick: () => {
+        api('queues/' + encodeURIComponent(name) + '/' + action, {})
+          .then((r) => { notice(`${name}: ${r.state}.`, false); route(); })
+          .catch((e) => notice(e.message, true));
+      } }, paused ? 'Resume' : 'Pause')));
+    }
     const span = state.config ? Math.round(state.config.history_s / 60) : 15;
     nodes.push(el('h2', {}, `Last ${span} minutes`), el('div', { class: 'charts' },
       el('div', {}, chart({ received: s.received, handled: s.handled }, 'chart', 560, 120),
