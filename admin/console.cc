@@ -16,6 +16,7 @@
 #include "admin/internal/console_health.h"
 #include "admin/internal/console_json.h"
 #include "bus/backoff.h"
+#include "bus/envelope.h"
 #include "bus/names.h"
 
 namespace bus {
@@ -254,7 +255,20 @@ struct Console::Impl {
     absl::StatusOr<int> points = IntParam(t, "points", 180, 1, kMaxPoints);
     if (!points.ok()) return FromStatus(points.status());
     if (absl::Status st = KnownQueue(name); !st.ok()) return FromStatus(st);
-    return Json(200, QueueJson(name, *points, true));
+    json q = QueueJson(name, *points, true);
+    q["oldest_ready_age_s"] = OldestReadyAge(name);
+    return Json(200, q);
+  }
+
+  // Seconds since the message the queue delivers next was published (its envelope's
+  // created_at, on the console's clock); null when none is ready, the driver cannot show it
+  // (NSQ) or it is no envelope. One PeekReady: asked for one queue's page, never the overview.
+  json OldestReadyAge(const std::string& queue) const {
+    absl::StatusOr<std::optional<std::string>> next = options.driver->PeekReady(queue);
+    if (!next.ok() || !next->has_value()) return nullptr;
+    Message m;
+    if (!DecodeEnvelope(**next, &m).ok()) return nullptr;
+    return std::max(0.0, absl::ToDoubleSeconds(options.clock->Now() - m.created_at));
   }
 
   ConsoleResponse Health() const { return Json(200, console_internal::HealthJson(options)); }

@@ -242,6 +242,8 @@ TEST_F(ConsoleBrowserTest, PauseAndResumeFromTheQueuePage) {
   ASSERT_TRUE(WaitText("#queues [data-field=state]", "paused"));
   Go("#/queue/orders");  // a fresh page: the token is entered again
   ASSERT_TRUE(browser_->WaitFor("document.getElementById('resume') !== null"));
+  // The message sent while paused waits: its age shows (seconds), not "–".
+  EXPECT_THAT(Text("[data-field=oldest_ready] b"), ::testing::EndsWith(" s"));
   EnterToken(kToken);
   Click("#resume");
   ASSERT_TRUE(WaitText("#notice", "orders: consuming.")) << Text("#notice");

@@ -121,6 +121,30 @@ TEST_F(ConsoleApiTest, QueuesListsBrokerCountsAndHandlerStats) {
   EXPECT_EQ(orders["handler"]["received"], 5);
 }
 
+// One queue's answer says how long ago the message it delivers next was published (on the
+// console's clock); null when nothing is ready or what is next is no envelope.
+TEST_F(ConsoleApiTest, AQueueSaysHowOldItsOldestReadyMessageIs) {
+  ASSERT_TRUE(rig_->driver()->CreateQueue("idle", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(Get(*console_, "/api/queues/idle")["oldest_ready_age_s"].is_null());
+  Message m;
+  m.id = "m-1";
+  m.created_at = clock_->Now() - absl::Seconds(42);
+  ASSERT_TRUE(rig_->driver()->SendToQueue("idle", EncodeEnvelope(m), absl::ZeroDuration()).ok());
+  m.id = "m-2";
+  m.created_at = clock_->Now() - absl::Seconds(5);
+  ASSERT_TRUE(rig_->driver()->SendToQueue("idle", EncodeEnvelope(m), absl::ZeroDuration()).ok());
+  EXPECT_EQ(Get(*console_, "/api/queues/idle")["oldest_ready_age_s"], 42.0);
+  clock_->Advance(absl::Seconds(8));
+  EXPECT_EQ(Get(*console_, "/api/queues/idle")["oldest_ready_age_s"], 50.0);
+  // Not in the list of every queue (no peek per queue there).
+  const json list = Get(*console_, "/api/queues").body["queues"];
+  for (const json& q : list) EXPECT_FALSE(q.contains("oldest_ready_age_s")) << q["name"];
+
+  ASSERT_TRUE(rig_->driver()->CreateQueue("raw", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(rig_->driver()->SendToQueue("raw", "not an envelope", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(Get(*console_, "/api/queues/raw")["oldest_ready_age_s"].is_null());
+}
+
 TEST_F(ConsoleApiTest, RatesComeFromTheSamplesOfTheRingBuffer) {
   // The sampler took its first sample at Create and waits on the fake clock.
   ASSERT_TRUE(WaitUntil([&] { return clock_->parked() >= 1; }));

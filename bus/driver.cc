@@ -90,6 +90,11 @@ absl::StatusOr<QueueCounts> Driver::InspectQueue(absl::string_view queue) {
   return DoInspectQueue(queue);
 }
 
+absl::StatusOr<std::optional<std::string>> Driver::PeekReady(absl::string_view queue) {
+  if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
+  return DoPeekReady(queue);
+}
+
 absl::Status Driver::DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                         absl::Duration delay) {
   for (const std::string& d : data) {
@@ -117,6 +122,10 @@ absl::StatusOr<std::vector<std::string>> Driver::ListQueues() {
 
 absl::StatusOr<QueueCounts> Driver::DoInspectQueue(absl::string_view /*queue*/) {
   return absl::UnimplementedError(absl::StrCat(name(), " driver: InspectQueue not implemented"));
+}
+
+absl::StatusOr<std::optional<std::string>> Driver::DoPeekReady(absl::string_view /*queue*/) {
+  return absl::UnimplementedError(absl::StrCat(name(), " driver: PeekReady not implemented"));
 }
 
 }  // namespace bus

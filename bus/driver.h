@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <vector>
@@ -238,6 +239,14 @@ class Driver {
   // without inspection (the default).
   absl::StatusOr<QueueCounts> InspectQueue(absl::string_view queue);
 
+  // The bytes of the message `queue` would deliver next, without leasing it (for operators: the
+  // console shows how old it is); nullopt when nothing is ready. A delayed message that fell
+  // due or an expired lease counts once the broker has moved it back among the ready ones (at
+  // the next reserve). InvalidArgument for a bad name; Unavailable when the broker cannot be
+  // reached; Unimplemented where the broker cannot show a message without taking it (NSQ) and
+  // by default.
+  absl::StatusOr<std::optional<std::string>> PeekReady(absl::string_view queue);
+
  private:
   // The implementations, called with validated arguments only.
   virtual absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) = 0;
@@ -255,6 +264,7 @@ class Driver {
   virtual absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(
       absl::string_view queue, const ConsumerOptions& options) = 0;
   virtual absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue);
+  virtual absl::StatusOr<std::optional<std::string>> DoPeekReady(absl::string_view queue);
 };
 
 // Validates ConsumerOptions; InvalidArgument naming the bad field.

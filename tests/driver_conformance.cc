@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -274,6 +275,34 @@ TEST_P(DriverConformanceTest, ABacklogSentBeforeAnyConsumerReachesTheQueuesFirst
   EXPECT_THAT(Datas(got), UnorderedElementsAre("direct0", "direct1", "direct2", "direct3",
                                                "direct4", "fanned"));
   AckAll(c.get(), got);
+}
+
+// PeekReady shows the message the queue delivers next and takes nothing; NSQ cannot show a
+// message without taking it and says so (Unimplemented, docs/driver-contract.md).
+TEST_P(DriverConformanceTest, PeekReadyShowsTheNextMessageWithoutTakingIt) {
+  const std::string q = Unique("q");
+  ASSERT_TRUE(driver_->CreateQueue(q, absl::ZeroDuration()).ok());
+  absl::StatusOr<std::optional<std::string>> peek = driver_->PeekReady(q);
+  if (driver_->name() == "nsq") {
+    EXPECT_TRUE(absl::IsUnimplemented(peek.status())) << peek.status();
+    return;
+  }
+  ASSERT_TRUE(peek.ok()) << peek.status();
+  EXPECT_FALSE(peek->has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(driver_->PeekReady("bad name!").status()));
+  ASSERT_TRUE(driver_->SendToQueue(q, "first", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver_->SendToQueue(q, "second", absl::ZeroDuration()).ok());
+  EXPECT_EQ(driver_->PeekReady(q).value_or(std::nullopt), "first");
+  EXPECT_EQ(driver_->PeekReady(q).value_or(std::nullopt), "first");  // still there
+  auto c = NewConsumer(q);
+  auto got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("first"));
+  EXPECT_EQ(driver_->PeekReady(q).value_or(std::nullopt), "second");
+  AckAll(c.get(), got);
+  got = Collect(c.get(), 1);
+  EXPECT_THAT(Datas(got), ElementsAre("second"));
+  AckAll(c.get(), got);
+  EXPECT_EQ(driver_->PeekReady(q).value_or(std::nullopt), std::nullopt);
 }
 
 TEST_P(DriverConformanceTest, SendBatchDeliversEveryMessage) {

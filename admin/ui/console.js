@@ -70,6 +70,14 @@ function fmt(n) {
   return n.toLocaleString('en-US');
 }
 
+// Seconds as people read an age: "42 s", "3.5 min", "2.0 h"; "–" when unknown.
+function age(s) {
+  if (s === null || s === undefined) return '–';
+  if (s < 120) return `${s.toFixed(0)} s`;
+  if (s < 7200) return `${(s / 60).toFixed(1)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
 // A CSS class for a handler's state ("backing off" -> "state-backing-off").
 function stateClass(s) {
   return 'state-' + String(s).replace(/[^a-z]+/g, '-');
@@ -200,6 +208,7 @@ async function queuePage(name) {
   const stats = el('div', { class: 'stats' },
     stat('ready', q.ready, 'ready'), stat('delayed', q.delayed, 'delayed'),
     stat('in flight', q.in_flight, 'in_flight'),
+    stat('oldest ready', age(q.oldest_ready_age_s), 'oldest_ready'),
     el('div', { class: 'stat' }, el('b', {}, link(['dead', name], fmt(q.dead_letters))),
       el('span', { class: 'muted' }, 'dead letters')));
   const nodes = [el('h1', {}, 'Queue ', name), stats];

@@ -239,6 +239,13 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
     return counts;
   }
 
+  absl::StatusOr<std::optional<std::string>> DoPeekReady(absl::string_view queue) override {
+    absl::MutexLock lock(&mu_);
+    auto it = queues_.find(queue);
+    if (it == queues_.end() || it->second->ready.empty()) return std::nullopt;
+    return it->second->ready.front().data;
+  }
+
  private:
   friend class MemoryConsumer;
 

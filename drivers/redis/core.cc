@@ -35,6 +35,10 @@ const Script& InspectScript() {
   static const Script* s = new Script(redis_scripts::kInspect);
   return *s;
 }
+const Script& PeekReadyScript() {
+  static const Script* s = new Script(redis_scripts::kPeekReady);
+  return *s;
+}
 const Script& DeleteQueueScript() {
   static const Script* s = new Script(redis_scripts::kDeleteQueue);
   return *s;

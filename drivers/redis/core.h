@@ -35,6 +35,7 @@ const Script& AckScript();
 const Script& AckManyScript();
 const Script& NackScript();
 const Script& InspectScript();
+const Script& PeekReadyScript();
 const Script& DeleteQueueScript();
 const Script& ExtendScript();
 

@@ -218,6 +218,14 @@ return {redis.call('LLEN', KEYS[1]) + due + expired,
         redis.call('ZCARD', KEYS[3]) - expired}
 )lua";
 
+// KEYS: ready, msgs. Read-only. The body of the id the next reserve takes (the right end of
+// the ready list: RPOP), or nil when the list is empty (or the body is gone).
+inline constexpr char kPeekReady[] = R"lua(
+local id = redis.call('LINDEX', KEYS[1], -1)
+if not id then return false end
+return redis.call('HGET', KEYS[2], id)
+)lua";
+
 // KEYS: ready, delayed, inflight, msgs, attempts, meta, notify, seen (every key of one
 // queue). Takes them all out of the keyspace at once, so no consumer sees half a queue (a
 // reserve between two deletes could lease an id whose body is gone). UNLINK, not DEL: a large

@@ -24,6 +24,7 @@ using redis::DeleteQueueScript;
 using redis::InspectScript;
 using redis::IntReply;
 using redis::Millis;
+using redis::PeekReadyScript;
 using redis::QueueKeys;
 using redis::Reply;
 using redis::TopicKey;
@@ -197,6 +198,20 @@ class RedisDriver final : public Driver {
                        .ready = reply.elements[0].integer,
                        .delayed = reply.elements[1].integer,
                        .in_flight = reply.elements[2].integer};
+  }
+
+  absl::StatusOr<std::optional<std::string>> DoPeekReady(absl::string_view queue) override {
+    const QueueKeys keys(prefix(), queue);
+    absl::StatusOr<std::vector<Reply>> r = core_->client().Eval(
+        PeekReadyScript(), {{"2", keys.ready, keys.msgs}}, core_->options().timeouts.request);
+    if (!r.ok()) return r.status();
+    const Reply& reply = r->at(0);
+    if (reply.is_error()) return redis::ReplyStatus(reply);
+    if (reply.is_nil()) return std::nullopt;
+    if (reply.type != Reply::Type::kString) {
+      return absl::InternalError("redis: unexpected peek reply");
+    }
+    return reply.str;
   }
 
  private:

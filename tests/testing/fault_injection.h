@@ -201,6 +201,9 @@ class FaultyDriver final : public Driver {
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view q) override {
     return base_->InspectQueue(q);
   }
+  absl::StatusOr<std::optional<std::string>> DoPeekReady(absl::string_view q) override {
+    return base_->PeekReady(q);
+  }
 
  private:
   absl::Status AfterSend(absl::Status st) {
