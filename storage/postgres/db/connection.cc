@@ -96,6 +96,7 @@ absl::Status PgStatus(const PGresult* res, PGconn* conn, absl::string_view conte
   if (code == "42501") return absl::PermissionDeniedError(text);
   if (code == "40001" || code == "40P01") return absl::AbortedError(text);
   if (code == "57014") return absl::DeadlineExceededError(text);
+  if (code == "55000") return absl::FailedPreconditionError(text);
   if (absl::StartsWith(code, "22")) return absl::InvalidArgumentError(text);
   if (code == "23505") return absl::AlreadyExistsError(text);
   if (absl::StartsWith(code, "23")) return absl::FailedPreconditionError(text);
@@ -254,8 +255,10 @@ bool Connection::Stale() {
 }
 
 absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statement> statements,
-                                                         absl::Time deadline) {
+                                                         absl::Time deadline, size_t* failed_at) {
   PGconn* c = conn_.get();
+  size_t failed = statements.size();
+  if (failed_at != nullptr) *failed_at = failed;
   if (PQenterPipelineMode(c) != 1) {
     return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline mode", redacted_));
   }
@@ -303,6 +306,7 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
       results.push_back(std::move(owned));
     } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
       first_error = PgStatus(*r, c, "PostgreSQL", redacted_);
+      failed = i;
     }
     // Each statement's results end with a null result.
     absl::StatusOr<PGresult*> end = next();
@@ -320,7 +324,10 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
   if (!synced || PQexitPipelineMode(c) != 1) {
     return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline end", redacted_));
   }
-  if (!first_error.ok()) return first_error;
+  if (!first_error.ok()) {
+    if (failed_at != nullptr) *failed_at = failed;
+    return first_error;
+  }
   return results;
 }
 

@@ -15,6 +15,7 @@
 #ifndef STORAGE_POSTGRES_DB_CONNECTION_H_
 #define STORAGE_POSTGRES_DB_CONNECTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -96,8 +97,12 @@ class Connection {
   // statement is returned (as PgStatus) and the implicit transaction is rolled back by the
   // server; later statements of the list are not run. DeadlineExceeded when the server did not
   // answer by `deadline` (the request is cancelled and the connection is marked broken).
+  // With `failed_at`, an error also says which statement failed: its index, or
+  // statements.size() when the error was not one statement's (the connection, the deadline).
+  // Inside an explicit transaction (a BEGIN sent earlier or in the list), a failed statement
+  // leaves the transaction aborted, and the statements before it have run.
   absl::StatusOr<std::vector<Result>> Pipeline(absl::Span<const Statement> statements,
-                                               absl::Time deadline);
+                                               absl::Time deadline, size_t* failed_at = nullptr);
 
   // The connection can no longer be used (lost, or left in an unknown state); the pool closes
   // it.
@@ -137,6 +142,8 @@ inline bool IsSerializationFailure(const absl::Status& st) { return absl::IsAbor
 //   28xxx (authorization): Unauthenticated;  42501: PermissionDenied
 //   40001 (serialization failure), 40P01 (deadlock): Aborted (retried by the database layer)
 //   57014 (statement timeout or cancel): DeadlineExceeded
+//   55000 (object not in prerequisite state; the inbox's mark-done raises it for a lease that
+//   ran out): FailedPrecondition
 //   22xxx (data exception): InvalidArgument;  23505: AlreadyExists;  other 23xxx:
 //   FailedPrecondition;  3D000 (no such database), 3F000 (no such schema): NotFound
 //   anything else: Internal.
