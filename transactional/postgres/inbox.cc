@@ -75,10 +75,14 @@ class InboxBatch {
   // What a queued statement is, for the handling of its failure.
   enum class Role { kControl, kLock, kMarkDone };
 
-  InboxBatch(PostgresDatabase& db, Connection& c, size_t entries)
-      : db_(db), c_(c), owned_(entries), mark_done_failed_(entries) {}
+  // `savepoints`: each message has a savepoint of its own (a batch of several); without, the
+  // one message's failure is the transaction's.
+  InboxBatch(PostgresDatabase& db, Connection& c, size_t entries, bool savepoints)
+      : db_(db), c_(c), savepoints_(savepoints), owned_(entries), mark_done_failed_(entries) {}
 
+  // Queues one of the inbox's own statements (prepared once per connection).
   void Queue(Statement s, Role role = Role::kControl, size_t entry = 0) {
+    s.prepare = true;
     queued_.push_back({std::move(s), role, entry});
   }
 
@@ -118,9 +122,14 @@ class InboxBatch {
         return r.status();
       }
       // The mark-done of an earlier message: undo that message alone (its RELEASE, queued
-      // after the mark-done, did not run), and send what did not run again.
+      // after the mark-done, did not run), and send what did not run again. Without
+      // savepoints the message is the batch: roll the transaction back instead of committing.
       const size_t entry = queued_[failed_at].entry;
       mark_done_failed_[entry] = r.status();
+      if (!savepoints_) {
+        queued_ = {{{&Tx().rollback}, Role::kControl, entry}};
+        continue;
+      }
       std::vector<Queued> rest = {{{&Tx().rollback_to}, Role::kControl, entry}};
       rest.insert(rest.end(), queued_.begin() + static_cast<ptrdiff_t>(failed_at) + 1,
                   queued_.end());
@@ -144,6 +153,7 @@ class InboxBatch {
   };
   PostgresDatabase& db_;
   Connection& c_;
+  const bool savepoints_;
   std::vector<Queued> queued_;
   std::vector<std::optional<bool>> owned_;
   std::vector<absl::Status> mark_done_failed_;
@@ -244,7 +254,9 @@ absl::StatusOr<std::string> PostgresTransaction::Append(int kind, absl::string_v
   const Statement s{&append_sql_,
                     {Param::Int(kind), Param::Text(std::string(destination)),
                      Param::Text(std::string(route_key)), Param::Text(msg.id),
-                     Param::Bytes(std::move(wire)), Param::Int(absl::ToInt64Microseconds(delay))}};
+                     Param::Bytes(std::move(wire)), Param::Int(absl::ToInt64Microseconds(delay))},
+                    /*text_results=*/false,
+                    /*prepare=*/true};
   absl::StatusOr<std::optional<Result>> r = batch_.Flush(&s);
   if (!r.ok()) {
     if (failed_.ok()) failed_ = r.status();
@@ -377,12 +389,14 @@ void PostgresInbox::RunAndMarkDone(
       return why;
     };
     // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
-    InboxBatch batch(*db_, c, n);
+    // A batch of one needs no savepoint: its message's failure rolls the transaction back.
+    const bool savepoints = n > 1;
+    InboxBatch batch(*db_, c, n, savepoints);
     batch.Queue({&begin_});
     for (size_t i = 0; i < n; ++i) {
       const Entry& e = entries[i];
       const bool keyed = !e.key.empty();
-      batch.Queue({&Tx().savepoint});
+      if (savepoints) batch.Queue({&Tx().savepoint});
       if (keyed) {
         batch.Queue(
             {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
@@ -405,9 +419,17 @@ void PostgresInbox::RunAndMarkDone(
         published[i] = tx.published_;
       } else {
         local[i] = st;
-        batch.Queue({&Tx().rollback_to});
+        if (savepoints) batch.Queue({&Tx().rollback_to});
       }
-      batch.Queue({&Tx().release});
+      if (savepoints) batch.Queue({&Tx().release});
+    }
+    if (!savepoints && !local[0].ok()) {
+      // The one message failed: nothing to commit.
+      batch.Queue({&Tx().rollback});
+      if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
+        return abandon(end.status());
+      }
+      return absl::OkStatus();
     }
     // The relay's wake-up, delivered by the server at COMMIT (and dropped with a rollback).
     for (int p : published) {

@@ -305,7 +305,7 @@ TEST_F(PostgresInboxRaceTest, ADeadlockBetweenTwoInboxesRunsTheLosersBatchAgain)
                   Effect([&](const Message& msg, PostgresTransaction& tx) -> absl::Status {
                     if (msg.biz_uid != "a-0") return Bump(tx, 1);
                     if (absl::Status st = Bump(tx, 1); !st.ok()) return st;
-                    a_has_1.Notify();
+                    if (!a_has_1.HasBeenNotified()) a_has_1.Notify();
                     b_has_2.WaitForNotification();
                     return Bump(tx, 2);
                   }));

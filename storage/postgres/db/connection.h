@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -46,11 +47,15 @@ struct Param {
 };
 
 // One statement with its parameters ($1, $2, ...). `sql` must outlive the call. Results come in
-// the binary format, or as text with `text_results` (for the inbox's users).
+// the binary format, or as text with `text_results` (for the inbox's users). With `prepare`,
+// the connection parses it once as a named prepared statement (in the round trip of its first
+// use) and runs that afterwards: for the library's own statements on hot paths (the inbox's),
+// never for text that varies.
 struct Statement {
   const std::string* sql;
   std::vector<Param> params{};
   bool text_results = false;
+  bool prepare = false;
 };
 
 class Result {
@@ -132,6 +137,9 @@ class Connection {
   std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
   std::string redacted_;
   bool broken_ = false;
+  // Statements prepared on this session: text -> name ("bus_<n>").
+  absl::flat_hash_map<std::string, std::string> prepared_;
+  int64_t next_name_ = 0;
 };
 
 // True when `st` came from SQLSTATE 40001 or 40P01 (PgStatus maps exactly those to Aborted).
