@@ -33,13 +33,17 @@
 //
 //   sqlite3 /tmp/bus-quickstart.db "SELECT queue, reason FROM dead_letters"
 //
-// With --inbox (SQLite stores only) each order's effect is a row of the table order_effects in
-// the same file, written through the SQLite inbox (docs/exactly-once.md): the row, the key's
-// mark-done and an invoice published through the outbox commit in one transaction, and a failed
-// attempt leaves no row. The summary then also checks that every handled order has exactly one
-// effect row, the dead-lettered ones none, and that every invoice was relayed.
+// With --inbox each order's effect is a row of the table order_effects in the stores' database,
+// written through the inbox (docs/exactly-once.md): the row, the key's mark-done and an invoice
+// published through the outbox commit in one transaction, and a failed attempt leaves no row.
+// The summary then also checks that every handled order has exactly one effect row, the
+// dead-lettered ones none, and that every invoice was relayed. On the SQLite file (the embedded
+// default), or on a PostgreSQL server of your own (the PostgreSQL inbox, docs/postgres.md; the
+// table goes in the URL's schema):
 //
 //   bazel run //examples/quickstart -- --inbox
+//   bazel run //examples/quickstart -- --inbox
+//   --stores='postgres://orders@db:5432/orders?schema=qs'
 
 #include <atomic>
 #include <cstdio>
@@ -61,14 +65,15 @@
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
+#include "examples/quickstart/order_effects.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_database.h"
-#include "transactional/sqlite/inbox.h"
 #include "url/open.h"
 #include "url/url.h"
 
@@ -87,8 +92,8 @@ ABSL_FLAG(std::string, redis, "127.0.0.1:6379", "Redis server host:port (--drive
 ABSL_FLAG(std::vector<std::string>, nsqd, {"127.0.0.1:4150"},
           "nsqd TCP addresses, comma-separated (--driver=nsq)");
 ABSL_FLAG(bool, inbox, false,
-          "effects through the SQLite inbox (with --stores=sqlite): one effect row per order, "
-          "checked in the summary");
+          "effects through the inbox (with --stores=sqlite or a postgres:// URL): one effect row "
+          "per order, checked in the summary");
 ABSL_FLAG(std::vector<std::string>, lookupd, {},
           "nsqlookupd HTTP addresses, comma-separated (--driver=nsq; optional)");
 
@@ -109,8 +114,8 @@ struct Backend {
   std::shared_ptr<bus::Driver> driver;
   std::shared_ptr<bus::DeadLetterStore> dead_letters;
   std::shared_ptr<bus::IdempotencyStore> idempotency;
-  // With --inbox: the inbox (also `idempotency`).
-  std::shared_ptr<bus::SqliteInbox> inbox;
+  // With --inbox: the effects through the inbox (whose store is also `idempotency`).
+  std::unique_ptr<quickstart::OrderEffects> inbox;
   std::string description;
 };
 
@@ -162,7 +167,25 @@ absl::StatusOr<Backend> MakeBackend() {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--driver: unknown \"", driver, "\""));
   }
-  if (absl::StrContains(stores, "://")) {
+  if (absl::GetFlag(FLAGS_inbox) && bus::IsPostgresUrl(stores)) {
+    absl::StatusOr<bus::PostgresUrlOptions> o = bus::PostgresOptionsFromUrl(stores);
+    if (!o.ok()) {
+      return absl::Status(o.status().code(), absl::StrCat("--stores: ", o.status().message()));
+    }
+    absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(o->db);
+    if (!db.ok()) return db.status();
+    absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> dl =
+        bus::NewPostgresDeadLetterStore(*db, o->dead_letters);
+    if (!dl.ok()) return dl.status();
+    absl::StatusOr<std::unique_ptr<quickstart::OrderEffects>> inbox =
+        quickstart::NewPostgresOrderEffects(*db, o->idempotency);
+    if (!inbox.ok())
+      return absl::Status(inbox.status().code(), absl::StrCat("inbox: ", inbox.status().message()));
+    b.dead_letters = *dl;
+    b.inbox = *std::move(inbox);
+    b.idempotency = b.inbox->store();
+    b.description = absl::StrCat(bus::RedactedUrl(stores), " (inbox)");
+  } else if (absl::StrContains(stores, "://")) {
     absl::StatusOr<bus::Stores> s = bus::OpenStores(stores);
     if (!s.ok())
       return absl::Status(s.status().code(), absl::StrCat("--stores: ", s.status().message()));
@@ -176,21 +199,11 @@ absl::StatusOr<Backend> MakeBackend() {
     if (!db.ok()) return db.status();
     b.dead_letters = bus::NewSqliteDeadLetterStore(*db);
     if (absl::GetFlag(FLAGS_inbox)) {
-      absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> inbox = bus::NewSqliteInbox(*db);
+      absl::StatusOr<std::unique_ptr<quickstart::OrderEffects>> inbox =
+          quickstart::NewSqliteOrderEffects(*db);
       if (!inbox.ok()) return inbox.status();
-      b.inbox = *inbox;
-      b.idempotency = b.inbox;
-      // The application's own table, in the same file.
-      if (absl::Status st = b.inbox->outbox()->Transact([](bus::SqliteTransaction& tx) {
-            return tx
-                .Execute(
-                    "CREATE TABLE IF NOT EXISTS order_effects (queue TEXT NOT NULL, "
-                    "order_id TEXT NOT NULL, invoice_id TEXT NOT NULL)")
-                .status();
-          });
-          !st.ok()) {
-        return st;
-      }
+      b.inbox = *std::move(inbox);
+      b.idempotency = b.inbox->store();
     } else {
       b.idempotency = bus::NewSqliteIdempotencyStore(*db);
     }
@@ -223,8 +236,9 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--orders: must be >= 0, got ", absl::GetFlag(FLAGS_orders)));
   }
-  if (absl::GetFlag(FLAGS_inbox) && absl::GetFlag(FLAGS_stores) != "sqlite") {
-    return absl::InvalidArgumentError("--inbox: needs --stores=sqlite");
+  if (absl::GetFlag(FLAGS_inbox) && absl::GetFlag(FLAGS_stores) != "sqlite" &&
+      !bus::IsPostgresUrl(absl::GetFlag(FLAGS_stores))) {
+    return absl::InvalidArgumentError("--inbox: needs --stores=sqlite or a postgres:// URL");
   }
   if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -308,17 +322,7 @@ int main(int argc, char** argv) {
   if (backend->inbox != nullptr) {
     // The effect and the invoice first, then the order's verdict: a failing attempt rolls both
     // back, so only the attempt that succeeds leaves a row.
-    transactional = backend->inbox->Handle([&](const bus::Message& msg,
-                                               bus::SqliteTransaction& tx) -> absl::Status {
-      absl::StatusOr<std::string> invoice =
-          tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}});
-      if (!invoice.ok()) return invoice.status();
-      absl::StatusOr<int64_t> n =
-          tx.Execute("INSERT INTO order_effects (queue, order_id, invoice_id) VALUES (?1, ?2, ?3)",
-                     {queue, msg.biz_uid, *invoice});
-      if (!n.ok()) return n.status();
-      return decide(msg);
-    });
+    transactional = backend->inbox->Handle(queue, invoices, decide);
   } else {
     options.handle = decide;
   }
@@ -354,8 +358,7 @@ int main(int argc, char** argv) {
   while (true) {
     s = (*handler)->Stats();
     const uint64_t ended = s.succeeded + s.duplicates + s.dead_lettered;
-    const bool relayed =
-        backend->inbox == nullptr || backend->inbox->outbox()->stats().relayed >= s.succeeded;
+    const bool relayed = backend->inbox == nullptr || backend->inbox->AllRelayed(s.succeeded);
     if (ended >= static_cast<uint64_t>(published) && s.in_flight == 0 && relayed) break;
     if (absl::Now() > deadline) break;
     if (!s.running) break;  // Run() gave up (e.g. the password was refused)
@@ -391,27 +394,13 @@ int main(int argc, char** argv) {
   bool once = true;
   if (backend->inbox != nullptr) {
     // Every handled order has exactly one effect row; the dead-lettered ones have none.
-    int64_t rows = -1, orders_with_rows = -1;
-    const absl::Status st =
-        backend->inbox->outbox()->Transact([&](bus::SqliteTransaction& tx) -> absl::Status {
-          absl::StatusOr<std::vector<bus::SqlRow>> r = tx.Query(
-              "SELECT count(*), count(DISTINCT order_id) FROM order_effects WHERE queue = ?1",
-              {queue});
-          if (!r.ok()) return r.status();
-          rows = std::get<int64_t>((*r)[0][0]);
-          orders_with_rows = std::get<int64_t>((*r)[0][1]);
-          return absl::OkStatus();
-        });
-    if (!st.ok()) return Fail("effects: ", st);
-    const bus::SqliteInbox::Stats is = backend->inbox->stats();
-    const bus::SqliteOutbox::Stats os = backend->inbox->outbox()->stats();
+    const absl::StatusOr<quickstart::OrderEffects::Rows> counted_rows =
+        backend->inbox->Count(queue);
+    if (!counted_rows.ok()) return Fail("effects: ", counted_rows.status());
+    const int64_t rows = counted_rows->rows, orders_with_rows = counted_rows->orders;
     once = rows == expect_handled && orders_with_rows == expect_handled &&
-           os.relayed >= static_cast<uint64_t>(expect_handled);
-    std::printf(
-        "inbox           %llu committed, %llu rolled back; invoices %llu relayed, %lld pending\n",
-        static_cast<unsigned long long>(is.committed),
-        static_cast<unsigned long long>(is.rolled_back),
-        static_cast<unsigned long long>(os.relayed), static_cast<long long>(os.pending));
+           backend->inbox->AllRelayed(static_cast<uint64_t>(expect_handled));
+    std::printf("inbox           %s\n", backend->inbox->Summary().c_str());
     std::printf(
         "check           one effect row per handled order (%lld rows, %lld orders, %d handled): "
         "%s\n",

@@ -185,6 +185,30 @@ TEST(QuickstartBackendsTest, AWrongRedisPasswordIsAClearError) {
                      {"REDIS_PASSWORD=wrong-password"});
 }
 
+// The PostgreSQL inbox: each order's effect row and invoice commit with its mark-done in the
+// server's database; the quickstart checks one row per handled order and every invoice relayed.
+// Run twice on one schema: the second run finds the table and its own queue's rows only.
+TEST(QuickstartBackendsTest, AddsUpWithThePostgresInbox) {
+  auto server = PostgresServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url =
+      absl::StrCat("--stores=postgres://", (*server)->options().user,
+                   "@127.0.0.1:", (*server)->port(), "/postgres?schema=quickstart");
+  const std::string password = "PGPASSWORD=" + (*server)->options().password;
+  for (int run = 0; run < 2; ++run) {
+    std::string out;
+    EXPECT_EQ(RunQuickstart({"--inbox", url}, &out, {password}), 0) << out;
+    EXPECT_NE(out.find(" (inbox) stores"), std::string::npos) << out;
+    EXPECT_NE(out.find("one effect row per handled order"), std::string::npos) << out;
+    EXPECT_EQ(out.find("MISMATCH"), std::string::npos) << out;
+    EXPECT_EQ(out.find((*server)->options().password), std::string::npos) << out;
+  }
+  absl::StatusOr<std::vector<std::string>> queues =
+      (*server)->Exec("SELECT count(DISTINCT queue) FROM quickstart.order_effects");
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  EXPECT_EQ(*queues, std::vector<std::string>{"2"});
+}
+
 TEST(QuickstartBackendsTest, AWrongPostgresPasswordIsAClearError) {
   auto server = PostgresServer::Start({});
   ASSERT_TRUE(server.ok()) << server.status();

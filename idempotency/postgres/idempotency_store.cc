@@ -119,15 +119,20 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
  private:
   Statement AcquireStatement(absl::string_view key, absl::string_view owner,
                              absl::Duration lease) const {
+    // Prepared: the pipeline's acquire and mark-done of every message.
     return {&acquire_,
             {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner)),
-             Param::Int(Micros(lease))}};
+             Param::Int(Micros(lease))},
+            /*text_results=*/false,
+            /*prepare=*/true};
   }
   Statement MarkDoneStatement(absl::string_view key, absl::string_view owner,
                               absl::Duration retention) const {
     return {&mark_done_,
             {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner)),
-             Param::Int(Micros(retention))}};
+             Param::Int(Micros(retention))},
+            /*text_results=*/false,
+            /*prepare=*/true};
   }
 
   // One cleanup step when it is due; only one caller at a time runs it, the others go on.

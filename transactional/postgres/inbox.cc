@@ -1,5 +1,8 @@
 #include "transactional/postgres/inbox.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -25,6 +28,11 @@ namespace {
 constexpr char kLockKeySql[] =
     "SELECT owner = $2 AND NOT done AND expires_at > clock_timestamp() "
     "FROM {schema}.idempotency_keys WHERE key = $1 FOR UPDATE";
+
+// The key's mark-done ($1 key, $2 owner, $3 retention in microseconds): the idempotency
+// store's UPDATE, in a function that fails the transaction (SQLSTATE 55000) when it changed no
+// row (storage/postgres/db/schema.h, version 4).
+constexpr char kMarkDoneOrRaiseSql[] = "SELECT {schema}.mark_done_or_raise($1, $2, $3::bigint)";
 
 // The transaction statements, which name no table.
 struct TransactionSql {
@@ -52,6 +60,110 @@ bool ControlsTheTransaction(absl::string_view sql) {
 
 }  // namespace
 
+namespace pg_internal {
+
+// The statements of one inbox transaction that the inbox sends without waiting for their
+// answers: BEGIN, each message's SAVEPOINT and key lock, its mark-done and RELEASE (or ROLLBACK
+// TO), the notification and COMMIT. They are queued and go out in the round trip of the next
+// statement the effect runs, or of the COMMIT, so that a message whose effect is one statement
+// costs one round trip (docs/benchmarks/postgres.md, "Where the time goes"). The mark-done is
+// a function that fails on the server when the lease ran out (schema.h, version 4): nothing
+// queued after it runs, and the COMMIT never commits a stale worker's effect. Used by one
+// thread, for one run of one batch.
+class InboxBatch {
+ public:
+  // What a queued statement is, for the handling of its failure.
+  enum class Role { kControl, kLock, kMarkDone };
+
+  // `savepoints`: each message has a savepoint of its own (a batch of several); without, the
+  // one message's failure is the transaction's.
+  InboxBatch(PostgresDatabase& db, Connection& c, size_t entries, bool savepoints)
+      : db_(db), c_(c), savepoints_(savepoints), owned_(entries), mark_done_failed_(entries) {}
+
+  // Queues one of the inbox's own statements (prepared once per connection).
+  void Queue(Statement s, Role role = Role::kControl, size_t entry = 0) {
+    s.prepare = true;
+    queued_.push_back({std::move(s), role, entry});
+  }
+
+  // Sends the queued statements, then `user` (when not null), in one round trip, and returns
+  // the result of `user` (nullopt without one). A failed mark-done rolls its message back to
+  // its savepoint (mark_done_failed() says so) and the statements after it are sent again. An
+  // error of `user` is returned (the statements before it ran). Any other error, a
+  // serialization failure or deadlock, or a broken connection ends the batch: fatal().
+  absl::StatusOr<std::optional<Result>> Flush(const Statement* user) {
+    while (true) {
+      if (!fatal_.ok()) return fatal_;
+      if (queued_.empty() && user == nullptr) return std::optional<Result>();
+      std::vector<Statement> list;
+      list.reserve(queued_.size() + 1);
+      for (const Queued& q : queued_) list.push_back(q.statement);
+      if (user != nullptr) list.push_back(*user);
+      size_t failed_at = list.size();
+      absl::StatusOr<std::vector<Result>> r =
+          c_.Pipeline(list, db_.Deadline(list.size()), &failed_at);
+      if (r.ok()) {
+        for (size_t k = 0; k < queued_.size(); ++k) {
+          if (queued_[k].role != Role::kLock) continue;
+          const Result& res = (*r)[k];
+          owned_[queued_[k].entry] = res.rows() == 1 && res.Bool(0, 0);
+        }
+        queued_.clear();
+        if (user == nullptr) return std::optional<Result>();
+        return std::optional<Result>(std::move(r->back()));
+      }
+      if (IsSerializationFailure(r.status()) || c_.broken() || failed_at >= list.size() ||
+          (failed_at < queued_.size() && queued_[failed_at].role != Role::kMarkDone)) {
+        fatal_ = r.status();
+        return fatal_;
+      }
+      if (failed_at == queued_.size()) {  // the effect's statement
+        queued_.clear();
+        return r.status();
+      }
+      // The mark-done of an earlier message: undo that message alone (its RELEASE, queued
+      // after the mark-done, did not run), and send what did not run again. Without
+      // savepoints the message is the batch: roll the transaction back instead of committing.
+      const size_t entry = queued_[failed_at].entry;
+      mark_done_failed_[entry] = r.status();
+      if (!savepoints_) {
+        queued_ = {{{&Tx().rollback}, Role::kControl, entry}};
+        continue;
+      }
+      std::vector<Queued> rest = {{{&Tx().rollback_to}, Role::kControl, entry}};
+      rest.insert(rest.end(), queued_.begin() + static_cast<ptrdiff_t>(failed_at) + 1,
+                  queued_.end());
+      queued_ = std::move(rest);
+    }
+  }
+
+  Connection& connection() { return c_; }
+  // Set when a queued statement other than a mark-done failed, or the connection broke.
+  const absl::Status& fatal() const { return fatal_; }
+  // What entry i's key lock found (nullopt until it ran): whether the caller held a live lease.
+  std::optional<bool> owned(size_t i) const { return owned_[i]; }
+  // The error of entry i's mark-done, whose work was rolled back (OK when it did not fail).
+  const absl::Status& mark_done_failed(size_t i) const { return mark_done_failed_[i]; }
+
+ private:
+  struct Queued {
+    Statement statement;
+    Role role;
+    size_t entry;
+  };
+  PostgresDatabase& db_;
+  Connection& c_;
+  const bool savepoints_;
+  std::vector<Queued> queued_;
+  std::vector<std::optional<bool>> owned_;
+  std::vector<absl::Status> mark_done_failed_;
+  absl::Status fatal_;
+};
+
+}  // namespace pg_internal
+
+using pg_internal::InboxBatch;
+
 absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
     absl::string_view sql, std::vector<Value> params, int64_t* affected) {
   if (ControlsTheTransaction(sql)) {
@@ -65,12 +177,12 @@ absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
   for (Value& v : params) {
     s.params.push_back(v.has_value() ? Param::Text(*std::move(v)) : Param::Null());
   }
-  absl::StatusOr<std::vector<Result>> r = conn_.Pipeline({&s, 1}, db_.Deadline(1));
+  absl::StatusOr<std::optional<Result>> r = batch_.Flush(&s);
   if (!r.ok()) {
-    if (pg_internal::IsSerializationFailure(r.status())) must_retry_ = true;
+    if (failed_.ok()) failed_ = r.status();
     return r.status();
   }
-  const Result& res = (*r)[0];
+  const Result& res = **r;
   std::vector<Row> rows;
   rows.reserve(static_cast<size_t>(res.rows()));
   for (int i = 0; i < res.rows(); ++i) {
@@ -98,7 +210,13 @@ absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Query
   return Run(sql, std::move(params), &affected);
 }
 
-PGconn* PostgresTransaction::raw() { return conn_.raw(); }
+PGconn* PostgresTransaction::raw() {
+  // What the inbox queued (the savepoint, the key lock) runs before the caller's statements.
+  if (absl::StatusOr<std::optional<Result>> r = batch_.Flush(nullptr); !r.ok() && failed_.ok()) {
+    failed_ = r.status();
+  }
+  return batch_.connection().raw();
+}
 
 absl::StatusOr<std::string> PostgresTransaction::SendToQueue(absl::string_view queue, Outgoing out,
                                                              absl::Duration delay) {
@@ -136,10 +254,12 @@ absl::StatusOr<std::string> PostgresTransaction::Append(int kind, absl::string_v
   const Statement s{&append_sql_,
                     {Param::Int(kind), Param::Text(std::string(destination)),
                      Param::Text(std::string(route_key)), Param::Text(msg.id),
-                     Param::Bytes(std::move(wire)), Param::Int(absl::ToInt64Microseconds(delay))}};
-  absl::StatusOr<std::vector<Result>> r = conn_.Pipeline({&s, 1}, db_.Deadline(1));
+                     Param::Bytes(std::move(wire)), Param::Int(absl::ToInt64Microseconds(delay))},
+                    /*text_results=*/false,
+                    /*prepare=*/true};
+  absl::StatusOr<std::optional<Result>> r = batch_.Flush(&s);
   if (!r.ok()) {
-    if (pg_internal::IsSerializationFailure(r.status())) must_retry_ = true;
+    if (failed_.ok()) failed_ = r.status();
     return r.status();
   }
   ++published_;
@@ -169,7 +289,7 @@ PostgresInbox::PostgresInbox(std::shared_ptr<PostgresDatabase> db,
       options_(std::move(options)),
       begin_(BeginSql(options_.isolation)),
       lock_key_(db_->Sql(kLockKeySql)),
-      mark_done_(db_->Sql(pg_internal::kMarkDoneSql)),
+      mark_done_(db_->Sql(kMarkDoneOrRaiseSql)),
       append_(db_->Sql(pg_internal::kAppendOutboxSql)),
       notify_(pg_internal::kNotifyOutboxSql),
       channel_(pg_internal::OutboxChannel(db_->options().schema)) {}
@@ -246,83 +366,89 @@ void PostgresInbox::RunAndMarkDone(
   std::vector<absl::Status> local(n);
   std::vector<int> published(n, 0);
   int runs = 0;
-  // One statement list in one round trip.
-  const auto exec = [this](Connection& c, std::vector<Statement> list) {
-    return c.Pipeline(list, db_->Deadline(list.size())).status();
-  };
-  // Ends the transaction after `why` (when the connection still can), and returns `why`.
-  const auto abandon = [&](Connection& c, absl::Status why) {
-    if (!c.broken()) exec(c, {{&Tx().rollback}}).IgnoreError();
-    return why;
+  const auto lease_lost = [](const Entry& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("inbox: the caller holds no live lease on idempotency key '", e.key,
+                     "' (it ran out or another owner holds it)"));
   };
   // Aborted (a serialization failure or deadlock) makes the database layer run this again.
   const absl::Status s = db_->WithConnection([&](Connection& c) -> absl::Status {
     if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
     local.assign(n, absl::OkStatus());
     published.assign(n, 0);
-    if (absl::Status st = exec(c, {{&begin_}}); !st.ok()) return abandon(c, st);
+    // Ends the transaction after `why` (when the connection still can), and returns `why`.
+    const auto abandon = [&](absl::Status why) {
+      if (!c.broken()) {
+        const Statement rollback{&Tx().rollback};
+        c.Pipeline({&rollback, 1}, db_->Deadline(1)).IgnoreError();
+      }
+      if (pg_internal::IsSerializationFailure(why)) {
+        return absl::AbortedError(absl::StrCat(
+            "inbox: a serialization failure or deadlock; the batch runs again: ", why.message()));
+      }
+      return why;
+    };
+    // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
+    // A batch of one needs no savepoint: its message's failure rolls the transaction back.
+    const bool savepoints = n > 1;
+    InboxBatch batch(*db_, c, n, savepoints);
+    batch.Queue({&begin_});
     for (size_t i = 0; i < n; ++i) {
       const Entry& e = entries[i];
       const bool keyed = !e.key.empty();
-      std::vector<Statement> head = {{&Tx().savepoint}};
+      if (savepoints) batch.Queue({&Tx().savepoint});
       if (keyed) {
-        head.push_back(
-            {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}});
+        batch.Queue(
+            {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
+            InboxBatch::Role::kLock, i);
       }
-      absl::StatusOr<std::vector<Result>> locked = c.Pipeline(head, db_->Deadline(head.size()));
-      if (!locked.ok()) return abandon(c, locked.status());
-      const bool owned = !keyed || ((*locked)[1].rows() == 1 && (*locked)[1].Bool(0, 0));
-
-      PostgresTransaction tx(*db_, c, append_);
+      PostgresTransaction tx(*db_, batch, append_);
       absl::Status st = effect(i, tx);
-      if (tx.must_retry_) {
-        return abandon(c, absl::AbortedError("inbox: a serialization failure or deadlock in "
-                                             "the handler's statements; the batch runs again"));
-      }
-      if (c.broken()) return absl::UnavailableError("inbox: the connection broke");
-      if (st.ok() && !owned) {
-        st = absl::FailedPreconditionError(
-            absl::StrCat("inbox: the caller holds no live lease on idempotency key '", e.key,
-                         "' (it ran out or another owner holds it)"));
-      }
+      if (!batch.fatal().ok()) return abandon(batch.fatal());
+      if (st.ok() && !tx.failed_.ok()) st = tx.failed_;
+      // A lock that already ran and found no live lease; when it has not run yet, the
+      // mark-done fails on the server instead.
+      if (st.ok() && keyed && batch.owned(i) == false) st = lease_lost(e);
       if (st.ok()) {
-        std::vector<Statement> tail;
         if (keyed) {
-          tail.push_back(
-              {&mark_done_,
-               {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner)),
-                Param::Int(std::max<int64_t>(1, absl::ToInt64Microseconds(retention)))}});
+          batch.Queue({&mark_done_,
+                       {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner)),
+                        Param::Int(std::max<int64_t>(1, absl::ToInt64Microseconds(retention)))}},
+                      InboxBatch::Role::kMarkDone, i);
         }
-        tail.push_back({&Tx().release});
-        absl::StatusOr<std::vector<Result>> marked = c.Pipeline(tail, db_->Deadline(tail.size()));
-        st = marked.status();
-        if (pg_internal::IsSerializationFailure(st) || c.broken()) return abandon(c, st);
-        if (st.ok() && keyed && (*marked)[0].affected() != 1) {
-          // The lease ran out while the effect ran (the row lock kept everyone else off the
-          // key): not marked done, so the effect must not commit either. The savepoint was
-          // released: undo the message's work from its start.
-          return abandon(c, absl::AbortedError(
-                                "inbox: a lease ran out during its effect; the batch runs again"));
-        }
-      }
-      if (st.ok()) published[i] = tx.published_;
-      if (!st.ok()) {
+        published[i] = tx.published_;
+      } else {
         local[i] = st;
-        if (absl::Status back = exec(c, {{&Tx().rollback_to}}); !back.ok()) {
-          return abandon(c, back);
-        }
+        if (savepoints) batch.Queue({&Tx().rollback_to});
       }
+      if (savepoints) batch.Queue({&Tx().release});
+    }
+    if (!savepoints && !local[0].ok()) {
+      // The one message failed: nothing to commit.
+      batch.Queue({&Tx().rollback});
+      if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
+        return abandon(end.status());
+      }
+      return absl::OkStatus();
     }
     // The relay's wake-up, delivered by the server at COMMIT (and dropped with a rollback).
-    std::vector<Statement> end;
     for (int p : published) {
       if (p > 0) {
-        end.push_back({&notify_, {Param::Text(channel_)}});
+        batch.Queue({&notify_, {Param::Text(channel_)}});
         break;
       }
     }
-    end.push_back({&Tx().commit});
-    if (absl::Status st = exec(c, std::move(end)); !st.ok()) return abandon(c, st);
+    batch.Queue({&Tx().commit});
+    if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
+      return abandon(end.status());
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (batch.mark_done_failed(i).ok()) continue;
+      // The lease ran out while the effect ran: that message alone was rolled back.
+      local[i] = absl::IsFailedPrecondition(batch.mark_done_failed(i)) ? lease_lost(entries[i])
+                                                                       : batch.mark_done_failed(i);
+      published[i] = 0;
+    }
     return absl::OkStatus();
   });
   uint64_t ok = 0, rows = 0;

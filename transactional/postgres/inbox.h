@@ -60,6 +60,9 @@
 typedef struct pg_conn PGconn;
 
 namespace bus {
+namespace pg_internal {
+class InboxBatch;
+}  // namespace pg_internal
 
 // The inbox's open transaction, as the handler function sees it.
 class PostgresTransaction final : public Transaction {
@@ -93,9 +96,9 @@ class PostgresTransaction final : public Transaction {
 
  private:
   friend class PostgresInbox;
-  PostgresTransaction(PostgresDatabase& db, pg_internal::Connection& conn,
+  PostgresTransaction(PostgresDatabase& db, pg_internal::InboxBatch& batch,
                       const std::string& append_sql)
-      : db_(db), conn_(conn), append_sql_(append_sql) {}
+      : db_(db), batch_(batch), append_sql_(append_sql) {}
   absl::StatusOr<std::vector<Row>> Run(absl::string_view sql, std::vector<Value> params,
                                        int64_t* affected);
   absl::StatusOr<std::string> Append(int kind, absl::string_view destination,
@@ -103,10 +106,13 @@ class PostgresTransaction final : public Transaction {
                                      Outgoing out);
 
   PostgresDatabase& db_;
-  pg_internal::Connection& conn_;
+  // The batch's transaction: each statement goes out with the inbox's statements that wait to
+  // be sent (the savepoint and key lock of this message, the previous message's mark-done).
+  pg_internal::InboxBatch& batch_;
   const std::string& append_sql_;
-  // A statement failed with a serialization failure or deadlock: the batch runs again.
-  bool must_retry_ = false;
+  // The first error of a statement: the message's work is rolled back whatever the function
+  // returns (the server aborted the transaction up to the message's savepoint).
+  absl::Status failed_;
   // Messages published through this transaction.
   int published_ = 0;
 };

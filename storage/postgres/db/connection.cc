@@ -96,6 +96,7 @@ absl::Status PgStatus(const PGresult* res, PGconn* conn, absl::string_view conte
   if (code == "42501") return absl::PermissionDeniedError(text);
   if (code == "40001" || code == "40P01") return absl::AbortedError(text);
   if (code == "57014") return absl::DeadlineExceededError(text);
+  if (code == "55000") return absl::FailedPreconditionError(text);
   if (absl::StartsWith(code, "22")) return absl::InvalidArgumentError(text);
   if (code == "23505") return absl::AlreadyExistsError(text);
   if (absl::StartsWith(code, "23")) return absl::FailedPreconditionError(text);
@@ -254,12 +255,19 @@ bool Connection::Stale() {
 }
 
 absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statement> statements,
-                                                         absl::Time deadline) {
+                                                         absl::Time deadline, size_t* failed_at) {
   PGconn* c = conn_.get();
+  size_t failed = statements.size();
+  if (failed_at != nullptr) *failed_at = failed;
   if (PQenterPipelineMode(c) != 1) {
     return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline mode", redacted_));
   }
-  for (const Statement& s : statements) {
+  // The name of each statement prepared in this round trip (empty: none); a text that comes
+  // twice is prepared once.
+  std::vector<std::string> preparing(statements.size());
+  absl::flat_hash_map<std::string, std::string> pending;
+  for (size_t i = 0; i < statements.size(); ++i) {
+    const Statement& s = statements[i];
     std::vector<const char*> values;
     std::vector<int> lengths;
     std::vector<int> formats;
@@ -268,11 +276,30 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
       lengths.push_back(p.value.has_value() ? static_cast<int>(p.value->size()) : 0);
       formats.push_back(p.binary ? 1 : 0);
     }
-    if (PQsendQueryParams(c, s.sql->c_str(), static_cast<int>(s.params.size()), nullptr,
-                          values.data(), lengths.data(), formats.data(),
-                          /*resultFormat=*/s.text_results ? 0 : 1) != 1) {
-      return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
+    const int n = static_cast<int>(s.params.size());
+    const int result_format = s.text_results ? 0 : 1;
+    int sent = 0;
+    if (!s.prepare) {
+      sent = PQsendQueryParams(c, s.sql->c_str(), n, nullptr, values.data(), lengths.data(),
+                               formats.data(), result_format);
+    } else {
+      std::string name;
+      if (auto it = prepared_.find(*s.sql); it != prepared_.end()) {
+        name = it->second;
+      } else if (auto p = pending.find(*s.sql); p != pending.end()) {
+        name = p->second;
+      } else {
+        name = absl::StrCat("bus_", next_name_++);
+        if (PQsendPrepare(c, name.c_str(), s.sql->c_str(), n, nullptr) != 1) {
+          return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
+        }
+        pending.emplace(*s.sql, name);
+        preparing[i] = name;
+      }
+      sent = PQsendQueryPrepared(c, name.c_str(), n, values.data(), lengths.data(), formats.data(),
+                                 result_format);
     }
+    if (sent != 1) return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
   }
   if (PQpipelineSync(c) != 1) return Abandon(PgStatus(nullptr, c, "PostgreSQL: sync", redacted_));
   while (true) {
@@ -292,6 +319,29 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
   results.reserve(statements.size());
   absl::Status first_error;
   for (size_t i = 0; i < statements.size(); ++i) {
+    if (!preparing[i].empty()) {
+      // The Parse of a statement prepared now: remembered once the server took it.
+      absl::StatusOr<PGresult*> p = next();
+      if (!p.ok()) return p.status();
+      if (*p == nullptr) {
+        return Abandon(PgStatus(nullptr, c, "PostgreSQL: result missing", redacted_));
+      }
+      Result owned(*p);
+      const ExecStatusType st = PQresultStatus(*p);
+      if (st == PGRES_COMMAND_OK) {
+        prepared_.emplace(*statements[i].sql, preparing[i]);
+      } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
+        first_error = PgStatus(*p, c, "PostgreSQL", redacted_);
+        failed = i;
+      }
+      absl::StatusOr<PGresult*> end = next();
+      if (!end.ok()) return end.status();
+      if (*end != nullptr) {
+        PQclear(*end);
+        return Abandon(absl::InternalError(
+            absl::StrCat("PostgreSQL: more than one result for a statement [", redacted_, "]")));
+      }
+    }
     absl::StatusOr<PGresult*> r = next();
     if (!r.ok()) return r.status();
     if (*r == nullptr) {
@@ -303,6 +353,7 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
       results.push_back(std::move(owned));
     } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
       first_error = PgStatus(*r, c, "PostgreSQL", redacted_);
+      failed = i;
     }
     // Each statement's results end with a null result.
     absl::StatusOr<PGresult*> end = next();
@@ -320,7 +371,10 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
   if (!synced || PQexitPipelineMode(c) != 1) {
     return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline end", redacted_));
   }
-  if (!first_error.ok()) return first_error;
+  if (!first_error.ok()) {
+    if (failed_at != nullptr) *failed_at = failed;
+    return first_error;
+  }
   return results;
 }
 

@@ -15,12 +15,14 @@
 #ifndef STORAGE_POSTGRES_DB_CONNECTION_H_
 #define STORAGE_POSTGRES_DB_CONNECTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,11 +47,15 @@ struct Param {
 };
 
 // One statement with its parameters ($1, $2, ...). `sql` must outlive the call. Results come in
-// the binary format, or as text with `text_results` (for the inbox's users).
+// the binary format, or as text with `text_results` (for the inbox's users). With `prepare`,
+// the connection parses it once as a named prepared statement (in the round trip of its first
+// use) and runs that afterwards: for the library's own statements on hot paths (the inbox's),
+// never for text that varies.
 struct Statement {
   const std::string* sql;
   std::vector<Param> params{};
   bool text_results = false;
+  bool prepare = false;
 };
 
 class Result {
@@ -96,8 +102,12 @@ class Connection {
   // statement is returned (as PgStatus) and the implicit transaction is rolled back by the
   // server; later statements of the list are not run. DeadlineExceeded when the server did not
   // answer by `deadline` (the request is cancelled and the connection is marked broken).
+  // With `failed_at`, an error also says which statement failed: its index, or
+  // statements.size() when the error was not one statement's (the connection, the deadline).
+  // Inside an explicit transaction (a BEGIN sent earlier or in the list), a failed statement
+  // leaves the transaction aborted, and the statements before it have run.
   absl::StatusOr<std::vector<Result>> Pipeline(absl::Span<const Statement> statements,
-                                               absl::Time deadline);
+                                               absl::Time deadline, size_t* failed_at = nullptr);
 
   // The connection can no longer be used (lost, or left in an unknown state); the pool closes
   // it.
@@ -127,6 +137,9 @@ class Connection {
   std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
   std::string redacted_;
   bool broken_ = false;
+  // Statements prepared on this session: text -> name ("bus_<n>").
+  absl::flat_hash_map<std::string, std::string> prepared_;
+  int64_t next_name_ = 0;
 };
 
 // True when `st` came from SQLSTATE 40001 or 40P01 (PgStatus maps exactly those to Aborted).
@@ -137,6 +150,8 @@ inline bool IsSerializationFailure(const absl::Status& st) { return absl::IsAbor
 //   28xxx (authorization): Unauthenticated;  42501: PermissionDenied
 //   40001 (serialization failure), 40P01 (deadlock): Aborted (retried by the database layer)
 //   57014 (statement timeout or cancel): DeadlineExceeded
+//   55000 (object not in prerequisite state; the inbox's mark-done raises it for a lease that
+//   ran out): FailedPrecondition
 //   22xxx (data exception): InvalidArgument;  23505: AlreadyExists;  other 23xxx:
 //   FailedPrecondition;  3D000 (no such database), 3F000 (no such schema): NotFound
 //   anything else: Internal.

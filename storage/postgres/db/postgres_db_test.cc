@@ -209,6 +209,7 @@ TEST_F(PostgresDatabaseTest, SqlstatesMapToStatusCodes) {
   EXPECT_TRUE(absl::IsPermissionDenied(raise("42501")));
   EXPECT_TRUE(absl::IsDeadlineExceeded(raise("57014")));
   EXPECT_TRUE(absl::IsInvalidArgument(raise("22023")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(raise("55000")));
   absl::Status st = raise("XX000");
   EXPECT_TRUE(absl::IsInternal(st));
   EXPECT_THAT(st.message(), HasSubstr("SQLSTATE XX000"));
@@ -291,6 +292,39 @@ TEST_F(PostgresDatabaseTest, ParametersAndBinaryResultsRoundTrip) {
   EXPECT_EQ((*r)[0].Int(0, 1), -42);
   EXPECT_EQ((*r)[0].Time(0, 2), t);
   EXPECT_TRUE((*r)[0].Bool(0, 3));
+}
+
+// Statements with `prepare` are parsed once per connection (a text twice in one round trip
+// once); a prepare that fails is not remembered; `failed_at` names the failed statement.
+TEST_F(PostgresDatabaseTest, PreparedStatementsAndTheFailedStatementsIndex) {
+  std::shared_ptr<PostgresDatabase> db = Open(Options());
+  const std::string add = "SELECT $1::bigint + 1";
+  const std::string bad = "SELEKT 1";
+  const std::string count =
+      "SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT $1::bigint + 1'";
+  absl::Status st = db->WithConnection([&](Connection& c) -> absl::Status {
+    const std::vector<Statement> twice = {
+        {&add, {Param::Int(1)}, false, true}, {&add, {Param::Int(41)}, false, true}, {&count}};
+    for (int round = 0; round < 2; ++round) {
+      absl::StatusOr<std::vector<Result>> r = c.Pipeline(twice, db->Deadline(twice.size()));
+      if (!r.ok()) return r.status();
+      EXPECT_EQ((*r)[0].Int(0, 0), 2);
+      EXPECT_EQ((*r)[1].Int(0, 0), 42);
+      EXPECT_EQ((*r)[2].Int(0, 0), 1) << "round " << round;
+    }
+    const std::vector<Statement> failing = {{&add, {Param::Int(1)}, false, true},
+                                            {&bad, {}, false, true}};
+    for (int round = 0; round < 2; ++round) {
+      size_t failed_at = 99;
+      absl::StatusOr<std::vector<Result>> r =
+          c.Pipeline(failing, db->Deadline(failing.size()), &failed_at);
+      EXPECT_FALSE(r.ok());
+      EXPECT_EQ(failed_at, 1u) << "round " << round;
+    }
+    absl::StatusOr<std::vector<Result>> ok = c.Pipeline({&failing[0], 1}, db->Deadline(1));
+    return ok.status();
+  });
+  EXPECT_TRUE(st.ok()) << st;
 }
 
 // A server of its own: restarted under the database's connections.

@@ -80,12 +80,36 @@ inline constexpr const char* kMigrationV3[] = {
     "  created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
 };
 
+// Version 4: the inbox's mark-done (transactional/postgres/inbox.cc) as a function that fails
+// the transaction when it changes no row: the caller's lease on the key ran out or another
+// owner holds it. The inbox sends it pipelined with the next message's statements or the
+// COMMIT, without waiting for its answer, so the server, not the client, must refuse to commit
+// a stale worker's effect. SQLSTATE 55000 (object not in prerequisite state) is
+// FailedPrecondition in the client's mapping (connection.h). Parameters: the key, the owner and
+// the retention in microseconds, as kMarkDoneSql's.
+inline constexpr const char* kMigrationV4[] = {
+    "CREATE FUNCTION {schema}.mark_done_or_raise(lease_key bytea, lease_owner bytea, "
+    "retention_us bigint) RETURNS void LANGUAGE plpgsql AS $msgbus$\n"
+    "BEGIN\n"
+    "  UPDATE {schema}.idempotency_keys SET done = true,\n"
+    "    expires_at = clock_timestamp() + retention_us * interval '1 microsecond'\n"
+    "  WHERE key = lease_key AND owner = lease_owner AND NOT done\n"
+    "    AND expires_at > clock_timestamp();\n"
+    "  IF NOT FOUND THEN\n"
+    "    RAISE EXCEPTION 'no live lease on the idempotency key for this owner (it ran out or "
+    "another owner holds it)' USING ERRCODE = 'object_not_in_prerequisite_state';\n"
+    "  END IF;\n"
+    "END\n"
+    "$msgbus$",
+};
+
 // The migration to version i + 1 is kMigrations[i].
 inline const std::vector<std::vector<const char*>>& Migrations() {
   static const auto* m = new std::vector<std::vector<const char*>>{
       {std::begin(kMigrationV1), std::end(kMigrationV1)},
       {std::begin(kMigrationV2), std::end(kMigrationV2)},
       {std::begin(kMigrationV3), std::end(kMigrationV3)},
+      {std::begin(kMigrationV4), std::end(kMigrationV4)},
   };
   return *m;
 }
