@@ -1,0 +1,175 @@
+// A failover with a lagging replica on a Redis Cluster (3 masters, one replica each), with the
+// Redis Cluster idempotency and dead-letter stores at wait_replicas = 1. The replica of a master
+// is stopped (SIGSTOP) and its link dropped (CLIENT KILL TYPE replica), so writes on that master
+// are acknowledged by the master alone; the master is then SIGKILLed and the stale replica
+// promoted (CLUSTER FAILOVER TAKEOVER). A store write that only the master had must not have been
+// reported OK: no done-mark reported OK is lost, and a Handler consuming through the failover
+// repeats no effect. Each test starts its own cluster; every wait is on state a node reports
+// (INFO replication, ROLE), never on a fixed sleep.
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "bus/handler.h"
+#include "bus/publisher.h"
+#include "drivers/redis/redis_driver.h"
+#include "gtest/gtest.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "tests/testing/letters.h"
+#include "tests/testing/redis_cluster.h"
+#include "tests/testing/wait.h"
+
+namespace bus::testing {
+namespace {
+
+// A numeric field of INFO replication on `node`; -1 when the node does not answer.
+int64_t ReplicationField(const RedisCluster& c, int node, absl::string_view field) {
+  absl::StatusOr<std::string> info = c.Cli(node, {"INFO", "replication"});
+  if (!info.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(*info, '\n')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, ':');
+    int64_t v = 0;
+    if (kv.first == field && absl::SimpleAtoi(absl::StripAsciiWhitespace(kv.second), &v)) return v;
+  }
+  return -1;
+}
+
+// Makes `master`'s replica a lagging one: stopped, and its link dropped, so the master has no
+// replica to acknowledge a write (connected_slaves:0). Returns the replica's node index.
+absl::StatusOr<int> StopReplicaOf(RedisCluster& c, int master) {
+  absl::StatusOr<int> replica = c.ReplicaOf(master);
+  if (!replica.ok()) return replica.status();
+  c.Pause(*replica);
+  absl::StatusOr<std::string> killed = c.Cli(master, {"CLIENT", "KILL", "TYPE", "replica"});
+  if (!killed.ok()) return killed.status();
+  if (!WaitUntil([&] { return ReplicationField(c, master, "connected_slaves") == 0; })) {
+    return absl::DeadlineExceededError("the master kept its replica link");
+  }
+  return *replica;
+}
+
+// SIGKILLs `master`, lets its stopped replica run again and promotes it; the old master then
+// comes back as the new master's replica (resynced from it, so what only it had is gone), since
+// writes at wait_replicas = 1 need a replica.
+absl::Status FailOverToStaleReplica(RedisCluster& c, int master, int replica) {
+  c.Kill(master);
+  c.Resume(replica);
+  // The replica may already have started a failover of its own once it saw the master fail;
+  // either way it must end up master.
+  if (absl::Status st = c.Takeover(replica);
+      !st.ok() && c.RoleOf(replica) != RedisCluster::Role::kMaster) {
+    return st;
+  }
+  if (absl::Status st = c.Restart(master); !st.ok()) return st;
+  return c.WaitHealthy();
+}
+
+RedisOptions ClusterOptions(const RedisCluster& c) {
+  RedisOptions o;
+  o.seeds = c.Seeds();
+  o.replication.wait_replicas = 1;
+  o.replication.wait_timeout = absl::Milliseconds(300);
+  o.timeouts.request = absl::Seconds(2);
+  o.logger = NullLogger();
+  return o;
+}
+
+// A name whose hash tag lands on `master` (or not, with `on` false).
+std::string NameOn(const RedisCluster& c, absl::string_view base, int master, bool on = true) {
+  for (int i = 0;; ++i) {
+    std::string name = absl::StrCat(base, i);
+    absl::StatusOr<int> slot = c.KeySlot(name);
+    if (slot.ok() && (*c.MasterOfSlot(*slot) == master) == on) return name;
+  }
+}
+
+TEST(RedisClusterLaggingReplicaTest, NoDoneMarkReportedOkIsLost) {
+  absl::StatusOr<std::unique_ptr<RedisCluster>> cluster = RedisCluster::Start({});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RedisCluster& c = **cluster;
+  const RedisOptions o = ClusterOptions(c);
+  std::shared_ptr<IdempotencyStore> idem = *NewRedisIdempotencyStore(o);
+  std::shared_ptr<DeadLetterStore> dlq = *NewRedisDeadLetterStore(o);
+  std::shared_ptr<Driver> driver = *NewRedisDriver(o);
+
+  std::vector<std::string> keys;
+  std::vector<int> master_of;
+  for (int i = 0; i < 60; ++i) {
+    keys.push_back(absl::StrCat("k-", i));
+    absl::StatusOr<int> slot = c.KeySlot(keys.back());
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    master_of.push_back(*c.MasterOfSlot(*slot));
+  }
+  const int victim = master_of[0];
+  const std::string queue = NameOn(c, "q", victim);
+  const std::string other_queue = NameOn(c, "q", victim, /*on=*/false);
+
+  // Half the keys done while every replica keeps up; the other half only acquired.
+  absl::flat_hash_set<std::string> done_ok;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<bool> got = idem->Acquire(keys[i], "a", absl::Seconds(30));
+    ASSERT_TRUE(got.ok() && *got) << keys[i] << " " << got.status();
+    if (i % 2 == 0) {
+      ASSERT_TRUE(idem->MarkDone(keys[i], "a", absl::Hours(1)).ok()) << keys[i];
+      done_ok.insert(keys[i]);
+    }
+  }
+  ASSERT_TRUE(driver->SendToQueue(queue, "before", absl::ZeroDuration()).ok());
+
+  absl::StatusOr<int> replica = StopReplicaOf(c, victim);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  // A send to the victim fails: only the master would have it. (The driver retries a send
+  // within timeouts.request, so it may end with DeadlineExceeded; a store write fails at once.)
+  const absl::Status send = driver->SendToQueue(queue, "lagging", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsUnavailable(send) || absl::IsDeadlineExceeded(send)) << send;
+  int failed_marks = 0;
+  for (size_t i = 1; i < keys.size(); i += 2) {
+    const absl::Status st = idem->MarkDone(keys[i], "a", absl::Hours(1));
+    if (master_of[i] == victim) {
+      // Like the send: a failure, not an OK a failover would take back.
+      EXPECT_TRUE(absl::IsUnavailable(st)) << keys[i] << " " << st;
+      ++failed_marks;
+    } else {
+      EXPECT_TRUE(st.ok()) << keys[i] << " " << st;
+    }
+    if (st.ok()) done_ok.insert(keys[i]);
+  }
+  EXPECT_GT(failed_marks, 0);
+  const std::string fresh = NameOn(c, "fresh-", victim);
+  const absl::StatusOr<bool> acquired = idem->Acquire(fresh, "a", absl::Seconds(30));
+  EXPECT_TRUE(absl::IsUnavailable(acquired.status())) << acquired.status();
+  const absl::StatusOr<std::string> stored = dlq->Store(Letter(queue, "d", "r"));
+  EXPECT_TRUE(absl::IsUnavailable(stored.status())) << stored.status();
+  EXPECT_TRUE(dlq->Store(Letter(other_queue, "d", "r")).ok());
+  EXPECT_TRUE(driver->SendToQueue(other_queue, "fine", absl::ZeroDuration()).ok());
+
+  ASSERT_TRUE(FailOverToStaleReplica(c, victim, *replica).ok());
+  // Every done-mark reported OK survived: another owner cannot take its key.
+  for (const std::string& key : done_ok) {
+    absl::StatusOr<bool> again;
+    ASSERT_TRUE(WaitUntil([&] {
+      again = idem->Acquire(key, "b", absl::Seconds(30));
+      return again.ok();
+    })) << key
+        << " " << again.status();
+    EXPECT_FALSE(*again) << key << ": a done-mark reported OK was lost in the failover";
+  }
+  absl::StatusOr<int64_t> letters = dlq->Count(other_queue);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  EXPECT_EQ(*letters, 1);
+}
+
+}  // namespace
+}  // namespace bus::testing
