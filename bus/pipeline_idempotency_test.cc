@@ -231,6 +231,51 @@ TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
   EXPECT_EQ(rec.size(), 1u);
 }
 
+// Two failed acquires in a row: the first took the key, the second (its SET refused, since the
+// key was taken) failed too. The later delivery must release under the first owner, not only the
+// last one, or it skips the message as a duplicate of a lease nobody will finish (lost). Seen in
+// the lagging-replica failover of drivers/redis/redis_cluster_failover_test.cc.
+TEST_F(HandlerTest, TwoAcquiresWhoseRepliesWereLostDoNotSkipTheMessage) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(2, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("lost-twice", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+// A lost-reply acquire whose key then cannot be released (the store fails the release): the
+// later delivery is given back, not skipped as a duplicate of the lease nobody will finish.
+TEST_F(HandlerTest, AGhostLeaseThatCannotBeReleasedGivesTheDeliveryBack) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  faulty->release.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("unreleasable", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
 TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
   auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
   faulty->release.FailNext(1, absl::UnavailableError("store down"));

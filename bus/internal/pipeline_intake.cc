@@ -91,17 +91,22 @@ void Pipeline::Acquire(absl::Span<const absl::string_view> keys,
 
 void Pipeline::RememberGhost(absl::string_view key, absl::string_view owner) {
   absl::MutexLock lock(&ghosts_mu);
-  if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+  auto it = ghost_owners.find(key);
+  if (it == ghost_owners.end()) {
+    if (ghost_owners.size() >= kMaxGhostOwners) return;
+    it = ghost_owners.emplace(std::string(key), std::vector<std::string>{}).first;
+  }
+  if (it->second.size() < kMaxGhostOwnersPerKey) it->second.emplace_back(owner);
 }
 
-std::optional<std::string> Pipeline::TakeGhost(absl::string_view key) {
+std::vector<std::string> Pipeline::TakeGhosts(absl::string_view key) {
   absl::MutexLock lock(&ghosts_mu);
-  if (ghost_owners.empty()) return std::nullopt;
+  if (ghost_owners.empty()) return {};
   auto it = ghost_owners.find(key);
-  if (it == ghost_owners.end()) return std::nullopt;
-  std::string owner = std::move(it->second);
+  if (it == ghost_owners.end()) return {};
+  std::vector<std::string> owners = std::move(it->second);
   ghost_owners.erase(it);
-  return owner;
+  return owners;
 }
 
 Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
@@ -129,9 +134,27 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
       Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
     }
     if (*acquired) return kUnderKey;
-    // Taken: perhaps by an acquire of ours whose reply was lost.
-    if (std::optional<std::string> ghost = TakeGhost(key);
-        ghost.has_value() && options.stores.idempotency->Release(key, *ghost).ok()) {
+    // Taken: perhaps by an acquire of ours whose reply was lost (any of them).
+    const std::vector<std::string> ghosts = TakeGhosts(key);
+    bool released = false;
+    absl::Status release_error;
+    for (const std::string& ghost : ghosts) {
+      const absl::Status st = options.stores.idempotency->Release(key, ghost);
+      if (st.ok()) {
+        released = true;
+        break;
+      }
+      // FailedPrecondition: not that owner's. Any other error leaves it unknown whether the key
+      // is held by a lease nobody will finish: the delivery goes back rather than being skipped.
+      if (!absl::IsFailedPrecondition(st)) release_error = st;
+    }
+    if (!released && !release_error.ok()) {
+      for (const std::string& ghost : ghosts) RememberGhost(key, ghost);
+      if (!has_user_ensure) {
+        return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, release_error)};
+      }
+    }
+    if (released) {
       absl::StatusOr<bool> again =
           options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
       if (!again.ok()) {
