@@ -315,6 +315,29 @@ TEST_F(HandlerTest, AFailingMarkDoneStillSettlesAndIsCounted) {
   EXPECT_EQ(calls.load(), 1);
 }
 
+// The effect happened but the mark-done failed, and the key's lease then ran out: a later copy
+// reaching this process is not handled again; the key is marked done under its new lease (a
+// failover that lost the mark-done and the ack, drivers/redis/redis_cluster_failover_test.cc).
+TEST_F(HandlerTest, AMessageWhoseMarkDoneFailedIsNotHandledAgainByThisProcess) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->mark_done.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Seconds(10);
+  Handler* h = Start(o);
+  Publish("unmarked", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().in_flight == 0; }));
+  AdvanceAndSettle(absl::Seconds(11));  // the lease the failed mark-done left runs out
+  Publish("unmarked", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().duplicates == 1; }, absl::Minutes(1)));
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_FALSE(*idempotency_->Acquire("orders.unmarked", "other", absl::Seconds(1)));
+}
+
 TEST_F(HandlerTest, AWorkerThatDiesMidHandleIsReplacedWhenItsLeasesRunOut) {
   // A "worker" takes the delivery and the key, then dies: it never settles or releases.
   Publish("order-15", "x");

@@ -36,6 +36,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -130,6 +131,11 @@ struct Pipeline final : ReceiveSink {
       ABSL_GUARDED_BY(ghosts_mu);
   static constexpr size_t kMaxGhostOwners = 4096;
   static constexpr size_t kMaxGhostOwnersPerKey = 16;
+  // Keys whose handle succeeded and whose mark-done then failed (the store may have lost it: a
+  // master lost with its replica behind, a lease run out): a later delivery of one in this
+  // process that acquires the key marks it done and settles it as a duplicate instead of
+  // handling it again. Bounded like ghost_owners; dropped once used.
+  absl::flat_hash_set<std::string> unmarked_keys ABSL_GUARDED_BY(ghosts_mu);
 
   // Max deliveries (flow.max_deliveries): how many times this process gave each message back to
   // the broker unsettled (an infrastructure failure, a stop, a late batch), by message id. The
@@ -295,6 +301,10 @@ struct Pipeline final : ReceiveSink {
   // 2: the lost-acquire bookkeeping (ghost_owners).
   void RememberGhost(absl::string_view key, absl::string_view owner);
   std::vector<std::string> TakeGhosts(absl::string_view key);
+  // The unmarked_keys bookkeeping, and what a delivery of such a key that acquired it does.
+  void RememberUnmarked(absl::string_view key);
+  bool TakeUnmarked(absl::string_view key);
+  Settlement FinishUnmarked(const Message& msg, const std::string& key, absl::string_view owner);
   // 2: a store error, and no user ensure can decide: the delivery goes back.
   Settlement AcquireFailed(const Message& msg, absl::string_view key, absl::string_view owner,
                            const absl::Status& st);

@@ -1,5 +1,6 @@
 // Steps 1 to 3 of the pipeline (bus/internal/pipeline.h): decode, max deliveries, acquire the
 // idempotency keys, and resolve a key not acquired.
+
 #include <algorithm>
 #include <exception>
 #include <optional>
@@ -109,6 +110,34 @@ std::vector<std::string> Pipeline::TakeGhosts(absl::string_view key) {
   return owners;
 }
 
+void Pipeline::RememberUnmarked(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (unmarked_keys.size() < kMaxGhostOwners) unmarked_keys.emplace(key);
+}
+
+bool Pipeline::TakeUnmarked(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (unmarked_keys.empty()) return false;
+  auto it = unmarked_keys.find(key);
+  if (it == unmarked_keys.end()) return false;
+  unmarked_keys.erase(it);
+  return true;
+}
+
+Settlement Pipeline::FinishUnmarked(const Message& msg, const std::string& key,
+                                    absl::string_view owner) {
+  // Handled here before: record it done now that the key is ours again, and skip the handle.
+  const absl::Status st =
+      options.stores.idempotency->MarkDone(key, owner, options.stores.idempotency_retention);
+  if (st.ok()) return Duplicate(msg);
+  RememberUnmarked(key);
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  const bool released = Release(key, owner);
+  Settlement s = InfraFailure(&msg, "store_error", st);
+  if (!released) s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
+  return s;
+}
+
 Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
                                    absl::string_view owner, const absl::Status& st) {
   RememberGhost(key, owner);
@@ -133,7 +162,10 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
     if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
       Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
     }
-    if (*acquired) return kUnderKey;
+    if (*acquired) {
+      if (TakeUnmarked(key)) return {Resolution::Next::kSettled, FinishUnmarked(msg, key, owner)};
+      return kUnderKey;
+    }
     // Taken: perhaps by an acquire of ours whose reply was lost (any of them).
     const std::vector<std::string> ghosts = TakeGhosts(key);
     bool released = false;
@@ -162,6 +194,9 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
           return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, again.status())};
         }
       } else if (*again) {
+        if (TakeUnmarked(key)) {
+          return {Resolution::Next::kSettled, FinishUnmarked(msg, key, owner)};
+        }
         return kUnderKey;
       }
     }
