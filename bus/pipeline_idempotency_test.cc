@@ -276,6 +276,31 @@ TEST_F(HandlerTest, AGhostLeaseThatCannotBeReleasedGivesTheDeliveryBack) {
   EXPECT_EQ(rec.size(), 1u);
 }
 
+// The lease of a lost-reply acquire runs out between the next delivery's acquire (taken) and
+// its release of the ghost (not held any more): the key is free, so it is acquired again and the
+// message handled, not skipped as a duplicate.
+TEST_F(HandlerTest, AGhostLeaseThatRunsOutDuringTheReleaseDoesNotSkipTheMessage) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  // The release finds the ghost's lease gone (it ran out meanwhile), and then the key is free.
+  faulty->release.FailNext(1, absl::FailedPreconditionError("not a live lease"));
+  faulty->release_before_failing.store(true);
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("expiring", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
 TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
   auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
   faulty->release.FailNext(1, absl::UnavailableError("store down"));

@@ -186,7 +186,9 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
         return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, release_error)};
       }
     }
-    if (released) {
+    // Acquire again after a release, and also when no ghost held the key any more: its lease
+    // may have run out between the acquire and the release (the key is free now).
+    if (released || (!ghosts.empty() && release_error.ok())) {
       absl::StatusOr<bool> again =
           options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
       if (!again.ok()) {
