@@ -27,7 +27,7 @@ using ::bus::testing::SendAll;
 
 // Reads RESP commands (arrays of bulk strings) from `fd` and answers each with
 // `answer(command)`, until the peer closes the connection or `server` is stopping.
-void Serve(int fd, const FakeServer* const* server,
+void Serve(int fd, const std::atomic<const FakeServer*>* server,
            const std::function<std::string(const std::vector<std::string>&)>& answer) {
   std::string buf;
   size_t pos = 0;
@@ -41,7 +41,8 @@ void Serve(int fd, const FakeServer* const* server,
         return true;
       }
       pollfd p{fd, POLLIN, 0};
-      if (*server != nullptr && (*server)->stopping()) return false;
+      const FakeServer* self = server->load();
+      if (self != nullptr && self->stopping()) return false;
       if (poll(&p, 1, 100) <= 0) continue;
       char chunk[4096];
       const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
@@ -80,9 +81,9 @@ TEST(SentinelClientTest, AScriptCallThatEveryReplyRefusesAsReadonlyIsRepeatedOnT
   std::atomic<int> old_calls{0}, new_calls{0};
   std::atomic<bool> demoted{false};
   // Each serve loop also ends when its server is being destroyed (set once constructed).
-  const FakeServer* new_self = nullptr;
-  const FakeServer* old_self = nullptr;
-  const FakeServer* sentinel_self = nullptr;
+  std::atomic<const FakeServer*> new_self{nullptr};
+  std::atomic<const FakeServer*> old_self{nullptr};
+  std::atomic<const FakeServer*> sentinel_self{nullptr};
   FakeServer new_master([&](int fd, int) {
     Serve(fd, &new_self, [&](const std::vector<std::string>& cmd) {
       if (cmd[0] == "EVALSHA" || cmd[0] == "EVAL") new_calls.fetch_add(1);
