@@ -231,6 +231,76 @@ TEST_F(HandlerTest, AnAcquireWhoseReplyWasLostDoesNotSkipTheMessage) {
   EXPECT_EQ(rec.size(), 1u);
 }
 
+// Two failed acquires in a row: the first took the key, the second (its SET refused, since the
+// key was taken) failed too. The later delivery must release under the first owner, not only the
+// last one, or it skips the message as a duplicate of a lease nobody will finish (lost). Seen in
+// the lagging-replica failover of drivers/redis/redis_cluster_failover_test.cc.
+TEST_F(HandlerTest, TwoAcquiresWhoseRepliesWereLostDoNotSkipTheMessage) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(2, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("lost-twice", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+// A lost-reply acquire whose key then cannot be released (the store fails the release): the
+// later delivery is given back, not skipped as a duplicate of the lease nobody will finish.
+TEST_F(HandlerTest, AGhostLeaseThatCannotBeReleasedGivesTheDeliveryBack) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  faulty->release.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("unreleasable", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
+// The lease of a lost-reply acquire runs out between the next delivery's acquire (taken) and
+// its release of the ghost (not held any more): the key is free, so it is acquired again and the
+// message handled, not skipped as a duplicate.
+TEST_F(HandlerTest, AGhostLeaseThatRunsOutDuringTheReleaseDoesNotSkipTheMessage) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->acquire_then_fail.store(true);
+  faulty->acquire.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  // The release finds the ghost's lease gone (it ran out meanwhile), and then the key is free.
+  faulty->release.FailNext(1, absl::FailedPreconditionError("not a live lease"));
+  faulty->release_before_failing.store(true);
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Minutes(5);
+  o.flow.delivery_lease = absl::Minutes(10);
+  Handler* h = Start(o);
+  Publish("expiring", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().succeeded == 1; }, absl::Seconds(60)));
+  EXPECT_EQ(h->Stats().duplicates, 0u);
+  EXPECT_EQ(rec.size(), 1u);
+}
+
 TEST_F(HandlerTest, AKeyThatCouldNotBeReleasedDelaysTheRetryPastItsLease) {
   auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
   faulty->release.FailNext(1, absl::UnavailableError("store down"));
@@ -268,6 +338,29 @@ TEST_F(HandlerTest, AFailingMarkDoneStillSettlesAndIsCounted) {
   EXPECT_EQ(h->Stats().store_errors, 1u);
   EXPECT_EQ(logger_->Count("mark-done failed"), 1);
   EXPECT_EQ(calls.load(), 1);
+}
+
+// The effect happened but the mark-done failed, and the key's lease then ran out: a later copy
+// reaching this process is not handled again; the key is marked done under its new lease (a
+// failover that lost the mark-done and the ack, drivers/redis/redis_cluster_failover_test.cc).
+TEST_F(HandlerTest, AMessageWhoseMarkDoneFailedIsNotHandledAgainByThisProcess) {
+  auto faulty = std::make_shared<FaultyIdempotencyStore>(idempotency_);
+  faulty->mark_done.FailNext(1, absl::UnavailableError("WAIT: 0 of 1 replicas"));
+  std::atomic<int> calls{0};
+  HandlerOptions o = Options([&](const Message&) {
+    calls.fetch_add(1);
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = faulty;
+  o.stores.idempotency_lease = absl::Seconds(10);
+  Handler* h = Start(o);
+  Publish("unmarked", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && h->Stats().in_flight == 0; }));
+  AdvanceAndSettle(absl::Seconds(11));  // the lease the failed mark-done left runs out
+  Publish("unmarked", "x");
+  ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().duplicates == 1; }, absl::Minutes(1)));
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_FALSE(*idempotency_->Acquire("orders.unmarked", "other", absl::Seconds(1)));
 }
 
 TEST_F(HandlerTest, AWorkerThatDiesMidHandleIsReplacedWhenItsLeasesRunOut) {

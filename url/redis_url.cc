@@ -121,6 +121,7 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   p.String("tls_ca_dir", &o.tls.ca_dir);
   p.String("tls_cert_file", &o.tls.cert_file);
   p.String("tls_key_file", &o.tls.key_file);
+  p.String("tls_key_password", &o.tls.key_password);
   p.String("tls_server_name", &o.tls.server_name);
   p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
   if (auto v = p.Take("tls_min_version")) {

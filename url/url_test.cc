@@ -185,6 +185,25 @@ TEST(RedisUrl, RedissSetsTlsAndItsOptions) {
   EXPECT_FALSE(o->tls.enabled);
 }
 
+TEST(RedisUrl, TlsKeyPasswordIsTakenAndRedacted) {
+  const std::string url =
+      "rediss://h?tls_cert_file=/c.pem&tls_key_file=/c.key&tls_key_password=hunter2";
+  absl::StatusOr<RedisOptions> o = Redis(url);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tls.key_password, "hunter2");
+  EXPECT_THAT(RedactedUrl(url), HasSubstr("tls_key_password=<redacted>"));
+  EXPECT_THAT(RedactedUrl(url), Not(HasSubstr("hunter2")));
+  const std::string shown = ToString(*o);
+  EXPECT_THAT(shown, HasSubstr("tls.key_password=<redacted>"));
+  EXPECT_THAT(shown, Not(HasSubstr("hunter2")));
+  ExpectBad(Redis("rediss://h?tls_key_password=x").status(), "tls.key_password");
+  ExpectBad(Redis("redis://h?tls_key_password=x").status(), "tls.enabled is false");
+  // A bad value elsewhere in the URL does not echo the passphrase.
+  const absl::Status bad = Redis("rediss://h:99999?tls_key_password=hunter2").status();
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.message()), Not(HasSubstr("hunter2")));
+}
+
 TEST(RedisUrl, Errors) {
   ExpectBad(Redis("cache:6379").status(), "scheme");
   ExpectBad(Redis("://h").status(), "scheme");

@@ -32,9 +32,11 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -121,11 +123,19 @@ struct Pipeline final : ReceiveSink {
   // Owners of acquires that failed with an error: the store may have taken the key before the
   // error (a reply lost with the connection), leaving it leased to an owner nobody uses. When a
   // later delivery of the same key finds it taken, the key is released under that owner first
-  // (which only succeeds if the lost acquire did take it). Bounded; entries are dropped once
-  // used or when the key is acquired.
+  // (which only succeeds if the lost acquire did take it). Every failed owner of a key is kept,
+  // not only the last: when a store fails several acquires in a row, the first may be the one
+  // that took the key. Bounded; entries are dropped once used.
   absl::Mutex ghosts_mu;
-  absl::flat_hash_map<std::string, std::string> ghost_owners ABSL_GUARDED_BY(ghosts_mu);
+  absl::flat_hash_map<std::string, std::vector<std::string>> ghost_owners
+      ABSL_GUARDED_BY(ghosts_mu);
   static constexpr size_t kMaxGhostOwners = 4096;
+  static constexpr size_t kMaxGhostOwnersPerKey = 16;
+  // Keys whose handle succeeded and whose mark-done then failed (the store may have lost it: a
+  // master lost with its replica behind, a lease run out): a later delivery of one in this
+  // process that acquires the key marks it done and settles it as a duplicate instead of
+  // handling it again. Bounded like ghost_owners; dropped once used.
+  absl::flat_hash_set<std::string> unmarked_keys ABSL_GUARDED_BY(ghosts_mu);
 
   // Max deliveries (flow.max_deliveries): how many times this process gave each message back to
   // the broker unsettled (an infrastructure failure, a stop, a late batch), by message id. The
@@ -290,7 +300,11 @@ struct Pipeline final : ReceiveSink {
   void StartBatchInfra();
   // 2: the lost-acquire bookkeeping (ghost_owners).
   void RememberGhost(absl::string_view key, absl::string_view owner);
-  std::optional<std::string> TakeGhost(absl::string_view key);
+  std::vector<std::string> TakeGhosts(absl::string_view key);
+  // The unmarked_keys bookkeeping, and what a delivery of such a key that acquired it does.
+  void RememberUnmarked(absl::string_view key);
+  bool TakeUnmarked(absl::string_view key);
+  Settlement FinishUnmarked(const Message& msg, const std::string& key, absl::string_view owner);
   // 2: a store error, and no user ensure can decide: the delivery goes back.
   Settlement AcquireFailed(const Message& msg, absl::string_view key, absl::string_view owner,
                            const absl::Status& st);

@@ -1,5 +1,6 @@
 // Steps 1 to 3 of the pipeline (bus/internal/pipeline.h): decode, max deliveries, acquire the
 // idempotency keys, and resolve a key not acquired.
+
 #include <algorithm>
 #include <exception>
 #include <optional>
@@ -91,17 +92,50 @@ void Pipeline::Acquire(absl::Span<const absl::string_view> keys,
 
 void Pipeline::RememberGhost(absl::string_view key, absl::string_view owner) {
   absl::MutexLock lock(&ghosts_mu);
-  if (ghost_owners.size() < kMaxGhostOwners) ghost_owners[key] = std::string(owner);
+  auto it = ghost_owners.find(key);
+  if (it == ghost_owners.end()) {
+    if (ghost_owners.size() >= kMaxGhostOwners) return;
+    it = ghost_owners.emplace(std::string(key), std::vector<std::string>{}).first;
+  }
+  if (it->second.size() < kMaxGhostOwnersPerKey) it->second.emplace_back(owner);
 }
 
-std::optional<std::string> Pipeline::TakeGhost(absl::string_view key) {
+std::vector<std::string> Pipeline::TakeGhosts(absl::string_view key) {
   absl::MutexLock lock(&ghosts_mu);
-  if (ghost_owners.empty()) return std::nullopt;
+  if (ghost_owners.empty()) return {};
   auto it = ghost_owners.find(key);
-  if (it == ghost_owners.end()) return std::nullopt;
-  std::string owner = std::move(it->second);
+  if (it == ghost_owners.end()) return {};
+  std::vector<std::string> owners = std::move(it->second);
   ghost_owners.erase(it);
-  return owner;
+  return owners;
+}
+
+void Pipeline::RememberUnmarked(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (unmarked_keys.size() < kMaxGhostOwners) unmarked_keys.emplace(key);
+}
+
+bool Pipeline::TakeUnmarked(absl::string_view key) {
+  absl::MutexLock lock(&ghosts_mu);
+  if (unmarked_keys.empty()) return false;
+  auto it = unmarked_keys.find(key);
+  if (it == unmarked_keys.end()) return false;
+  unmarked_keys.erase(it);
+  return true;
+}
+
+Settlement Pipeline::FinishUnmarked(const Message& msg, const std::string& key,
+                                    absl::string_view owner) {
+  // Handled here before: record it done now that the key is ours again, and skip the handle.
+  const absl::Status st =
+      options.stores.idempotency->MarkDone(key, owner, options.stores.idempotency_retention);
+  if (st.ok()) return Duplicate(msg);
+  RememberUnmarked(key);
+  store_errors.fetch_add(1, std::memory_order_relaxed);
+  const bool released = Release(key, owner);
+  Settlement s = InfraFailure(&msg, "store_error", st);
+  if (!released) s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
+  return s;
 }
 
 Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
@@ -128,10 +162,33 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
     if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
       Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");
     }
-    if (*acquired) return kUnderKey;
-    // Taken: perhaps by an acquire of ours whose reply was lost.
-    if (std::optional<std::string> ghost = TakeGhost(key);
-        ghost.has_value() && options.stores.idempotency->Release(key, *ghost).ok()) {
+    if (*acquired) {
+      if (TakeUnmarked(key)) return {Resolution::Next::kSettled, FinishUnmarked(msg, key, owner)};
+      return kUnderKey;
+    }
+    // Taken: perhaps by an acquire of ours whose reply was lost (any of them).
+    const std::vector<std::string> ghosts = TakeGhosts(key);
+    bool released = false;
+    absl::Status release_error;
+    for (const std::string& ghost : ghosts) {
+      const absl::Status st = options.stores.idempotency->Release(key, ghost);
+      if (st.ok()) {
+        released = true;
+        break;
+      }
+      // FailedPrecondition: not that owner's. Any other error leaves it unknown whether the key
+      // is held by a lease nobody will finish: the delivery goes back rather than being skipped.
+      if (!absl::IsFailedPrecondition(st)) release_error = st;
+    }
+    if (!released && !release_error.ok()) {
+      for (const std::string& ghost : ghosts) RememberGhost(key, ghost);
+      if (!has_user_ensure) {
+        return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, release_error)};
+      }
+    }
+    // Acquire again after a release, and also when no ghost held the key any more: its lease
+    // may have run out between the acquire and the release (the key is free now).
+    if (released || (!ghosts.empty() && release_error.ok())) {
       absl::StatusOr<bool> again =
           options.stores.idempotency->Acquire(key, owner, options.stores.idempotency_lease);
       if (!again.ok()) {
@@ -139,6 +196,9 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
           return {Resolution::Next::kSettled, AcquireFailed(msg, key, owner, again.status())};
         }
       } else if (*again) {
+        if (TakeUnmarked(key)) {
+          return {Resolution::Next::kSettled, FinishUnmarked(msg, key, owner)};
+        }
         return kUnderKey;
       }
     }

@@ -100,7 +100,9 @@ void Pipeline::MarkDone(absl::Span<const absl::string_view> keys,
 }
 
 void Pipeline::MarkDoneFailed(const Message& msg, absl::string_view key, const absl::Status& st) {
-  // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees").
+  // The effect happened; the message is still settled (docs/pipeline.md, "Guarantees"). If it
+  // comes back to this process (its settlement lost too), it is not handled again.
+  RememberUnmarked(key);
   store_errors.fetch_add(1, std::memory_order_relaxed);
   const std::string error = st.ToString();
   Log(LogLevel::kError, "mark_done_failed",

@@ -69,6 +69,7 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
           {"ca_dir", &t.ca_dir},
           {"cert_file", &t.cert_file},
           {"key_file", &t.key_file},
+          {"key_password", &t.key_password},
           {"server_name", &t.server_name}}) {
       if (!value->empty()) {
         return bad(absl::StrCat("tls.", name), "is set but tls.enabled is false (rediss://)");
@@ -81,6 +82,9 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   if (t.cert_file.empty() != t.key_file.empty()) {
     return bad(t.cert_file.empty() ? "tls.key_file" : "tls.cert_file",
                "needs tls.cert_file and tls.key_file both (mutual TLS)");
+  }
+  if (!t.key_password.empty() && t.key_file.empty()) {
+    return bad("tls.key_password", "is set but tls.key_file is empty");
   }
   if (o.timeouts.connect <= absl::ZeroDuration()) return bad("timeouts.connect", "must be > 0");
   if (o.timeouts.request <= absl::ZeroDuration()) return bad("timeouts.request", "must be > 0");
@@ -120,6 +124,7 @@ std::string Tls(const RedisOptions::Tls& t) {
         {"server_name", &t.server_name}}) {
     if (!value->empty()) absl::StrAppend(&out, " tls.", name, "=", *value);
   }
+  if (!t.key_password.empty()) absl::StrAppend(&out, " tls.key_password=<redacted>");
   if (t.insecure_skip_verify) absl::StrAppend(&out, " tls.insecure_skip_verify=true");
   absl::StrAppend(&out, " tls.min_version=",
                   t.min_version == RedisOptions::Tls::Version::kTls13 ? "1.3" : "1.2");

@@ -92,7 +92,8 @@ struct RedisOptions {
   // The server's certificate is verified against `ca_file` / `ca_dir` (neither: the system's
   // trust store) and must hold `server_name` (empty: the host being connected to, a cluster
   // node's address as the cluster names it), which is also sent as SNI when it is a name and
-  // not an IP address. Key files must not be encrypted (no passphrase). docs/redis-tls.md.
+  // not an IP address. An encrypted key file takes its passphrase in `key_password`.
+  // docs/redis-tls.md.
   struct Tls {
     // Default false: plaintext. rediss:// and rediss+cluster:// set it.
     bool enabled = false;
@@ -100,10 +101,13 @@ struct RedisOptions {
     // or neither (the system's default trust store).
     std::string ca_file{};
     std::string ca_dir{};
-    // Client certificate (PEM, may hold the chain) and its unencrypted private key, for a
-    // server that asks for one (tls-auth-clients yes): mutual TLS. Both or neither.
+    // Client certificate (PEM, may hold the chain) and its private key, for a server that asks
+    // for one (tls-auth-clients yes): mutual TLS. Both or neither.
     std::string cert_file{};
     std::string key_file{};
+    // Passphrase of an encrypted `key_file` (PEM, as `openssl pkey -aes256` writes); empty: the
+    // key is not encrypted. Never logged or shown (URLs show it as <redacted>).
+    std::string key_password{};
     // The name the server's certificate must hold (a DNS name or an IP address); empty: the
     // host connected to.
     std::string server_name{};

@@ -66,6 +66,29 @@ class RedisTlsTest : public ::testing::Test {
   const TestCertificates* certs_ = nullptr;
 };
 
+// An encrypted client key (openssl pkcs8 -v2 aes-256-cbc, made at run time) with its passphrase
+// in tls.key_password; without it, or with a wrong one, the options are refused naming the
+// field, before any connection (and OpenSSL never prompts on the terminal).
+TEST_F(RedisTlsTest, AnEncryptedClientKeyNeedsItsPassphrase) {
+  std::unique_ptr<RedisServer> server = Server(/*auth_clients=*/true);
+  ASSERT_NE(server, nullptr);
+  RedisOptions o = Client(server->port());
+  o.tls.key_file = certs_->client_key_encrypted;
+  o.tls.key_password = certs_->client_key_password;
+  EXPECT_TRUE(Ping(o).ok()) << Ping(o);
+
+  o.tls.key_password.clear();
+  const absl::Status none = Ping(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(none)) << none;
+  EXPECT_THAT(std::string(none.message()), HasSubstr("RedisOptions.tls.key_password"));
+
+  o.tls.key_password = "not-the-passphrase";
+  const absl::Status wrong = Ping(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(wrong)) << wrong;
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("wrong RedisOptions.tls.key_password"));
+  EXPECT_THAT(std::string(wrong.message()), Not(HasSubstr("not-the-passphrase")));
+}
+
 TEST_F(RedisTlsTest, MutualTlsWorksByAddressAndByName) {
   std::unique_ptr<RedisServer> server = Server(/*auth_clients=*/true);
   ASSERT_NE(server, nullptr);

@@ -119,9 +119,29 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     // The SETs are pipelined in one round trip; Redis runs them in order.
     const std::vector<size_t> sent =
         ValidIdempotencyEntries("Acquire", "lease", keys, owners, lease, results);
+    if (sent.empty()) return;
     if (replicated()) {
-      // Each acquire waits for the replicas on its own (EvalEach has no WAIT).
-      for (size_t i : sent) results[i] = Acquire(keys[i], owners[i], lease);
+      // The acquire scripts pipelined per node, each node's followed by one WAIT: a node without
+      // its replicas fails its keys after one wait_timeout, not one per key (which could outlast
+      // the lease of the keys acquired before them).
+      std::vector<std::vector<std::string>> calls;
+      const std::string ms = absl::StrCat(Millis(lease));
+      for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
+      std::vector<absl::StatusOr<Reply>> replies =
+          client_->EvalEach(AcquireScript(), std::move(calls), options_.timeouts.request,
+                            redis::Durability::kReplicated);
+      for (size_t k = 0; k < sent.size(); ++k) {
+        absl::StatusOr<bool>& out = results[sent[k]];
+        if (k >= replies.size()) {
+          out = absl::InternalError("redis: missing acquire reply");
+        } else if (!replies[k].ok()) {
+          out = replies[k].status();
+        } else if (replies[k]->is_error()) {
+          out = redis::ReplyStatus(*replies[k]);
+        } else {
+          out = replies[k]->integer == 1;
+        }
+      }
       return;
     }
     std::vector<std::vector<std::string>> commands;
@@ -129,7 +149,6 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     for (size_t i : sent) {
       commands.push_back({"SET", KeyOf(keys[i]), absl::StrCat("held:", owners[i]), "NX", "PX", ms});
     }
-    if (sent.empty()) return;
     // In a cluster, a node that fails fails the keys it serves, not the others.
     std::vector<absl::StatusOr<Reply>> replies =
         client_->ExecuteEach(std::move(commands), options_.timeouts.request);
@@ -168,11 +187,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     auto fail_all = [&](const absl::Status& st) {
       for (size_t i : sent) results[i] = st;
     };
-    if (replicated()) {
-      // Each mark waits for the replicas of its key's master on its own (EvalEach has no WAIT).
-      for (size_t i : sent) results[i] = MarkDone(keys[i], owners[i], retention);
-      return;
-    }
+    const redis::Durability durability =
+        replicated() ? redis::Durability::kReplicated : redis::Durability::kDefault;
     if (!client_->clustered() && sent.size() > 1) {
       // One server: one script run per script_batch keys, pipelined (a script run costs the
       // server far more than the GET and SET in it).
@@ -186,8 +202,8 @@ class RedisIdempotencyStore final : public IdempotencyStore {
         for (size_t k = from; k < to; ++k) call.emplace_back(owners[sent[k]]);
         calls.push_back(std::move(call));
       }
-      absl::StatusOr<std::vector<Reply>> replies =
-          client_->Eval(MarkDoneManyScript(), std::move(calls), options_.timeouts.request);
+      absl::StatusOr<std::vector<Reply>> replies = client_->Eval(
+          MarkDoneManyScript(), std::move(calls), options_.timeouts.request, durability);
       if (!replies.ok()) return fail_all(replies.status());
       for (size_t c = 0, from = 0; from < sent.size(); ++c, from += per_call) {
         const size_t to = std::min(sent.size(), from + per_call);
@@ -205,11 +221,12 @@ class RedisIdempotencyStore final : public IdempotencyStore {
       return;
     }
     // A cluster (the keys may live in different slots): one script call per key, pipelined in
-    // one round trip per node; a node that fails fails the keys it serves, not the others.
+    // one round trip per node (and one WAIT per node when replicated); a node that fails fails
+    // the keys it serves, not the others.
     std::vector<std::vector<std::string>> calls;
     for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
-    std::vector<absl::StatusOr<Reply>> replies =
-        client_->EvalEach(MarkDoneScript(), std::move(calls), options_.timeouts.request);
+    std::vector<absl::StatusOr<Reply>> replies = client_->EvalEach(
+        MarkDoneScript(), std::move(calls), options_.timeouts.request, durability);
     for (size_t k = 0; k < sent.size(); ++k) {
       if (k >= replies.size()) {
         results[sent[k]] = absl::InternalError("redis: missing mark-done reply");

@@ -267,6 +267,9 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   // When set, an injected acquire failure is applied to the store first (the key is taken and
   // the reply "lost").
   std::atomic<bool> acquire_then_fail{false};
+  // When set, an injected release failure is applied to the store first (as when the key's
+  // lease ran out just before the release: the key is free, the release reports it not held).
+  std::atomic<bool> release_before_failing{false};
 
   absl::StatusOr<bool> Acquire(absl::string_view k, absl::string_view o,
                                absl::Duration lease) override {
@@ -281,7 +284,10 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
     return base_->MarkDone(k, o, r);
   }
   absl::Status Release(absl::string_view k, absl::string_view o) override {
-    if (absl::Status st = release.Check(); !st.ok()) return st;
+    if (absl::Status st = release.Check(); !st.ok()) {
+      if (release_before_failing.load()) base_->Release(k, o).IgnoreError();
+      return st;
+    }
     return base_->Release(k, o);
   }
   absl::Status Ping(absl::Duration timeout) override {

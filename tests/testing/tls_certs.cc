@@ -126,6 +126,14 @@ absl::StatusOr<TestCertificates> MakeTestCertificates(const std::string& dir) {
       return st;
     }
   }
+  // A passphrase made per run, so no test depends on a fixed one.
+  const std::string password = absl::StrCat("pw-", absl::ToUnixNanos(absl::Now()));
+  if (absl::Status st = Openssl(dir, absl::StrCat("pkcs8 -topk8 -v2 aes-256-cbc -in client.key "
+                                                  "-out client_encrypted.key -passout pass:",
+                                                  password));
+      !st.ok()) {
+    return st;
+  }
   auto path = [&](const std::string& file) { return absl::StrCat(dir, "/", file); };
   TestCertificates c;
   c.dir = dir;
@@ -134,6 +142,8 @@ absl::StatusOr<TestCertificates> MakeTestCertificates(const std::string& dir) {
   c.server_key = path("server.key");
   c.client_cert = path("client.crt");
   c.client_key = path("client.key");
+  c.client_key_encrypted = path("client_encrypted.key");
+  c.client_key_password = password;
   c.other_ca_cert = path("other_ca.crt");
   c.wrong_host_cert = path("wrong_host.crt");
   c.wrong_host_key = path("wrong_host.key");

@@ -27,6 +27,8 @@ struct TestCertificates {
   std::string server_cert{}, server_key{};
   // CN bus-test-client; client auth.
   std::string client_cert{}, client_key{};
+  // client_key encrypted (PKCS#8, AES-256) with the passphrase client_key_password.
+  std::string client_key_encrypted{}, client_key_password{};
   // A CA that signed nothing here: a client trusting only it refuses every server above.
   std::string other_ca_cert{};
   // Signed by `ca_cert` for DNS:not-this-host.example only: a host name mismatch.

@@ -99,9 +99,9 @@ std::vector<absl::StatusOr<Reply>> Client::ExecuteEach(
 
 std::vector<absl::StatusOr<Reply>> Client::EvalEach(const Script& script,
                                                     std::vector<std::vector<std::string>> calls,
-                                                    absl::Duration timeout) {
+                                                    absl::Duration timeout, Durability durability) {
   const size_t n = calls.size();
-  return Each(Eval(script, std::move(calls), timeout), n);
+  return Each(Eval(script, std::move(calls), timeout, durability), n);
 }
 
 std::vector<std::string> WaitCommand(const RedisOptions& options) {

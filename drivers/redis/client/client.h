@@ -104,14 +104,16 @@ class Client {
                                                   absl::Duration timeout,
                                                   Durability durability = Durability::kDefault) = 0;
 
-  // As Execute and Eval (durability kDefault), but entry i is command i's own outcome: its
-  // reply, or the transport failure of the node it was sent to. On one server every entry has
-  // the status of the one pipelined call.
+  // As Execute and Eval, but entry i is command i's own outcome: its reply, or the failure of
+  // the node it was sent to (transport, or with kReplicated a WAIT that fewer replicas answered:
+  // one WAIT per node after its calls, so a node without replicas costs one wait_timeout, not
+  // one per call). On one server every entry has the status of the one pipelined call.
   virtual std::vector<absl::StatusOr<Reply>> ExecuteEach(
       std::vector<std::vector<std::string>> commands, absl::Duration timeout);
   virtual std::vector<absl::StatusOr<Reply>> EvalEach(const Script& script,
                                                       std::vector<std::vector<std::string>> calls,
-                                                      absl::Duration timeout);
+                                                      absl::Duration timeout,
+                                                      Durability durability = Durability::kDefault);
 
   virtual std::unique_ptr<BlockingConnection> NewBlocking() = 0;
 

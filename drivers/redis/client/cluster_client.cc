@@ -115,9 +115,12 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
 
   std::vector<absl::StatusOr<Reply>> EvalEach(const Script& script,
                                               std::vector<std::vector<std::string>> calls,
-                                              absl::Duration timeout) override {
+                                              absl::Duration timeout,
+                                              Durability durability) override {
     std::vector<Item> items = CallItems(std::move(calls));
-    Run(items, &script, timeout, {}, false, true, PipelinedFor()).IgnoreError();
+    const bool wait =
+        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
+    Run(items, &script, timeout, {}, wait, true, PipelinedFor()).IgnoreError();
     return EachReply(items);
   }
 

@@ -75,10 +75,24 @@ absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const RedisOptions:
     }
   }
   if (!tls.cert_file.empty()) {
+    // Always set, so OpenSSL never prompts on the terminal for an encrypted key: an empty
+    // passphrase fails to decrypt it instead.
+    ctx->set_password_callback(
+        [password = tls.key_password](size_t, ssl::context::password_purpose) { return password; },
+        ec);
+    if (ec) return absl::InternalError("OpenSSL refused a key passphrase callback");
     ctx->use_certificate_chain_file(tls.cert_file, ec);
     if (ec) return Bad("cert_file", tls.cert_file, ec);
     ctx->use_private_key_file(tls.key_file, ssl::context::pem, ec);
-    if (ec) return Bad("key_file", tls.key_file, ec);
+    if (ec) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RedisOptions.tls.key_file \"", tls.key_file, "\" cannot be used (",
+          tls.key_password.empty() ? "an encrypted key needs RedisOptions.tls.key_password, URL "
+                                     "tls_key_password"
+                                   : "wrong RedisOptions.tls.key_password, or not a PEM key",
+          "): ", ec.message()));
+    }
     if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
       ERR_clear_error();
       return absl::InvalidArgumentError(absl::StrCat("RedisOptions.tls.key_file \"", tls.key_file,
