@@ -136,6 +136,8 @@ struct Pipeline final : ReceiveSink {
   // process that acquires the key marks it done and settles it as a duplicate instead of
   // handling it again. Bounded like ghost_owners; dropped once used.
   absl::flat_hash_set<std::string> unmarked_keys ABSL_GUARDED_BY(ghosts_mu);
+  // Whether unmarked_keys holds any (read without the lock on the hot path).
+  std::atomic<bool> unmarked_any{false};
 
   // Max deliveries (flow.max_deliveries): how many times this process gave each message back to
   // the broker unsettled (an infrastructure failure, a stop, a late batch), by message id. The

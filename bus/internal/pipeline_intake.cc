@@ -113,14 +113,17 @@ std::vector<std::string> Pipeline::TakeGhosts(absl::string_view key) {
 void Pipeline::RememberUnmarked(absl::string_view key) {
   absl::MutexLock lock(&ghosts_mu);
   if (unmarked_keys.size() < kMaxGhostOwners) unmarked_keys.emplace(key);
+  unmarked_any.store(!unmarked_keys.empty(), std::memory_order_release);
 }
 
 bool Pipeline::TakeUnmarked(absl::string_view key) {
+  // Every acquired message asks: no lock unless a mark-done failed.
+  if (!unmarked_any.load(std::memory_order_acquire)) return false;
   absl::MutexLock lock(&ghosts_mu);
-  if (unmarked_keys.empty()) return false;
   auto it = unmarked_keys.find(key);
   if (it == unmarked_keys.end()) return false;
   unmarked_keys.erase(it);
+  unmarked_any.store(!unmarked_keys.empty(), std::memory_order_release);
   return true;
 }
 
