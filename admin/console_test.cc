@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "admin/internal/console_health.h"
 #include "bus/envelope.h"
 #include "bus/trace.h"
 #include "gmock/gmock.h"
@@ -461,6 +462,24 @@ TEST_F(ConsoleApiTest, PauseAndResumeTheHandlerOfAQueue) {
   EXPECT_EQ(a.status, 409);
   EXPECT_THAT(a.body["error"].get<std::string>(), HasSubstr("no handler of queue other"));
   EXPECT_FALSE(rig_->handler()->Stats().paused);
+}
+
+// The state each page shows, from the Handler's stats: paused and the consumer backoff only
+// while consuming.
+TEST(ConsoleStateTest, TheHandlerStateNamesPauseAndBackoff) {
+  HandlerStats s;
+  EXPECT_EQ(console_internal::HandlerState(s), "stopped");
+  s.running = true;
+  EXPECT_EQ(console_internal::HandlerState(s), "starting");
+  s.paused = true;  // set before it consumes: still starting
+  EXPECT_EQ(console_internal::HandlerState(s), "starting");
+  s.consuming = true;
+  EXPECT_EQ(console_internal::HandlerState(s), "paused");
+  s.paused = false;
+  s.in_backoff = true;
+  EXPECT_EQ(console_internal::HandlerState(s), "backing off");
+  s.in_backoff = false;
+  EXPECT_EQ(console_internal::HandlerState(s), "consuming");
 }
 
 TEST_F(ConsoleApiTest, PurgeNeedsTheCountTheUserSaw) {
