@@ -58,7 +58,7 @@ enum class EventType {
   // a second.
   kReconnect,
 
-  // Intake control (docs/pipeline.md, "Consumer backoff", "Fatal errors while consuming").
+  // Intake control (docs/flow-control.md, "Consumer backoff", "Fatal errors while consuming").
   // Handler failures paused intake (flow.consumer_backoff): detail "level=N wait=D", N the
   // consecutive failures counted, D how long before the next probe. One per pause: a probe's
   // failure, or a success that leaves some backoff, starts another.

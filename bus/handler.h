@@ -158,7 +158,7 @@ class Handler {
 
   HandlerStats Stats() const;
 
-  // Live intake control (docs/pipeline.md, "Pause and live limits"). Safe from any thread,
+  // Live intake control (docs/flow-control.md, "Pause and live limits"). Safe from any thread,
   // callbacks included, before Run() (it starts with them), while it runs, and after. Nothing
   // held is dropped or handled twice; Stats() shows the current limits and the paused flag.
 

@@ -169,7 +169,7 @@ struct HandlerOptions {
     // more than one, a worker acquires the batch's idempotency keys in one store call, runs the
     // pipeline for each message in turn, marks the handled keys done in one call and acks the
     // batch together: a few round trips per batch instead of three per message on a networked
-    // store and broker (docs/pipeline.md, "Batches"). A batch is never waited for: a worker
+    // store and broker (docs/flow-control.md, "Batches"). A batch is never waited for: a worker
     // takes what is buffered. A message of a batch is started only while its key has at least
     // half of stores.idempotency_lease left; the rest are given back and delivered again.
     // Chosen by the library (0): up to the worker's share of what is buffered (buffered /
@@ -185,7 +185,7 @@ struct HandlerOptions {
     // kDefaultMaxMessageBytes (1 MiB), the default of every driver's limit too.
     size_t max_message_bytes = kDefaultMaxMessageBytes;
 
-    // Intake control (docs/pipeline.md, "Consumer backoff", "Fatal errors while consuming").
+    // Intake control (docs/flow-control.md, "Consumer backoff", "Fatal errors while consuming").
     // Consumer backoff (go-nsq's backoff): after a handler failure the Handler takes nothing
     // new from the broker for a backoff that grows with consecutive failures (initial,
     // doubling, up to max, with the policy's jitter); then one message is let through as a

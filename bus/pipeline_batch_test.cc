@@ -1,4 +1,4 @@
-// The pipeline over batches (batch_size > 1 and the default batch, docs/pipeline.md "Batches"):
+// The pipeline over batches (batch_size > 1 and the default batch, docs/flow-control.md "Batches"):
 // batched key calls, the half-lease rule, and stopping mid-batch.
 // On the memory driver and memory stores with a fake clock (tests/testing/handler_fixture.h).
 

@@ -38,7 +38,7 @@ struct HandlerStats {
   uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
   bool running = false;          // Run() is in progress (setting up, consuming or draining)
   bool consuming = false;        // Run() has set up the queue and its consumer is running
-  // Intake (docs/pipeline.md, "Consumer backoff", "Pause and live limits"), from the receive
+  // Intake (docs/flow-control.md, "Consumer backoff", "Pause and live limits"), from the receive
   // loop.
   uint64_t acknowledged = 0;  // acks the broker accepted (each ends a delivery as done)
   uint64_t lease_lost = 0;    // acks and nacks refused because the delivery's lease had run out

@@ -18,7 +18,7 @@
 // (Unauthenticated, PermissionDenied) ends the loop after the drain, unless
 // `retry_fatal_errors` says to keep trying.
 //
-// Intake control (docs/pipeline.md, "Consumer backoff", "Pause and live limits"): with
+// Intake control (docs/flow-control.md, "Consumer backoff", "Pause and live limits"): with
 // `consumer_backoff`, a handler failure (Settlement::outcome) stops intake for a backoff that
 // grows with consecutive failures; then one delivery is let through as a probe, whose success
 // shrinks the backoff (full intake once it is gone) and whose failure grows it. A

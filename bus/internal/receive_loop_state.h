@@ -51,7 +51,7 @@ struct SettleScratch {
   std::vector<absl::Status> settled;    // the ack's or nack's result of each delivery
 };
 
-// Where the consumer backoff is (go-nsq's backoff, docs/pipeline.md "Consumer backoff").
+// Where the consumer backoff is (go-nsq's backoff, docs/flow-control.md "Consumer backoff").
 enum class Phase {
   kOpen,     // full intake
   kWaiting,  // intake stopped until backoff_until

@@ -59,7 +59,7 @@ struct RedisOptions {
   // Database number for SELECT; default 0 (no SELECT).
   int db = 0;
   // Redis Sentinel: the client asks the sentinels where the master named `master_name` is
-  // and follows it across failovers (docs/redis.md, "Sentinel"). Empty `addresses`: no
+  // and follows it across failovers (docs/redis-ha.md, "Sentinel"). Empty `addresses`: no
   // Sentinel. With addresses, host and port are not used and seeds must be empty; the top-level
   // username, password and db are the data nodes' (the master's), `tls` applies to the
   // sentinels and the data nodes alike.

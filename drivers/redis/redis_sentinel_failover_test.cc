@@ -4,7 +4,7 @@
 // 2 replicas, 3 sentinels, quorum 2, down-after-milliseconds 1000, failover-timeout 4000), and
 // consumption resumes on it. With wait_replicas = 1 every acknowledged send is handled or
 // dead-lettered; without it the number lost is measured (printed and recorded as a test
-// property; docs/redis.md, "Sentinel", has the figures). Each test starts its own set-up.
+// property; docs/redis-ha.md, "Sentinel", has the figures). Each test starts its own set-up.
 
 #include <atomic>
 #include <cstdio>
