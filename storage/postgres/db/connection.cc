@@ -315,47 +315,24 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
     }
     return PQgetResult(c);
   };
-  std::vector<Result> results;
-  results.reserve(statements.size());
   absl::Status first_error;
-  for (size_t i = 0; i < statements.size(); ++i) {
-    if (!preparing[i].empty()) {
-      // The Parse of a statement prepared now: remembered once the server took it.
-      absl::StatusOr<PGresult*> p = next();
-      if (!p.ok()) return p.status();
-      if (*p == nullptr) {
-        return Abandon(PgStatus(nullptr, c, "PostgreSQL: result missing", redacted_));
-      }
-      Result owned(*p);
-      const ExecStatusType st = PQresultStatus(*p);
-      if (st == PGRES_COMMAND_OK) {
-        prepared_.emplace(*statements[i].sql, preparing[i]);
-      } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
-        first_error = PgStatus(*p, c, "PostgreSQL", redacted_);
-        failed = i;
-      }
-      absl::StatusOr<PGresult*> end = next();
-      if (!end.ok()) return end.status();
-      if (*end != nullptr) {
-        PQclear(*end);
-        return Abandon(absl::InternalError(
-            absl::StrCat("PostgreSQL: more than one result for a statement [", redacted_, "]")));
-      }
-    }
+  // One statement's result and the null that ends it: the result when its status is COMMAND_OK
+  // (or TUPLES_OK, `rows`), else nullopt (an error is kept as the batch's first, with `i`).
+  auto read_one = [&](size_t i, bool rows) -> absl::StatusOr<std::optional<Result>> {
     absl::StatusOr<PGresult*> r = next();
     if (!r.ok()) return r.status();
     if (*r == nullptr) {
       return Abandon(PgStatus(nullptr, c, "PostgreSQL: result missing", redacted_));
     }
     Result owned(*r);
+    std::optional<Result> out;
     const ExecStatusType st = PQresultStatus(*r);
-    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
-      results.push_back(std::move(owned));
+    if (st == PGRES_COMMAND_OK || (rows && st == PGRES_TUPLES_OK)) {
+      out.emplace(std::move(owned));
     } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
       first_error = PgStatus(*r, c, "PostgreSQL", redacted_);
       failed = i;
     }
-    // Each statement's results end with a null result.
     absl::StatusOr<PGresult*> end = next();
     if (!end.ok()) return end.status();
     if (*end != nullptr) {
@@ -363,6 +340,20 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
       return Abandon(absl::InternalError(
           absl::StrCat("PostgreSQL: more than one result for a statement [", redacted_, "]")));
     }
+    return out;
+  };
+  std::vector<Result> results;
+  results.reserve(statements.size());
+  for (size_t i = 0; i < statements.size(); ++i) {
+    if (!preparing[i].empty()) {
+      // The Parse of a statement prepared now: remembered once the server took it.
+      absl::StatusOr<std::optional<Result>> p = read_one(i, /*rows=*/false);
+      if (!p.ok()) return p.status();
+      if (p->has_value()) prepared_.emplace(*statements[i].sql, preparing[i]);
+    }
+    absl::StatusOr<std::optional<Result>> r = read_one(i, /*rows=*/true);
+    if (!r.ok()) return r.status();
+    if (r->has_value()) results.push_back(std::move(**r));
   }
   absl::StatusOr<PGresult*> sync = next();
   if (!sync.ok()) return sync.status();
