@@ -48,7 +48,9 @@ enum class EventType {
   // A message was skipped because `ensure` said it was already handled.
   kDuplicate,
   // A delivery was given back to the broker unsettled because a store, a re-send or a
-  // callback failed (detail: why).
+  // callback failed (detail: why: store_error, resend_failed, callback_error), or because a
+  // batch of this process holds its key for the same message (detail key_held: a copy
+  // delivered after its delivery lease ran out).
   kRedelivered,
   // A lease ran out under the Handler: detail "idempotency" (mark-done found the key taken
   // back; the handler ran longer than idempotency_lease) or "delivery" (the broker refused

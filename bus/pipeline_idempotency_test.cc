@@ -424,5 +424,61 @@ TEST_F(HandlerTest, AStaleWorkerCannotReleaseAKeyAnotherWorkerCompleted) {
   EXPECT_EQ(calls.load(), 2);
 }
 
+TEST_F(HandlerTest, ACopyOfAMessageABatchHereStillHoldsGoesBackInsteadOfBeingSkipped) {
+  // One batch takes a and b. While a runs, both delivery leases run out and the broker delivers
+  // a and b again to the second worker: the copies find their keys held by the batch here. Then
+  // the batch is late for b and gives it back, which the broker refuses (it moved the delivery
+  // on). Settled as duplicates, the copies would leave b handled by nobody. The key store keeps
+  // its own time, which stands still: the broker lost the delivery leases and the store kept
+  // the keys, as in a failover of the broker.
+  Recorder rec;
+  absl::Mutex mu;
+  std::vector<std::string> redelivered;  // Event::detail of each kRedelivered
+  Handler* h = nullptr;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    if (rec.size() == 1) {
+      clock_->Advance(absl::Seconds(31));  // past the delivery lease of a and b
+      EXPECT_TRUE(WaitUntil([&] {
+        absl::MutexLock lock(&mu);
+        return redelivered.size() == 2;
+      }));
+    }
+    return absl::OkStatus();
+  });
+  o.stores.idempotency = NewMemoryIdempotencyStore({.clock = std::make_shared<FakeClock>()});
+  o.flow.concurrency = 2;
+  o.flow.batch_size = 2;
+  o.flow.max_in_flight = 4;
+  o.observability.observer = [&](const Event& e) {
+    if (e.type != EventType::kRedelivered) return;
+    absl::MutexLock lock(&mu);
+    redelivered.push_back(e.detail);
+  };
+  Publish("a", "a");
+  Publish("b", "b");
+  h = Start(o);
+  ASSERT_TRUE(AdvanceUntil(
+      [&] {
+        return h->Stats().succeeded == 2 && h->Stats().duplicates == 1 &&
+               h->Stats().in_flight == 0;
+      },
+      absl::Minutes(5)))
+      << h->Stats().ToString();
+  WaitUntilSettled();
+  std::vector<std::string> order;
+  for (const Message& m : rec.seen()) order.push_back(m.payload);
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b"}));  // each once
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_GE(redelivered.size(), 2u);
+    EXPECT_EQ(redelivered[0], "key_held");
+    EXPECT_EQ(redelivered[1], "key_held");
+  }
+  absl::StatusOr<QueueCounts> counts = driver_->InspectQueue("orders");
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
+}
+
 }  // namespace
 }  // namespace bus

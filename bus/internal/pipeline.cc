@@ -39,6 +39,7 @@ struct BatchScratch {
   std::vector<absl::string_view> done_keys;
   std::vector<absl::string_view> done_owners;
   std::vector<const Message*> done_msgs;
+  std::vector<uint64_t> held;  // KeyHash of the keys the batch holds (Pipeline::held_here)
   // With an inbox: the messages to handle in the batch's transaction, and under their key or not.
   std::vector<size_t> pending;
   std::vector<char> pending_acquired;
@@ -218,6 +219,11 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   // 2. Acquire the keys of those that decoded, in one call.
   b.acquired.resize(b.decoded.size());
   Acquire(b.key_views, b.owner_views, absl::MakeSpan(b.acquired));
+  b.held.clear();
+  for (size_t j = 0; j < b.decoded.size(); ++j) {
+    if (b.acquired[j].ok() && *b.acquired[j]) b.held.push_back(HeldHash(b.key_views[j], b.msgs[b.decoded[j]].id));
+  }
+  if (!b.held.empty()) HoldHere(b.held, +1);
 
   // 3 to 6, message by message.
   b.done_keys.clear();
@@ -247,6 +253,12 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
       continue;
     }
     const bool under_key = r.next == Resolution::Next::kHandleUnderKey;
+    if (under_key && !(b.acquired[j].ok() && *b.acquired[j])) {
+      // Taken anew by Resolve (from a lost acquire of ours).
+      const uint64_t hash = HeldHash(b.keys[i], msg.id);
+      HoldHere({&hash, 1}, +1);
+      b.held.push_back(hash);
+    }
     if (transactional != nullptr) {
       // 4 is deferred to the batch's transaction.
       b.pending.push_back(i);
@@ -283,6 +295,8 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   }
   // 5. Mark the handled keys done, in one call.
   if (!b.done_keys.empty()) MarkDone(b.done_keys, b.done_owners, b.done_msgs);
+  // Every key of the batch is marked done or given back by now.
+  if (!b.held.empty()) HoldHere(b.held, -1);
   if (options.flow.max_deliveries > 0) {
     CountGiveBacks(in, absl::MakeConstSpan(b.msgs.data(), n), b.decoded, out);
   }

@@ -139,6 +139,18 @@ struct Pipeline final : ReceiveSink {
   // Whether unmarked_keys holds any (read without the lock on the hot path).
   std::atomic<bool> unmarked_any{false};
 
+  // Deliveries a batch of this process holds the key of (acquired, not yet marked done or
+  // released), by the hash of key and message id, with a count each. A delivery that finds its
+  // key taken while a batch here holds it for the same message is a copy of a message this
+  // process is still on (the broker delivered it again after its delivery lease ran out, or
+  // after a failover lost the lease): it goes back to the broker for later instead of being
+  // settled by `ensure`, since the holder may still give its delivery back rather than handle it
+  // (a late batch, a stop), and that give-back is lost when the broker has moved on. Another
+  // message with the same key is `ensure`'s to decide as before. A hash collision only delays a
+  // duplicate.
+  absl::Mutex held_mu;
+  absl::flat_hash_map<uint64_t, int> held_here ABSL_GUARDED_BY(held_mu);
+
   // Max deliveries (flow.max_deliveries): how many times this process gave each message back to
   // the broker unsettled (an infrastructure failure, a stop, a late batch), by message id. The
   // broker counts those deliveries too; they are subtracted, so that only deliveries that ended
@@ -307,6 +319,13 @@ struct Pipeline final : ReceiveSink {
   void RememberUnmarked(absl::string_view key);
   bool TakeUnmarked(absl::string_view key);
   Settlement FinishUnmarked(const Message& msg, const std::string& key, absl::string_view owner);
+  // The held_here bookkeeping: the hash of a key and a message id, holding (+1) or no longer
+  // holding (-1) the deliveries of `hashes`, and whether a batch here holds `key` for `msg`.
+  static uint64_t HeldHash(absl::string_view key, absl::string_view message_id);
+  void HoldHere(absl::Span<const uint64_t> hashes, int delta);
+  bool HeldHere(absl::string_view key, const Message& msg);
+  // 3: the key is held by a batch of this process: the delivery goes back for later.
+  Settlement HeldByThisProcess(const Message& msg);
   // 2: a store error, and no user ensure can decide: the delivery goes back.
   Settlement AcquireFailed(const Message& msg, absl::string_view key, absl::string_view owner,
                            const absl::Status& st);

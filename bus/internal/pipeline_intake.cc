@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/internal/pipeline.h"
@@ -141,6 +142,36 @@ Settlement Pipeline::FinishUnmarked(const Message& msg, const std::string& key,
   return s;
 }
 
+uint64_t Pipeline::HeldHash(absl::string_view key, absl::string_view message_id) {
+  return absl::HashOf(key, message_id);
+}
+
+void Pipeline::HoldHere(absl::Span<const uint64_t> hashes, int delta) {
+  absl::MutexLock lock(&held_mu);
+  for (uint64_t hash : hashes) {
+    if (delta > 0) {
+      held_here[hash] += delta;
+    } else if (auto it = held_here.find(hash); it != held_here.end() && (it->second += delta) <= 0) {
+      held_here.erase(it);
+    }
+  }
+}
+
+bool Pipeline::HeldHere(absl::string_view key, const Message& msg) {
+  const uint64_t hash = HeldHash(key, msg.id);
+  absl::MutexLock lock(&held_mu);
+  return held_here.contains(hash);
+}
+
+Settlement Pipeline::HeldByThisProcess(const Message& msg) {
+  // The holder ends within its batch (which starts no message after half the lease): after that
+  // the copy finds the key done (a duplicate) or free (handled).
+  redelivered.fetch_add(1, std::memory_order_relaxed);
+  Emit(EventType::kRedelivered, &msg, 0, "its idempotency key is held by a handler of this process",
+       "key_held");
+  return Settlement::Redeliver(options.stores.idempotency_lease / 2);
+}
+
 Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
                                    absl::string_view owner, const absl::Status& st) {
   RememberGhost(key, owner);
@@ -161,6 +192,10 @@ Pipeline::Resolution Pipeline::Resolve(const Message& msg, const std::string& ke
                                        absl::string_view owner,
                                        const absl::StatusOr<bool>& acquired) {
   const Resolution kUnderKey{Resolution::Next::kHandleUnderKey};
+  if (!(acquired.ok() && *acquired) && HeldHere(key, msg)) {
+    // A copy of a message a batch here is still on: neither a duplicate nor one to handle now.
+    return {Resolution::Next::kSettled, HeldByThisProcess(msg)};
+  }
   if (acquired.ok()) {
     if (acquire_failing.load(std::memory_order_relaxed) && acquire_failing.exchange(false)) {
       Log(LogLevel::kInfo, "store_recovered", "idempotency store answers again");

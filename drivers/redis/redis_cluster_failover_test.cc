@@ -260,16 +260,10 @@ TEST(RedisClusterLaggingReplicaTest, NoDoneMarkReportedOkIsLost) {
 // fail (Unavailable: the key's master had no replica to acknowledge them) and acks are lost: the
 // process remembers such keys (docs/pipeline.md, "Guarantees"). On a failure it prints, per
 // missing message, its events and every store call on its key.
-// DISABLED (a known loss, not a flake of the test): with wait_timeout 1 s it lost 3 of 2,000 in
-// 1 run of 3 (300 ms: 0 in 6 runs). A batch slowed by the WAITs held a key (acquired) past its
-// delivery lease; the broker delivered the message again, the copy found the key held by that
-// live lease and, by the default `ensure`, was settled as a duplicate (acked); the first
-// delivery's batch was then late and gave the message back instead of handling it: nobody
-// handled it. Fix: a key held by this process's own in-flight delivery must not settle a copy
-// as a duplicate (redeliver it after the lease instead). Run it with
-// --test_arg=--gtest_also_run_disabled_tests; on a failure it prints each lost message's events
-// and store calls.
-TEST(RedisClusterLaggingReplicaTest, DISABLED_AHandlerRepeatsNoEffectThroughTheFailover) {
+// A batch slowed by the WAITs can hold a key past its delivery lease: the copy the broker then
+// delivers goes back for later (the key is held here) rather than being settled as a duplicate,
+// since the late batch may give its delivery back to a broker that no longer has it.
+TEST(RedisClusterLaggingReplicaTest, AHandlerRepeatsNoEffectThroughTheFailover) {
   constexpr int kMessages = 2000;
   absl::StatusOr<std::unique_ptr<RedisCluster>> cluster = RedisCluster::Start({});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
