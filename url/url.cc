@@ -278,15 +278,28 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   NsqOptions o;
   for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
   Params p(url);
-  for (const std::string& a : p.TakeList("lookupd")) {
+  // An HTTP address may name its scheme (http://, https://); the port defaults by server.
+  auto http_address = [](absl::string_view a, int default_port) -> absl::StatusOr<std::string> {
+    absl::string_view scheme;
+    for (absl::string_view s : {"http://", "https://"}) {
+      if (absl::StartsWithIgnoreCase(a, s)) {
+        scheme = s;
+        a.remove_prefix(s.size());
+      }
+    }
     absl::StatusOr<UrlHost> h = ParseHost(a);
+    if (!h.ok()) return h.status();
+    return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
+  };
+  for (const std::string& a : p.TakeList("lookupd")) {
+    absl::StatusOr<std::string> h = http_address(a, 4161);
     if (!h.ok()) return Bad("parameter lookupd", h.status().message());
-    o.lookupd_http_addresses.push_back(JoinHost(*h, 4161));
+    o.lookupd_http_addresses.push_back(*std::move(h));
   }
   for (const std::string& a : p.TakeList("nsqd_http")) {
-    absl::StatusOr<UrlHost> h = ParseHost(a);
+    absl::StatusOr<std::string> h = http_address(a, 4151);
     if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
-    o.discovery.nsqd_http_addresses.push_back(JoinHost(*h, 4151));
+    o.discovery.nsqd_http_addresses.push_back(*std::move(h));
   }
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");

@@ -340,6 +340,22 @@ TEST(NsqUrl, LookupdOnlyAndSecretFromTheEnvironment) {
   EXPECT_EQ(o->auth.secret, "envsecret");
 }
 
+TEST(NsqUrl, HttpsLookupdAndNsqdHttp) {
+  absl::StatusOr<NsqOptions> o =
+      Nsq("nsq://n1?lookupd=https://l1,http://l2:5000,HTTPS://[::1]&nsqd_http=https://n1:4152&"
+          "tls_ca_file=/etc/ca.pem");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_THAT(o->lookupd_http_addresses,
+              ElementsAre("https://l1:4161", "l2:5000", "https://[::1]:4161"));
+  EXPECT_THAT(o->discovery.nsqd_http_addresses, ElementsAre("https://n1:4152"));
+  EXPECT_FALSE(o->tls.enabled);  // TLS for the HTTP calls only
+  EXPECT_EQ(o->tls.ca_file, "/etc/ca.pem");
+  ExpectBad(Nsq("nsq://n1?lookupd=https://l1:x").status(), "parameter lookupd");
+  // Without an https:// address a CA is a mistake, as before; server_name is TCP's only.
+  ExpectBad(Nsq("nsq://n1?lookupd=l1&tls_ca_file=/etc/ca.pem").status(), "tls.enabled");
+  ExpectBad(Nsq("nsq://n1?lookupd=https://l1&tls_server_name=x").status(), "server_name");
+}
+
 TEST(NsqUrl, Errors) {
   ExpectBad(Nsq("nsq://").status(), "host");
   ExpectBad(Nsq("nsq://n1:99999").status(), "port");

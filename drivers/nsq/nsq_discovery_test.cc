@@ -1,6 +1,6 @@
 // A consumer's nsqlookupd discovery against fake nsqlookupds (HTTP on loopback) and a fake
 // nsqd: one lookupd is asked per poll, in turn; an nsqd the lookupd stops listing is not
-// reconnected; addresses the driver cannot use (https://, a path) are refused at validation.
+// reconnected; addresses the driver cannot use (a path, another scheme) are refused at validation.
 
 #include <sys/socket.h>
 
@@ -73,17 +73,23 @@ std::string Producers(int tcp_port) {
                       R"("hostname":"fake","tcp_port":)", tcp_port, R"(,"http_port":1}]})");
 }
 
-TEST(NsqDiscoveryTest, HttpsAndPathsAreRefusedAtValidation) {
+TEST(NsqDiscoveryTest, PathsAndOtherSchemesAreRefusedAtValidation) {
   NsqOptions o;
-  o.lookupd_http_addresses = {"https://127.0.0.1:4161"};
+  o.lookupd_http_addresses = {"http://127.0.0.1:4161/nsq"};
   absl::Status st = ValidateNsqOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "https:// is not supported")) << st;
-  o.lookupd_http_addresses = {"http://127.0.0.1:4161/nsq"};
+  EXPECT_TRUE(absl::StrContains(st.message(), "has a path")) << st;
+  o.lookupd_http_addresses = {"ftp://127.0.0.1:4161"};
   st = ValidateNsqOptions(o);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "a path is not supported")) << st;
-  o.lookupd_http_addresses = {"http://127.0.0.1:4161", "127.0.0.1:4162"};
+  EXPECT_TRUE(absl::StrContains(st.message(), "http:// or https://")) << st;
+  o.lookupd_http_addresses = {"127.0.0.1:4161"};
+  o.discovery.nsqd_http_addresses = {"https://127.0.0.1:4151/stats"};
+  st = ValidateNsqOptions(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "discovery.nsqd_http_addresses")) << st;
+  o.discovery.nsqd_http_addresses = {"https://127.0.0.1:4151"};
+  o.lookupd_http_addresses = {"http://127.0.0.1:4161", "127.0.0.1:4162", "https://[::1]:4163"};
   EXPECT_TRUE(ValidateNsqOptions(o).ok());
 }
 

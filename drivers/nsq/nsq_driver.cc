@@ -101,7 +101,7 @@ class NsqDriver final : public Driver {
     producers_.ForgetChannel(t, q);
     return OnEveryNsqd([t, q](std::shared_ptr<Core> core,
                               std::string http) -> boost::asio::awaitable<absl::Status> {
-      co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdHeaders(), std::move(http), t,
+      co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdClient(), std::move(http), t,
                                                 q, core->options().timeouts.request);
     });
   }
@@ -120,16 +120,16 @@ class NsqDriver final : public Driver {
                            std::string http) -> boost::asio::awaitable<absl::Status> {
       const NsqOptions& o = core->options();
       absl::StatusOr<std::vector<nsq::ChannelStats>> stats =
-          co_await nsq::NsqdStats(core->io(), core->NsqdHeaders(), http, o.timeouts.request);
+          co_await nsq::NsqdStats(core->io(), core->NsqdClient(), http, o.timeouts.request);
       if (!stats.ok()) co_return stats.status();
       const bool shared = std::any_of(stats->begin(), stats->end(), [&](const auto& c) {
         return c.topic == q && c.channel != o.queue_channel;
       });
       if (shared) {
-        co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdHeaders(), std::move(http),
+        co_return co_await nsq::NsqdDeleteChannel(core->io(), core->NsqdClient(), std::move(http),
                                                   q, o.queue_channel, o.timeouts.request);
       }
-      co_return co_await nsq::NsqdDeleteTopic(core->io(), core->NsqdHeaders(), std::move(http), q,
+      co_return co_await nsq::NsqdDeleteTopic(core->io(), core->NsqdClient(), std::move(http), q,
                                               o.timeouts.request);
     });
   }
@@ -266,10 +266,10 @@ class NsqDriver final : public Driver {
     }
     // GET /ping (nsqd's and nsqlookupd's health endpoint, "OK") on every HTTP address.
     auto http_ping = [&](const std::string& address, absl::string_view what,
-                         nsq::HttpHeaders headers) -> absl::Status {
+                         nsq::HttpClient client) -> absl::Status {
       std::future<absl::StatusOr<nsq::HttpResponse>> f = asio::co_spawn(
           core_->io(),
-          nsq::HttpGet(core_->io(), std::move(headers), address, "/ping", what, timeout),
+          nsq::HttpGet(core_->io(), std::move(client), address, "/ping", what, timeout),
           asio::use_future);
       absl::StatusOr<nsq::HttpResponse> r = f.get();
       if (!r.ok()) return r.status();
@@ -280,10 +280,10 @@ class NsqDriver final : public Driver {
       return absl::OkStatus();
     };
     for (const std::string& address : core_->options().discovery.nsqd_http_addresses) {
-      if (absl::Status st = http_ping(address, "nsqd", core_->NsqdHeaders()); !st.ok()) return st;
+      if (absl::Status st = http_ping(address, "nsqd", core_->NsqdClient()); !st.ok()) return st;
     }
     for (const std::string& address : core_->options().lookupd_http_addresses) {
-      if (absl::Status st = http_ping(address, "nsqlookupd", core_->LookupdHeaders()); !st.ok())
+      if (absl::Status st = http_ping(address, "nsqlookupd", core_->LookupdClient()); !st.ok())
         return st;
     }
     return absl::OkStatus();
@@ -302,7 +302,7 @@ class NsqDriver final : public Driver {
       std::vector<nsq::ChannelStats> all;
       for (const NsqdHttp& nsqd : *http) {
         absl::StatusOr<std::vector<nsq::ChannelStats>> one =
-            co_await nsq::NsqdStats(core->io(), core->NsqdHeaders(), nsqd.address, timeout);
+            co_await nsq::NsqdStats(core->io(), core->NsqdClient(), nsqd.address, timeout);
         if (!one.ok()) co_return NameGiven(one.status(), nsqd);
         all.insert(all.end(), one->begin(), one->end());
       }
@@ -341,8 +341,8 @@ class NsqDriver final : public Driver {
     if (!http.empty()) co_return http;
     std::set<std::string> listed_tcp;
     for (const std::string& lookupd : o.lookupd_http_addresses) {
-      absl::StatusOr<std::vector<nsq::LookupNode>> nodes = co_await nsq::LookupNodes(
-          core->io(), core->LookupdHeaders(), lookupd, o.timeouts.request);
+      absl::StatusOr<std::vector<nsq::LookupNode>> nodes =
+          co_await nsq::LookupNodes(core->io(), core->LookupdClient(), lookupd, o.timeouts.request);
       if (!nodes.ok()) co_return nodes.status();
       for (nsq::LookupNode& n : *nodes) {
         if (!listed_tcp.insert(n.tcp_address).second) continue;
@@ -512,7 +512,7 @@ class NsqDriver final : public Driver {
 
 absl::StatusOr<std::shared_ptr<Driver>> NewNsqDriver(NsqOptions options) {
   if (absl::Status s = ValidateNsqOptions(options); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls = nsq::NewTlsContext(options.tls);
+  absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> tls = nsq::NewTlsContext(options);
   if (!tls.ok()) return tls.status();
   return std::shared_ptr<Driver>(
       new NsqDriver(std::make_shared<Core>(WithNsqDefaults(std::move(options)), std::move(*tls))));

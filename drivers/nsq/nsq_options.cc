@@ -71,28 +71,20 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
           absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
     }
   }
-  for (absl::string_view a : o.lookupd_http_addresses) {
-    if (absl::StartsWith(a, "https://")) {
-      return absl::InvalidArgumentError(
-          "NsqOptions.lookupd_http_addresses: https:// is not supported (the driver has no TLS); "
-          "give host:port or http://host:port");
-    }
-    absl::ConsumePrefix(&a, "http://");
-    if (absl::StrContains(a, '/')) {
-      return absl::InvalidArgumentError(
-          "NsqOptions.lookupd_http_addresses: a path is not supported (the driver asks "
-          "nsqlookupd's /lookup and /nodes at the root); give host:port or http://host:port");
-    }
-    if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
+  bool tls = false, any_https = false;
+  for (const std::string& a : o.lookupd_http_addresses) {
+    if (absl::Status s = nsq::SplitHttpAddress(a, &tls, &host, &port); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("NsqOptions.lookupd_http_addresses: ", s.message()));
     }
+    any_https |= tls;
   }
   for (const std::string& a : o.discovery.nsqd_http_addresses) {
-    if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
+    if (absl::Status s = nsq::SplitHttpAddress(a, &tls, &host, &port); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("NsqOptions.discovery.nsqd_http_addresses: ", s.message()));
     }
+    any_https |= tls;
   }
   if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
   if (o.auth.user_agent.empty()) {
@@ -104,10 +96,14 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
   }
   const bool tls_settings = !o.tls.ca_file.empty() || !o.tls.cert_file.empty() ||
                             !o.tls.server_name.empty() || o.tls.insecure_skip_verify;
-  if (tls_settings && !o.tls.enabled) {
+  // Without tls.enabled the settings may serve https:// HTTP addresses (server_name is the
+  // TCP connections' only).
+  const bool https_settings = !o.tls.server_name.empty() && !o.tls.enabled;
+  if ((tls_settings && !o.tls.enabled && !any_https) || https_settings) {
     return absl::InvalidArgumentError(
         "NsqOptions.tls: CA, certificate, server name or insecure_skip_verify set while "
-        "tls.enabled is false; set tls.enabled (nsq:// tls=true) or drop them");
+        "tls.enabled is false and no HTTP address is https:// (server_name needs tls.enabled); "
+        "set tls.enabled (nsq:// tls=true) or drop them");
   }
   switch (o.compression.codec) {
     case NsqCompression::kNone:

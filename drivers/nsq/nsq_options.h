@@ -65,7 +65,8 @@ struct NsqAuth {
 };
 
 // TLS on the TCP connections to nsqd (IDENTIFY tls_v1, then the upgrade nsqd agrees to; nsqd
-// needs --tls-cert and --tls-key). docs/nsq.md, "TLS".
+// needs --tls-cert and --tls-key) when `enabled`; the CA, client certificate and verification
+// also serve the https:// HTTP addresses, with or without `enabled`. docs/nsq-tls.md.
 struct NsqTls {
   // Ask nsqd for TLS on every connection. Default false (plaintext).
   bool enabled = false;
@@ -154,10 +155,10 @@ struct NsqDiscovery {
   // started together do not poll together; a lost connection or a new binding asks at once.
   // Default 15s; > 0.
   absl::Duration lookupd_poll_interval = absl::Seconds(15);
-  // nsqd HTTP addresses ("host:port") that inspection (ListQueues, InspectQueue) reads /stats
-  // from, and Unsubscribe / DeleteQueue change. Empty: every nsqd that the nsqlookupds list
-  // (/nodes), and each of `nsqd_tcp_addresses` they do not list at its port + 1 (nsqd's
-  // default layout, 4150 and 4151).
+  // nsqd HTTP addresses ("host:port", "http://host:port" or "https://host:port") that inspection
+  // (ListQueues, InspectQueue) reads /stats from, and Unsubscribe / DeleteQueue change. Empty:
+  // every nsqd that the nsqlookupds list (/nodes), and each of `nsqd_tcp_addresses` they do not
+  // list at its port + 1 (nsqd's default layout, 4150 and 4151).
   std::vector<std::string> nsqd_http_addresses{};
 };
 
@@ -192,10 +193,10 @@ struct NsqOptions {
   // consumers connect to them directly as well. At least one of this and
   // `lookupd_http_addresses` is required.
   std::vector<std::string> nsqd_tcp_addresses{};
-  // nsqlookupd HTTP addresses ("host:port" or "http://host:port"; https:// and paths are
-  // refused). Consumers poll /lookup on one of them per poll, in turn, and connect to the
-  // producers it lists; an nsqd it no longer lists is not reconnected once its connection
-  // closes.
+  // nsqlookupd HTTP addresses ("host:port", "http://host:port" or "https://host:port", which
+  // uses `tls`'s CA and client certificate; a path is refused). Consumers poll /lookup on one of
+  // them per poll, in turn, and connect to the producers it lists; an nsqd it no longer lists is
+  // not reconnected once its connection closes.
   std::vector<std::string> lookupd_http_addresses{};
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";

@@ -25,6 +25,11 @@ absl::StatusOr<std::unique_ptr<NsqdServer>> NsqdServer::Start(NsqdConfig config)
   s->tcp_port_ = *tcp;
   s->http_port_ = *http;
   s->data_dir_ = MakeTempDir("nsqd");
+  if (s->config_.https) {
+    absl::StatusOr<int> https = PickFreePort();
+    if (!https.ok()) return https.status();
+    s->https_port_ = *https;
+  }
   if (absl::Status st = s->Launch(); !st.ok()) return st;
   return s;
 }
@@ -34,7 +39,7 @@ absl::Status NsqdServer::Launch() {
       "nsqd",
       absl::StrCat("--tcp-address=", Loopback(tcp_port_)),
       absl::StrCat("--http-address=", Loopback(http_port_)),
-      "--https-address=",
+      absl::StrCat("--https-address=", https_port_ > 0 ? Loopback(https_port_) : ""),
       "--broadcast-address=127.0.0.1",
       absl::StrCat("--data-path=", data_dir_),
       "--log-level=warn",
@@ -74,7 +79,8 @@ absl::Status NsqdServer::Launch() {
     return absl::UnavailableError(
         absl::StrCat("nsqd did not start (is it on PATH?): ", st.message()));
   }
-  return WaitForPort(http_port_, absl::Seconds(20));
+  if (absl::Status st = WaitForPort(http_port_, absl::Seconds(20)); !st.ok()) return st;
+  return https_port_ > 0 ? WaitForPort(https_port_, absl::Seconds(20)) : absl::OkStatus();
 }
 
 NsqdServer::~NsqdServer() {
@@ -84,6 +90,8 @@ NsqdServer::~NsqdServer() {
 
 std::string NsqdServer::tcp_address() const { return Loopback(tcp_port_); }
 std::string NsqdServer::http_address() const { return Loopback(http_port_); }
+
+std::string NsqdServer::https_address() const { return Loopback(https_port_); }
 
 void NsqdServer::Kill(int signal) {
   if (child_) child_->Kill(signal);

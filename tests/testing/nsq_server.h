@@ -37,6 +37,8 @@ struct NsqdConfig {
   std::string tls_key{};
   std::string tls_required{};
   std::string tls_root_ca_file{};
+  // --https-address on a free port (needs tls_cert): nsqd's HTTP API over TLS.
+  bool https = false;
   std::vector<std::string> extra_args{};
 };
 
@@ -47,6 +49,8 @@ class NsqdServer {
 
   std::string tcp_address() const;
   std::string http_address() const;
+  // With NsqdConfig::https.
+  std::string https_address() const;
   int tcp_port() const { return tcp_port_; }
 
   // Sends `signal` and waits for nsqd to exit.
@@ -64,6 +68,7 @@ class NsqdServer {
   NsqdConfig config_;
   int tcp_port_ = 0;
   int http_port_ = 0;
+  int https_port_ = 0;
   std::string data_dir_;
   std::unique_ptr<ChildProcess> child_;
 };

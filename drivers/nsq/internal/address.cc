@@ -1,7 +1,9 @@
 #include "drivers/nsq/internal/address.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace bus::nsq {
 
@@ -29,5 +31,23 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, std::st
   }
   return absl::OkStatus();
 }
+
+absl::Status SplitHttpAddress(absl::string_view address, bool* tls, std::string* host,
+                              std::string* port) {
+  absl::string_view rest = address;
+  *tls = absl::ConsumePrefix(&rest, "https://");
+  if (!*tls) absl::ConsumePrefix(&rest, "http://");
+  if (absl::StrContains(rest, "://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address, "\": the scheme is http:// or https://"));
+  }
+  if (absl::StrContains(rest, '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address \"", address, "\" has a path (the driver asks at the root); give host:port"));
+  }
+  return SplitHostPort(rest, host, port);
+}
+
+bool IsHttpsAddress(absl::string_view address) { return absl::StartsWith(address, "https://"); }
 
 }  // namespace bus::nsq

@@ -1,9 +1,6 @@
 // A connection's set-up (drivers/nsq/internal/connection.h, Handshake): connect, the magic,
 // IDENTIFY, the TLS upgrade and the compression codec as nsqd agreed, AUTH; and the statuses of
 // transport and TLS failures.
-#include <openssl/err.h>
-#include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 
 #include <string>
 #include <utility>
@@ -12,11 +9,10 @@
 #include "boost/asio/co_spawn.hpp"
 #include "boost/asio/connect.hpp"
 #include "boost/asio/detached.hpp"
-#include "boost/asio/ip/address.hpp"
 #include "boost/asio/redirect_error.hpp"
-#include "boost/asio/ssl/error.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "drivers/nsq/internal/connection.h"
+#include "drivers/nsq/internal/tls_client.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;
@@ -30,97 +26,25 @@ absl::Status IoError(absl::string_view address, absl::string_view what, const er
   return absl::UnavailableError(absl::StrCat("nsqd ", address, ": ", what, ": ", ec.message()));
 }
 
-// Alerts a TLS server sends when it refuses the client's certificate or its absence.
-bool IsClientCertificateAlert(int alert) {
-  switch (alert) {
-    case SSL_AD_BAD_CERTIFICATE:
-    case SSL_AD_UNSUPPORTED_CERTIFICATE:
-    case SSL_AD_CERTIFICATE_REVOKED:
-    case SSL_AD_CERTIFICATE_EXPIRED:
-    case SSL_AD_CERTIFICATE_UNKNOWN:
-    case SSL_AD_UNKNOWN_CA:
-    case SSL_AD_HANDSHAKE_FAILURE:
-    case SSL_AD_CERTIFICATE_REQUIRED:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 absl::Status Connection::TransportError(absl::string_view what, const error_code& ec) {
   if (tls_ == nullptr) return IoError(options_.address, what, ec);
-  const std::string prefix = absl::StrCat("nsqd ", options_.address, ": TLS ", what, ": ");
-  if (options_.tls_verify) {
-    const long verify = SSL_get_verify_result(tls_->native_handle());
-    if (verify != X509_V_OK) {
-      std::string fix;
-      switch (verify) {
-        case X509_V_ERR_HOSTNAME_MISMATCH:
-        case X509_V_ERR_IP_ADDRESS_MISMATCH:
-          fix =
-              "connect by a name the certificate lists, or set NsqOptions.tls.server_name "
-              "(nsq:// tls_server_name) to one";
-          break;
-        case X509_V_ERR_CERT_HAS_EXPIRED:
-        case X509_V_ERR_CERT_NOT_YET_VALID:
-          fix = "nsqd's --tls-cert is outside its validity period: renew it";
-          break;
-        default:
-          fix =
-              "set NsqOptions.tls.ca_file (nsq:// tls_ca_file) to the CA that signed nsqd's "
-              "--tls-cert";
-      }
-      return absl::FailedPreconditionError(absl::StrCat(
-          prefix, "nsqd's certificate failed verification: ", X509_verify_cert_error_string(verify),
-          " (", fix, ")"));
-    }
-  }
-  if (ec.category() == asio::error::get_ssl_category()) {
-    const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
-    // OpenSSL reports an alert received from the peer as SSL_AD_REASON_OFFSET + its number.
-    if (reason > SSL_AD_REASON_OFFSET && IsClientCertificateAlert(reason - SSL_AD_REASON_OFFSET)) {
-      return absl::UnauthenticatedError(absl::StrCat(
-          prefix, "nsqd refused the client certificate (", ec.message(),
-          "): set NsqOptions.tls.cert_file and key_file (nsq:// tls_cert_file, tls_key_file) to "
-          "a certificate signed by a CA of nsqd's --tls-root-ca-file"));
-    }
-    if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
-        reason == SSL_R_UNSUPPORTED_PROTOCOL) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(prefix, "nsqd did not answer in TLS (", ec.message(), ")"));
-    }
-  }
-  return absl::UnavailableError(absl::StrCat(prefix, ec.message()));
+  return TlsFailure(tls_->native_handle(), options_.tls_verify, ec,
+                    absl::StrCat("nsqd ", options_.address), what,
+                    "NsqOptions.tls.server_name (nsq:// tls_server_name)");
 }
 
 awaitable<absl::Status> Connection::UpgradeTls(const std::string& host) {
   tls_ =
       std::make_unique<asio::ssl::stream<asio::ip::tcp::socket&>>(socket_, *options_.tls_context);
-  SSL* ssl = tls_->native_handle();
   const std::string& name = options_.tls_server_name.empty() ? host : options_.tls_server_name;
+  if (absl::Status s = PrepareTlsClient(tls_->native_handle(), name, options_.tls_verify,
+                                        absl::StrCat("nsqd ", options_.address));
+      !s.ok()) {
+    co_return s;
+  }
   error_code ec;
-  asio::ip::make_address(name, ec);
-  const bool is_ip = !ec;
-  // SNI carries host names only (RFC 6066).
-  if (!is_ip && SSL_set_tlsext_host_name(ssl, name.c_str()) != 1) {
-    co_return absl::InvalidArgumentError(
-        absl::StrCat("nsqd ", options_.address, ": TLS server name \"", name, "\" is unusable"));
-  }
-  if (options_.tls_verify) {
-    tls_->set_verify_mode(asio::ssl::verify_peer);
-    // OpenSSL checks the name during the chain's verification, so a mismatch is reported as
-    // X509_V_ERR_HOSTNAME_MISMATCH (or IP_ADDRESS_MISMATCH) with the other verify errors.
-    const int set = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name.c_str())
-                          : SSL_set1_host(ssl, name.c_str());
-    if (set != 1) {
-      co_return absl::InvalidArgumentError(
-          absl::StrCat("nsqd ", options_.address, ": TLS server name \"", name, "\" is unusable"));
-    }
-  } else {
-    tls_->set_verify_mode(asio::ssl::verify_none);
-  }
   co_await tls_->async_handshake(asio::ssl::stream_base::client,
                                  asio::redirect_error(use_awaitable, ec));
   if (ec) co_return TransportError("handshake", ec);

@@ -46,7 +46,7 @@ awaitable<void> ConsumerState::LookupLoop([[maybe_unused]] std::shared_ptr<Consu
     std::map<std::string, std::set<std::string>> found;
     for (const std::string& topic : topics) {
       absl::StatusOr<std::vector<std::string>> r = co_await LookupProducers(
-          core_->io(), core_->LookupdHeaders(), lookupd, topic, o.timeouts.connect);
+          core_->io(), core_->LookupdClient(), lookupd, topic, o.timeouts.connect);
       if (!r.ok()) {
         core_->Log(LogLevel::kWarning, "lookup_failed",
                    absl::StrCat("consumer of ", queue_, ": ", r.status().message()),

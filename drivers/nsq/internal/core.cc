@@ -5,14 +5,30 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
 
 namespace asio = boost::asio;
 
-absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqTls& tls) {
-  if (!tls.enabled) return nullptr;
+namespace {
+
+bool UsesHttps(const NsqOptions& o) {
+  for (const std::string& a : o.lookupd_http_addresses) {
+    if (IsHttpsAddress(a)) return true;
+  }
+  for (const std::string& a : o.discovery.nsqd_http_addresses) {
+    if (IsHttpsAddress(a)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqOptions& options) {
+  const NsqTls& tls = options.tls;
+  if (!tls.enabled && !UsesHttps(options)) return nullptr;
   auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
   auto bad = [](absl::string_view option, const std::string& file,
                 const boost::system::error_code& ec) {
@@ -107,7 +123,8 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   // Only consumers receive messages; a producer's sample rate would mean nothing.
   if (msg_timeout > absl::ZeroDuration()) c.identify.sample_rate = options_.consuming.sample_rate;
   c.open_count = open_connections_;
-  c.tls_context = tls_context_;
+  // The context may be there for https:// HTTP addresses alone.
+  if (options_.tls.enabled) c.tls_context = tls_context_;
   c.tls_required = options_.tls.required;
   c.tls_server_name = options_.tls.server_name;
   c.tls_verify = !options_.tls.insecure_skip_verify;
@@ -126,14 +143,16 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   return c;
 }
 
-HttpHeaders Core::LookupdHeaders() const {
-  HttpHeaders h{.user_agent = options_.auth.user_agent};
+HttpClient Core::LookupdClient() const {
+  HttpClient h = NsqdClient();
   if (options_.auth.lookupd_authorization) h.bearer = options_.auth.secret;
   return h;
 }
 
-HttpHeaders Core::NsqdHeaders() const {
-  return HttpHeaders{.user_agent = options_.auth.user_agent};
+HttpClient Core::NsqdClient() const {
+  return HttpClient{.user_agent = options_.auth.user_agent,
+                    .tls_context = tls_context_,
+                    .tls_verify = !options_.tls.insecure_skip_verify};
 }
 
 }  // namespace bus::nsq

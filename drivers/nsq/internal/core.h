@@ -42,15 +42,16 @@ namespace bus::nsq {
 
 inline int64_t ToMs(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
-// The client TLS context of `tls` (CAs, client certificate and key, TLS 1.2 or later), shared by
-// every connection; nullptr when TLS is off. InvalidArgument naming the option whose file
+// The client TLS context of `options.tls` (CAs, client certificate and key, TLS 1.2 or later),
+// shared by every connection to nsqd when tls.enabled and by every request to an https://
+// HTTP address; nullptr when neither is used. InvalidArgument naming the option whose file
 // cannot be used.
-absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> NewTlsContext(const NsqTls& tls);
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> NewTlsContext(const NsqOptions& options);
 
 class Core {
  public:
   // `options` must be valid (ValidateNsqOptions) with defaults applied (WithNsqDefaults);
-  // `tls_context` is NewTlsContext(options.tls).
+  // `tls_context` is NewTlsContext(options).
   Core(NsqOptions options, std::shared_ptr<boost::asio::ssl::context> tls_context);
   ~Core();
 
@@ -87,10 +88,11 @@ class Core {
   // Settings for a connection to `address`; `msg_timeout` is the lease asked for in IDENTIFY
   // (zero: nsqd's default; producers receive no messages).
   ConnectionOptions ConnOptions(const std::string& address, absl::Duration msg_timeout) const;
-  // The headers of HTTP requests to nsqlookupd (with the auth secret as a bearer token unless
-  // auth.lookupd_authorization is off) and to nsqd's HTTP API (never the secret).
-  HttpHeaders LookupdHeaders() const;
-  HttpHeaders NsqdHeaders() const;
+  // How HTTP requests go to nsqlookupd (with the auth secret as a bearer token unless
+  // auth.lookupd_authorization is off) and to nsqd's HTTP API (never the secret); both with
+  // the TLS context for https:// addresses.
+  HttpClient LookupdClient() const;
+  HttpClient NsqdClient() const;
 
  private:
   // An io_context whose pending handlers can be destroyed apart from its services. A handler

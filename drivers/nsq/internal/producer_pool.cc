@@ -99,7 +99,7 @@ void ProducerPool::DiscoverIfDue() {
     absl::StatusOr<std::vector<LookupNode>> nodes =
         asio::co_spawn(
             core_->io(),
-            LookupNodes(core_->io(), core_->LookupdHeaders(), lookupd, o.timeouts.connect),
+            LookupNodes(core_->io(), core_->LookupdClient(), lookupd, o.timeouts.connect),
             asio::use_future)
             .get();
     if (!nodes.ok()) {
