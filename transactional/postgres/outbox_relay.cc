@@ -53,8 +53,16 @@ PostgresOutboxRelay::Stats PostgresOutboxRelay::stats() const {
 }
 
 void PostgresOutboxRelay::Run(std::stop_token stop) {
-  // The session's waits on the server's socket end early when `stop` is requested.
-  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  // The session's waits on the server's socket end early when `stop` is requested. The fd is
+  // closed after on_stop is gone: ~stop_callback waits for a callback running on the stopping
+  // thread, which would otherwise write to a closed (or reused) fd.
+  struct WakeFd {
+    ~WakeFd() {
+      if (fd >= 0) close(fd);
+    }
+    const int fd;
+  } wake_fd{eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+  const int wake = wake_fd.fd;
   std::stop_callback on_stop(stop, [wake] {
     const uint64_t one = 1;
     (void)!write(wake, &one, sizeof(one));
@@ -76,7 +84,6 @@ void PostgresOutboxRelay::Run(std::stop_token stop) {
     logger_->Write(r);
     if (SleepAfterFailure(*db_->options().clock, backoff, stop)) break;
   }
-  close(wake);
 }
 
 absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Backoff& backoff) {
