@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/letters.h"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
@@ -478,6 +479,37 @@ TEST(BusctlPostgres, ListCountReplayOnAPostgresUrlWithThePasswordFromLibpq) {
   EXPECT_EQ(r.exit, 1);
   EXPECT_THAT(r.err, HasSubstr("SSL"));
   no_password(r);
+}
+
+// A SQLite file on read-only media (here: a file and directory without write permission, for a
+// busctl that cannot override them): the reading commands work, a writing one says why not.
+TEST(BusctlSqlite, ReadsAFileItCannotWrite) {
+  const std::string dir = MakeTempDir("busctl-ro");
+  const std::string path = dir + "/bus.db";
+  const std::string url = "sqlite://" + path;
+  {
+    absl::StatusOr<std::shared_ptr<DeadLetterStore>> letters = OpenDeadLetterStore(url);
+    ASSERT_TRUE(letters.ok()) << letters.status();
+    for (const char* id : {"a", "b"}) {
+      ASSERT_TRUE((*letters)->Store(testing::Letter("orders", id, "boom")).ok());
+    }
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0444), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0555), 0);
+  const std::string out = testing::RunWithoutFileOverride([&] {
+    const Result count = Busctl({"--stores=" + url, "--json", "dead-letters", "count", "orders"});
+    const Result purge = Busctl({"--stores=" + url, "dead-letters", "purge", "orders", "--yes"});
+    return absl::StrCat(count.exit, "|", count.out, "|", count.err, "|", purge.exit, "|",
+                        purge.err);
+  });
+  chmod(dir.c_str(), 0755);
+  const std::vector<std::string> parts = absl::StrSplit(out, '|');
+  ASSERT_EQ(parts.size(), 5u) << out;
+  EXPECT_EQ(parts[0], "0") << out;
+  EXPECT_THAT(parts[1], HasSubstr("2")) << out;
+  EXPECT_EQ(parts[3], "1") << out;
+  EXPECT_THAT(parts[4], HasSubstr("PERMISSION_DENIED")) << out;
+  EXPECT_THAT(parts[4], HasSubstr("readonly")) << out;
 }
 
 TEST(BusctlHelp, ListsEveryCommandAndFlagWithItsDefault) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "bus/logger.h"
@@ -264,7 +265,19 @@ absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> Invocation::DeadLetters() 
   if (stores_url.empty()) {
     return absl::InvalidArgumentError("no store: give --stores=URL (or set BUS_STORES)");
   }
-  return bus::OpenDeadLetterStore(stores_url);
+  absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> store =
+      bus::OpenDeadLetterStore(stores_url);
+  if (store.ok() || !absl::IsPermissionDenied(store.status()) ||
+      !absl::StartsWithIgnoreCase(stores_url, "sqlite://") ||
+      absl::StrContains(stores_url, "read_only=")) {
+    return store;
+  }
+  // A SQLite file this user cannot write (a read-only mount, another user's file): opened for
+  // reading, the reading commands work, and a writing one fails with the store's
+  // PermissionDenied ("attempt to write a readonly database").
+  absl::StatusOr<std::shared_ptr<bus::DeadLetterStore>> read_only = bus::OpenDeadLetterStore(
+      absl::StrCat(stores_url, absl::StrContains(stores_url, '?') ? "&" : "?", "read_only=true"));
+  return read_only.ok() ? read_only : store;
 }
 
 // Returns the exit code.

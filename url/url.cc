@@ -379,6 +379,7 @@ absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
   p.Integer("max_idle_readers", &o.db.max_idle_readers);
   p.Duration("spin_wait", &o.db.spin_wait);
   p.Bool("background_checkpoints", &o.db.background_checkpoints);
+  p.Bool("read_only", &o.db.read_only);
   p.Integer("purge_batch", &o.dead_letters.purge_batch);
   p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
   p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);

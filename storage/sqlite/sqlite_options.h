@@ -66,6 +66,15 @@ struct SqliteOptions {
   // commit's batch wait for the copy and its fsyncs. Durability is the same either way: a
   // commit never depends on a checkpoint.
   bool background_checkpoints = true;
+
+  // Opens the file for reading only, as an inspection tool does (busctl on another process's
+  // file, or on a read-only mount): the file is never created, migrated or checkpointed, and
+  // every write fails with PermissionDenied. A file in WAL mode whose directory cannot be
+  // written is read through its existing -wal and -shm files, or, when it has no -wal file
+  // (nothing is waiting to be checkpointed), as an immutable file. The file must be at this
+  // library's schema version (FailedPrecondition for an older one: open it once read-write to
+  // upgrade it). URL: sqlite:///path?read_only=true. Default false.
+  bool read_only = false;
 };
 
 // Checks `options` and returns InvalidArgument naming the first bad field.

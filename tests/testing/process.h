@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,13 @@ void RemoveTree(const std::string& path);
 
 // The path of the running test binary (for re-executing it as a child).
 std::string SelfExecutable();
+
+// Runs `fn` in a forked child whose root (if it is root) has lost the capabilities that
+// override file permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER; also for what
+// it executes), so that mode bits hold for it as for any user; returns what `fn` returned, or a
+// sentence saying why the child could not run it. The test's own process keeps its capabilities.
+// `fn` must not use threads the parent started.
+std::string RunWithoutFileOverride(const std::function<std::string()>& fn);
 
 }  // namespace bus::testing
 

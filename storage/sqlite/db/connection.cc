@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bus/clock.h"
 
 namespace bus::sqlite_internal {
@@ -229,12 +230,36 @@ Connection::Connection(std::unique_ptr<sqlite3, SqliteCloser> db, std::string pa
 absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& path,
                                                              absl::Duration busy_timeout,
                                                              SqliteSynchronous synchronous,
-                                                             std::shared_ptr<RandomSource> random) {
+                                                             std::shared_ptr<RandomSource> random,
+                                                             OpenMode mode) {
   sqlite3* raw = nullptr;
   // NOMUTEX: each connection is used by one thread at a time (our own locks see to that), so
   // SQLite's per-connection mutex would be pure overhead.
-  const int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
-  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  int flags = SQLITE_OPEN_NOMUTEX;
+  std::string name = path;
+  switch (mode) {
+    case OpenMode::kReadWrite:
+      flags |= SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+      break;
+    case OpenMode::kReadOnly:
+      flags |= SQLITE_OPEN_READONLY;
+      break;
+    case OpenMode::kImmutable: {
+      // A URI filename: the path percent-encoded where URI syntax would misread it.
+      flags |= SQLITE_OPEN_READONLY | SQLITE_OPEN_URI;
+      name = "file:";
+      for (char c : path) {
+        if (c == '%' || c == '?' || c == '#') {
+          absl::StrAppend(&name, absl::StrFormat("%%%02X", static_cast<unsigned char>(c)));
+        } else {
+          name.push_back(c);
+        }
+      }
+      name += "?immutable=1";
+      break;
+    }
+  }
+  const int rc = sqlite3_open_v2(name.c_str(), &raw, flags, nullptr);
   std::unique_ptr<sqlite3, SqliteCloser> db(raw);
   if (rc != SQLITE_OK) {
     return ExplainOpenError(
@@ -243,10 +268,12 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Open(const std::string& 
   sqlite3_extended_result_codes(db.get(), 1);
   // SQLite quietly falls back to read-only when the file cannot be opened for writing; every
   // store needs to write, so say so now instead of failing on the first write.
-  if (sqlite3_db_readonly(db.get(), "main") == 1) {
+  if (mode == OpenMode::kReadWrite && sqlite3_db_readonly(db.get(), "main") == 1) {
     return ExplainOpenError(
         path, absl::PermissionDeniedError(absl::StrCat(
-                  "SQLite database ", path, " is read-only (no write permission on the file)")));
+                  "SQLite database ", path,
+                  " is read-only (no write permission on the file; to inspect it, open it with "
+                  "SqliteOptions::read_only, sqlite:// read_only=true)")));
   }
   std::unique_ptr<Connection> conn(
       new Connection(std::move(db), path, busy_timeout, std::move(random)));

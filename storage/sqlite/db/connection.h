@@ -127,6 +127,13 @@ class ScopedStatement {
   int bind_rc_ = SQLITE_OK;
 };
 
+// How Connection::Open opens a file.
+enum class OpenMode {
+  kReadWrite,  // created if missing; refused when only reading is allowed
+  kReadOnly,   // SQLITE_OPEN_READONLY: never created or written
+  kImmutable,  // read-only, and SQLite assumes nobody changes the file (no locks, no -shm)
+};
+
 class Connection {
  public:
   // Opens (creating if missing) the database file at `path` for reading and writing, with a
@@ -134,10 +141,11 @@ class Connection {
   // DefaultRandom()) and the given synchronous mode. Does not
   // switch the journal mode or touch the schema (Database does that). Errors as
   // SqliteStatus() maps them, explained by ExplainOpenError() when the directory is to blame;
-  // PermissionDenied when the file can only be opened read-only.
+  // PermissionDenied when the file can only be opened read-only. `mode` other than kReadWrite
+  // opens it for reading only (OpenMode).
   static absl::StatusOr<std::unique_ptr<Connection>> Open(
       const std::string& path, absl::Duration busy_timeout, SqliteSynchronous synchronous,
-      std::shared_ptr<RandomSource> random = nullptr);
+      std::shared_ptr<RandomSource> random = nullptr, OpenMode mode = OpenMode::kReadWrite);
 
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;

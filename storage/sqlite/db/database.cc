@@ -4,6 +4,8 @@
 
 #include "storage/sqlite/db/database.h"
 
+#include <sys/stat.h>
+
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +32,7 @@ absl::StatusOr<std::unique_ptr<Database>> Database::OpenFile(SqliteOptions optio
   if (absl::Status s = ValidateSqliteOptions(options); !s.ok()) return s;
   if (options.clock == nullptr) options.clock = RealClock();
   if (random == nullptr) random = DefaultRandom();
+  if (options.read_only) return OpenReadOnly(std::move(options), std::move(random));
   absl::StatusOr<std::unique_ptr<Connection>> conn =
       Connection::Open(options.path, options.busy_timeout, options.synchronous, random);
   if (!conn.ok()) return conn.status();
@@ -62,13 +65,46 @@ absl::StatusOr<std::unique_ptr<Database>> Database::OpenFile(SqliteOptions optio
     checkpointer = *std::move(opened);
   }
   return std::unique_ptr<Database>(new Database(std::move(options), std::move(random),
-                                                *std::move(conn), std::move(checkpointer)));
+                                                *std::move(conn), std::move(checkpointer),
+                                                OpenMode::kReadWrite));
+}
+
+absl::StatusOr<std::unique_ptr<Database>> Database::OpenReadOnly(
+    SqliteOptions options, std::shared_ptr<RandomSource> random) {
+  // A WAL file is read with the help of its -shm file, which SQLite creates (or writes) when it
+  // can. When the directory or the -shm cannot be written, the first read fails; with no -wal
+  // file beside the database nothing is waiting to be checkpointed, so the file alone holds
+  // every commit and is read as immutable.
+  OpenMode mode = OpenMode::kReadOnly;
+  absl::StatusOr<std::unique_ptr<Connection>> conn =
+      Connection::Open(options.path, options.busy_timeout, options.synchronous, random, mode);
+  absl::StatusOr<int64_t> version =
+      conn.ok() ? ReadSchemaVersion(**conn) : absl::StatusOr<int64_t>(conn.status());
+  struct stat wal;
+  if (!version.ok() && stat((options.path + "-wal").c_str(), &wal) != 0) {
+    mode = OpenMode::kImmutable;
+    conn = Connection::Open(options.path, options.busy_timeout, options.synchronous, random, mode);
+    if (!conn.ok()) return conn.status();
+    version = ReadSchemaVersion(**conn);
+  }
+  if (!version.ok()) return version.status();
+  if (*version > kSchemaVersion) return NewerSchemaError(options.path, *version);
+  if (*version < kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SQLite database ", options.path, " has bus schema version ", *version,
+        "; read-only access needs version ", kSchemaVersion,
+        " (open it read-write once with this library to upgrade it, or it is not a bus file)"));
+  }
+  return std::unique_ptr<Database>(
+      new Database(std::move(options), std::move(random), *std::move(conn), nullptr, mode));
 }
 
 Database::Database(SqliteOptions options, std::shared_ptr<RandomSource> random,
-                   std::unique_ptr<Connection> writer, std::unique_ptr<Connection> checkpointer)
+                   std::unique_ptr<Connection> writer, std::unique_ptr<Connection> checkpointer,
+                   OpenMode mode)
     : options_(std::move(options)),
       random_(std::move(random)),
+      mode_(mode),
       writer_conn_(std::move(writer)),
       ckpt_conn_(std::move(checkpointer)) {
   batch_.reserve(options_.max_batch);
@@ -90,7 +126,8 @@ Database::~Database() {
 }
 
 absl::StatusOr<std::unique_ptr<Connection>> Database::Connect() const {
-  return Connection::Open(options_.path, options_.busy_timeout, options_.synchronous, random_);
+  return Connection::Open(options_.path, options_.busy_timeout, options_.synchronous, random_,
+                          mode_);
 }
 
 absl::Status Database::Ping() {

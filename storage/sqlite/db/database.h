@@ -102,10 +102,15 @@ class Database {
   // Open() without the explanation of an error whose cause is the file's directory.
   static absl::StatusOr<std::unique_ptr<Database>> OpenFile(SqliteOptions options,
                                                             std::shared_ptr<RandomSource> random);
+  // OpenFile() with options.read_only (SqliteOptions::read_only).
+  static absl::StatusOr<std::unique_ptr<Database>> OpenReadOnly(
+      SqliteOptions options, std::shared_ptr<RandomSource> random);
 
-  // `checkpointer`: the helper's connection, or null without background checkpoints.
+  // `checkpointer`: the helper's connection, or null without background checkpoints. `mode`:
+  // how `writer` was opened, and every later connection is.
   Database(SqliteOptions options, std::shared_ptr<RandomSource> random,
-           std::unique_ptr<Connection> writer, std::unique_ptr<Connection> checkpointer);
+           std::unique_ptr<Connection> writer, std::unique_ptr<Connection> checkpointer,
+           OpenMode mode);
 
   // A new connection to the file, with this database's options.
   absl::StatusOr<std::unique_ptr<Connection>> Connect() const;
@@ -150,6 +155,8 @@ class Database {
 
   const SqliteOptions options_;
   const std::shared_ptr<RandomSource> random_;
+  // How every connection opens the file (read-only ones: SqliteOptions::read_only).
+  const OpenMode mode_;
 
   // Group commit queue (as in LevelDB's write path): callers line up; the one that finds no
   // leader leads, takes the writers queued at that moment (itself first) into its batch, runs

@@ -7,11 +7,8 @@
 #include "storage/sqlite/db/database.h"
 
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -338,16 +335,14 @@ TEST_F(SqliteDatabaseTest, ADatabaseFromANewerSchemaVersionIsRefusedAndLeftAlone
             "99");
 }
 
-// Drops the capabilities that let root write a file without write permission, so that a test
-// running as root sees file modes the way any other user does.
-bool DropFileOverrideCapabilities() {
-  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2] = {};
-  if (syscall(SYS_capget, &header, data) != 0) return false;
-  const uint32_t drop = (1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH) | (1u << CAP_FOWNER);
-  data[0].effective &= ~drop;
-  data[0].permitted &= ~drop;
-  return syscall(SYS_capset, &header, data) == 0;
+// Opens `options` in a child process that runs without root's file-permission override (so a
+// test running as root sees mode bits as any other user does) and returns the status's code and
+// message as "<code>: <message>" ("OK: " when it opened).
+std::string OpenWithoutFileOverride(const SqliteOptions& options) {
+  return testing::RunWithoutFileOverride([&] {
+    const absl::Status s = SqliteDatabase::Open(options).status();
+    return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+  });
 }
 
 TEST_F(SqliteDatabaseTest, AReadOnlyFileIsRefusedAndLeftAlone) {
@@ -355,18 +350,10 @@ TEST_F(SqliteDatabaseTest, AReadOnlyFileIsRefusedAndLeftAlone) {
   ASSERT_EQ(chmod(options_.path.c_str(), 0444), 0);
   const std::string before = ReadFile(options_.path);
   // In a child process, so that dropping root's capabilities does not affect other tests.
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    if (geteuid() == 0 && !DropFileOverrideCapabilities()) _exit(100);
-    const absl::Status s = SqliteDatabase::Open(options_).status();
-    const bool named = absl::StrContains(s.message(), "read-only");
-    _exit(named ? static_cast<int>(s.code()) : 101);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  const std::string result = OpenWithoutFileOverride(options_);
+  EXPECT_THAT(result, HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(result, HasSubstr("is read-only"));
+  EXPECT_THAT(result, HasSubstr("read_only=true"));  // says how to open it for reading
   EXPECT_EQ(ReadFile(options_.path), before);
 }
 
@@ -395,37 +382,6 @@ TEST_F(SqliteDatabaseTest, ADirectoryThatIsAFileOrADatabasePathThatIsADirectoryI
   s = SqliteDatabase::Open(options_).status();
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(dir_, " is a directory, not a file")));
-}
-
-// Opens `options` in a child process that runs without root's file-permission override (so a
-// test running as root sees mode bits as any other user does) and returns the status's code and
-// message as "<code>: <message>" ("OK: " when it opened).
-std::string OpenWithoutFileOverride(const SqliteOptions& options) {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = fork();
-  if (pid < 0) return "fork failed";
-  if (pid == 0) {
-    close(fds[0]);
-    std::string out;
-    if (geteuid() == 0 && !DropFileOverrideCapabilities()) {
-      out = "cannot drop capabilities";
-    } else {
-      const absl::Status s = SqliteDatabase::Open(options).status();
-      out = absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
-    }
-    const ssize_t written = write(fds[1], out.data(), out.size());
-    _exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return out;
 }
 
 TEST_F(SqliteDatabaseTest, ADirectoryThatIsNotWritableIsNamedForANewFile) {
