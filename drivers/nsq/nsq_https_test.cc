@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "gtest/gtest.h"
@@ -144,16 +143,16 @@ TEST(NsqHttpsTest, HttpsForTheHttpCallsAloneKeepsTcpPlain) {
   ExpectDiscoveredRoundTrip(c, o, "plaintcpq", 10);
 }
 
-// Ping fails within the connect timeout with `code` and a message holding `text`.
+// Ping fails with `code` and a message holding `text`, from the server's answer: not from a
+// deadline (a request that hung would end "timed out after").
 void ExpectPingRefused(NsqOptions o, absl::StatusCode code, absl::string_view text) {
   auto driver = MakeDriver(std::move(o));
   ASSERT_NE(driver, nullptr);
-  const absl::Time start = absl::Now();
   const absl::Status ping = driver->Ping(absl::Seconds(10));
   EXPECT_EQ(ping.code(), code) << ping;
   EXPECT_TRUE(absl::StrContains(ping.message(), text)) << ping;
   EXPECT_TRUE(absl::StrContains(ping.message(), "nsqlookupd")) << ping;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(9)) << "waited past the connect timeout";
+  EXPECT_FALSE(absl::StrContains(ping.message(), "timed out")) << ping;
 }
 
 TEST(NsqHttpsTest, AnUntrustedCertificateIsRefused) {
