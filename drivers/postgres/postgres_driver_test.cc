@@ -2,8 +2,8 @@
 // starts itself: a waiting consumer is woken by the NOTIFY of a send (and by the due time of a
 // delayed one) with no polling to help it; a send on the user's own libpq connection is part of
 // the user's transaction (a rollback sends nothing, a commit exactly the rows sent); and after
-// the server is shut down mid-stream and started again, producer and consumer resume and nothing
-// that was accepted is lost.
+// the server is shut down (fast or immediate) mid-stream and started again, producer and consumer
+// resume and nothing that was accepted is lost.
 
 #include "drivers/postgres/postgres_driver.h"
 
@@ -172,10 +172,21 @@ TEST(PostgresDriverTest, SendsOnTheUsersConnectionCommitAndRollBackWithItsTransa
       driver->SendToQueue(static_cast<PGconn*>(nullptr), "q", {"x", "y", {}}).status()));
 }
 
-// The server is shut down (fast: every client is disconnected) while a producer sends and a
-// Handler consumes, then started again: both resume, and every message whose send returned OK
-// is handled.
-TEST(PostgresDriverTest, ProducerAndConsumerResumeAfterTheServerRestarts) {
+// The server is shut down (fast: every client is disconnected and open transactions roll back;
+// immediate: it exits at once and recovers from the WAL at the next start) while a producer
+// sends and a Handler consumes, then started again: both resume, and every message whose send
+// returned OK is handled.
+class PostgresRestartTest : public ::testing::TestWithParam<PostgresServer::Shutdown> {};
+
+INSTANTIATE_TEST_SUITE_P(Modes, PostgresRestartTest,
+                         ::testing::Values(PostgresServer::Shutdown::kFast,
+                                           PostgresServer::Shutdown::kImmediate),
+                         [](const auto& info) {
+                           return info.param == PostgresServer::Shutdown::kFast ? "fast"
+                                                                                : "immediate";
+                         });
+
+TEST_P(PostgresRestartTest, ProducerAndConsumerResumeAfterTheServerRestarts) {
   absl::StatusOr<std::unique_ptr<PostgresServer>> server = PostgresServer::Start({});
   ASSERT_TRUE(server.ok()) << server.status();
   PostgresOptions db;
@@ -223,7 +234,7 @@ TEST(PostgresDriverTest, ProducerAndConsumerResumeAfterTheServerRestarts) {
   };
   ASSERT_TRUE(WaitUntil([&] { return handled_count() >= 50; }, absl::Seconds(60)));
 
-  ASSERT_TRUE((*server)->Restart(PostgresServer::Shutdown::kFast).ok());
+  ASSERT_TRUE((*server)->Restart(GetParam()).ok());
   const int before = accepted.load();
   // Both resume: new messages are accepted and handled after the restart.
   EXPECT_TRUE(WaitUntil([&] { return accepted.load() >= before + 50; }, absl::Seconds(90)));
