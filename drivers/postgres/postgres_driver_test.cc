@@ -1,16 +1,22 @@
 // What the PostgreSQL driver does beyond the conformance suite, against a real server the test
 // starts itself: a waiting consumer is woken by the NOTIFY of a send (and by the due time of a
-// delayed one) with no polling to help it; a send on the user's own libpq connection is part of
-// the user's transaction (a rollback sends nothing, a commit exactly the rows sent); and after
-// the server is shut down (fast or immediate) mid-stream and started again, producer and consumer
-// resume and nothing that was accepted is lost.
+// delayed one) with no polling to help it, and idle consumers send one reserve per fallback
+// poll; a send on the user's own libpq connection is part of the user's transaction (a rollback
+// sends nothing, a commit exactly the rows sent); and after the server is shut down (fast or
+// immediate) mid-stream and started again, producer and consumer resume and nothing that was
+// accepted is lost.
 
 #include "drivers/postgres/postgres_driver.h"
 
+#include <sys/resource.h>
+
 #include <atomic>
+#include <fstream>
 #include <future>
+#include <iostream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +35,13 @@
 
 namespace bus::testing {
 namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 // The conformance suites come with the harness; this binary runs none of them.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DriverConformanceTest);
@@ -93,6 +106,62 @@ TEST(PostgresDriverTest, AWaitingConsumerWakesWhenADelayedMessageFallsDue) {
   EXPECT_EQ(ds[0].data, "due");
   EXPECT_GE(absl::Now() - sent, absl::Seconds(1));
   EXPECT_TRUE((*consumer)->Ack(ds[0].receipt).ok());
+}
+
+// Idle consumers do not poll: 10 consumers wait 5 s on an empty queue with a 1 s fallback poll,
+// and the server's statement log shows about one reserve per consumer per second (polling at
+// the consumer's shortest wait would be hundreds). The process's CPU time over the wait is
+// printed (docs/postgres-driver.md quotes it).
+TEST(PostgresDriverTest, IdleConsumersSendOneReservePerFallbackPoll) {
+  absl::StatusOr<std::unique_ptr<PostgresServer>> server =
+      PostgresServer::Start({.settings = {"log_statement=all"}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  PostgresOptions db;
+  db.conninfo = (*server)->Url();
+  db.schema = "idle";
+  absl::StatusOr<std::shared_ptr<PostgresDriver>> driver =
+      NewPostgresDriver(db, {.fallback_poll = absl::Seconds(1)});
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  constexpr int kConsumers = 10;
+  constexpr absl::Duration kIdle = absl::Seconds(5);
+  std::vector<std::unique_ptr<Consumer>> consumers;
+  for (int i = 0; i < kConsumers; ++i) {
+    auto c = (*driver)->NewConsumer(absl::StrCat("idle-", i), {1, absl::Seconds(30)});
+    ASSERT_TRUE(c.ok()) << c.status();
+    consumers.push_back(*std::move(c));
+  }
+  const auto reserves = [&] {
+    const std::string log = ReadFile(absl::StrCat((*server)->dir(), "/postgres.log"));
+    int n = 0;
+    for (size_t at = log.find("SKIP LOCKED"); at != std::string::npos;
+         at = log.find("SKIP LOCKED", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  const int reserves_before = reserves();
+  std::vector<std::thread> waiting;
+  for (auto& c : consumers) {
+    waiting.emplace_back([&c, kIdle] {
+      std::vector<Delivery> out;
+      EXPECT_TRUE(c->Receive(1, kIdle, {}, &out).ok());
+      EXPECT_TRUE(out.empty());
+    });
+  }
+  for (std::thread& t : waiting) t.join();
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  const int n = reserves() - reserves_before;
+  const auto cpu = [](const rusage& r) {
+    return absl::DurationFromTimeval(r.ru_utime) + absl::DurationFromTimeval(r.ru_stime);
+  };
+  std::cout << kConsumers << " idle consumers over " << kIdle << ": " << n
+            << " reserve statements, process CPU " << (cpu(after) - cpu(before)) << std::endl;
+  // One at the start and one per fallback poll, each; a little slack for timing.
+  EXPECT_GE(n, kConsumers);
+  EXPECT_LE(n, kConsumers * (5 + 2));
 }
 
 // A libpq connection of the test's own, as a service would hold one.
