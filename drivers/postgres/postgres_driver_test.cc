@@ -108,6 +108,29 @@ TEST(PostgresDriverTest, AWaitingConsumerWakesWhenADelayedMessageFallsDue) {
   EXPECT_TRUE((*consumer)->Ack(ds[0].receipt).ok());
 }
 
+TEST(PostgresDriverTest, BadOptionsNameTheirField) {
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(NewPostgresDriver(std::shared_ptr<PostgresDatabase>(), {}).status()));
+  const PostgresOptions db = FreshPostgresOptions();
+  for (const auto& [options, field] : std::vector<std::pair<PostgresDriverOptions, std::string>>{
+           {{.fallback_poll = absl::ZeroDuration()}, "fallback_poll"},
+           {{.max_message_bytes = 0}, "max_message_bytes"},
+           {{.reserve_batch = 0}, "reserve_batch"}}) {
+    absl::Status st = NewPostgresDriver(db, options).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st;
+  }
+  PostgresOptions bad = db;
+  bad.schema = "Not A Schema";
+  EXPECT_TRUE(absl::IsInvalidArgument(NewPostgresDriver(bad).status()));
+  // A message over max_message_bytes is refused before any I/O.
+  absl::StatusOr<std::shared_ptr<PostgresDriver>> small =
+      NewPostgresDriver(db, {.max_message_bytes = 4});
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(absl::IsInvalidArgument((*small)->SendToQueue("q", "12345", absl::ZeroDuration())));
+  EXPECT_TRUE((*small)->SendToQueue("q", "1234", absl::ZeroDuration()).ok());
+}
+
 // Idle consumers do not poll: 10 consumers wait 5 s on an empty queue with a 1 s fallback poll,
 // and the server's statement log shows about one reserve per consumer per second (polling at
 // the consumer's shortest wait would be hundreds). The process's CPU time over the wait is
