@@ -60,14 +60,16 @@ inline constexpr char kSendSql[] =
 // Reserves up to $2 ready messages of queue $1 for lease owner $3 (a random token per reserve)
 // for $4 microseconds: the ready rows are those due by now, expired leases included; each gets
 // its attempt counted and its due_at moved to the lease's end. SKIP LOCKED lets competing
-// consumers take disjoint rows without waiting for each other.
+// consumers take disjoint rows without waiting for each other. The picked ids are an array (an
+// InitPlan run once) that the UPDATE looks up in the primary key: a join of the picked rows
+// back to the table lets a generic plan choose a merge join that reads the primary key from its
+// start, through every older row (a million delayed messages: 0.8 s instead of 0.5 ms).
 inline constexpr char kReserveSql[] =
-    "WITH picked AS (SELECT id FROM {schema}.queue_messages "
-    "  WHERE queue = $1 AND due_at <= now() "
-    "  ORDER BY due_at, id LIMIT $2::bigint FOR UPDATE SKIP LOCKED) "
     "UPDATE {schema}.queue_messages m SET attempts = m.attempts + 1, lease_owner = $3::bigint, "
     "  due_at = now() + $4::bigint * interval '1 microsecond' "
-    "FROM picked WHERE m.id = picked.id "
+    "WHERE m.id = ANY (ARRAY(SELECT id FROM {schema}.queue_messages "
+    "  WHERE queue = $1 AND due_at <= now() "
+    "  ORDER BY due_at, id LIMIT $2::bigint FOR UPDATE SKIP LOCKED)) "
     "RETURNING m.id, m.payload, m.attempts";
 
 // $1 the queue: microseconds from now until its earliest row is due (a delayed message or a
@@ -76,23 +78,26 @@ inline constexpr char kNextDueSql[] =
     "SELECT (extract(epoch FROM min(due_at) - now()) * 1000000)::bigint "
     "FROM {schema}.queue_messages WHERE queue = $1";
 
-// Settling, by $1 id and $2 lease owner: no row changed means the lease was lost.
+// Settling, by $1 id and $2 lease owner: no row changed means the lease was lost. The forms
+// for several deliveries ($1, $2 arrays of ids and owners) look the ids up in the primary key
+// (id = ANY) and match the owners in a semi-join, for the reason kReserveSql gives.
 inline constexpr char kAckSql[] =
     "DELETE FROM {schema}.queue_messages WHERE id = $1::bigint AND lease_owner = $2::bigint";
 inline constexpr char kAckManySql[] =
-    "DELETE FROM {schema}.queue_messages m USING unnest($1::bigint[], $2::bigint[]) AS r(id, "
-    "owner) "
-    "WHERE m.id = r.id AND m.lease_owner = r.owner RETURNING m.id";
+    "DELETE FROM {schema}.queue_messages m WHERE m.id = ANY ($1::bigint[]) "
+    "AND (m.id, m.lease_owner) IN (SELECT * FROM unnest($1::bigint[], $2::bigint[])) "
+    "RETURNING m.id";
 inline constexpr char kExtendSql[] =
     "UPDATE {schema}.queue_messages SET due_at = clock_timestamp() + $3::bigint * interval "
     "'1 microsecond' WHERE id = $1::bigint AND lease_owner = $2::bigint";
-// Gives deliveries back ($1 ids, $2 their owners) due after $3 microseconds, and wakes the
-// queue's consumers: one row per queue whose deliveries came back.
+// Gives deliveries back due after $3 microseconds, and wakes the queue's consumers ($4 the
+// schema): one row per queue whose deliveries came back.
 inline constexpr char kNackSql[] =
     "WITH back AS (UPDATE {schema}.queue_messages m SET lease_owner = NULL, "
     "  due_at = clock_timestamp() + $3::bigint * interval '1 microsecond' "
-    "  FROM unnest($1::bigint[], $2::bigint[]) AS r(id, owner) "
-    "  WHERE m.id = r.id AND m.lease_owner = r.owner RETURNING m.id, m.queue) "
+    "  WHERE m.id = ANY ($1::bigint[]) "
+    "  AND (m.id, m.lease_owner) IN (SELECT * FROM unnest($1::bigint[], $2::bigint[])) "
+    "  RETURNING m.id, m.queue) "
     "SELECT count(*) AS n, pg_notify(" BUS_PG_QUEUE_CHANNEL("$4::text", "queue") ", '') "
     "FROM back GROUP BY queue";
 
