@@ -1,6 +1,6 @@
-// Driver: the broker behind the Handler. Three implementations (drivers/memory, drivers/redis,
-// drivers/nsq) show the same observable behaviour, checked by one conformance suite
-// (tests/driver_conformance.h). The contract, clause by clause, is docs/driver-contract.md.
+// Driver: the broker behind the Handler. Four implementations (drivers/memory, drivers/redis,
+// drivers/nsq, drivers/postgres) show the same observable behaviour, checked by one conformance
+// suite (tests/driver_conformance.h). The contract, clause by clause, is docs/driver-contract.md.
 //
 // A driver moves opaque byte strings (envelopes, bus/envelope.h); it never decodes them.
 //
@@ -170,7 +170,7 @@ class Driver {
  public:
   virtual ~Driver() = default;
 
-  // The driver's name for logs ("memory", "redis", "nsq").
+  // The driver's name for logs ("memory", "redis", "nsq", "postgres").
   virtual absl::string_view name() const = 0;
 
   // The clock the driver measures delays and leases with (the memory driver's injected clock;

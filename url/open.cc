@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
+#include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/postgres/idempotency_store.h"
@@ -54,6 +55,15 @@ bool IsRedis(const ParsedUrl& url) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const OpenOverrides& o) {
+  if (IsPostgresUrl(text)) {
+    // As for the stores: libpq parses the URL; the driver's tables live in its schema.
+    absl::StatusOr<PostgresUrlOptions> pg = PostgresOptionsFromUrl(text);
+    if (!pg.ok()) return pg.status();
+    if (o.clock != nullptr) pg->db.clock = o.clock;
+    absl::StatusOr<std::shared_ptr<PostgresDriver>> driver = NewPostgresDriver(pg->db);
+    if (!driver.ok()) return driver.status();
+    return std::shared_ptr<Driver>(*std::move(driver));
+  }
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
   if (url->scheme == "memory") {
@@ -73,7 +83,7 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
     if (o.logger != nullptr) nsq->logger = o.logger;
     return NewNsqDriver(*std::move(nsq));
   }
-  return UnknownScheme(*url, "memory, redis, nsq");
+  return UnknownScheme(*url, "memory, redis, nsq, postgres");
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {

@@ -1,4 +1,5 @@
-// OpenStores on a postgres:// URL against a real server: both stores on one database and schema.
+// OpenStores and OpenDriver on a postgres:// URL against a real server: both stores and the
+// driver on one database and schema.
 
 #include <memory>
 #include <string>
@@ -36,6 +37,26 @@ TEST(PostgresOpenStores, BothStoresLiveInTheUrlsSchema) {
   absl::StatusOr<std::shared_ptr<DeadLetterStore>> letters = OpenDeadLetterStore(url);
   ASSERT_TRUE(letters.ok());
   EXPECT_EQ(*(*letters)->Count("orders"), 1);
+}
+
+TEST(PostgresOpenDriver, TheDriversTablesLiveInTheUrlsSchema) {
+  absl::StatusOr<std::unique_ptr<testing::PostgresServer>> server =
+      testing::PostgresServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string url = absl::StrCat((*server)->Url(), "?schema=orders_bus&sslmode=disable");
+  absl::StatusOr<std::shared_ptr<Driver>> driver = OpenDriver(url);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  EXPECT_EQ((*driver)->name(), "postgres");
+  ASSERT_TRUE((*driver)->SendToQueue("orders", "hello", absl::ZeroDuration()).ok());
+  absl::StatusOr<std::vector<std::string>> rows = (*server)->Exec(
+      "SELECT queue || ' ' || encode(payload, 'escape') FROM "
+      "orders_bus.queue_messages");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_THAT(*rows, ElementsAre("orders hello"));
+  // A bad URL parameter is refused up front, without the password.
+  absl::StatusOr<std::shared_ptr<Driver>> bad = OpenDriver(absl::StrCat(url, "&max_connections=0"));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_EQ(bad.status().message().find((*server)->options().password), std::string::npos);
 }
 
 }  // namespace

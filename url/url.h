@@ -125,7 +125,8 @@ struct SqliteUrlOptions {
 // the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
 absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
-// What a postgres:// URL sets: the database and each store's own options.
+// What a postgres:// URL sets: the database (the driver's, in OpenDriver) and each store's own
+// options.
 struct PostgresUrlOptions {
   PostgresOptions db{};
   PostgresDeadLetterOptions dead_letters{};

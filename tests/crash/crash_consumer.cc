@@ -15,6 +15,10 @@
 // by an INSERT of its own (its own transaction, committed before `handle` returns), with the
 // inbox by the same INSERT in the inbox's transaction.
 //
+// With --pg_driver (and --postgres) the queue is the PostgreSQL driver's, on the stores'
+// database, instead of Redis's; with --inbox the invoice is then sent by the driver inside the
+// inbox's transaction (transactional enqueue: no outbox, no relay).
+//
 // With --sleep_after=K the K-th call of the effect in this run (counted from 1) writes
 // "sleeping in the effect of <biz_uid>" to stderr after its INSERT and then sleeps until the
 // process is killed: with the inbox inside the open transaction, without it between the
@@ -40,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
+#include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/postgres/idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
@@ -69,6 +74,9 @@ ABSL_FLAG(std::string, postgres, "",
           "libpq connection string: PostgreSQL stores and effects instead of SQLite's "
           "(--stores_db and --effects_db are not used)");
 ABSL_FLAG(std::string, pg_schema, "crash", "schema of the PostgreSQL stores and effects table");
+ABSL_FLAG(bool, pg_driver, false,
+          "the queues are the PostgreSQL driver's on --postgres (not Redis's); with --inbox the "
+          "invoice is sent by the driver in the inbox's transaction");
 ABSL_FLAG(int, sleep_after, 0,
           "the effect's K-th call in this run sleeps after its INSERT until the process is "
           "killed (0: never)");
@@ -200,10 +208,15 @@ int main(int argc, char** argv) {
   const std::string pg_schema = absl::GetFlag(FLAGS_pg_schema);
   SleepInEffect sleeper(absl::GetFlag(FLAGS_sleep_after));
 
-  bus::RedisOptions redis;
-  redis.port = absl::GetFlag(FLAGS_redis_port);
-  absl::StatusOr<std::shared_ptr<bus::Driver>> driver = bus::NewRedisDriver(redis);
-  if (!driver.ok()) return Fail(driver.status());
+  const bool pg_driver = absl::GetFlag(FLAGS_pg_driver);
+  std::shared_ptr<bus::Driver> driver;
+  if (!pg_driver) {
+    bus::RedisOptions redis;
+    redis.port = absl::GetFlag(FLAGS_redis_port);
+    absl::StatusOr<std::shared_ptr<bus::Driver>> opened = bus::NewRedisDriver(redis);
+    if (!opened.ok()) return Fail(opened.status());
+    driver = *std::move(opened);
+  }
 
   // The stores, and in inbox mode the inbox, on SQLite or PostgreSQL.
   std::shared_ptr<bus::DeadLetterStore> dead_letters;
@@ -240,18 +253,29 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(pg);
     if (!db.ok()) return Fail(db.status());
     dead_letters = bus::NewPostgresDeadLetterStore(*db);
+    std::shared_ptr<bus::PostgresDriver> queues;
+    if (pg_driver) {
+      absl::StatusOr<std::shared_ptr<bus::PostgresDriver>> opened = bus::NewPostgresDriver(*db);
+      if (!opened.ok()) return Fail(opened.status());
+      queues = *opened;
+      driver = queues;
+    }
     if (inbox_mode) {
-      absl::StatusOr<std::shared_ptr<bus::PostgresInbox>> inbox = bus::NewPostgresInbox(*db);
+      // With the PostgreSQL driver nothing goes through the outbox: no relay.
+      absl::StatusOr<std::shared_ptr<bus::PostgresInbox>> inbox =
+          bus::NewPostgresInbox(*db, {.relay_in_handler = !pg_driver});
       if (!inbox.ok()) return Fail(inbox.status());
       keys = *inbox;
       const std::string insert = absl::StrCat("INSERT INTO ", pg_schema,
                                               ".effects (biz_uid, incarnation) VALUES ($1, $2)");
-      transactional = (*inbox)->Handle([&, invoices, insert](const bus::Message& msg,
-                                                             bus::PostgresTransaction& tx) {
+      transactional = (*inbox)->Handle([&, invoices, insert, queues](const bus::Message& msg,
+                                                                     bus::PostgresTransaction& tx) {
         absl::StatusOr<int64_t> n = tx.Execute(insert, {msg.biz_uid, absl::StrCat(incarnation)});
         if (!n.ok()) return n.status();
         sleeper.MaybeSleep(msg.biz_uid);
-        return tx.SendToQueue(invoices, bus::Outgoing{msg.biz_uid, msg.payload, {}}).status();
+        bus::Outgoing invoice{msg.biz_uid, msg.payload, {}};
+        if (queues != nullptr) return queues->SendToQueue(tx, invoices, invoice).status();
+        return tx.SendToQueue(invoices, std::move(invoice)).status();
       });
     } else {
       keys = bus::NewPostgresIdempotencyStore(*db);
@@ -275,7 +299,8 @@ int main(int argc, char** argv) {
 
   bus::HandlerOptions options;
   options.queue = absl::GetFlag(FLAGS_queue);
-  options.driver = *driver;
+  if (driver == nullptr) return Fail(absl::InvalidArgumentError("--pg_driver needs --postgres"));
+  options.driver = driver;
   options.stores.dead_letters = dead_letters;
   options.stores.idempotency = keys;
   options.observability.logger = bus::StderrLogger(bus::LogLevel::kWarning);

@@ -1,10 +1,11 @@
 // The crash test with and without the inbox, on SQLite and on PostgreSQL: 3000 messages on a
-// Redis queue, a consumer child process (crash_consumer) killed with SIGKILL 12 times and
-// restarted, then a last run that drains the queue and stops cleanly. Every other kill is forced
-// inside the effect: the run's effect sleeps after its INSERT (--sleep_after) and the test kills
-// it there; with the inbox that is inside the open transaction (on PostgreSQL the test sees it
-// in pg_stat_activity, "idle in transaction" with a transaction id, before it kills), without it
-// between the committed effect and the mark-done. The other kills land at random moments.
+// Redis queue (or the PostgreSQL driver's), a consumer child process (crash_consumer) killed with
+// SIGKILL 12 times and restarted, then a last run that drains the queue and stops cleanly. Every
+// other kill is forced inside the effect: the run's effect sleeps after its INSERT (--sleep_after)
+// and the test kills it there; with the inbox that is inside the open transaction (on PostgreSQL
+// the test sees it in pg_stat_activity, "idle in transaction" with a transaction id, before it
+// kills), without it between the committed effect and the mark-done. The other kills land at random
+// moments.
 //
 //  - With the inbox (--inbox; batch_size 1 and 64): each effect row is written in the inbox's
 //    transaction, so every message has exactly one effect row, none missing; and every
@@ -15,6 +16,10 @@
 //    tests/crash/crash_test.cc): the same kills repeat effects, the window between `handle` and
 //    mark-done that docs/pipeline.md describes. So the test shows the difference the inbox
 //    makes.
+//
+// - With the PostgreSQL driver (PostgresDriver; --pg_driver) and the inbox: the queues are
+//    tables of the stores' database and each invoice is sent by the driver inside the inbox's
+//    transaction (no outbox, no relay), so every invoice is delivered exactly once.
 //
 // The kill moments come from a seeded generator (printed; BUS_CRASH_SEED replays one): before
 // a random kill the test waits until the running child has added a random number of effects;
@@ -38,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/publisher.h"
+#include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/crash/crash_files.h"
@@ -54,7 +60,8 @@ constexpr int kKills = 12;
 constexpr char kQueue[] = "crash";
 constexpr char kInvoices[] = "crash-invoices";
 
-enum class Backend { kSqlite, kPostgres };
+// kPostgresDriver: PostgreSQL stores and the PostgreSQL driver (no Redis).
+enum class Backend { kSqlite, kPostgres, kPostgresDriver };
 
 struct Mode {
   Backend backend;
@@ -76,13 +83,18 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   const uint32_t seed = *seed_or;
   std::mt19937 random(seed);
 
-  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
-  ASSERT_TRUE(server.ok()) << server.status();
+  const bool pg_driver = mode.backend == Backend::kPostgresDriver;
+  std::unique_ptr<RedisServer> redis_server;
+  if (!pg_driver) {
+    absl::StatusOr<std::unique_ptr<RedisServer>> started = RedisServer::Start({});
+    ASSERT_TRUE(started.ok()) << started.status();
+    redis_server = *std::move(started);
+  }
   const std::string dir = MakeTempDir("inbox_crash");
   const std::string stores_db = dir + "/stores.db";
   std::unique_ptr<PostgresServer> postgres;
   std::unique_ptr<EffectsTable> effects;
-  if (mode.backend == Backend::kPostgres) {
+  if (mode.backend != Backend::kSqlite) {
     absl::StatusOr<std::unique_ptr<PostgresServer>> started = PostgresServer::Start({});
     ASSERT_TRUE(started.ok()) << started.status();
     postgres = *std::move(started);
@@ -94,20 +106,33 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   }
   ASSERT_TRUE(effects->CreateTable());
 
-  RedisOptions redis;
-  redis.port = (*server)->port();
-  absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(redis);
+  absl::StatusOr<std::shared_ptr<Driver>> driver;
+  if (pg_driver) {
+    PostgresOptions pg;
+    pg.conninfo = postgres->Url();
+    pg.schema = "crash";
+    absl::StatusOr<std::shared_ptr<PostgresDriver>> opened = NewPostgresDriver(pg);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    driver = std::shared_ptr<Driver>(*opened);
+  } else {
+    RedisOptions redis;
+    redis.port = redis_server->port();
+    driver = NewRedisDriver(redis);
+  }
   ASSERT_TRUE(driver.ok()) << driver.status();
   ASSERT_TRUE(PublishNumbered(*driver, kQueue, kMessages).ok());
 
   // sleep_after: the run's effect call that sleeps until killed (0: none).
   auto start = [&](int incarnation, int sleep_after) {
-    std::vector<std::string> argv = {ConsumerBinary(),
-                                     absl::StrCat("--redis_port=", (*server)->port()),
-                                     absl::StrCat("--queue=", kQueue),
+    std::vector<std::string> argv = {ConsumerBinary(), absl::StrCat("--queue=", kQueue),
                                      absl::StrCat("--incarnation=", incarnation),
                                      absl::StrCat("--batch_size=", mode.batch_size),
                                      absl::StrCat("--sleep_after=", sleep_after)};
+    if (redis_server != nullptr) {
+      argv.push_back(absl::StrCat("--redis_port=", redis_server->port()));
+    } else {
+      argv.push_back("--pg_driver");
+    }
     if (postgres != nullptr) {
       argv.push_back(absl::StrCat("--postgres=", postgres->Url()));
       argv.push_back("--pg_schema=crash");
@@ -215,8 +240,10 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   }
   EXPECT_EQ(missing, 0);
   EXPECT_EQ(per_message.size(), static_cast<size_t>(kMessages));
-  std::cout << (mode.backend == Backend::kPostgres ? "postgres" : "sqlite") << ", "
-            << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
+  std::cout << (mode.backend == Backend::kSqlite ? "sqlite"
+                : pg_driver                      ? "postgres driver"
+                                                 : "postgres")
+            << ", " << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
             << ", seed " << seed << ": " << kKills << " kills (" << forced << " inside the effect";
   if (postgres != nullptr && mode.inbox) {
     std::cout << ", " << seen_open << " seen in an open transaction";
@@ -236,6 +263,13 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
     }
     EXPECT_EQ(missing_invoices, 0);
     EXPECT_EQ(unstable, 0) << "an invoice was sent with more than one id";
+    if (pg_driver) {
+      // Sent in the effect's transaction: exactly once each, and nothing else left behind.
+      EXPECT_EQ(invoice_deliveries, kMessages) << "an invoice was sent more than once";
+      absl::StatusOr<QueueCounts> left = (*driver)->InspectQueue(kInvoices);
+      ASSERT_TRUE(left.ok()) << left.status();
+      EXPECT_EQ(left->ready + left->delayed + left->in_flight, 0);
+    }
     std::cout << "; invoices: " << invoice_deliveries << " deliveries for " << invoice_ids.size()
               << " messages, " << missing_invoices << " missing";
   } else {
@@ -251,9 +285,14 @@ INSTANTIATE_TEST_SUITE_P(
     Modes, InboxCrashTest,
     ::testing::Values(Mode{Backend::kSqlite, 1, true}, Mode{Backend::kSqlite, 64, true},
                       Mode{Backend::kSqlite, 64, false}, Mode{Backend::kPostgres, 1, true},
-                      Mode{Backend::kPostgres, 64, true}, Mode{Backend::kPostgres, 64, false}),
+                      Mode{Backend::kPostgres, 64, true}, Mode{Backend::kPostgres, 64, false},
+                      Mode{Backend::kPostgresDriver, 1, true},
+                      Mode{Backend::kPostgresDriver, 64, true}),
     [](const ::testing::TestParamInfo<Mode>& info) {
-      return absl::StrCat(info.param.backend == Backend::kPostgres ? "Postgres" : "Sqlite",
+      const Backend b = info.param.backend;
+      return absl::StrCat(b == Backend::kSqlite     ? "Sqlite"
+                          : b == Backend::kPostgres ? "Postgres"
+                                                    : "PostgresDriver",
                           info.param.inbox ? "Inbox" : "NoInbox", "Batch", info.param.batch_size);
     });
 

@@ -108,7 +108,7 @@ class PostgresDatabase {
   static absl::StatusOr<std::shared_ptr<PostgresDatabase>> Open(PostgresOptions options);
 
   // The schema version this library writes and reads.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   ~PostgresDatabase();
   PostgresDatabase(const PostgresDatabase&) = delete;

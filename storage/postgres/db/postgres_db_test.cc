@@ -82,7 +82,8 @@ TEST_F(PostgresDatabaseTest, OpenConnectsToNothingAndTheFirstCallMigrates) {
       Column(*db, absl::StrCat("SELECT tablename::text FROM pg_tables WHERE schemaname = '",
                                good.schema, "' ORDER BY tablename"));
   ASSERT_TRUE(tables.ok()) << tables.status();
-  EXPECT_THAT(*tables, ElementsAre("bus_meta", "dead_letters", "idempotency_keys", "outbox"));
+  EXPECT_THAT(*tables, ElementsAre("bus_meta", "dead_letters", "idempotency_keys", "outbox",
+                                   "queue_bindings", "queue_messages", "queues"));
   EXPECT_THAT(*Column(*db, db->Sql(pg_internal::kSchemaVersionSql)),
               ElementsAre(absl::StrCat(PostgresDatabase::kSchemaVersion)));
   // A second database object (another process) finds it migrated.
@@ -130,11 +131,12 @@ TEST_F(PostgresDatabaseTest, AnOldSchemaIsUpgradedInPlaceKeepingItsRows) {
   EXPECT_THAT(*Column(*db, db->Sql("SELECT count(*)::text FROM {schema}.idempotency_keys")),
               ElementsAre("1"));
   EXPECT_THAT(*Column(*db, db->Sql("SELECT queue FROM {schema}.dead_letters")), ElementsAre("q"));
-  EXPECT_THAT(*Column(*db, absl::StrCat("SELECT indexname::text FROM pg_indexes WHERE "
-                                        "schemaname = '",
-                                        o.schema, "' AND indexname LIKE '%_by_%' ORDER BY 1")),
-              ElementsAre("dead_letters_by_kind", "dead_letters_by_message",
-                          "dead_letters_by_queue", "idempotency_keys_by_expiry"));
+  EXPECT_THAT(
+      *Column(*db, absl::StrCat("SELECT indexname::text FROM pg_indexes WHERE "
+                                "schemaname = '",
+                                o.schema, "' AND indexname LIKE '%_by_%' ORDER BY 1")),
+      ElementsAre("dead_letters_by_kind", "dead_letters_by_message", "dead_letters_by_queue",
+                  "idempotency_keys_by_expiry", "queue_messages_by_due"));
 }
 
 TEST_F(PostgresDatabaseTest, ANewerSchemaIsRefused) {

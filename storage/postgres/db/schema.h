@@ -2,7 +2,8 @@
 // number in bus_meta), and the migrations that bring a schema to kSchemaVersion. Each statement
 // names its tables as "{schema}.table"; the database layer puts the quoted schema name there.
 // The statements each store runs live with the store (storage/postgres/dead_letter_sql.h,
-// idempotency/postgres/idempotency_sql.h). docs/postgres.md shows all of them.
+// idempotency/postgres/idempotency_sql.h, drivers/postgres/queue_sql.h). docs/postgres.md and
+// docs/postgres-driver.md show all of them.
 
 #ifndef STORAGE_POSTGRES_DB_SCHEMA_H_
 #define STORAGE_POSTGRES_DB_SCHEMA_H_
@@ -103,6 +104,34 @@ inline constexpr const char* kMigrationV4[] = {
     "$msgbus$",
 };
 
+// Version 5: the tables of the PostgreSQL driver (drivers/postgres, docs/postgres-driver.md).
+//
+// queues: every queue the driver knows (created, sent to, or bound) with its per-queue delay.
+// queue_bindings: topic bindings; a topic send matches their keys in C++ (bus/route_key.h).
+// queue_messages: one row per message copy. due_at is the time the row can next be reserved:
+// the end of its delay while it waits, the end of its lease while a consumer holds it
+// (lease_owner set), so a lease that runs out makes the row ready again without any sweep, and
+// one index on (queue, due_at, id) serves the reservation, the next due time and the counts.
+inline constexpr const char* kMigrationV5[] = {
+    "CREATE TABLE {schema}.queues ("
+    "  name text PRIMARY KEY,"
+    "  delay_us bigint NOT NULL DEFAULT 0)",
+    "CREATE TABLE {schema}.queue_bindings ("
+    "  topic text NOT NULL,"
+    "  queue text NOT NULL,"
+    "  binding_key text NOT NULL,"
+    "  PRIMARY KEY (topic, queue, binding_key))",
+    "CREATE TABLE {schema}.queue_messages ("
+    "  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    "  queue text NOT NULL,"
+    "  payload bytea NOT NULL,"
+    "  due_at timestamptz NOT NULL,"
+    "  attempts integer NOT NULL DEFAULT 0,"
+    "  lease_owner bigint,"
+    "  created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    "CREATE INDEX queue_messages_by_due ON {schema}.queue_messages (queue, due_at, id)",
+};
+
 // The migration to version i + 1 is kMigrations[i].
 inline const std::vector<std::vector<const char*>>& Migrations() {
   static const auto* m = new std::vector<std::vector<const char*>>{
@@ -110,6 +139,7 @@ inline const std::vector<std::vector<const char*>>& Migrations() {
       {std::begin(kMigrationV2), std::end(kMigrationV2)},
       {std::begin(kMigrationV3), std::end(kMigrationV3)},
       {std::begin(kMigrationV4), std::end(kMigrationV4)},
+      {std::begin(kMigrationV5), std::end(kMigrationV5)},
   };
   return *m;
 }
