@@ -19,7 +19,7 @@ absl::Status Validate(const SimulationOptions& o) {
   if (o.max_faults < 0) return invalid("max_faults", "must be >= 0");
   if (o.max_batch < 1) return invalid("max_batch", "must be >= 1");
   if (o.max_steps < 1) return invalid("max_steps", "must be >= 1");
-  for (int k = 0; k <= static_cast<int>(FaultKind::kLeaseExpiry); ++k) {
+  for (int k = 0; k <= static_cast<int>(FaultKind::kCrashInTransaction); ++k) {
     const double rate = o.faults.Of(static_cast<FaultKind>(k));
     if (!(rate >= 0 && rate <= 1)) {
       return invalid(absl::StrCat("faults (", FaultKindName(static_cast<FaultKind>(k)), ")"),
@@ -63,6 +63,8 @@ absl::string_view FaultKindName(FaultKind kind) {
       return "send error";
     case FaultKind::kLeaseExpiry:
       return "lease expiry during handle";
+    case FaultKind::kCrashInTransaction:
+      return "crash in transaction";
   }
   return "unknown";
 }
@@ -97,6 +99,8 @@ double FaultRates::Of(FaultKind kind) const {
       return send_error;
     case FaultKind::kLeaseExpiry:
       return lease_expiry;
+    case FaultKind::kCrashInTransaction:
+      return crash_in_transaction;
   }
   return 0;
 }

@@ -57,10 +57,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "bus/clock.h"
 #include "bus/handler_options.h"
 #include "bus/message.h"
 #include "bus/publisher.h"
 #include "bus/stores.h"
+#include "bus/transactional.h"
 
 namespace bus::testing {
 
@@ -78,6 +80,7 @@ enum class FaultKind {
   kDeadLetterStoreError,  // storing a dead letter fails
   kSendError,             // the broker refuses the re-send of a failed message (its retry)
   kLeaseExpiry,           // handle runs past the delivery's lease (and the key's)
+  kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
 };
 
 // The kind's name in traces and schedules: "crash before mark-done".
@@ -111,6 +114,7 @@ struct FaultRates {
   double dead_letter_store_error = 0.05;
   double send_error = 0.05;
   double lease_expiry = 0.003;
+  double crash_in_transaction = 0.003;
 
   // The rate of `kind`.
   double Of(FaultKind kind) const;
@@ -147,6 +151,10 @@ class SimulationContext {
 
   // The run's fake time.
   virtual absl::Time Now() const = 0;
+  // The run's clock, for stores the user builds for the run (a SQLite inbox's database).
+  virtual std::shared_ptr<Clock> clock() const = 0;
+  // The run's seed (to name a run's files, say).
+  virtual uint64_t seed() const = 0;
 };
 
 // What invariants can read besides the user's own effects.
@@ -170,12 +178,17 @@ struct SimulatedSystem {
   // and stores.idempotency (memory stores behind fault injection) and a logger that discards;
   // observer and metrics are cleared.
   HandlerOptions options{};
+  // With an inbox (and options.handle empty): the Handler's transactional form,
+  // Handler::Create(options, transactional). The inbox is the idempotency store, behind the same
+  // faults, and a crash can also strike inside its transaction (kCrashInTransaction).
+  TransactionalHandler transactional{};
   // Checked at quiescence, in order; the first error fails the run.
   std::vector<Invariant> invariants{};
 };
 
-// Builds the system of one run. The context lives until the run's invariants are checked.
-using SimulationSetup = std::function<SimulatedSystem(SimulationContext& ctx)>;
+// Builds the system of one run. The context lives until the run's invariants are checked. An
+// error ends the simulation with it (SimulateRun returns it).
+using SimulationSetup = std::function<absl::StatusOr<SimulatedSystem>(SimulationContext& ctx)>;
 
 // One run.
 struct RunReport {
@@ -192,7 +205,7 @@ struct RunReport {
 // Runs seed `seed`. Faults are drawn from the seed, or, when `schedule` is given, exactly those of
 // `schedule` fire (the seed still decides batch sizes and reordering positions): a schedule that
 // fired under a seed replays that run exactly. InvalidArgument for a bad option; an error of the
-// system's set-up (HandlerOptions the Handler refuses) as it is.
+// system's set-up (the setup's own, or HandlerOptions the Handler refuses) as it is.
 absl::StatusOr<RunReport> SimulateRun(
     const SimulationOptions& options, const SimulationSetup& setup, uint64_t seed,
     const std::optional<std::vector<Fault>>& schedule = std::nullopt);

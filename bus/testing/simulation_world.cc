@@ -178,12 +178,13 @@ class ModelBroker final : public Driver {
 
 namespace {
 
-// The idempotency store under test, with faults: store errors (the call does not reach the
-// store), a crash after an acquire and a crash before a mark-done.
-class FaultyIdempotencyStore final : public IdempotencyStore {
+// The idempotency store under test (`Base`: an IdempotencyStore, or the TransactionalStore of an
+// inbox), with faults: store errors (the call does not reach the store), a crash after an acquire
+// and a crash before a mark-done.
+template <typename Base>
+class FaultyKeys : public Base {
  public:
-  FaultyIdempotencyStore(World* world, std::shared_ptr<IdempotencyStore> inner)
-      : world_(world), inner_(std::move(inner)) {}
+  FaultyKeys(World* world, std::shared_ptr<Base> inner) : world_(world), inner_(std::move(inner)) {}
 
   absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
                                absl::Duration lease) override {
@@ -218,7 +219,7 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
 
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
- private:
+ protected:
   // Unavailable when the process has crashed or a kStoreError fires; else OK.
   absl::Status Fail(absl::string_view target) {
     if (world_->crashed()) return absl::UnavailableError("simulation: the process crashed");
@@ -229,7 +230,45 @@ class FaultyIdempotencyStore final : public IdempotencyStore {
   }
 
   World* const world_;
-  const std::shared_ptr<IdempotencyStore> inner_;
+  const std::shared_ptr<Base> inner_;
+};
+
+// An inbox under test: its keys as FaultyKeys, and its transaction, in which a crash
+// (kCrashInTransaction, one chance per message) rolls back everything the batch did: each
+// effect still runs, then reports the crash, so the inbox commits none of them.
+class FaultyInbox final : public FaultyKeys<TransactionalStore> {
+ public:
+  using FaultyKeys::FaultyKeys;
+
+  void RunAndMarkDone(absl::Span<const Entry> entries, absl::Duration retention,
+                      absl::FunctionRef<absl::Status(size_t i, Transaction& tx)> effect,
+                      absl::Span<absl::Status> results) override {
+    if (world_->crashed()) {
+      for (absl::Status& r : results) r = absl::UnavailableError("simulation: the process crashed");
+      return;
+    }
+    bool crash = false;
+    for (const Entry& e : entries) {
+      crash |= world_->Chance(FaultKind::kCrashInTransaction,
+                              e.key.empty() ? "" : world_->TargetOfKey(e.key));
+    }
+    inner_->RunAndMarkDone(
+        entries, retention,
+        [&](size_t i, Transaction& tx) -> absl::Status {
+          absl::Status st = effect(i, tx);
+          if (crash) return absl::UnavailableError("simulation: the process crashed");
+          return st;
+        },
+        results);
+    std::string line = "transaction:";
+    for (size_t i = 0; i < entries.size(); ++i) {
+      absl::StrAppend(&line, " ",
+                      entries[i].key.empty() ? "(no key)" : world_->TargetOfKey(entries[i].key),
+                      " ", results[i].ok() ? "committed" : results[i].ToString(), ";");
+    }
+    world_->Trace(line);
+    if (crash) world_->Crash();
+  }
 };
 
 // The dead-letter store under test, with store errors on Store.
@@ -297,6 +336,8 @@ void World::Later(std::function<void()> fn) {
 
 absl::Time World::Now() const { return clock_->Now(); }
 
+std::shared_ptr<Clock> World::clock() const { return clock_; }
+
 bool World::Chance(FaultKind kind, absl::string_view target) {
   const int n = ++chances_[{kind, std::string(target)}];
   Fault f{kind, std::string(target), n};
@@ -324,7 +365,7 @@ void World::Crash() {
 void World::Restart() {
   Trace(absl::StrCat("restart: a new pipeline on the same stores",
                      later_.empty() ? "" : absl::StrCat("; ", later_.size(), " later tasks lost")));
-  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, TransactionalHandler{});
+  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, transactional_);
   later_.clear();
   crashed_ = false;
 }
@@ -350,7 +391,16 @@ absl::Status World::Build(SimulatedSystem& system) {
   o.queue = kQueue;
   o.driver = broker_;
   o.clock = clock_;
-  o.stores.idempotency = std::make_shared<FaultyIdempotencyStore>(this, idempotency_);
+  TransactionalHandler tx = std::move(system.transactional);
+  const bool inbox = tx.inbox != nullptr || tx.handle != nullptr;
+  if (inbox) {
+    if (tx.inbox == nullptr)
+      return absl::InvalidArgumentError("TransactionalHandler.inbox: missing");
+    tx.inbox = std::make_shared<FaultyInbox>(this, std::move(tx.inbox));
+    o.stores.idempotency = nullptr;  // the inbox is the idempotency store
+  } else {
+    o.stores.idempotency = std::make_shared<FaultyKeys<IdempotencyStore>>(this, idempotency_);
+  }
   o.stores.dead_letters = std::make_shared<FaultyDeadLetterStore>(this, dead_letters_);
   o.observability.logger = NullLogger();
   o.observability.observer = nullptr;
@@ -359,17 +409,27 @@ absl::Status World::Build(SimulatedSystem& system) {
   user_ensure_ = o.ensure != nullptr;
   // Handler::Create validates the options and fills in the defaults (ensure, retry_delay, the
   // idempotency lease) exactly as for a Handler in production; the Handler itself never runs.
-  absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(std::move(o));
+  absl::StatusOr<std::unique_ptr<Handler>> handler =
+      inbox ? Handler::Create(std::move(o), tx) : Handler::Create(std::move(o));
   if (!handler.ok()) return handler.status();
   options_ = (*handler)->options();
   handler->reset();
-  options_.handle = [this, handle = options_.handle](const Message& m, const HandleContext& ctx) {
-    return CallHandle(handle, m, ctx);
-  };
+  if (inbox) {
+    transactional_.inbox =
+        std::dynamic_pointer_cast<TransactionalStore>(options_.stores.idempotency);
+    transactional_.handle = [this, handle = std::move(tx.handle)](const Message& m,
+                                                                  Transaction& t) {
+      return CallHandleInTransaction(handle, m, t);
+    };
+  } else {
+    options_.handle = [this, handle = options_.handle](const Message& m, const HandleContext& ctx) {
+      return CallHandle(handle, m, ctx);
+    };
+  }
   options_.ensure = [this, ensure = options_.ensure](const Message& m) {
     return CallEnsure(ensure, m);
   };
-  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, TransactionalHandler{});
+  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, transactional_);
   return absl::OkStatus();
 }
 
@@ -395,6 +455,19 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
     Crash();
     return absl::UnavailableError("simulation: the process crashed");
   }
+  return st;
+}
+
+absl::Status World::CallHandleInTransaction(const TransactionalHandleFn& handle, const Message& msg,
+                                            Transaction& tx) {
+  if (crashed_) return absl::UnavailableError("simulation: the process crashed");
+  if (Chance(FaultKind::kLeaseExpiry, msg.id)) {
+    clock_->Advance(options_.flow.delivery_lease + absl::Seconds(1));
+    Trace(absl::StrCat("handle ", msg.id, " ran past its lease"));
+  }
+  // A crash here is kCrashInTransaction's (the inbox's decorator): the whole transaction goes.
+  const absl::Status st = handle(msg, tx);
+  Trace(absl::StrCat("handle ", msg.id, " in the transaction -> ", st.ToString()));
   return st;
 }
 
@@ -444,8 +517,9 @@ RunOutcome World::Outcome() const {
 }
 
 absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
-  SimulatedSystem system = setup(*this);
-  if (absl::Status st = Build(system); !st.ok()) return st;
+  absl::StatusOr<SimulatedSystem> system = setup(*this);
+  if (!system.ok()) return system.status();
+  if (absl::Status st = Build(*system); !st.ok()) return st;
   Trace(absl::StrCat("seed ", seed_, ": ", sim_.workload.size(), " messages"));
   for (size_t i = 0; i < sim_.workload.size(); ++i) {
     const Outgoing& w = sim_.workload[i];
@@ -495,7 +569,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
         absl::StrCat("not quiescent after ", sim_.max_steps, " steps (a message that loops?)"));
   } else {
     const RunOutcome run = Outcome();
-    for (const Invariant& invariant : system.invariants) {
+    for (const Invariant& invariant : system->invariants) {
       report_.status = invariant(run);
       if (!report_.status.ok()) break;
     }

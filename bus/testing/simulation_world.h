@@ -27,6 +27,7 @@
 #include "bus/internal/pipeline.h"
 #include "bus/stores.h"
 #include "bus/testing/simulation.h"
+#include "bus/transactional.h"
 
 namespace bus::testing::sim {
 
@@ -49,6 +50,8 @@ class World final : public SimulationContext {
   // SimulationContext.
   void Later(std::function<void()> fn) override;
   absl::Time Now() const override;
+  std::shared_ptr<Clock> clock() const override;
+  uint64_t seed() const override { return seed_; }
 
   // For the broker and the stores.
 
@@ -67,7 +70,6 @@ class World final : public SimulationContext {
   void NoteKey(const std::string& id, const std::string& biz_uid);
   // A number in [0, n) from the seed's scheduling stream (batch sizes, reordering).
   uint64_t Draw(uint64_t n);
-  FakeClock& clock() { return *clock_; }
   const HandlerOptions& handler_options() const { return options_; }
 
  private:
@@ -79,6 +81,8 @@ class World final : public SimulationContext {
   // Settles one batch as the receive loop would (a crash before the acks abandons them all).
   void Settle(const std::vector<Delivery>& batch, const std::vector<Settlement>& out);
   absl::Status CallHandle(const HandleFn& handle, const Message& msg, const HandleContext& ctx);
+  absl::Status CallHandleInTransaction(const TransactionalHandleFn& handle, const Message& msg,
+                                       Transaction& tx);
   Ensure CallEnsure(const EnsureFn& ensure, const Message& msg);
   RunOutcome Outcome() const;
 
@@ -94,6 +98,8 @@ class World final : public SimulationContext {
   std::shared_ptr<DeadLetterStore> dead_letters_;  // the memory store
   HandlerOptions options_;
   bool user_ensure_ = false;
+  // With an inbox: the inbox behind faults and the wrapped effect; else empty.
+  TransactionalHandler transactional_;
   std::unique_ptr<internal::Pipeline> pipeline_;
   std::vector<std::function<void()>> later_;
   bool crashed_ = false;
