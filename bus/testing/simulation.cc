@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "bus/testing/simulation_world.h"
+#include "bus/testing/internal/simulation_world.h"
 
 namespace bus::testing {
 namespace {

@@ -1,4 +1,4 @@
-#include "bus/testing/simulation_world.h"
+#include "bus/testing/internal/simulation_world.h"
 
 #include <algorithm>
 #include <exception>

@@ -4,8 +4,8 @@
 //
 // Thread-safety: none; a World is used by one thread (the run's).
 
-#ifndef BUS_TESTING_SIMULATION_WORLD_H_
-#define BUS_TESTING_SIMULATION_WORLD_H_
+#ifndef BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
+#define BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
 
 #include <cstdint>
 #include <functional>
@@ -112,4 +112,4 @@ class World final : public SimulationContext {
 
 }  // namespace bus::testing::sim
 
-#endif  // BUS_TESTING_SIMULATION_WORLD_H_
+#endif  // BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
