@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -339,7 +340,7 @@ absl::Time World::Now() const { return clock_->Now(); }
 std::shared_ptr<Clock> World::clock() const { return clock_; }
 
 bool World::Chance(FaultKind kind, absl::string_view target) {
-  const int n = ++chances_[{kind, std::string(target)}];
+  const int n = ++chances_[static_cast<size_t>(kind)][target];
   Fault f{kind, std::string(target), n};
   bool fire = false;
   if (schedule_.has_value()) {

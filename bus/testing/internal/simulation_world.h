@@ -7,9 +7,9 @@
 #ifndef BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
 #define BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -32,6 +33,9 @@
 namespace bus::testing::sim {
 
 class ModelBroker;
+
+// How many kinds FaultKind has.
+inline constexpr size_t kFaultKinds = static_cast<size_t>(FaultKind::kCrashInTransaction) + 1;
 
 class World final : public SimulationContext {
  public:
@@ -104,8 +108,10 @@ class World final : public SimulationContext {
   std::vector<std::function<void()>> later_;
   bool crashed_ = false;
   int step_ = 0;
-  std::map<std::pair<FaultKind, std::string>, int> chances_;
-  std::map<std::string, std::string> key_target_;
+  // Chances so far, by kind and target (hash maps: only looked up, never iterated, so their
+  // order cannot reach the trace).
+  std::array<absl::flat_hash_map<std::string, int>, kFaultKinds> chances_;
+  absl::flat_hash_map<std::string, std::string> key_target_;
   std::vector<Message> published_;
   RunReport report_;
 };
