@@ -1,10 +1,14 @@
 #include "bus/testing/simulation.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bus/testing/internal/simulation_world.h"
 
 namespace bus::testing {
@@ -33,6 +37,43 @@ std::string ScheduleText(const std::vector<Fault>& schedule) {
   if (schedule.empty()) return "(no faults)";
   return absl::StrJoin(schedule, ", ",
                        [](std::string* out, const Fault& f) { out->append(f.ToString()); });
+}
+
+// Whether `line` names message `id` (" m12", not " m123").
+bool Names(absl::string_view line, absl::string_view id) {
+  for (size_t at = line.find(id); at != absl::string_view::npos; at = line.find(id, at + 1)) {
+    const size_t end = at + id.size();
+    if (at > 0 && line[at - 1] == ' ' && (end == line.size() || !absl::ascii_isdigit(line[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The lines of `trace` that matter to a reader of a failure: those about the messages the
+// schedule's faults hit or the error names ("m12"), and every fault, crash, restart and the end.
+std::string Excerpt(const std::string& trace, const std::vector<Fault>& schedule,
+                    const absl::Status& status) {
+  std::set<std::string> ids;
+  for (const Fault& f : schedule) {
+    if (!f.target.empty()) ids.insert(f.target);
+  }
+  for (absl::string_view word : absl::StrSplit(status.message(), absl::ByAnyChar(" ():,;"))) {
+    if (word.size() > 1 && word[0] == 'm' &&
+        std::all_of(word.begin() + 1, word.end(), absl::ascii_isdigit)) {
+      ids.insert(std::string(word));
+    }
+  }
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(trace, '\n', absl::SkipEmpty())) {
+    bool keep = absl::StrContains(line, ": fault: ") || absl::StrContains(line, ": crash: ") ||
+                absl::StrContains(line, ": restart: ") ||
+                absl::StrContains(line, ": quiescent: ") ||
+                absl::StrContains(line, ": stopped: ") || absl::StrContains(line, ": seed ");
+    for (const std::string& id : ids) keep = keep || Names(line, id);
+    if (keep) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
 }
 
 }  // namespace
@@ -145,6 +186,7 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationOptions& options,
   // Shrink: drop one fault at a time, replaying the rest under the same seed, and keep the first
   // smaller schedule that still fails; stop when no single fault can go.
   result.shrunk = result.schedule;
+  result.shrunk_status = result.status;
   result.shrunk_trace = result.trace;
   bool smaller = options.shrink;
   while (smaller) {
@@ -157,6 +199,7 @@ absl::StatusOr<SimulationResult> Simulate(const SimulationOptions& options,
       if (run->status.ok()) continue;
       // What fired of the candidate (a fault whose chance never came is left out).
       result.shrunk = run->faults;
+      result.shrunk_status = run->status;
       result.shrunk_trace = std::move(run->trace);
       smaller = true;
       break;
@@ -169,10 +212,12 @@ std::string SimulationResult::ToString() const {
   if (!failed) {
     return absl::StrCat(runs, " runs passed (", distinct_schedules, " distinct fault schedules)");
   }
-  return absl::StrCat("seed ", seed, " failed: ", status.ToString(),
-                      "\nschedule: ", ScheduleText(schedule),
-                      "\nshrunk schedule: ", ScheduleText(shrunk),
-                      "\ntrace of the shrunk schedule:\n", shrunk_trace);
+  return absl::StrCat(
+      "seed ", seed, " failed: ", status.ToString(), "\nschedule: ", ScheduleText(schedule),
+      "\nshrunk schedule: ", ScheduleText(shrunk), " (fails with ", shrunk_status.ToString(), ")",
+      "\ntrace of the shrunk schedule (its faults, crashes and the lines about the "
+      "messages they hit; all of it in shrunk_trace):\n",
+      Excerpt(shrunk_trace, shrunk, shrunk_status));
 }
 
 }  // namespace bus::testing

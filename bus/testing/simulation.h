@@ -222,11 +222,14 @@ struct SimulationResult {
   std::vector<Fault> schedule{};
   std::string trace{};
   // The shortest schedule found that still fails under `seed` (each fault removed in turn while
-  // the run still fails), and the trace of that run (SimulateRun(options, setup, seed, shrunk)).
+  // the run still fails), how that run fails (perhaps another message, or another invariant),
+  // and its trace (SimulateRun(options, setup, seed, shrunk) gives the same).
   std::vector<Fault> shrunk{};
+  absl::Status shrunk_status{};
   std::string shrunk_trace{};
 
-  // "seed 17 failed: ...", the shrunk schedule and its trace; "N runs passed" when none failed.
+  // "seed 17 failed: ...", the schedules, and the shrunk trace's lines about its faults and the
+  // messages they hit (and those the error names); "N runs passed ..." when none failed.
   std::string ToString() const;
 };
 

@@ -70,6 +70,7 @@ void ExpectFoundAndShrunk(const SimulationOptions& sim, const SimulationSetup& s
   absl::StatusOr<RunReport> shrunk = SimulateRun(sim, setup, r->seed, r->shrunk);
   ASSERT_TRUE(shrunk.ok()) << shrunk.status();
   EXPECT_FALSE(shrunk->status.ok());
+  EXPECT_EQ(shrunk->status, r->shrunk_status);
   EXPECT_EQ(shrunk->trace, r->shrunk_trace);
   EXPECT_EQ(shrunk->faults, r->shrunk);
 }
@@ -268,6 +269,39 @@ TEST(Simulation, RefusesBadOptions) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The example of docs/testing.md ("Simulation"), as it is there.
+bus::testing::SimulationSetup Shop(bool idempotent) {
+  return [idempotent](bus::testing::SimulationContext&) {
+    auto charged = std::make_shared<std::map<std::string, int>>();
+    bus::testing::SimulatedSystem s;
+    s.options.handle = [charged, idempotent](const bus::Message& m) {
+      if (idempotent && charged->contains(m.biz_uid)) return absl::OkStatus();  // the fix
+      ++(*charged)[m.biz_uid];
+      return absl::OkStatus();
+    };
+    s.invariants.push_back([charged](const bus::testing::RunOutcome& run) {
+      for (const bus::Message& m : run.published) {
+        const int n = (*charged)[m.biz_uid];
+        if (n != 1) return absl::InternalError(absl::StrCat(m.biz_uid, " charged ", n, " times"));
+      }
+      return absl::OkStatus();
+    });
+    return s;
+  };
+}
+
+TEST(Orders, EachOrderIsChargedOnceUnderFaults) {
+  bus::testing::SimulationOptions sim;
+  for (int i = 1; i <= 20; ++i) sim.workload.push_back({.biz_uid = absl::StrCat("order-", i)});
+  auto buggy = bus::testing::Simulate(sim, Shop(/*idempotent=*/false));
+  ASSERT_TRUE(buggy.ok()) << buggy.status();
+  EXPECT_TRUE(buggy->failed);
+  std::puts(buggy->ToString().c_str());
+  auto fixed = bus::testing::Simulate(sim, Shop(/*idempotent=*/true));
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_FALSE(fixed->failed) << fixed->ToString();
 }
 
 }  // namespace

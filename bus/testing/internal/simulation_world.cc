@@ -360,7 +360,9 @@ bool World::Chance(FaultKind kind, absl::string_view target) {
 
 void World::Crash() {
   crashed_ = true;
-  Trace("crash: the rest of the batch is lost; its deliveries stay leased");
+  Trace(
+      "crash: the consumer dies; what its batch had left to do is lost, its deliveries stay "
+      "leased");
 }
 
 void World::Restart() {
