@@ -215,8 +215,7 @@ std::string SimulationResult::ToString() const {
   return absl::StrCat(
       "seed ", seed, " failed: ", status.ToString(), "\nschedule: ", ScheduleText(schedule),
       "\nshrunk schedule: ", ScheduleText(shrunk), " (fails with ", shrunk_status.ToString(), ")",
-      "\ntrace of the shrunk schedule (its faults, crashes and the lines about the "
-      "messages they hit; all of it in shrunk_trace):\n",
+      "\ntrace (faults, crashes, the messages concerned; all of it in shrunk_trace):\n",
       Excerpt(shrunk_trace, shrunk, shrunk_status));
 }
 

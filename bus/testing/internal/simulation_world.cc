@@ -360,9 +360,7 @@ bool World::Chance(FaultKind kind, absl::string_view target) {
 
 void World::Crash() {
   crashed_ = true;
-  Trace(
-      "crash: the consumer dies; what its batch had left to do is lost, its deliveries stay "
-      "leased");
+  Trace("crash: the consumer dies; the rest of its batch is lost, its deliveries stay leased");
 }
 
 void World::Restart() {
