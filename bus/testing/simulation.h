@@ -153,8 +153,6 @@ class SimulationContext {
   virtual absl::Time Now() const = 0;
   // The run's clock, for stores the user builds for the run (a SQLite inbox's database).
   virtual std::shared_ptr<Clock> clock() const = 0;
-  // The run's seed (to name a run's files, say).
-  virtual uint64_t seed() const = 0;
 };
 
 // What invariants can read besides the user's own effects.

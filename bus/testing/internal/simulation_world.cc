@@ -16,6 +16,7 @@
 #include "storage/memory/memory_dead_letter_store.h"
 
 namespace bus::testing::sim {
+namespace {
 
 // The queue every run consumes.
 constexpr char kQueue[] = "sim";
@@ -28,6 +29,8 @@ uint64_t Mix(uint64_t seed, uint64_t stream) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
+
+}  // namespace
 
 // The broker: one queue of entries, each a message as sent with its delivery count, delay and
 // lease, in fake time. A receipt is "<seq>:<lease>", so an ack after the lease ran out (and the

@@ -55,7 +55,6 @@ class World final : public SimulationContext {
   void Later(std::function<void()> fn) override;
   absl::Time Now() const override;
   std::shared_ptr<Clock> clock() const override;
-  uint64_t seed() const override { return seed_; }
 
   // For the broker and the stores.
 
