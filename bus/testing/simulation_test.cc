@@ -236,6 +236,62 @@ TEST(Simulation, DifferentSeedsExploreDifferentSchedules) {
   EXPECT_GT(traces.size(), 10u);
 }
 
+// Every kind of fault (but the inbox's) has chances in a run of the correct shop, and fires.
+TEST(Simulation, EveryFaultKindFires) {
+  SimulationOptions sim = Sim(30);
+  sim.max_faults = 30;
+  sim.faults = {.duplicate = 0.1,
+                .lost_ack = 0.1,
+                .reorder = 0.3,
+                .crash_after_acquire = 0.03,
+                .crash_during_handle = 0.03,
+                .crash_before_mark_done = 0.03,
+                .crash_before_ack = 0.03,
+                .crash_idle = 0.1,
+                .store_error = 0.05,
+                .dead_letter_store_error = 0.3,
+                .send_error = 0.3,
+                .lease_expiry = 0.03};
+  std::set<FaultKind> fired;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    absl::StatusOr<RunReport> run = SimulateRun(
+        sim,
+        [](SimulationContext& ctx) {
+          // The correct shop, with a Later task per message so that crashes between batches have
+          // chances, and a permanent failure for every 7th order so that dead letters are stored.
+          absl::StatusOr<SimulatedSystem> s = CorrectShop(ctx);
+          HandleFn inner = s->options.handle;
+          s->options.handle = [inner, &ctx](const Message& m) {
+            ctx.Later([] {});
+            if (m.biz_uid.ends_with("7")) return Permanent(absl::InvalidArgumentError("bad order"));
+            return inner(m);
+          };
+          return s;
+        },
+        seed);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE(run->status.ok()) << run->status << "\n" << run->trace;
+    for (const Fault& f : run->faults) fired.insert(f.kind);
+  }
+  for (int k = 0; k < static_cast<int>(FaultKind::kCrashInTransaction); ++k) {
+    EXPECT_TRUE(fired.contains(static_cast<FaultKind>(k)))
+        << FaultKindName(static_cast<FaultKind>(k));
+  }
+}
+
+// A crash keeps the batch's deliveries leased: they come back once their leases run out, and
+// the correct shop still charges once.
+TEST(Simulation, ACrashLeavesTheDeliveriesLeasedUntilTheirLeasesRunOut) {
+  const std::vector<Fault> schedule = {{FaultKind::kCrashAfterAcquire, "m1", 1}};
+  absl::StatusOr<RunReport> run = SimulateRun(Sim(3), CorrectShop, 5, schedule);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->status.ok()) << run->status;
+  EXPECT_EQ(run->faults, schedule);
+  EXPECT_NE(run->trace.find("t+30s: deliver m1 attempt 2 after its lease ran out"),
+            std::string::npos)
+      << run->trace;
+}
+
 TEST(Simulation, ALoopingMessageFailsTheRun) {
   SimulationOptions sim = Sim(1);
   sim.max_steps = 50;
