@@ -6,7 +6,7 @@
 //   bus::testing::SimulationOptions sim;
 //   for (int i = 1; i <= 100; ++i) sim.workload.push_back({.biz_uid = absl::StrCat("order-", i)});
 //   absl::StatusOr<bus::testing::SimulationResult> r =
-//       bus::testing::Simulate(sim, [](bus::testing::SimulationContext& ctx) {
+//       bus::testing::Simulate(sim, [](bus::testing::SimulationContext&) {
 //         auto charged = std::make_shared<std::map<std::string, int>>();
 //         bus::testing::SimulatedSystem s;
 //         s.options.handle = [charged](const bus::Message& m) {
