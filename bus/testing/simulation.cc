@@ -104,6 +104,10 @@ absl::string_view FaultKindName(FaultKind kind) {
       return "send error";
     case FaultKind::kLeaseExpiry:
       return "lease expiry during handle";
+    case FaultKind::kSlowStore:
+      return "slow idempotency store";
+    case FaultKind::kTimeJump:
+      return "time jump";
     case FaultKind::kCrashInTransaction:
       return "crash in transaction";
   }
@@ -140,6 +144,10 @@ double FaultRates::Of(FaultKind kind) const {
       return send_error;
     case FaultKind::kLeaseExpiry:
       return lease_expiry;
+    case FaultKind::kSlowStore:
+      return slow_store;
+    case FaultKind::kTimeJump:
+      return time_jump;
     case FaultKind::kCrashInTransaction:
       return crash_in_transaction;
   }

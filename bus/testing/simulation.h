@@ -69,7 +69,8 @@ namespace bus::testing {
 // What can go wrong in a run. Each kind has a rate in FaultRates.
 enum class FaultKind {
   kDuplicate,             // the broker delivers a message once more (a second copy)
-  kLostAck,               // an ack is lost: the delivery comes back when its lease runs out
+  kLostAck,               // an ack or give-back is lost: the delivery stays leased until its
+                          // lease runs out, then comes back
   kReorder,               // a batch starts at a random ready message instead of the oldest
   kCrashAfterAcquire,     // the consumer dies right after acquiring a message's key
   kCrashDuringHandle,     // it dies while handle runs: handle's effects are done, its result lost
@@ -80,6 +81,8 @@ enum class FaultKind {
   kDeadLetterStoreError,  // storing a dead letter fails
   kSendError,             // the broker refuses the re-send of a failed message (its retry)
   kLeaseExpiry,           // handle runs past the delivery's lease (and the key's)
+  kSlowStore,             // an idempotency store call takes half the key's lease of fake time
+  kTimeJump,              // between batches, fake time jumps by the delivery lease
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
 };
 
@@ -114,6 +117,8 @@ struct FaultRates {
   double dead_letter_store_error = 0.05;
   double send_error = 0.05;
   double lease_expiry = 0.003;
+  double slow_store = 0.003;
+  double time_jump = 0.01;
   double crash_in_transaction = 0.003;
 
   // The rate of `kind`.

@@ -155,6 +155,8 @@ TEST(SimulationInbox, ACrashInsideTheTransactionRollsItBack) {
                           .dead_letter_store_error = 0,
                           .send_error = 0,
                           .lease_expiry = 0,
+                          .slow_store = 0,
+                          .time_jump = 0,
                           .crash_in_transaction = 0};
   const std::vector<Fault> schedule = {{FaultKind::kCrashInTransaction, "m2", 1}};
   absl::StatusOr<RunReport> a = SimulateRun(sim, InboxShop, 7, schedule);

@@ -186,7 +186,9 @@ TEST(Simulation, ACorrectHandlerHoldsUnderHeavyFaults) {
                 .store_error = 0.05,
                 .dead_letter_store_error = 0.3,
                 .send_error = 0.3,
-                .lease_expiry = 0.03};
+                .lease_expiry = 0.03,
+                .slow_store = 0.03,
+                .time_jump = 0.05};
   absl::StatusOr<SimulationResult> r = Simulate(sim, CorrectShop);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->failed) << r->ToString();
@@ -226,7 +228,9 @@ TEST(Simulation, DifferentSeedsExploreDifferentSchedules) {
                            .store_error = 0,
                            .dead_letter_store_error = 0,
                            .send_error = 0,
-                           .lease_expiry = 0};
+                           .lease_expiry = 0,
+                           .slow_store = 0,
+                           .time_jump = 0};
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     absl::StatusOr<RunReport> run = SimulateRun(calm, CorrectShop, seed);
     ASSERT_TRUE(run.ok());
@@ -251,7 +255,9 @@ TEST(Simulation, EveryFaultKindFires) {
                 .store_error = 0.05,
                 .dead_letter_store_error = 0.3,
                 .send_error = 0.3,
-                .lease_expiry = 0.03};
+                .lease_expiry = 0.03,
+                .slow_store = 0.03,
+                .time_jump = 0.05};
   std::set<FaultKind> fired;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     absl::StatusOr<RunReport> run = SimulateRun(

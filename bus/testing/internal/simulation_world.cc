@@ -195,6 +195,7 @@ class FaultyKeys : public Base {
     const std::string target = world_->TargetOfKey(key);
     if (absl::Status st = Fail(target); !st.ok()) return st;
     absl::StatusOr<bool> r = inner_->Acquire(key, owner, lease);
+    Slow(target);
     world_->Trace(absl::StrCat("acquire ", target, " -> ",
                                !r.ok() ? r.status().ToString() : (*r ? "taken" : "not taken")));
     if (world_->Chance(FaultKind::kCrashAfterAcquire, target)) world_->Crash();
@@ -209,6 +210,7 @@ class FaultyKeys : public Base {
     }
     if (absl::Status st = Fail(target); !st.ok()) return st;
     absl::Status st = inner_->MarkDone(key, owner, retention);
+    Slow(target);
     world_->Trace(absl::StrCat("mark done ", target, " -> ", st.ToString()));
     return st;
   }
@@ -217,6 +219,7 @@ class FaultyKeys : public Base {
     const std::string target = world_->TargetOfKey(key);
     if (absl::Status st = Fail(target); !st.ok()) return st;
     absl::Status st = inner_->Release(key, owner);
+    Slow(target);
     world_->Trace(absl::StrCat("release ", target, " -> ", st.ToString()));
     return st;
   }
@@ -224,6 +227,13 @@ class FaultyKeys : public Base {
   absl::Status Ping(absl::Duration) override { return absl::OkStatus(); }
 
  protected:
+  // A kSlowStore chance: the call took half the key's lease (the time passes after the store
+  // acted, as when the reply is slow).
+  void Slow(absl::string_view target) {
+    if (!world_->Chance(FaultKind::kSlowStore, target)) return;
+    world_->Advance(world_->handler_options().stores.idempotency_lease / 2);
+  }
+
   // Unavailable when the process has crashed or a kStoreError fires; else OK.
   absl::Status Fail(absl::string_view target) {
     if (world_->crashed()) return absl::UnavailableError("simulation: the process crashed");
@@ -388,6 +398,11 @@ void World::NoteKey(const std::string& id, const std::string& biz_uid) {
   key_target_[absl::StrCat(kQueue, ".", biz_uid.empty() ? id : biz_uid)] = id;
 }
 
+void World::Advance(absl::Duration d) {
+  clock_->Advance(d);
+  Trace(absl::StrCat("time +", absl::FormatDuration(d)));
+}
+
 uint64_t World::Draw(uint64_t n) { return n <= 1 ? 0 : sched_rng_() % n; }
 
 absl::Status World::Build(SimulatedSystem& system) {
@@ -441,8 +456,7 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
                                const HandleContext& ctx) {
   if (crashed_) return absl::UnavailableError("simulation: the process crashed");
   if (Chance(FaultKind::kLeaseExpiry, msg.id)) {
-    clock_->Advance(options_.flow.delivery_lease + absl::Seconds(1));
-    Trace(absl::StrCat("handle ", msg.id, " ran past its lease"));
+    Advance(options_.flow.delivery_lease + absl::Seconds(1));
   }
   absl::Status st;
   try {
@@ -466,8 +480,7 @@ absl::Status World::CallHandleInTransaction(const TransactionalHandleFn& handle,
                                             Transaction& tx) {
   if (crashed_) return absl::UnavailableError("simulation: the process crashed");
   if (Chance(FaultKind::kLeaseExpiry, msg.id)) {
-    clock_->Advance(options_.flow.delivery_lease + absl::Seconds(1));
-    Trace(absl::StrCat("handle ", msg.id, " ran past its lease"));
+    Advance(options_.flow.delivery_lease + absl::Seconds(1));
   }
   // A crash here is kCrashInTransaction's (the inbox's decorator): the whole transaction goes.
   const absl::Status st = handle(msg, tx);
@@ -500,6 +513,7 @@ void World::Settle(const std::vector<Delivery>& batch, const std::vector<Settlem
       const absl::Status st = broker_->Ack(batch[i].receipt);
       Trace(absl::StrCat("ack ", id, " -> ", st.ToString()));
     } else {
+      if (Chance(FaultKind::kLostAck, id)) continue;
       const absl::Status st = broker_->Nack(batch[i].receipt, out[i].redeliver_after);
       Trace(absl::StrCat("give back ", id, " for ", absl::FormatDuration(out[i].redeliver_after),
                          " -> ", st.ToString()));
@@ -538,6 +552,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
   }
   bool quiescent = false;
   for (step_ = 1; step_ <= sim_.max_steps; ++step_) {
+    if (Chance(FaultKind::kTimeJump, "")) Advance(options_.flow.delivery_lease);
     if (!later_.empty()) {
       if (Chance(FaultKind::kCrashIdle, "")) {
         Crash();

@@ -71,6 +71,8 @@ class World final : public SimulationContext {
   std::string TargetOfKey(absl::string_view key) const;
   // Remembers that `id` has the key of `biz_uid` (KeyOf: queue "." biz_uid, or the id).
   void NoteKey(const std::string& id, const std::string& biz_uid);
+  // Moves fake time forward by `d` (a fault: a slow call, a lease that runs out, a jump).
+  void Advance(absl::Duration d);
   // A number in [0, n) from the seed's scheduling stream (batch sizes, reordering).
   uint64_t Draw(uint64_t n);
   const HandlerOptions& handler_options() const { return options_; }
