@@ -26,8 +26,8 @@
 namespace bus::testing::sim {
 
 // The idempotency store under test (`Base`: an IdempotencyStore, or the TransactionalStore of an
-// inbox), with faults: store errors (the call does not reach the store), a crash after an acquire
-// and a crash before a mark-done.
+// inbox), with faults: store errors (the call does not reach the store), slow calls, a crash
+// after an acquire and a crash before a mark-done.
 template <typename Base>
 class FaultyKeys : public Base {
  public:
