@@ -48,12 +48,13 @@ step() {
 }
 
 # 1. The same sources as Bazel: every source file in srcs/hdrs of the non-test cc_library
-# targets in the library packages, of the users' test harness (//bus/testing) and of busctl,
-# against the list CMake writes at configure time.
+# targets in the library packages, of the users' test harness and simulator (//bus/testing,
+# //bus/testing:simulation) and of busctl, against the list CMake writes at configure time.
 compare_with_bazel() {
   local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //transactional/...'
   pkgs+=' + //url/... + //admin/...'
-  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing + //busctl"
+  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing"
+  libs+=" + //bus/testing:simulation + //busctl"
   bazel query "kind('source file', labels(srcs, $libs) + labels(hdrs, $libs))" --output=label \
     2>"$work/query.err" |
     sed -e 's|^//||' -e 's|:|/|' | sort >"$work/bazel_files.txt" ||
