@@ -63,9 +63,11 @@ void EventQueue::Unpack(const Slot& s, Event* e) const {
   }
   // Packed as the whole traceparent: validated here, off the producer's path.
   if (IsValidTraceParent(e->trace_id)) {
+    e->parent_span_id.assign(e->trace_id, 36, 16);
     e->trace_id.erase(0, 3).resize(32);
   } else {
     e->trace_id.clear();
+    e->parent_span_id.clear();
   }
 }
 
