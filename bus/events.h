@@ -111,6 +111,8 @@ struct Event {
   // The parent id of the message's traceparent (the sender's span, 16 hex); empty without a
   // valid one. A consumer span of this message is its child (bus/tracing.h).
   std::string parent_span_id{};
+  // The trace-flags of the message's traceparent (bit 0: sampled); 0 without a valid one.
+  uint8_t trace_flags = 0;
   // The handle attempt (1 = the first) for kHandlerStarted, kHandled, kFailed, kRetried and
   // kDeadLettered.
   int attempt = 0;

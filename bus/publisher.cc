@@ -3,6 +3,7 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/random.h"
@@ -24,6 +25,16 @@ namespace {
 void EnsureTraceParent(Message& msg) {
   if (msg.FindHeader(kTraceParentHeader) != nullptr) return;
   msg.headers.emplace_back(kTraceParentHeader, NewTraceParent().ToString());
+}
+
+// OpenTelemetry's TraceIdRatioBased decision: the trace id's last 8 bytes (56 random bits in
+// W3C's level 2, all random here) below ratio * 2^64.
+bool Sampled(absl::string_view trace_id, double ratio) {
+  if (ratio >= 1) return true;
+  if (ratio <= 0) return false;
+  uint64_t low = 0;
+  if (!absl::SimpleHexAtoi(trace_id.substr(16), &low)) return true;
+  return static_cast<double>(low) < ratio * 18446744073709551616.0;
 }
 
 bool HasTraceParent(const Outgoing& out) {
@@ -62,6 +73,11 @@ bool Publisher::StartSpan(Message& msg, bool given, absl::string_view destinatio
   }
   absl::StatusOr<TraceParent> parent = ParseTraceParent(header != nullptr ? *header : "");
   if (!parent.ok()) return false;
+  if (!given && !Sampled(parent->trace_id, sample_ratio_)) {
+    parent->flags &= ~uint8_t{1};
+    *header = parent->ToString();
+  }
+  if (!parent->sampled()) return false;
   span->trace_id = parent->trace_id;
   if (given) {
     // The application's context: the publish span is its child, the message the span's.

@@ -46,13 +46,21 @@ class Publisher {
   static absl::StatusOr<Publisher> Create(std::shared_ptr<Driver> driver,
                                           std::shared_ptr<Clock> clock = nullptr);
 
-  // Records a PRODUCER span "publish <queue or topic>" (bus/tracing.h) for each message sent
-  // from now on and gives it to `exporter` after the send (status ERROR when the send failed);
-  // null turns tracing off (the default). The message's `traceparent` then names the publish
-  // span as its parent: a new trace's root, or, when `out` carried a valid `traceparent`, a
-  // child of it (its parent id is replaced by the span's id). Call before the Publisher is
-  // shared between threads.
-  void set_tracing(std::shared_ptr<SpanExporter> exporter) { tracing_ = std::move(exporter); }
+  // Records a PRODUCER span "publish <queue or topic>" (bus/tracing.h) for each sampled message
+  // sent from now on and gives it to `exporter` after the send (status ERROR when the send
+  // failed); null turns tracing off (the default). The message's `traceparent` then names the
+  // publish span as its parent: a new trace's root, or, when `out` carried a valid
+  // `traceparent`, a child of it (its parent id is replaced by the span's id).
+  //
+  // Sampling: a new trace is sampled with probability `sample_ratio` (in [0, 1]; decided from
+  // the trace id, as OpenTelemetry's TraceIdRatioBased sampler does), and one that is not gets
+  // trace-flags 00 and no span; a given `traceparent`'s sampled flag is kept as it is. Handlers
+  // record spans only for sampled messages. Call before the Publisher is shared between
+  // threads.
+  void set_tracing(std::shared_ptr<SpanExporter> exporter, double sample_ratio = 1.0) {
+    tracing_ = std::move(exporter);
+    sample_ratio_ = sample_ratio;
+  }
 
   // Builds a Message (new id, created_at = now) from `out`. A message without a `traceparent`
   // header gets a new one (the root of a new trace, bus/trace.h). One given in `out` is kept
@@ -89,6 +97,7 @@ class Publisher {
   std::shared_ptr<Driver> driver_;
   std::shared_ptr<Clock> clock_;
   std::shared_ptr<SpanExporter> tracing_;
+  double sample_ratio_ = 1.0;
 };
 
 }  // namespace bus

@@ -80,6 +80,28 @@ TEST_F(TracingTest, PublishSpanIsAChildOfAGivenTraceparent) {
   EXPECT_NE(spans[0].span_id, app.parent_id);
 }
 
+TEST_F(TracingTest, AnUnsampledTraceHasNoSpansAnywhere) {
+  publisher_.set_tracing(exporter_, /*sample_ratio=*/0);
+  HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
+  o.observability.tracing = exporter_;
+  std::atomic<int> unsampled{0};
+  o.observability.observer = [&](const Event& e) {
+    if (e.type == EventType::kHandled && e.trace_flags == 0 && e.parent_span_id.size() == 16) {
+      unsampled.fetch_add(1);
+    }
+  };
+  Handler* h = Start(o);
+  Publish("order-1", "x");
+  // A given traceparent that is not sampled stays so.
+  TraceParent app = NewTraceParent();
+  app.flags = 0;
+  Publish("order-2", "x", {{kTraceParentHeader, app.ToString()}});
+  ASSERT_TRUE(WaitUntil([&] { return unsampled.load() == 2; }));
+  ASSERT_TRUE(StopAndWait().ok());
+  EXPECT_EQ(h->Stats().succeeded, 2u);
+  EXPECT_EQ(exporter_->size(), 0u);
+}
+
 TEST_F(TracingTest, NoTracingNoSpans) {
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
   Handler* h = Start(o);

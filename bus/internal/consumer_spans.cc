@@ -65,6 +65,9 @@ void ConsumerSpans::Observe(const Event& e) {
 
 void ConsumerSpans::Start(const Event& e) {
   if (e.message_id.empty()) return;
+  // The sender's sampling decision holds (OpenTelemetry's parent-based sampling); a message
+  // without a traceparent is recorded.
+  if (!e.trace_id.empty() && (e.trace_flags & 1) == 0) return;
   Span span;
   // A message without a valid traceparent (sent by another library) starts a trace here.
   span.trace_id = e.trace_id.empty() ? NewTraceId() : e.trace_id;
@@ -73,6 +76,7 @@ void ConsumerSpans::Start(const Event& e) {
   span.name = absl::StrCat("process ", e.queue);
   span.kind = SpanKind::kConsumer;
   span.start = e.time;
+  span.attributes.reserve(8);
   span.attributes = {
       {kAttrMessagingSystem, system_},    {kAttrDestination, e.queue},
       {kAttrMessageId, e.message_id},     {kAttrOperation, std::string("process")},

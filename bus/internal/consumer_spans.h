@@ -3,7 +3,8 @@
 // //bus:handler, which feeds it from its EventQueue when HandlerOptions::observability.tracing
 // is set, so the pipeline does no work for tracing beyond queueing its events.
 //
-// A span starts at kHandlerStarted and ends at the attempt's outcome: kHandled ("handled"),
+// Only messages whose traceparent is sampled (flag bit 0) or missing get spans. A span starts at
+// kHandlerStarted and ends at the attempt's outcome: kHandled ("handled"),
 // kRetried ("retried", with the delay), kDeadLettered ("dead_lettered", with the kind) or
 // kRedelivered ("redelivered"); a kFailed before the outcome marks it as an error. The span of
 // a later attempt links to the one of the attempt before it. Both the spans in progress and
