@@ -63,6 +63,9 @@ ABSL_FLAG(int, batch_size, 0,
 ABSL_FLAG(std::string, modes, "off",
           "comma-separated: off, json, json_observer, metrics, json_metrics, "
           "json_observer_metrics, tracing_null, tracing");
+ABSL_FLAG(int, sampled_percent, 100,
+          "messages whose traceparent is sampled (flags 01), in percent; the tracing modes record "
+          "spans for those only");
 ABSL_FLAG(absl::Duration, scrape_interval, absl::Seconds(1),
           "with metrics: how often the registry's page is rendered");
 ABSL_FLAG(absl::Duration, sqlite_spin_wait, bus::SqliteOptions{}.spin_wait,
@@ -147,8 +150,11 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
   batch.reserve(10000);
   for (int i = 0; i < messages; ++i) {
     bus::Message m = publisher.Build(bus::Outgoing{"", std::string(100, 'p'), {}});
-    m.headers = {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-                 {"tenant", "eu"}};
+    const bool sampled = i % 100 < absl::GetFlag(FLAGS_sampled_percent);
+    m.headers = {
+        {"traceparent", sampled ? "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                                : "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
+        {"tenant", "eu"}};
     batch.push_back(bus::EncodeEnvelope(m));
     if (batch.size() == 10000 || i + 1 == messages) {
       if (!driver->SendBatchToQueue("bench", batch, absl::ZeroDuration()).ok()) std::abort();
