@@ -103,8 +103,8 @@ MOD
   "${sudo_cmd[@]}" install -m 0755 "$work/bin/bench_reader" "$nsq_bin/nsq_bench_reader"
 fi
 # Jaeger v2 (cmd/jaeger). Its go.mod has a replace, which `go install pkg@version` refuses, so a
-# throwaway module requires it and repeats the replace, as for nsq above. The build took
-# JAEGER_BUILD_TIME here (cold module cache, 2 cores).
+# throwaway module requires it and repeats the replace, as for nsq above. Download and build took
+# 18 minutes here (cold module cache, 2 cores shared with other builds, `go build -p 1`).
 have_jaeger() {
   [ -x "$nsq_bin/jaeger" ] &&
     go version -m "$nsq_bin/jaeger" 2>/dev/null | grep -q "github.com/jaegertracing/jaeger[[:space:]]*${jaeger_version}"
