@@ -65,7 +65,8 @@ awaitable<absl::StatusOr<HttpAnswer>> Post(asio::io_context& io, const HttpUrl& 
   if (ec) co_return failed("connect", ec);
 
   http::request<http::string_body> req(http::verb::post, url.target, 11);
-  req.set(http::field::host, absl::StrCat(url.host, ":", url.port));
+  const bool ipv6 = absl::StrContains(url.host, ':');
+  req.set(http::field::host, absl::StrCat(ipv6 ? "[" : "", url.host, ipv6 ? "]:" : ":", url.port));
   req.set(http::field::content_type, "application/json");
   req.set(http::field::user_agent, "msgbus-otlp");
   req.body() = body;
