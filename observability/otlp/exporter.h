@@ -21,8 +21,9 @@
 // sends them in batches of up to max_batch, at the latest batch_delay after the first of a
 // batch was queued. A POST that fails with a connection error, a timeout (timeout) or a 429,
 // 502, 503 or 504 answer is tried again after a Backoff (retry_backoff), retry_attempts times
-// at most; then its spans are given up (Stats().failed). Destruction sends what is queued,
-// for at most shutdown_timeout; what is left then is dropped.
+// at most; then its spans are given up (Stats().failed). Destruction lets a POST in progress
+// finish (within its timeout), then sends what is queued until shutdown_timeout after it
+// began, without retries; what is left then is dropped.
 //
 // Plain http:// only (a collector on the same host or network; TLS is not implemented).
 //
@@ -85,7 +86,8 @@ struct OtlpHttpExporterStats {
 
 class OtlpHttpExporter : public SpanExporter {
  public:
-  // Sends what is queued (shutdown_timeout at most), then stops its thread.
+  // Sends what is queued (see above: shutdown_timeout, or a POST's timeout if one is in
+  // progress, at most), then stops its thread.
   ~OtlpHttpExporter() override;
 
   // Queues `spans`; never blocks on the network.
