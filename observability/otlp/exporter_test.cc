@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,6 +168,30 @@ TEST(EncodeTracesTest, WritesTheOtlpJsonMapping) {
          "startTimeUnixNano":"1700000000123456789","endTimeUnixNano":"1700000000223456789",
          "attributes":[],"status":{"code":0}}]}]}]})"));
   EXPECT_EQ(got, want) << got.dump(2);
+}
+
+TEST(EncodeTracesTest, EscapesStringsAndReplacesInvalidUtf8) {
+  Span s = TestSpan(1);
+  s.status = SpanStatusCode::kError;
+  // A quote, a backslash, control characters, valid 2-, 3- and 4-byte UTF-8, then a stray
+  // continuation byte, a truncated sequence, an overlong form and a surrogate.
+  s.status_message =
+      "a\"b\\c\n\x01 \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80 \x80 \xE2\x82 \xC0\xAF \xED\xA0\x80";
+  s.attributes = {{"nan", std::numeric_limits<double>::quiet_NaN()},
+                  {"inf", -std::numeric_limits<double>::infinity()},
+                  {"pi", 3.141592653589793},
+                  {"min", std::numeric_limits<int64_t>::min()}};
+  const std::string body = EncodeTraces({s}, "svc", {});
+  const json got = json::parse(body);  // throws on invalid JSON or UTF-8
+  const json& span = got["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(
+      span["status"]["message"],
+      "a\"b\\c\n\x01 \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80 \xEF\xBF\xBD "
+      "\xEF\xBF\xBD\xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(span["attributes"][0]["value"], json::parse(R"({"doubleValue":"NaN"})"));
+  EXPECT_EQ(span["attributes"][1]["value"], json::parse(R"({"doubleValue":"-Infinity"})"));
+  EXPECT_EQ(span["attributes"][2]["value"]["doubleValue"].get<double>(), 3.141592653589793);
+  EXPECT_EQ(span["attributes"][3]["value"], json::parse(R"({"intValue":"-9223372036854775808"})"));
 }
 
 TEST(OtlpHttpExporterTest, PostsTheSpansToV1Traces) {
