@@ -8,8 +8,10 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "observability/otlp/http_post.h"
@@ -26,6 +28,43 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 // answer will not change.
 bool Retryable(int status) {
   return status == 429 || status == 502 || status == 503 || status == 504;
+}
+
+// Appends the entries of an OTEL_* list variable ("k1=v1,k2=v2", values percent-encoded, W3C
+// Baggage's format) to *out. InvalidArgument naming `variable` for a malformed entry.
+absl::Status ParseKeyValues(const char* variable, absl::string_view text,
+                            std::vector<std::pair<std::string, std::string>>* out) {
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const size_t eq = entry.find('=');
+    const absl::string_view key =
+        absl::StripAsciiWhitespace(entry.substr(0, eq == absl::string_view::npos ? 0 : eq));
+    if (eq == absl::string_view::npos || key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(variable, ": \"", entry, "\" is not key=value"));
+    }
+    const absl::string_view raw = absl::StripAsciiWhitespace(entry.substr(eq + 1));
+    std::string value;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] != '%') {
+        value.push_back(raw[i]);
+        continue;
+      }
+      int byte = 0;
+      if (i + 2 >= raw.size() || !absl::ascii_isxdigit(raw[i + 1]) ||
+          !absl::ascii_isxdigit(raw[i + 2])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(variable, ": a bad percent escape in the value of ", key));
+      }
+      for (int k = 1; k <= 2; ++k) {
+        const char c = absl::ascii_tolower(raw[i + k]);
+        byte = byte * 16 + (c <= '9' ? c - '0' : c - 'a' + 10);
+      }
+      value.push_back(static_cast<char>(byte));
+      i += 2;
+    }
+    out->emplace_back(std::string(key), std::move(value));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -135,7 +174,7 @@ class OtlpHttpExporter::Impl {
         if (stopping_) timeout = std::min(timeout, shutdown_deadline_ - options_.clock->Now());
       }
       if (timeout <= absl::ZeroDuration()) return false;
-      absl::StatusOr<HttpAnswer> answer = PostOnce(url_, body, timeout);
+      absl::StatusOr<HttpAnswer> answer = PostOnce(url_, options_.headers, body, timeout);
       if (answer.ok() && answer->status >= 200 && answer->status < 300) return true;
       const bool again = !answer.ok() || Retryable(answer->status);
       if (!again || attempt >= options_.retry_attempts) return false;
@@ -222,6 +261,23 @@ absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> NewOtlpHttpExporterFromEnv(
   }
   if (std::string service = env("OTEL_SERVICE_NAME"); !service.empty()) {
     base.service_name = std::move(service);
+  }
+  for (const char* variable : {"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"}) {
+    if (absl::Status s = ParseKeyValues(variable, env(variable), &base.headers); !s.ok()) return s;
+  }
+  std::vector<std::pair<std::string, std::string>> resource;
+  if (absl::Status s =
+          ParseKeyValues("OTEL_RESOURCE_ATTRIBUTES", env("OTEL_RESOURCE_ATTRIBUTES"), &resource);
+      !s.ok()) {
+    return s;
+  }
+  for (auto& [key, value] : resource) {
+    if (key == "service.name") {
+      // OTEL_SERVICE_NAME wins, as the specification says.
+      if (env("OTEL_SERVICE_NAME").empty()) base.service_name = std::move(value);
+      continue;
+    }
+    base.resource_attributes.push_back({std::move(key), std::move(value)});
   }
   absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> exporter = NewOtlpHttpExporter(base);
   if (!exporter.ok()) {

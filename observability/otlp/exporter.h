@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,9 @@ struct OtlpHttpExporterOptions {
   // The full URL spans are posted to, used as it is ("http://host:4318/v1/traces"); when set,
   // `endpoint` is ignored.
   std::string traces_endpoint{};
+  // Extra HTTP headers on every POST: a backend's API key, say ({"authorization", "Bearer
+  // ..."}). Default: none.
+  std::vector<std::pair<std::string, std::string>> headers{};
   // The resource's service.name.
   std::string service_name = "unknown_service";
   // More resource attributes (deployment.environment, service.version, ...).
@@ -117,9 +121,13 @@ absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> NewOtlpHttpExporter(
 
 // An exporter configured from the OpenTelemetry environment variables over `base`:
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the full URL) or else OTEL_EXPORTER_OTLP_ENDPOINT (the
-// base URL, + "/v1/traces"), and OTEL_SERVICE_NAME. Null (tracing off) when neither endpoint
-// is set, or OTEL_SDK_DISABLED is "true", or OTEL_TRACES_EXPORTER is "none". Errors as
-// NewOtlpHttpExporter (naming the variable).
+// base URL, + "/v1/traces"); OTEL_SERVICE_NAME; OTEL_EXPORTER_OTLP_HEADERS and
+// OTEL_EXPORTER_OTLP_TRACES_HEADERS (both, appended to base.headers) and
+// OTEL_RESOURCE_ATTRIBUTES (appended to base.resource_attributes), each a list
+// "key1=value1,key2=value2" with percent-encoded values. Null (tracing off) when neither
+// endpoint is set, or OTEL_SDK_DISABLED is "true", or OTEL_TRACES_EXPORTER is "none".
+// InvalidArgument naming the variable: a malformed list entry (no '=', an empty key, a bad
+// percent escape), and the errors of NewOtlpHttpExporter for an endpoint.
 absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> NewOtlpHttpExporterFromEnv(
     OtlpHttpExporterOptions base = {});
 

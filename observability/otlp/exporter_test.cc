@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,7 @@ using json = nlohmann::json;
 struct Request {
   std::string target;
   std::string content_type;
+  std::map<std::string, std::string> headers;  // lowercase names
   std::string body;
 };
 
@@ -58,6 +60,7 @@ bool ReadRequest(int fd, Request* r) {
           std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
           const std::string name = absl::AsciiStrToLower(kv.first);
           const std::string value(absl::StripAsciiWhitespace(kv.second));
+          r->headers[name] = value;
           if (name == "content-length") (void)absl::SimpleAtoi(value, &length);
           if (name == "content-type") r->content_type = value;
         }
@@ -345,8 +348,10 @@ class EnvTest : public ::testing::Test {
   void SetUp() override { Clear(); }
   void TearDown() override { Clear(); }
   static void Clear() {
-    for (const char* v : {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                          "OTEL_SERVICE_NAME", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER"}) {
+    for (const char* v :
+         {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME",
+          "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_HEADERS",
+          "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_RESOURCE_ATTRIBUTES"}) {
       unsetenv(v);
     }
   }
@@ -374,6 +379,50 @@ TEST_F(EnvTest, EndpointAndServiceName) {
 
   setenv("OTEL_SDK_DISABLED", "true", 1);
   EXPECT_EQ(*NewOtlpHttpExporterFromEnv(), nullptr);
+}
+
+TEST_F(EnvTest, HeadersAndResourceAttributes) {
+  FakeCollector collector;
+  setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint().c_str(), 1);
+  setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=abc%20def%2C1, x-team = core", 1);
+  setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-signal=traces", 1);
+  setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=from-resource", 1);
+  std::shared_ptr<OtlpHttpExporter> e = *NewOtlpHttpExporterFromEnv();
+  e->Export({TestSpan(1)});
+  ASSERT_TRUE(e->ForceFlush(absl::Seconds(30)));
+  ASSERT_EQ(collector.requests().size(), 1u);
+  const Request r = collector.requests()[0];
+  EXPECT_EQ(r.headers.at("api-key"), "abc def,1");
+  EXPECT_EQ(r.headers.at("x-team"), "core");
+  EXPECT_EQ(r.headers.at("x-signal"), "traces");
+  const json resource = json::parse(r.body)["resourceSpans"][0]["resource"]["attributes"];
+  EXPECT_EQ(resource, json::parse(R"([
+      {"key":"service.name","value":{"stringValue":"from-resource"}},
+      {"key":"deployment.environment","value":{"stringValue":"prod"}}])"));
+
+  // OTEL_SERVICE_NAME wins over the resource's service.name.
+  setenv("OTEL_SERVICE_NAME", "billing", 1);
+  std::shared_ptr<OtlpHttpExporter> e2 = *NewOtlpHttpExporterFromEnv();
+  e2->Export({TestSpan(2)});
+  ASSERT_TRUE(e2->ForceFlush(absl::Seconds(30)));
+  ASSERT_EQ(collector.requests().size(), 2u);
+  EXPECT_EQ(json::parse(collector.requests()[1].body)["resourceSpans"][0]["resource"]["attributes"]
+                                                     [0]["value"]["stringValue"],
+            "billing");
+}
+
+TEST_F(EnvTest, AMalformedListNamesTheVariable) {
+  setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318", 1);
+  setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key", 1);
+  EXPECT_TRUE(absl::StartsWith(NewOtlpHttpExporterFromEnv().status().message(),
+                               "OTEL_EXPORTER_OTLP_HEADERS: "));
+  setenv("OTEL_EXPORTER_OTLP_HEADERS", "api-key=%4", 1);
+  EXPECT_TRUE(absl::StartsWith(NewOtlpHttpExporterFromEnv().status().message(),
+                               "OTEL_EXPORTER_OTLP_HEADERS: "));
+  unsetenv("OTEL_EXPORTER_OTLP_HEADERS");
+  setenv("OTEL_RESOURCE_ATTRIBUTES", "=x", 1);
+  EXPECT_TRUE(absl::StartsWith(NewOtlpHttpExporterFromEnv().status().message(),
+                               "OTEL_RESOURCE_ATTRIBUTES: "));
 }
 
 TEST_F(EnvTest, TracesEndpointIsUsedAsItIs) {

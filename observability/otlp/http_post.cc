@@ -33,8 +33,10 @@ namespace {
 // read.
 constexpr uint64_t kBodyLimit = uint64_t{64} << 10;
 
-awaitable<absl::StatusOr<HttpAnswer>> Post(asio::io_context& io, const HttpUrl& url,
-                                           const std::string& body, absl::Duration timeout) {
+awaitable<absl::StatusOr<HttpAnswer>> Post(
+    asio::io_context& io, const HttpUrl& url,
+    const std::vector<std::pair<std::string, std::string>>& headers, const std::string& body,
+    absl::Duration timeout) {
   const std::string server = absl::StrCat("OTLP collector ", url.host, ":", url.port);
   asio::ip::tcp::socket socket(io);
   bool timed_out = false;
@@ -69,6 +71,7 @@ awaitable<absl::StatusOr<HttpAnswer>> Post(asio::io_context& io, const HttpUrl& 
   req.set(http::field::host, absl::StrCat(ipv6 ? "[" : "", url.host, ipv6 ? "]:" : ":", url.port));
   req.set(http::field::content_type, "application/json");
   req.set(http::field::user_agent, "msgbus-otlp");
+  for (const auto& [name, value] : headers) req.set(name, value);
   req.body() = body;
   req.prepare_payload();
   co_await http::async_write(socket, req, asio::redirect_error(use_awaitable, ec));
@@ -122,12 +125,13 @@ absl::StatusOr<HttpUrl> ParseHttpUrl(absl::string_view url) {
   return out;
 }
 
-absl::StatusOr<HttpAnswer> PostOnce(const HttpUrl& url, const std::string& body,
-                                    absl::Duration timeout) {
+absl::StatusOr<HttpAnswer> PostOnce(const HttpUrl& url,
+                                    const std::vector<std::pair<std::string, std::string>>& headers,
+                                    const std::string& body, absl::Duration timeout) {
   try {
     asio::io_context io;
     std::future<absl::StatusOr<HttpAnswer>> answer =
-        asio::co_spawn(io, Post(io, url, body, timeout), asio::use_future);
+        asio::co_spawn(io, Post(io, url, headers, body, timeout), asio::use_future);
     io.run();
     return answer.get();
   } catch (const std::exception& e) {

@@ -8,6 +8,8 @@
 #define OBSERVABILITY_OTLP_HTTP_POST_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -33,10 +35,12 @@ struct HttpAnswer {
   std::string body{};
 };
 
-// POSTs `body` as application/json to `url` and reads the answer, all within `timeout`.
-// Unavailable (saying which step) for a resolve, connect, write or read error or the timeout.
-absl::StatusOr<HttpAnswer> PostOnce(const HttpUrl& url, const std::string& body,
-                                    absl::Duration timeout);
+// POSTs `body` as application/json to `url` with `headers` and reads the answer, all within
+// `timeout`. Unavailable (saying which step) for a resolve, connect, write or read error or the
+// timeout.
+absl::StatusOr<HttpAnswer> PostOnce(const HttpUrl& url,
+                                    const std::vector<std::pair<std::string, std::string>>& headers,
+                                    const std::string& body, absl::Duration timeout);
 
 }  // namespace bus::otlp
 
