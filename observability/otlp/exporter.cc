@@ -113,8 +113,8 @@ class OtlpHttpExporter::Impl {
   }
 
  private:
-  // The batch to send now, or empty: a full batch, one whose first span waited batch_delay, a
-  // flush, or stopping.
+  // Whether the loop has something to do: a full batch, a first span that waited
+  // batch_delay, a flush, or stopping.
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (queue_.empty()) return stopping_;
     return stopping_ || queue_.size() >= options_.max_batch || flush_until_ > queued_total_ ||
@@ -176,6 +176,12 @@ class OtlpHttpExporter::Impl {
       if (timeout <= absl::ZeroDuration()) return false;
       absl::StatusOr<HttpAnswer> answer = PostOnce(url_, options_.headers, body, timeout);
       if (answer.ok() && answer->status >= 200 && answer->status < 300) return true;
+      {
+        absl::MutexLock lock(&mu_);
+        stats_.last_error =
+            answer.ok() ? absl::StrCat("HTTP ", answer->status, " ", answer->body.substr(0, 200))
+                        : answer.status().ToString();
+      }
       const bool again = !answer.ok() || Retryable(answer->status);
       if (!again || attempt >= options_.retry_attempts) return false;
       // Once the destructor runs, a failed batch is not tried again: what is queued behind it

@@ -86,6 +86,9 @@ struct OtlpHttpExporterStats {
   uint64_t failed = 0;    // spans of batches given up (retries spent, or a 4xx answer)
   uint64_t batches = 0;   // POSTs answered 2xx
   uint64_t retries = 0;   // POSTs tried again
+  // Why the last POST that was not accepted failed ("HTTP 503 ..." or the connection error);
+  // empty when none failed.
+  std::string last_error{};
 };
 
 class OtlpHttpExporter : public SpanExporter {

@@ -283,6 +283,7 @@ TEST(OtlpHttpExporterTest, GivesUpAfterTheRetriesAndOnA400) {
   EXPECT_EQ(bad.requests().size(), 1u);
   EXPECT_EQ(exporter2->stats().failed, 1u);
   EXPECT_EQ(exporter2->stats().retries, 0u);
+  EXPECT_EQ(exporter2->stats().last_error, "HTTP 400 {}");
 }
 
 TEST(OtlpHttpExporterTest, RetriesWhenNothingListens) {
@@ -319,6 +320,8 @@ TEST(OtlpHttpExporterTest, ACollectorThatNeverAnswersCostsTheTimeoutOnly) {
   exporter->Export({TestSpan(1)});
   ASSERT_TRUE(exporter->ForceFlush(absl::Seconds(30)));
   EXPECT_EQ(exporter->stats().failed, 1u);
+  EXPECT_TRUE(absl::StrContains(exporter->stats().last_error, "timed out after 200ms"))
+      << exporter->stats().last_error;
   exporter.reset();  // closes nothing of the server's: its poll ends when the client closes
 }
 
