@@ -152,6 +152,8 @@ Handler::Handler(HandlerOptions options, bool user_ensure, TransactionalHandler 
     observer = internal::TracingObserver(o.observability.tracing, std::string(o.driver->name()),
                                          std::move(observer));
   }
+  pipeline_->events_sampled_only =
+      o.observability.tracing != nullptr && o.observability.observer == nullptr;
   if (observer != nullptr) {
     pipeline_->events = std::make_unique<internal::EventQueue>(
         std::move(observer), static_cast<size_t>(o.observability.observer_queue), o.queue,

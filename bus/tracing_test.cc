@@ -102,6 +102,22 @@ TEST_F(TracingTest, AnUnsampledTraceHasNoSpansAnywhere) {
   EXPECT_EQ(exporter_->size(), 0u);
 }
 
+TEST_F(TracingTest, WithTracingAloneAnUnsampledMessageEmitsNoEvents) {
+  HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
+  o.observability.tracing = exporter_;
+  Handler* h = Start(o);
+  TraceParent unsampled = NewTraceParent();
+  unsampled.flags = 0;
+  Publish("order-1", "x", {{kTraceParentHeader, unsampled.ToString()}});
+  const std::string traced = Publish("order-2", "x");
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 2 && exporter_->size() == 1; }));
+  ASSERT_TRUE(StopAndWait().ok());
+  std::vector<Span> spans = exporter_->spans();
+  ASSERT_EQ(spans.size(), 1u);
+  EXPECT_EQ(Attr(spans[0], kAttrMessageId), AttributeValue{traced});
+  EXPECT_EQ(h->Stats().events_dropped, 0u);
+}
+
 TEST_F(TracingTest, NoTracingNoSpans) {
   HandlerOptions o = Options([](const Message&) { return absl::OkStatus(); });
   Handler* h = Start(o);
