@@ -14,8 +14,14 @@
 // (HandlerOptions::observability.metrics) whose whole page a thread renders every --scrape_interval
 // (1 s by default, 15 times as often as a Prometheus server's usual 15 s), as the admin server's
 // /metrics would; the mean CPU time a page took to render is printed at the end.
+// `tracing_null` sets HandlerOptions::observability.tracing to an exporter that drops every span
+// (the cost of building the CONSUMER spans from the events), `tracing` to an OtlpHttpExporter
+// (observability/otlp) posting to a sink in this process that answers 200 to everything; its
+// exported and dropped spans are printed at the end.
 
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +47,7 @@
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
+#include "observability/otlp/exporter.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "storage/sqlite/sqlite_database.h"
@@ -55,7 +62,10 @@ ABSL_FLAG(int, batch_size, 0,
           "HandlerOptions::flow.batch_size (0: the default, chosen by the Handler)");
 ABSL_FLAG(std::string, modes, "off",
           "comma-separated: off, json, json_observer, metrics, json_metrics, "
-          "json_observer_metrics");
+          "json_observer_metrics, tracing_null, tracing");
+ABSL_FLAG(int, sampled_percent, 100,
+          "messages whose traceparent is sampled (flags 01), in percent; the tracing modes record "
+          "spans for those only");
 ABSL_FLAG(absl::Duration, scrape_interval, absl::Seconds(1),
           "with metrics: how often the registry's page is rendered");
 ABSL_FLAG(absl::Duration, sqlite_spin_wait, bus::SqliteOptions{}.spin_wait,
@@ -70,7 +80,56 @@ struct Mode {
   bool json = false;
   bool observer = false;
   bool metrics = false;
+  // 1: spans to a null exporter; 2: to an OtlpHttpExporter and the local sink.
+  int tracing = 0;
 };
+
+class NullSpanExporter : public bus::SpanExporter {
+ public:
+  void Export(std::vector<bus::Span>) override {}
+};
+
+// An OTLP/HTTP collector that takes everything: reads each request (header, then as many body
+// bytes as Content-Length says) and answers 200. Runs until the process exits.
+int StartSink() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, 16) != 0) std::abort();
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread([fd] {
+    while (true) {
+      const int c = accept(fd, nullptr, nullptr);
+      if (c < 0) return;
+      std::string data;
+      char buf[65536];
+      size_t want = std::string::npos;
+      while (want == std::string::npos || data.size() < want) {
+        const ssize_t n = recv(c, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        data.append(buf, static_cast<size_t>(n));
+        const size_t end = data.find("\r\n\r\n");
+        const size_t cl = data.find("Content-Length: ");
+        if (want == std::string::npos && end != std::string::npos && cl != std::string::npos) {
+          size_t body = 0;
+          if (!absl::SimpleAtoi(data.substr(cl + 16, data.find("\r\n", cl) - cl - 16), &body))
+            break;
+          want = end + 4 + body;
+        }
+      }
+      const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+      (void)!send(c, ok, sizeof(ok) - 1, MSG_NOSIGNAL);
+      close(c);
+    }
+  }).detach();
+  return ntohs(addr.sin_port);
+}
+
+// The tracing mode's exporter counts, over all runs.
+std::atomic<uint64_t> spans_exported{0};
+std::atomic<uint64_t> spans_dropped{0};
 
 // Messages per second; sets *cpu_per_message to the process's CPU time (user + system) per
 // message while the handler ran.
@@ -91,8 +150,11 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
   batch.reserve(10000);
   for (int i = 0; i < messages; ++i) {
     bus::Message m = publisher.Build(bus::Outgoing{"", std::string(100, 'p'), {}});
-    m.headers = {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-                 {"tenant", "eu"}};
+    const bool sampled = i % 100 < absl::GetFlag(FLAGS_sampled_percent);
+    m.headers = {
+        {"traceparent", sampled ? "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                                : "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"},
+        {"tenant", "eu"}};
     batch.push_back(bus::EncodeEnvelope(m));
     if (batch.size() == 10000 || i + 1 == messages) {
       if (!driver->SendBatchToQueue("bench", batch, absl::ZeroDuration()).ok()) std::abort();
@@ -127,6 +189,14 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
   o.flow.max_in_flight = concurrency * absl::GetFlag(FLAGS_max_in_flight_per_worker);
   o.replay.interval = absl::ZeroDuration();
   if (mode.metrics) o.observability.metrics = std::make_shared<bus::MetricsRegistry>();
+  std::shared_ptr<bus::otlp::OtlpHttpExporter> otlp;
+  if (mode.tracing == 1) o.observability.tracing = std::make_shared<NullSpanExporter>();
+  if (mode.tracing == 2) {
+    static const int sink_port = StartSink();
+    otlp = *bus::otlp::NewOtlpHttpExporter(
+        {.endpoint = absl::StrCat("http://127.0.0.1:", sink_port), .service_name = "bench"});
+    o.observability.tracing = otlp;
+  }
   auto handler = bus::Handler::Create(o);
   if (!handler.ok()) std::abort();
   std::atomic<bool> done{false};
@@ -166,6 +236,11 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
   runner.join();
   o = {};  // closes the stores' database before its files are removed
   handler->reset();
+  if (otlp != nullptr) {
+    otlp->ForceFlush(absl::Seconds(10));
+    spans_exported += otlp->stats().exported;
+    spans_dropped += otlp->stats().dropped;
+  }
   for (const char* suffix : {"", "-wal", "-shm"}) {
     std::remove(absl::StrCat(db_path, suffix).c_str());
   }
@@ -195,6 +270,10 @@ int main(int argc, char** argv) {
       modes.push_back({"json_metrics", true, false, true});
     } else if (m == "json_observer_metrics") {
       modes.push_back({"json_observer_metrics", true, true, true});
+    } else if (m == "tracing_null") {
+      modes.push_back({"tracing_null", false, false, false, 1});
+    } else if (m == "tracing") {
+      modes.push_back({"tracing", false, false, false, 2});
     } else {
       std::fprintf(stderr, "unknown mode %s\n", std::string(m).c_str());
       return 2;
@@ -227,6 +306,11 @@ int main(int argc, char** argv) {
   if (renders.load() > 0) {
     std::printf("metrics page: %.1f us of CPU to render (mean of %lld pages)\n",
                 render_nanos.load() / 1e3 / renders.load(), static_cast<long long>(renders.load()));
+  }
+  if (spans_exported.load() + spans_dropped.load() > 0) {
+    std::printf("tracing: %llu spans exported, %llu dropped by the exporter's queue\n",
+                static_cast<unsigned long long>(spans_exported.load()),
+                static_cast<unsigned long long>(spans_dropped.load()));
   }
   return 0;
 }

@@ -40,7 +40,8 @@ enum class EventType {
   // handle() failed (retryable or permanent); a kRetried or kDeadLettered follows when the
   // failure was settled.
   kFailed,
-  // A failed message was re-sent to the queue with its retry delay.
+  // A failed message was re-sent to the queue with its retry delay (detail: the delay in
+  // milliseconds, "250").
   kRetried,
   // A message was stored as a dead letter (detail: its kind, malformed, permanent or
   // exhausted).
@@ -107,6 +108,11 @@ struct Event {
   std::string biz_uid{};
   // The trace id of the message's traceparent (bus/trace.h); empty without a valid one.
   std::string trace_id{};
+  // The parent id of the message's traceparent (the sender's span, 16 hex); empty without a
+  // valid one. A consumer span of this message is its child (bus/tracing.h).
+  std::string parent_span_id{};
+  // The trace-flags of the message's traceparent (bit 0: sampled); 0 without a valid one.
+  uint8_t trace_flags = 0;
   // The handle attempt (1 = the first) for kHandlerStarted, kHandled, kFailed, kRetried and
   // kDeadLettered.
   int attempt = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/backoff.h"
+#include "bus/internal/consumer_spans.h"
 #include "bus/internal/handler_metrics.h"
 #include "bus/internal/pipeline.h"
 #include "bus/internal/receive_loop.h"
@@ -146,9 +147,16 @@ Handler::Handler(HandlerOptions options, bool user_ensure, TransactionalHandler 
       }
     });
   }
-  if (o.observability.observer != nullptr) {
+  EventObserverFn observer = o.observability.observer;
+  if (o.observability.tracing != nullptr) {
+    observer = internal::TracingObserver(o.observability.tracing, std::string(o.driver->name()),
+                                         std::move(observer));
+  }
+  pipeline_->events_sampled_only =
+      o.observability.tracing != nullptr && o.observability.observer == nullptr;
+  if (observer != nullptr) {
     pipeline_->events = std::make_unique<internal::EventQueue>(
-        o.observability.observer, static_cast<size_t>(o.observability.observer_queue), o.queue,
+        std::move(observer), static_cast<size_t>(o.observability.observer_queue), o.queue,
         [driver = o.driver] { return driver->Stats().reconnects; },
         [clock = o.clock] { return clock->Now(); });
   }

@@ -28,6 +28,7 @@
 #include "bus/retry.h"
 #include "bus/stats.h"
 #include "bus/stores.h"
+#include "bus/tracing.h"
 
 namespace bus {
 
@@ -242,6 +243,12 @@ struct HandlerOptions {
     EventObserverFn observer{};
     // Events waiting for the observer; >= 1.
     int observer_queue = 4096;
+    // Optional: records a CONSUMER span per handle attempt (bus/tracing.h, docs/tracing.md)
+    // and gives it to this exporter, e.g. bus::otlp::NewOtlpHttpExporter
+    // (observability/otlp/exporter.h). The spans are built from the events on the observer's
+    // thread and queue (observer_queue; a span whose events were dropped is lost), so the
+    // pipeline's work is the same as with an observer. Default: none (no tracing).
+    std::shared_ptr<SpanExporter> tracing{};
     // Optional: the registry this handler's metrics are added to (bus/metrics.h, listed in
     // docs/operations.md), labelled with the queue, from Create until the Handler is destroyed.
     // They are read from the Handler's own counters when the registry renders: nothing is

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //transactional/... + //url/... + //admin/...'
 # Packages that may not exist yet are dropped from the expression.
 expr=""
-for p in bus drivers storage idempotency transactional url admin; do
+for p in bus drivers storage idempotency transactional url admin observability; do
   [ -d "$p" ] && expr="${expr:+$expr + }//$p/..."
 done
 user=//examples/quickstart:quickstart
@@ -24,7 +24,7 @@ status=0
 while IFS= read -r h; do
   while IFS= read -r inc; do
     case "$inc" in
-      bus/* | drivers/* | storage/* | idempotency/* | transactional/* | url/* | admin/*)
+      bus/* | drivers/* | storage/* | idempotency/* | transactional/* | url/* | admin/* | observability/*)
         if ! grep -qxF "$inc" <<<"$public"; then
           echo "check_layout: public header $h includes $inc, which is not a public header"
           status=1
@@ -45,7 +45,7 @@ while IFS= read -r f; do
       status=1
     fi
   fi
-done < <(find bus drivers storage idempotency transactional url admin busctl -name '*.cc' \
+done < <(find bus drivers storage idempotency transactional url admin observability busctl -name '*.cc' \
   -not -name '*_test.cc' 2>/dev/null | sort)
 
 [ $status -eq 0 ] && echo "check_layout: $(wc -l <<<"$public") public headers, none exposes an engine header; no product .cc over 600 lines without a reason at its top"

@@ -3,7 +3,8 @@
 # Bazel, CMake, Ninja and pkg-config (for the CMake build and tools/cmake_check.sh), the system
 # libraries, clang-format, redis-server, PostgreSQL 15 (the server the PostgreSQL tests start
 # as the unprivileged `postgres` user the package creates, and libpq), and nsqd/nsqlookupd plus nsq's bench_writer/bench_reader
-# built from the Go module github.com/nsqio/nsq v1.3.0, curl, and a Python venv with the
+# built from the Go module github.com/nsqio/nsq v1.3.0, Jaeger v2 (the OTLP collector of
+# observability/otlp:jaeger_test) built from github.com/jaegertracing/jaeger v1.76.0, curl, and a Python venv with the
 # official Prometheus client (its text-format parser checks /metrics in the admin tests), and
 # chromium (headless, for the web console's browser tests, docs/console.md).
 # Idempotent: returns in about a second when everything is present.
@@ -19,6 +20,7 @@ packages=(
 )
 nsq_version=v1.3.0
 nsq_bin=/usr/local/bin
+jaeger_version=v1.76.0
 # The admin tests run $prom_venv/bin/python3 (tests/testing/http.h).
 prom_venv=/usr/local/lib/bus-prometheus-venv
 prom_client_version=0.26.0
@@ -99,6 +101,34 @@ MOD
   "${sudo_cmd[@]}" install -m 0755 "$work/bin/nsqd" "$work/bin/nsqlookupd" "$nsq_bin/"
   "${sudo_cmd[@]}" install -m 0755 "$work/bin/bench_writer" "$nsq_bin/nsq_bench_writer"
   "${sudo_cmd[@]}" install -m 0755 "$work/bin/bench_reader" "$nsq_bin/nsq_bench_reader"
+fi
+# Jaeger v2 (cmd/jaeger). Its go.mod has a replace, which `go install pkg@version` refuses, so a
+# throwaway module requires it and repeats the replace, as for nsq above. Download and build took
+# 18 minutes here (cold module cache, 2 cores shared with other builds, `go build -p 1`).
+have_jaeger() {
+  [ -x "$nsq_bin/jaeger" ] &&
+    go version -m "$nsq_bin/jaeger" 2>/dev/null | grep -q "github.com/jaegertracing/jaeger[[:space:]]*${jaeger_version}"
+}
+if ! have_jaeger; then
+  echo "setup: building jaeger ${jaeger_version}"
+  jaeger_work=$(mktemp -d)
+  cat >"$jaeger_work/go.mod" <<MOD
+module msgbus.local/jaegertool
+
+go 1.24.6
+
+require github.com/jaegertracing/jaeger ${jaeger_version}
+
+replace github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0
+MOD
+  (
+    cd "$jaeger_work"
+    export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+    go get github.com/jaegertracing/jaeger@${jaeger_version} >/dev/null 2>&1
+    go build -o jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+  )
+  "${sudo_cmd[@]}" install -m 0755 "$jaeger_work/jaeger" "$nsq_bin/jaeger"
+  rm -rf "$jaeger_work"
 fi
 # promtool built from the Go module of Prometheus took 9 minutes here (cold module cache, 2
 # cores), the official Python client's parser 9 seconds: the tests use the latter.

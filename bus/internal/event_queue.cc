@@ -63,9 +63,15 @@ void EventQueue::Unpack(const Slot& s, Event* e) const {
   }
   // Packed as the whole traceparent: validated here, off the producer's path.
   if (IsValidTraceParent(e->trace_id)) {
+    e->parent_span_id.assign(e->trace_id, 36, 16);
+    const char* flags = e->trace_id.data() + 53;
+    auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    e->trace_flags = static_cast<uint8_t>(nibble(flags[0]) * 16 + nibble(flags[1]));
     e->trace_id.erase(0, 3).resize(32);
   } else {
     e->trace_id.clear();
+    e->parent_span_id.clear();
+    e->trace_flags = 0;
   }
 }
 

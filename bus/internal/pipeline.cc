@@ -221,7 +221,8 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   Acquire(b.key_views, b.owner_views, absl::MakeSpan(b.acquired));
   b.held.clear();
   for (size_t j = 0; j < b.decoded.size(); ++j) {
-    if (b.acquired[j].ok() && *b.acquired[j]) b.held.push_back(HeldHash(b.key_views[j], b.msgs[b.decoded[j]].id));
+    if (b.acquired[j].ok() && *b.acquired[j])
+      b.held.push_back(HeldHash(b.key_views[j], b.msgs[b.decoded[j]].id));
   }
   if (!b.held.empty()) HoldHere(b.held, +1);
 
@@ -323,6 +324,18 @@ void Pipeline::CountGiveBacks(absl::Span<const Input> in, absl::Span<const Messa
 
 // ---- Events ----
 
+namespace {
+
+// Whether the hex digit `c` is odd (bit 0 set); anything else counts as sampled, so a malformed
+// traceparent's events still reach the span builder, which decides.
+bool SampledDigit(char c) {
+  if (c >= '0' && c <= '9') return ((c - '0') & 1) != 0;
+  if (c >= 'a' && c <= 'f') return ((c - 'a' + 10) & 1) != 0;
+  return true;
+}
+
+}  // namespace
+
 void Pipeline::EmitStarted(const Message& msg) {
   if (events == nullptr) return;
   Emit(EventType::kHandlerStarted, &msg, msg.retried + 1);
@@ -347,6 +360,8 @@ void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::strin
     biz_uid = msg->biz_uid;
     if (const std::string* v = msg->FindHeader(kTraceParentHeader); v != nullptr) {
       traceparent = *v;
+      // The last hex digit of trace-flags (offset 54) holds the sampled bit.
+      if (events_sampled_only && v->size() >= 55 && !SampledDigit((*v)[54])) return;
     }
   }
   events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail, code);

@@ -173,8 +173,11 @@ struct Pipeline final : ReceiveSink {
   bool consuming ABSL_GUARDED_BY(mu) = false;
   bool ran ABSL_GUARDED_BY(mu) = false;  // a Run() has completed
 
-  // Set when options.observability.observer is; closed by ~Handler.
+  // Set when options.observability.observer or .tracing is; closed by ~Handler.
   std::unique_ptr<EventQueue> events;
+  // Tracing without an observer: the events are only for spans, so a message whose
+  // traceparent is not sampled emits none (set before Run).
+  bool events_sampled_only = false;
 
   // Handler::Stop(): while consuming, the drain's log record and kDraining event first (so
   // they come before anything the stop causes), then the stop itself. Idempotent.

@@ -179,7 +179,10 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
     return after_lease(InfraFailure(&msg, "resend_failed", st));
   }
   retried.fetch_add(1, std::memory_order_relaxed);
-  Emit(EventType::kRetried, &msg, msg.retried);
+  if (events != nullptr) {
+    Emit(EventType::kRetried, &msg, msg.retried, "",
+         absl::StrCat(absl::ToInt64Milliseconds(delay)));
+  }
   LogRetried(msg, delay);
   return Taken();
 }
