@@ -460,8 +460,7 @@ TEST_F(HandlerTest, ACopyOfAMessageABatchHereStillHoldsGoesBackInsteadOfBeingSki
   h = Start(o);
   ASSERT_TRUE(AdvanceUntil(
       [&] {
-        return h->Stats().succeeded == 2 && h->Stats().duplicates == 1 &&
-               h->Stats().in_flight == 0;
+        return h->Stats().succeeded == 2 && h->Stats().duplicates == 1 && h->Stats().in_flight == 0;
       },
       absl::Minutes(5)))
       << h->Stats().ToString();

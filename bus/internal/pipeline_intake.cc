@@ -151,7 +151,8 @@ void Pipeline::HoldHere(absl::Span<const uint64_t> hashes, int delta) {
   for (uint64_t hash : hashes) {
     if (delta > 0) {
       held_here[hash] += delta;
-    } else if (auto it = held_here.find(hash); it != held_here.end() && (it->second += delta) <= 0) {
+    } else if (auto it = held_here.find(hash);
+               it != held_here.end() && (it->second += delta) <= 0) {
       held_here.erase(it);
     }
   }
