@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "drivers/postgres/postgres_driver_harness.h"
+#include "tests/testing/postgres_driver_harness.h"
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
 

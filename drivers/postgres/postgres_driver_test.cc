@@ -27,7 +27,7 @@
 #include "bus/envelope.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
-#include "drivers/postgres/postgres_driver_harness.h"
+#include "tests/testing/postgres_driver_harness.h"
 #include "gtest/gtest.h"
 #include "postgresql/libpq-fe.h"
 #include "tests/testing/postgres_server.h"

@@ -4,8 +4,8 @@
 // PostgresDatabase, as another process would. Leases and delays run on the server's clock, so
 // Advance sleeps.
 
-#ifndef DRIVERS_POSTGRES_POSTGRES_DRIVER_HARNESS_H_
-#define DRIVERS_POSTGRES_POSTGRES_DRIVER_HARNESS_H_
+#ifndef TESTS_TESTING_POSTGRES_DRIVER_HARNESS_H_
+#define TESTS_TESTING_POSTGRES_DRIVER_HARNESS_H_
 
 #include <memory>
 #include <vector>
@@ -63,4 +63,4 @@ class PostgresDriverHarness final : public DriverHarness {
 
 }  // namespace bus::testing
 
-#endif  // DRIVERS_POSTGRES_POSTGRES_DRIVER_HARNESS_H_
+#endif  // TESTS_TESTING_POSTGRES_DRIVER_HARNESS_H_
