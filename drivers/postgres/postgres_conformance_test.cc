@@ -3,9 +3,9 @@
 
 #include <memory>
 
-#include "tests/testing/postgres_driver_harness.h"
 #include "tests/driver_conformance.h"
 #include "tests/handler_trace_conformance.h"
+#include "tests/testing/postgres_driver_harness.h"
 
 namespace bus::testing {
 namespace {

@@ -27,9 +27,9 @@
 #include "bus/envelope.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
-#include "tests/testing/postgres_driver_harness.h"
 #include "gtest/gtest.h"
 #include "postgresql/libpq-fe.h"
+#include "tests/testing/postgres_driver_harness.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/wait.h"
 
