@@ -118,6 +118,24 @@ std::string Fault::ToString() const {
   return absl::StrCat(FaultKindName(kind), target.empty() ? "" : " ", target, " #", chance);
 }
 
+FaultRates FaultRates::None() {
+  return {.duplicate = 0,
+          .lost_ack = 0,
+          .reorder = 0,
+          .crash_after_acquire = 0,
+          .crash_during_handle = 0,
+          .crash_before_mark_done = 0,
+          .crash_before_ack = 0,
+          .crash_idle = 0,
+          .store_error = 0,
+          .dead_letter_store_error = 0,
+          .send_error = 0,
+          .lease_expiry = 0,
+          .slow_store = 0,
+          .time_jump = 0,
+          .crash_in_transaction = 0};
+}
+
 double FaultRates::Of(FaultKind kind) const {
   switch (kind) {
     case FaultKind::kDuplicate:

@@ -123,6 +123,9 @@ struct FaultRates {
 
   // The rate of `kind`.
   double Of(FaultKind kind) const;
+  // Every rate 0: no fault fires unless a schedule names it (SimulateRun's `schedule`), or
+  // the caller turns some on.
+  static FaultRates None();
 };
 
 struct SimulationOptions {

@@ -143,21 +143,7 @@ INSTANTIATE_TEST_SUITE_P(TenThousand, SimulationInboxSeeds, ::testing::Range(0, 
 // The trace shows the transaction and the crash inside it; the same seed, the same trace.
 TEST(SimulationInbox, ACrashInsideTheTransactionRollsItBack) {
   SimulationOptions sim = Orders(5);
-  sim.faults = FaultRates{.duplicate = 0,
-                          .lost_ack = 0,
-                          .reorder = 0,
-                          .crash_after_acquire = 0,
-                          .crash_during_handle = 0,
-                          .crash_before_mark_done = 0,
-                          .crash_before_ack = 0,
-                          .crash_idle = 0,
-                          .store_error = 0,
-                          .dead_letter_store_error = 0,
-                          .send_error = 0,
-                          .lease_expiry = 0,
-                          .slow_store = 0,
-                          .time_jump = 0,
-                          .crash_in_transaction = 0};
+  sim.faults = FaultRates::None();
   const std::vector<Fault> schedule = {{FaultKind::kCrashInTransaction, "m2", 1}};
   absl::StatusOr<RunReport> a = SimulateRun(sim, InboxShop, 7, schedule);
   ASSERT_TRUE(a.ok()) << a.status();

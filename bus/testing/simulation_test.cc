@@ -171,24 +171,29 @@ TEST(Simulation, ACorrectHandlerHoldsOverAThousandSeedsOfAHundredMessages) {
   std::printf("%s in %.2fs\n", r->ToString().c_str(), seconds);
 }
 
+// Every kind at a high rate: a run of 30 messages sees many faults of each.
+FaultRates HeavyFaults() {
+  return {.duplicate = 0.1,
+          .lost_ack = 0.1,
+          .reorder = 0.3,
+          .crash_after_acquire = 0.03,
+          .crash_during_handle = 0.03,
+          .crash_before_mark_done = 0.03,
+          .crash_before_ack = 0.03,
+          .crash_idle = 0.1,
+          .store_error = 0.05,
+          .dead_letter_store_error = 0.3,
+          .send_error = 0.3,
+          .lease_expiry = 0.03,
+          .slow_store = 0.03,
+          .time_jump = 0.05};
+}
+
 TEST(Simulation, ACorrectHandlerHoldsUnderHeavyFaults) {
   SimulationOptions sim = Sim(30);
   sim.seeds = 1000;
   sim.max_faults = 30;
-  sim.faults = {.duplicate = 0.1,
-                .lost_ack = 0.1,
-                .reorder = 0.3,
-                .crash_after_acquire = 0.03,
-                .crash_during_handle = 0.03,
-                .crash_before_mark_done = 0.03,
-                .crash_before_ack = 0.03,
-                .crash_idle = 0.1,
-                .store_error = 0.05,
-                .dead_letter_store_error = 0.3,
-                .send_error = 0.3,
-                .lease_expiry = 0.03,
-                .slow_store = 0.03,
-                .time_jump = 0.05};
+  sim.faults = HeavyFaults();
   absl::StatusOr<SimulationResult> r = Simulate(sim, CorrectShop);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->failed) << r->ToString();
@@ -217,20 +222,7 @@ TEST(Simulation, DifferentSeedsExploreDifferentSchedules) {
   // And the traces differ even where no fault fired: batch sizes come from the seed.
   std::set<std::string> traces;
   SimulationOptions calm = Sim(20);
-  calm.faults = FaultRates{.duplicate = 0,
-                           .lost_ack = 0,
-                           .reorder = 0,
-                           .crash_after_acquire = 0,
-                           .crash_during_handle = 0,
-                           .crash_before_mark_done = 0,
-                           .crash_before_ack = 0,
-                           .crash_idle = 0,
-                           .store_error = 0,
-                           .dead_letter_store_error = 0,
-                           .send_error = 0,
-                           .lease_expiry = 0,
-                           .slow_store = 0,
-                           .time_jump = 0};
+  calm.faults = FaultRates::None();
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     absl::StatusOr<RunReport> run = SimulateRun(calm, CorrectShop, seed);
     ASSERT_TRUE(run.ok());
@@ -244,20 +236,7 @@ TEST(Simulation, DifferentSeedsExploreDifferentSchedules) {
 TEST(Simulation, EveryFaultKindFires) {
   SimulationOptions sim = Sim(30);
   sim.max_faults = 30;
-  sim.faults = {.duplicate = 0.1,
-                .lost_ack = 0.1,
-                .reorder = 0.3,
-                .crash_after_acquire = 0.03,
-                .crash_during_handle = 0.03,
-                .crash_before_mark_done = 0.03,
-                .crash_before_ack = 0.03,
-                .crash_idle = 0.1,
-                .store_error = 0.05,
-                .dead_letter_store_error = 0.3,
-                .send_error = 0.3,
-                .lease_expiry = 0.03,
-                .slow_store = 0.03,
-                .time_jump = 0.05};
+  sim.faults = HeavyFaults();
   std::set<FaultKind> fired;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     absl::StatusOr<RunReport> run = SimulateRun(
