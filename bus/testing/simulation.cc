@@ -108,6 +108,8 @@ absl::string_view FaultKindName(FaultKind kind) {
       return "slow idempotency store";
     case FaultKind::kTimeJump:
       return "time jump";
+    case FaultKind::kSecondWorker:
+      return "second worker during handle";
     case FaultKind::kCrashInTransaction:
       return "crash in transaction";
   }
@@ -133,6 +135,7 @@ FaultRates FaultRates::None() {
           .lease_expiry = 0,
           .slow_store = 0,
           .time_jump = 0,
+          .second_worker = 0,
           .crash_in_transaction = 0};
 }
 
@@ -166,6 +169,8 @@ double FaultRates::Of(FaultKind kind) const {
       return slow_store;
     case FaultKind::kTimeJump:
       return time_jump;
+    case FaultKind::kSecondWorker:
+      return second_worker;
     case FaultKind::kCrashInTransaction:
       return crash_in_transaction;
   }

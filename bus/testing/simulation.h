@@ -83,6 +83,8 @@ enum class FaultKind {
   kLeaseExpiry,           // handle runs past the delivery's lease (and the key's)
   kSlowStore,             // an idempotency store call takes half the key's lease of fake time
   kTimeJump,              // between batches, fake time jumps by the delivery lease
+  kSecondWorker,          // while handle runs, a second worker of the process takes a batch
+                          // and settles it (a copy whose lease ran out comes back to it)
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
 };
 
@@ -119,6 +121,7 @@ struct FaultRates {
   double lease_expiry = 0.003;
   double slow_store = 0.003;
   double time_jump = 0.01;
+  double second_worker = 0.003;
   double crash_in_transaction = 0.003;
 
   // The rate of `kind`.

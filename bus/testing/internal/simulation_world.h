@@ -2,7 +2,8 @@
 // stores, the pipeline under test, the PRNGs and the trace. Private to //bus/testing:simulation;
 // SimulateRun builds one World per run.
 //
-// Thread-safety: none; a World is used by one thread (the run's).
+// Thread-safety: none; one thread at a time uses a World: the run's, or the thread of a second
+// worker while the run's thread waits for it (RunSecondWorker).
 
 #ifndef BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
 #define BUS_TESTING_INTERNAL_SIMULATION_WORLD_H_
@@ -83,7 +84,11 @@ class World final : public SimulationContext {
   absl::Status Build(SimulatedSystem& system);
   // After a crash: a fresh pipeline on the same stores; Later work is lost.
   void Restart();
-  // Settles one batch as the receive loop would (a crash before the acks abandons them all).
+  // A second worker of the process takes a batch and runs it to its settlement while the
+  // handle call of `during` waits (FaultKind::kSecondWorker).
+  void RunSecondWorker(const std::string& during);
+  // Settles one batch as the receive loop would (a crash before the acks abandons them all; the
+  // caller restarts the process).
   void Settle(const std::vector<Delivery>& batch, const std::vector<Settlement>& out);
   absl::Status CallHandle(const HandleFn& handle, const Message& msg, const HandleContext& ctx);
   absl::Status CallHandleInTransaction(const TransactionalHandleFn& handle, const Message& msg,
@@ -108,6 +113,7 @@ class World final : public SimulationContext {
   std::unique_ptr<internal::Pipeline> pipeline_;
   std::vector<std::function<void()>> later_;
   bool crashed_ = false;
+  bool second_worker_running_ = false;
   int step_ = 0;
   // Chances so far, by kind and target (hash maps: only looked up, never iterated, so their
   // order cannot reach the trace).
