@@ -126,6 +126,9 @@ struct Event {
   std::string code{};
   // kReconnect: the driver's reconnects so far.
   uint64_t reconnects = 0;
+  // kHandlerStarted: when the message was first sent (Message::created_at, from the sender's
+  // clock); UnixEpoch when unknown.
+  absl::Time sent_at = absl::UnixEpoch();
 };
 
 using EventObserverFn = std::function<void(const Event& event)>;

@@ -1,7 +1,7 @@
 // Tracing: the spans the library records for messages, and the interface that takes them.
 //
 // Off by default. Set a SpanExporter on a Handler (HandlerOptions::observability.tracing) and
-// it records one CONSUMER span per delivery attempt; set one on a Publisher
+// it records the spans of each delivery attempt; set one on a Publisher
 // (Publisher::set_tracing) and it records a PRODUCER span per message it sends, whose span id
 // becomes the parent id in the message's `traceparent` (bus/trace.h), so the attempts of a
 // message appear under its publish span. The library's exporter speaks OTLP/HTTP
@@ -15,9 +15,13 @@
 //
 // The spans (docs/tracing.md):
 //   "publish <queue>"  PRODUCER  the send: messaging.operation "publish".
+//   "queued <queue>"   INTERNAL  the wait before an attempt: from the send (or the previous
+//                                attempt's ack) to the attempt's start.
 //   "process <queue>"  CONSUMER  one handle attempt, from kHandlerStarted to its outcome
 //                                (bus/events.h); parented by the message's traceparent; a later
 //                                attempt links to the span of the one before it.
+//   "settle <queue>"   CLIENT    from the attempt's outcome to the broker's ack (child of the
+//                                attempt's span).
 //
 // Thread-safety: Span is a plain value. SpanExporter::Export may be called from several threads
 // at once (publishers on application threads, each Handler's observer thread) and must be safe
@@ -37,7 +41,7 @@
 namespace bus {
 
 // OpenTelemetry's SpanKind values that the library uses.
-enum class SpanKind { kInternal, kProducer, kConsumer };
+enum class SpanKind { kInternal, kClient, kProducer, kConsumer };
 
 // OpenTelemetry's status code: unset (the default), ok, or error with a message.
 enum class SpanStatusCode { kUnset, kOk, kError };

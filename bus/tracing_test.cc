@@ -43,6 +43,15 @@ class RecordingExporter : public SpanExporter {
   std::vector<Span> spans_ ABSL_GUARDED_BY(mu_);
 };
 
+// The spans named `name`, in the order they were exported.
+std::vector<Span> Named(const std::vector<Span>& spans, const std::string& name) {
+  std::vector<Span> out;
+  for (const Span& s : spans) {
+    if (s.name == name) out.push_back(s);
+  }
+  return out;
+}
+
 AttributeValue Attr(const Span& s, const std::string& key) {
   const AttributeValue* v = s.FindAttribute(key);
   return v != nullptr ? *v : AttributeValue{std::string("<missing>")};
@@ -110,11 +119,14 @@ TEST_F(TracingTest, WithTracingAloneAnUnsampledMessageEmitsNoEvents) {
   unsampled.flags = 0;
   Publish("order-1", "x", {{kTraceParentHeader, unsampled.ToString()}});
   const std::string traced = Publish("order-2", "x");
-  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 2 && exporter_->size() == 1; }));
+  // Queued, process and settle, of the traced message only.
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 2 && exporter_->size() == 3; }));
   ASSERT_TRUE(StopAndWait().ok());
   std::vector<Span> spans = exporter_->spans();
-  ASSERT_EQ(spans.size(), 1u);
-  EXPECT_EQ(Attr(spans[0], kAttrMessageId), AttributeValue{traced});
+  ASSERT_EQ(spans.size(), 3u);
+  for (const Span& span : spans) {
+    EXPECT_EQ(Attr(span, kAttrMessageId), AttributeValue{traced}) << span.name;
+  }
   EXPECT_EQ(h->Stats().events_dropped, 0u);
 }
 
@@ -134,9 +146,17 @@ TEST_F(TracingTest, AttemptsAreChildrenOfThePublishSpanAndLinkedInOrder) {
   Handler* h = Start(o);
   const std::string id = Publish("order-1", "x");
   ASSERT_TRUE(AdvanceUntil([&] { return h->Stats().dead_lettered == 1; }, absl::Minutes(1)));
-  ASSERT_TRUE(WaitUntil([&] { return exporter_->size() == 4; }));
-  std::vector<Span> spans = exporter_->spans();
-  const Span& publish = spans[0];
+  // Publish, then per attempt: queued, process, settle.
+  ASSERT_TRUE(WaitUntil([&] { return exporter_->size() == 10; }));
+  const std::vector<Span> all = exporter_->spans();
+  const Span& publish = all[0];
+  std::vector<Span> spans = Named(all, "process orders");
+  spans.insert(spans.begin(), publish);
+  const std::vector<Span> queued = Named(all, "queued orders");
+  const std::vector<Span> settled = Named(all, "settle orders");
+  ASSERT_EQ(spans.size(), 4u);
+  ASSERT_EQ(queued.size(), 3u);
+  ASSERT_EQ(settled.size(), 3u);
   ASSERT_EQ(publish.kind, SpanKind::kProducer);
   const char* outcomes[] = {"retried", "retried", "dead_lettered"};
   for (int i = 0; i < 3; ++i) {
@@ -163,7 +183,28 @@ TEST_F(TracingTest, AttemptsAreChildrenOfThePublishSpanAndLinkedInOrder) {
       EXPECT_EQ(s.links[0].trace_id, publish.trace_id);
       EXPECT_EQ(s.links[0].span_id, spans[i].span_id);
     }
+    // The wait before the attempt: from the send (the first) or the previous attempt's ack, a
+    // child of the publish span.
+    const Span& q = queued[i];
+    EXPECT_EQ(q.kind, SpanKind::kInternal);
+    EXPECT_EQ(q.trace_id, publish.trace_id);
+    EXPECT_EQ(q.parent_span_id, publish.span_id);
+    EXPECT_EQ(q.end, s.start);
+    EXPECT_EQ(q.start, i == 0 ? publish.start : settled[i - 1].end);
+    EXPECT_EQ(Attr(q, kAttrAttempt), AttributeValue{int64_t{i + 1}});
+    EXPECT_EQ(q.FindAttribute(kAttrOperation), nullptr);
+    // The settlement: from the outcome to the ack, a child of the attempt.
+    const Span& t = settled[i];
+    EXPECT_EQ(t.kind, SpanKind::kClient);
+    EXPECT_EQ(t.parent_span_id, s.span_id);
+    EXPECT_EQ(t.start, s.end);
+    EXPECT_LE(t.start, t.end);
+    EXPECT_EQ(Attr(t, kAttrOperation), AttributeValue{std::string("settle")});
+    EXPECT_EQ(Attr(t, kAttrMessageId), AttributeValue{id});
   }
+  // The retry delays are waits: attempt 2 starts a second after attempt 1 was acked.
+  EXPECT_GE(queued[1].end - queued[1].start, absl::Seconds(1));
+  EXPECT_GE(queued[2].end - queued[2].start, absl::Seconds(2));
   EXPECT_EQ(Attr(spans[1], kAttrRetryDelayMs), AttributeValue{int64_t{1000}});
   EXPECT_EQ(Attr(spans[2], kAttrRetryDelayMs), AttributeValue{int64_t{2000}});
   EXPECT_EQ(Attr(spans[3], kAttrDeadLetterKind), AttributeValue{std::string("exhausted")});
@@ -177,8 +218,10 @@ TEST_F(TracingTest, AHandledAttemptHasNoErrorAndTheUserObserverStillSeesEvents) 
   o.observability.observer = [&](const Event&) { events.fetch_add(1); };
   Handler* h = Start(o);
   Publish("order-1", "x");
-  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && exporter_->size() == 1; }));
-  const Span s = exporter_->spans()[0];
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1 && exporter_->size() == 3; }));
+  const std::vector<Span> process = Named(exporter_->spans(), "process orders");
+  ASSERT_EQ(process.size(), 1u);
+  const Span& s = process[0];
   EXPECT_EQ(s.status, SpanStatusCode::kUnset);
   EXPECT_EQ(Attr(s, kAttrOutcome), AttributeValue{std::string("handled")});
   EXPECT_TRUE(s.links.empty());

@@ -58,9 +58,27 @@ void ConsumerSpans::Observe(const Event& e) {
     case EventType::kRedelivered:
       End(e, "redelivered");
       return;
+    case EventType::kAcknowledged:
+      Acknowledged(e);
+      return;
     default:
       return;
   }
+}
+
+Span ConsumerSpans::NewSpan(const Event& e, const std::string& trace_id,
+                            const char* operation) const {
+  Span span;
+  span.trace_id = trace_id;
+  span.span_id = NewSpanId();
+  span.attributes.reserve(8);
+  span.attributes = {
+      {kAttrMessagingSystem, system_},
+      {kAttrDestination, e.queue},
+      {kAttrMessageId, e.message_id},
+  };
+  if (operation != nullptr) span.attributes.push_back({kAttrOperation, std::string(operation)});
+  return span;
 }
 
 void ConsumerSpans::Start(const Event& e) {
@@ -68,24 +86,38 @@ void ConsumerSpans::Start(const Event& e) {
   // The sender's sampling decision holds (OpenTelemetry's parent-based sampling); a message
   // without a traceparent is recorded.
   if (!e.trace_id.empty() && (e.trace_flags & 1) == 0) return;
-  Span span;
   // A message without a valid traceparent (sent by another library) starts a trace here.
-  span.trace_id = e.trace_id.empty() ? NewTraceId() : e.trace_id;
-  span.span_id = NewSpanId();
+  Span span = NewSpan(e, e.trace_id.empty() ? NewTraceId() : e.trace_id, "process");
   span.parent_span_id = e.parent_span_id;
   span.name = absl::StrCat("process ", e.queue);
   span.kind = SpanKind::kConsumer;
   span.start = e.time;
-  span.attributes.reserve(8);
-  span.attributes = {
-      {kAttrMessagingSystem, system_},    {kAttrDestination, e.queue},
-      {kAttrMessageId, e.message_id},     {kAttrOperation, std::string("process")},
-      {kAttrAttempt, int64_t{e.attempt}},
-  };
-  if (const SpanLink* previous = previous_.Find(e.message_id); previous != nullptr) {
-    span.links.push_back(*previous);
+  span.attributes.push_back({kAttrAttempt, int64_t{e.attempt}});
+
+  // Since when the message waited for this attempt: the previous attempt's settlement, or, for
+  // the first, its send (the sender's clock: a send stamped after this start is skew, and left
+  // out).
+  absl::Time queued_since = absl::InfiniteFuture();
+  if (const Previous* previous = previous_.Find(e.message_id); previous != nullptr) {
+    span.links.push_back(previous->link);
+    queued_since = previous->queued_since;
+  } else if (e.attempt == 1 && e.sent_at != absl::UnixEpoch()) {
+    queued_since = e.sent_at;
+  }
+  std::vector<Span> spans;
+  if (queued_since <= e.time) {
+    // Not a messaging operation of OpenTelemetry's: no messaging.operation.
+    Span queued = NewSpan(e, span.trace_id, nullptr);
+    queued.parent_span_id = e.parent_span_id;
+    queued.name = absl::StrCat("queued ", e.queue);
+    queued.kind = SpanKind::kInternal;
+    queued.start = queued_since;
+    queued.end = e.time;
+    queued.attributes.push_back({kAttrAttempt, int64_t{e.attempt}});
+    spans.push_back(std::move(queued));
   }
   open_.Insert(e.message_id, std::move(span), capacity_);
+  if (!spans.empty()) exporter_->Export(std::move(spans));
 }
 
 void ConsumerSpans::End(const Event& e, const char* outcome) {
@@ -104,12 +136,36 @@ void ConsumerSpans::End(const Event& e, const char* outcome) {
     span.status = SpanStatusCode::kError;
     span.status_message = e.error;
   }
-  // Only a message that comes back needs its link; a handled or dead-lettered one is done.
+  // Only a message that comes back needs its link; a handled or dead-lettered one is done. A
+  // retried one waits from its ack on (Acknowledged moves queued_since there).
   if (e.type == EventType::kRetried || e.type == EventType::kRedelivered) {
-    previous_.Insert(e.message_id, SpanLink{.trace_id = span.trace_id, .span_id = span.span_id},
+    previous_.Insert(e.message_id,
+                     Previous{SpanLink{.trace_id = span.trace_id, .span_id = span.span_id}, e.time},
                      capacity_);
   } else {
     previous_.Erase(e.message_id);
+  }
+  // A given-back delivery has no ack; the others are settled once the broker takes theirs.
+  if (e.type != EventType::kRedelivered) {
+    settling_.Insert(e.message_id, Settling{span.trace_id, span.span_id, e.time}, capacity_);
+  }
+  std::vector<Span> spans;
+  spans.push_back(std::move(span));
+  exporter_->Export(std::move(spans));
+}
+
+void ConsumerSpans::Acknowledged(const Event& e) {
+  Settling* settling = settling_.Find(e.message_id);
+  if (settling == nullptr) return;  // unsampled, or its attempt's span is gone
+  Span span = NewSpan(e, settling->trace_id, "settle");
+  span.parent_span_id = std::move(settling->span_id);
+  span.name = absl::StrCat("settle ", e.queue);
+  span.kind = SpanKind::kClient;
+  span.start = settling->start;
+  span.end = e.time;
+  settling_.Erase(e.message_id);
+  if (Previous* previous = previous_.Find(e.message_id); previous != nullptr) {
+    previous->queued_since = e.time;
   }
   std::vector<Span> spans;
   spans.push_back(std::move(span));

@@ -53,6 +53,7 @@ void EventQueue::Close() {
 void EventQueue::Unpack(const Slot& s, Event* e) const {
   e->type = s.type;
   e->time = s.time;
+  e->sent_at = s.sent_at;
   e->attempt = s.attempt;
   std::string* fields[kParts] = {&e->message_id, &e->biz_uid, &e->trace_id,
                                  &e->error,      &e->detail,  &e->code};

@@ -35,6 +35,7 @@ class EventQueue {
     EventType type = EventType::kHandled;
     int attempt = 0;
     absl::Time time{};
+    absl::Time sent_at{};
     size_t sizes[kParts] = {};
     std::string text{};
   };
@@ -74,9 +75,10 @@ class EventQueue {
   // waits for the observer; dropped (and counted) when full or closed.
   void Push(Stage* stage, EventType type, absl::Time time, int attempt,
             absl::string_view message_id, absl::string_view biz_uid, absl::string_view traceparent,
-            absl::string_view error, absl::string_view detail, absl::string_view code) {
+            absl::string_view error, absl::string_view detail, absl::string_view code,
+            absl::Time sent_at = absl::UnixEpoch()) {
     if (stage != nullptr) {
-      Pack(&stage->slots_[stage->size_++], type, time, attempt,
+      Pack(&stage->slots_[stage->size_++], type, time, sent_at, attempt,
            {message_id, biz_uid, traceparent, error, detail, code});
       if (stage->size_ == kStageLimit) Flush(stage);
       return;
@@ -86,7 +88,7 @@ class EventQueue {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    Pack(&pending_[pending_size_++], type, time, attempt,
+    Pack(&pending_[pending_size_++], type, time, sent_at, attempt,
          {message_id, biz_uid, traceparent, error, detail, code});
     if (waiting_) cv_.Signal();
   }
@@ -103,10 +105,11 @@ class EventQueue {
   void Close();
 
  private:
-  static void Pack(Slot* s, EventType type, absl::Time time, int attempt,
+  static void Pack(Slot* s, EventType type, absl::Time time, absl::Time sent_at, int attempt,
                    const absl::string_view (&parts)[kParts]) {
     s->type = type;
     s->time = time;
+    s->sent_at = sent_at;
     s->attempt = attempt;
     s->text.clear();
     for (int i = 0; i < kParts; ++i) {

@@ -355,7 +355,9 @@ void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::strin
   if (events == nullptr) return;
   const absl::Time now = options.clock->Now();
   absl::string_view id, biz_uid, traceparent;
+  absl::Time sent_at = absl::UnixEpoch();
   if (msg != nullptr) {
+    if (type == EventType::kHandlerStarted) sent_at = msg->created_at;
     id = msg->id;
     biz_uid = msg->biz_uid;
     if (const std::string* v = msg->FindHeader(kTraceParentHeader); v != nullptr) {
@@ -364,7 +366,8 @@ void Pipeline::Emit(EventType type, const Message* msg, int attempt, absl::strin
       if (events_sampled_only && v->size() >= 55 && !SampledDigit((*v)[54])) return;
     }
   }
-  events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail, code);
+  events->Push(staged_events, type, now, attempt, id, biz_uid, traceparent, error, detail, code,
+               sent_at);
 }
 
 }  // namespace bus::internal

@@ -18,11 +18,14 @@
 namespace bus::otlp {
 namespace {
 
-// Span.SpanKind: SPAN_KIND_INTERNAL = 1, SPAN_KIND_PRODUCER = 4, SPAN_KIND_CONSUMER = 5.
+// Span.SpanKind: SPAN_KIND_INTERNAL = 1, SPAN_KIND_CLIENT = 3, SPAN_KIND_PRODUCER = 4,
+// SPAN_KIND_CONSUMER = 5.
 int KindNumber(SpanKind kind) {
   switch (kind) {
     case SpanKind::kInternal:
       return 1;
+    case SpanKind::kClient:
+      return 3;
     case SpanKind::kProducer:
       return 4;
     case SpanKind::kConsumer:

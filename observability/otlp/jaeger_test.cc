@@ -170,7 +170,8 @@ TEST(JaegerTest, ARetriedAndDeadLetteredMessageIsOneTraceUnderItsPublishSpan) {
 
   ASSERT_TRUE(WaitUntil([&] { return (*handler)->Stats().dead_lettered == 1; }));
   // The last attempt's span is exported from the observer thread after the event.
-  ASSERT_TRUE(WaitUntil([&] { return (*exporter)->stats().exported == 4; }))
+  // Publish, then per attempt: queued, process and settle.
+  ASSERT_TRUE(WaitUntil([&] { return (*exporter)->stats().exported == 10; }))
       << "exported " << (*exporter)->stats().exported << ", failed " << (*exporter)->stats().failed;
   (*handler)->Stop();
   EXPECT_TRUE((*handler)->Wait().ok());
@@ -186,17 +187,22 @@ TEST(JaegerTest, ARetriedAndDeadLetteredMessageIsOneTraceUnderItsPublishSpan) {
   json trace;
   ASSERT_TRUE(WaitUntil([&] {
     trace = jaeger.Trace(trace_id);
-    return !trace.is_null() && trace["spans"].size() == 4;
+    return !trace.is_null() && trace["spans"].size() == 10;
   })) << trace.dump(2);
   const json& spans = trace["spans"];
 
   // By name and attempt.
   json publish;
-  std::map<int64_t, json> attempts;
+  std::map<int64_t, json> attempts, queued;
+  std::map<std::string, json> settles;  // by parent span id
   for (const json& s : spans) {
     EXPECT_EQ(s["traceID"], trace_id);
     if (s["operationName"] == "publish orders") {
       publish = s;
+    } else if (s["operationName"] == "queued orders") {
+      queued[Tag(s, "bus.attempt").get<int64_t>()] = s;
+    } else if (s["operationName"] == "settle orders") {
+      settles[Reference(s, "CHILD_OF")] = s;
     } else {
       EXPECT_EQ(s["operationName"], "process orders");
       attempts[Tag(s, "bus.attempt").get<int64_t>()] = s;
@@ -204,6 +210,8 @@ TEST(JaegerTest, ARetriedAndDeadLetteredMessageIsOneTraceUnderItsPublishSpan) {
   }
   ASSERT_FALSE(publish.is_null()) << spans.dump(2);
   ASSERT_EQ(attempts.size(), 3u) << spans.dump(2);
+  ASSERT_EQ(queued.size(), 3u) << spans.dump(2);
+  ASSERT_EQ(settles.size(), 3u) << spans.dump(2);
   EXPECT_EQ(Tag(publish, "span.kind"), "producer");
   EXPECT_EQ(Tag(publish, "messaging.operation"), "publish");
   EXPECT_EQ(Tag(publish, "messaging.message.id"), *id);
@@ -233,6 +241,20 @@ TEST(JaegerTest, ARetriedAndDeadLetteredMessageIsOneTraceUnderItsPublishSpan) {
     } else {
       EXPECT_EQ(Tag(s, "bus.dead_letter.kind"), "exhausted");
     }
+    // The wait before the attempt, under the publish span, ending as the attempt starts.
+    const json& q = queued[n];
+    EXPECT_EQ(Reference(q, "CHILD_OF"), publish_id);
+    EXPECT_EQ(Tag(q, "span.kind"), "internal");
+    // (Jaeger keeps microseconds: each of the two may be rounded.)
+    EXPECT_NEAR(q["startTime"].get<int64_t>() + q["duration"].get<int64_t>(),
+                s["startTime"].get<int64_t>(), 1);
+    // The ack, under the attempt, starting as it ends.
+    ASSERT_TRUE(settles.contains(s["spanID"])) << spans.dump(2);
+    const json& t = settles[s["spanID"]];
+    EXPECT_EQ(Tag(t, "span.kind"), "client");
+    EXPECT_EQ(Tag(t, "messaging.operation"), "settle");
+    EXPECT_NEAR(t["startTime"].get<int64_t>(),
+                s["startTime"].get<int64_t>() + s["duration"].get<int64_t>(), 1);
   }
   // The resource's service.name names the spans' process.
   const std::string process = publish["processID"];
