@@ -52,7 +52,7 @@ step() {
 # //bus/testing:simulation) and of busctl, against the list CMake writes at configure time.
 compare_with_bazel() {
   local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //transactional/...'
-  pkgs+=' + //url/... + //admin/...'
+  pkgs+=' + //url/... + //admin/... + //observability/...'
   local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing"
   libs+=" + //bus/testing:simulation + //busctl"
   bazel query "kind('source file', labels(srcs, $libs) + labels(hdrs, $libs))" --output=label \
