@@ -11,7 +11,9 @@
 //                jobs are added; rate = msgs / time from the first call to the last reply.
 //
 // Prints the server's cost of the timed phase (`server phase=... cpu_us_per_msg=...`, as
-// bench/peers/serverstats does) and then one line: peer=bullmq mode=MODE msgs=N secs=S rate=R.
+// bench/peers/serverstats does), this process's CPU over it (`client cpu_us_per_msg=...`,
+// process.cpuUsage: user + system) and then one line: peer=bullmq mode=MODE msgs=N secs=S
+// rate=R.
 //
 //   node bench/peers/bullmq_bench/main.js --addr=127.0.0.1:6379 --mode=e2e --msgs=50000
 'use strict';
@@ -55,6 +57,12 @@ async function snapshot(redis) {
 
 const SCRIPTS = new Set(['eval', 'evalsha', 'eval_ro', 'evalsha_ro', 'fcall', 'fcall_ro']);
 
+function printClient(msgs, before) {
+  const used = process.cpuUsage(before);
+  const secs = (used.user + used.system) / 1e6;
+  console.log(`client cpu_s=${secs.toFixed(3)} cpu_us_per_msg=${(secs * 1e6 / msgs).toFixed(1)}`);
+}
+
 function printPhase(phase, msgs, before, after) {
   const secs = Number(after.at - before.at) / 1e9;
   const cpu = after.cpu - before.cpu;
@@ -85,6 +93,7 @@ async function main() {
   let secs;
   if (f.mode === 'send') {
     const before = await snapshot(info);
+    const cpu = process.cpuUsage();
     const start = process.hrtime.bigint();
     let next = 0;
     const caller = async () => {
@@ -93,12 +102,14 @@ async function main() {
     await Promise.all(Array.from({ length: f.producers }, caller));
     secs = Number(process.hrtime.bigint() - start) / 1e9;
     printPhase('send', f.msgs, before, await snapshot(info));
+    printClient(f.msgs, cpu);
   } else if (f.mode === 'e2e') {
     for (let at = 0; at < f.msgs; at += 1000) {
       const n = Math.min(1000, f.msgs - at);
       await queue.addBulk(Array.from({ length: n }, () => ({ name: 'bench', data: body })));
     }
     const before = await snapshot(info);
+    const cpu = process.cpuUsage();
     const start = process.hrtime.bigint();
     let settled = 0;
     let worker;
@@ -113,6 +124,7 @@ async function main() {
     });
     secs = Number(process.hrtime.bigint() - start) / 1e9;
     printPhase('consume', f.msgs, before, await snapshot(info));
+    printClient(f.msgs, cpu);
     await worker.close();
   } else {
     console.error(`unknown --mode ${f.mode}`);
