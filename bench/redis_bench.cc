@@ -22,8 +22,9 @@
 //
 // The e2e clock stops when the broker has accepted the ack of every message
 // (HandlerStats::acknowledged), not when the last handle() returned. Without --cluster, each
-// timed phase (the sends, each e2e consume) is followed by a `server phase=...` line: what it
-// cost redis-server in CPU and commands per message (bench/redis_server_stats.h).
+// timed phase (the sends, each e2e consume on the Redis driver) is followed by a
+// `server phase=...` line: what it cost redis-server in CPU and commands per message
+// (bench/redis_server_stats.h).
 //
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
 //   # the defaults of HandlerOptions (batch_size 0: chosen by the Handler, up to 64; max in
