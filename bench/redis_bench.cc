@@ -20,9 +20,16 @@
 // client verifying the server's): the TLS lines and the `ours=redis-tls` lines follow the
 // plaintext ones.
 //
+// The e2e clock stops when the broker has accepted the ack of every message
+// (HandlerStats::acknowledged), not when the last handle() returned. Without --cluster, each
+// timed phase (the sends, each e2e consume on the Redis driver) is followed by a
+// `server phase=...` line: what it cost redis-server in CPU and commands per message
+// (bench/redis_server_stats.h).
+//
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
-//   # the defaults of HandlerOptions (batch_size 1, max in flight = concurrency), concurrency 8:
-//   redis_bench --port=P --steps=e2e --handler_batch_size=1 --max_in_flight=0
+//   # the defaults of HandlerOptions (batch_size 0: chosen by the Handler, up to 64; max in
+//   # flight 0: 64 per worker), concurrency 8:
+//   redis_bench --port=P --steps=e2e --handler_batch_size=0 --max_in_flight=0
 //   # one message per call from 8 threads:
 //   redis_bench --port=P --steps=sends --send_single --producers=8 --messages=50000
 //   # one hot queue spread over 6 sub-queues on a 3-master cluster, HandlerOptions defaults:
@@ -44,10 +51,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/redis_server_stats.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
@@ -100,6 +109,9 @@ ABSL_FLAG(bool, tls, false,
 
 namespace {
 
+// The server whose INFO the timed phases are measured with; 0 (--cluster): not measured.
+int stats_port = 0;
+
 double RedisBenchmarkLpush(int port) {
   const std::string cmd =
       absl::StrCat("redis-benchmark -h 127.0.0.1 -p ", port, " -P 16 -t lpush -q -n ",
@@ -137,6 +149,9 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::vector<std::
   const int payload = absl::GetFlag(FLAGS_payload);
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
+  const bench::ServerSnapshot before = stats_port != 0 && took_out != nullptr
+                                           ? bench::TakeServerSnapshot(stats_port)
+                                           : bench::ServerSnapshot{};
   const absl::Time start = absl::Now();
   std::vector<std::thread> threads;
   for (int t = 0; t < producers; ++t) {
@@ -162,6 +177,8 @@ double Sends(const std::shared_ptr<bus::Driver>& driver, const std::vector<std::
   const absl::Duration took = absl::Now() - start;
   if (failed) return 0;
   const int sent = (messages + batch - 1) / batch * batch;
+  if (before.ok)
+    bench::PrintServerPhase("send", sent, before, bench::TakeServerSnapshot(stats_port));
   if (sent_out != nullptr) *sent_out = sent;
   if (took_out != nullptr) *took_out = took;
   return sent / absl::ToDoubleSeconds(took);
@@ -215,6 +232,10 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
     }
     handlers.push_back(std::move(*handler));
   }
+  // The labels of the runs on the Redis driver start with "redis" (not "memory").
+  const bench::ServerSnapshot before = stats_port != 0 && absl::StartsWith(label, "redis")
+                                           ? bench::TakeServerSnapshot(stats_port)
+                                           : bench::ServerSnapshot{};
   const absl::Time start = absl::Now();
   std::vector<std::thread> runners;
   for (auto& handler : handlers) {
@@ -225,16 +246,16 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   absl::Time done = start;
   const absl::Time give_up = start + absl::Minutes(10);
   while (absl::Now() < give_up) {
-    uint64_t handled = 0;
-    for (auto& handler : handlers) {
-      const bus::HandlerStats s = handler->Stats();
-      handled += s.succeeded + s.duplicates;
-    }
-    if (handled >= static_cast<uint64_t>(total)) {
+    uint64_t acked = 0;
+    for (auto& handler : handlers) acked += handler->Stats().acknowledged;
+    if (acked >= static_cast<uint64_t>(total)) {
       done = absl::Now();
       break;
     }
     absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (done != start && before.ok) {
+    bench::PrintServerPhase("consume", total, before, bench::TakeServerSnapshot(stats_port));
   }
   for (auto& handler : handlers) handler->Stop();
   for (auto& runner : runners) runner.join();
@@ -306,6 +327,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--tls starts its own server: not with --port or --cluster\n");
     return 2;
   }
+  if (cluster == nullptr) stats_port = port;
   bus::RedisOptions options;
   options.port = port;
   if (cluster != nullptr) options.seeds = cluster->Seeds();

@@ -2,7 +2,7 @@
 # builds nsq_bench -c opt ($ours) and starts nsqd on free loopback ports, each stopped and its
 # data removed when the script exits.
 #   start_nsqd [nsqd flags...]   # sets $addr (host:port for TCP), $http (its HTTP base URL), $nsqd_pid
-bazel build -c opt //bench/nsq_bench:nsq_bench >/dev/null 2>&1
+bazel build -c opt --jobs=2 //bench/nsq_bench:nsq_bench >/dev/null 2>&1
 ours=$(bazel info -c opt bazel-bin 2>/dev/null)/bench/nsq_bench/nsq_bench
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 nsqd_data=$(mktemp -d)

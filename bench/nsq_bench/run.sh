@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Runs nsq's bench_writer/bench_reader and the driver's nsq_bench side by side against one
 # nsqd on a free loopback port, and prints each rate and our/their ratio.
-#   bash bench/nsq_bench/run.sh [runfor=10s] [rounds=4]
+#   bash bench/nsq_bench/run.sh [runfor=10s] [rounds=4] [publish_rounds=8]
 #
-# Publish: each side runs twice in the order theirs, ours, ours, theirs (runfor/2 each) into
-# its own topic (no channel, so nothing reads while publishing); a side's rate is the mean of
-# its two runs, so the order effects (nsqd warming up, its garbage collection) fall on both
-# sides alike. The topics are deleted afterwards so their messages do not weigh on nsqd's
-# garbage collector during the consume rounds.
+# Publish: after a discarded warm-up of each writer, `publish_rounds` rounds; each runs both
+# sides twice for runfor/4 each, in the order theirs, ours, ours, theirs (odd rounds) or ours,
+# theirs, theirs, ours (even rounds), each run into a fresh topic (nothing reads it) that is
+# deleted after the run, so no run pays for an earlier run's messages in nsqd's
+# heap more than the other side. A round's ratio is the mean of our two runs over the mean of
+# theirs; the script prints every run (rate, and the CPU per message of nsqd, from /proc, and
+# of the writer process, from /usr/bin/time), every round's ratio, and the median and min-max
+# of the rounds' ratios. Each writer stops its clock at nsqd's reply to its last MPUB. Both
+# sides publish into a topic with one channel: our driver creates channel `bus` of a queue's
+# topic before its first publish (so nsqd keeps the messages for the queue's consumers), and
+# the script creates the same for bench_writer's topic (a topic without a channel costs nsqd
+# about 30 % less CPU per message: it keeps the messages without copying them to a channel).
 #
 # Consume: `rounds` rounds. Each round fills one fresh topic that has two channels, `ch`
 # (theirs) and `bus` (ours), with (1 + runfor/2) million messages from our writer, so both
@@ -21,6 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
 rounds=${2:-4}
+publish_rounds=${3:-8}
 secs=${runfor%s}
 half=$(python3 -c "print(str($secs/2)+'s')")
 quarter=$(python3 -c "print(str($secs/4)+'s')")
@@ -43,15 +51,65 @@ print(t["depth"] + t["backend_depth"], c.get("ch", 0), c.get("bus", 0))'
 }
 
 # ---- Publish ----
-their_write() { nsq_bench_writer --nsqd-tcp-address=$addr --topic=theirs --size=200 --batch-size=200 --runfor=$half 2>&1 | rate; }
-our_write() { $ours --mode=write --nsqd=$addr --topic=ours --size=200 --batch_size=200 --runfor=$half | rate; }
+hz=$(getconf CLK_TCK)
+nsqd_ticks() { awk '{print $14 + $15}' "/proc/$nsqd_pid/stat"; }
+# write SIDE TOPIC: "rate nsqd_us_per_msg client_us_per_msg" of one run of runfor/4.
+write() {
+  local side=$1 topic=$2 n0 t0 out t1 n1
+  n0=$(nsqd_ticks)
+  t0=$(date +%s.%N)
+  if [[ $side == theirs ]]; then
+    # The channel our driver makes for a queue before its first publish (NsqOptions
+    # queue_channel, "bus"): nsqd then copies every message into it, for both sides.
+    post "topic/create?topic=$topic"
+    post "channel/create?topic=$topic&channel=bus"
+    out=$(/usr/bin/time -f 'cpu %U %S' nsq_bench_writer --nsqd-tcp-address=$addr --topic=$topic \
+      --size=200 --batch-size=200 --runfor=$quarter 2>&1)
+  else
+    out=$(/usr/bin/time -f 'cpu %U %S' $ours --mode=write --nsqd=$addr --topic=$topic --size=200 \
+      --batch_size=200 --runfor=$quarter 2>&1)
+  fi
+  t1=$(date +%s.%N)
+  n1=$(nsqd_ticks)
+  post "topic/delete?topic=$topic"
+  python3 - "$(rate <<<"$out")" "$t0" "$t1" "$n0" "$n1" "$hz" $(grep -o 'cpu [0-9.]* [0-9.]*' <<<"$out" | tail -1) <<'PY'
+import sys
+rate, t0, t1, n0, n1, hz, _, user, sys_ = sys.argv[1:]
+msgs = float(rate) * (float(t1) - float(t0))
+print(rate, f"{(float(n1) - float(n0)) / float(hz) * 1e6 / msgs:.2f}",
+      f"{(float(user) + float(sys_)) * 1e6 / msgs:.2f}")
+PY
+}
 # Warm-up (discarded): nsqd's first seconds are unlike the rest.
 nsq_bench_writer --nsqd-tcp-address=$addr --topic=warmup --size=200 --batch-size=200 --runfor=2s >/dev/null 2>&1
 $ours --mode=write --nsqd=$addr --topic=warmup2 --size=200 --batch_size=200 --runfor=2s >/dev/null
-tw1=$(their_write); ow1=$(our_write); ow2=$(our_write); tw2=$(their_write)
-for t in warmup warmup2 theirs ours; do post "topic/delete?topic=$t"; done
-tw=$(mean $tw1 $tw2); ow=$(mean $ow1 $ow2)
-echo "publish  msgs/s: bench_writer=$tw ($tw1, $tw2) ours=$ow ($ow1, $ow2) ratio=$(ratio $ow $tw)"
+for t in warmup warmup2; do post "topic/delete?topic=$t"; done
+pub_ratios=()
+pub_theirs=()
+pub_ours=()
+for r in $(seq "$publish_rounds"); do
+  if ((r % 2)); then order=(theirs ours ours theirs); else order=(ours theirs theirs ours); fi
+  declare -A runs=([theirs]="" [ours]="")
+  line=""
+  for i in 0 1 2 3; do
+    side=${order[$i]}
+    read -r w nu cu < <(write "$side" "p$r-$i")
+    runs[$side]+=" $w"
+    line+=" $side=$w (nsqd ${nu} us/msg, writer ${cu} us/msg)"
+  done
+  tm=$(mean ${runs[theirs]}); om=$(mean ${runs[ours]})
+  pub_theirs+=(${runs[theirs]}); pub_ours+=(${runs[ours]})
+  pub_ratios+=("$(ratio $om $tm)")
+  echo "publish round $r:$line ratio=$(ratio $om $tm)"
+  unset runs
+done
+python3 - "${pub_ratios[*]}" "${pub_theirs[*]}" "${pub_ours[*]}" <<'PY'
+import statistics, sys
+ratios, theirs, ours = ([float(x) for x in a.split()] for a in sys.argv[1:])
+print(f"publish  msgs/s: bench_writer={statistics.median(theirs):,.0f} ours={statistics.median(ours):,.0f}"
+      f" (medians of {len(theirs)} runs each) ratio: median {statistics.median(ratios):.3f},"
+      f" min {min(ratios):.3f}, max {max(ratios):.3f} ({len(ratios)} rounds)")
+PY
 
 # ---- Consume ----
 their_read_for() { nsq_bench_reader --nsqd-tcp-address=$addr --topic=c$2 --channel=ch --size=200 --runfor=$1 2>&1 | rate; }

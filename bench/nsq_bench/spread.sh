@@ -3,7 +3,7 @@
 # same workload (nsq_bench --mode=write: MPUBs of 200 messages of 200 bytes from 2 threads,
 # no channel, so nothing reads), on free loopback ports. Runs one, two, two, one (runfor each)
 # so order effects fall on both sides; prints each run, the means and the ratio.
-#   flock /work/bench.lock bash bench/nsq_bench/spread.sh [runfor=10s]
+#   flock /tmp/bench.lock bash bench/nsq_bench/spread.sh [runfor=10s]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runfor=${1:-10s}
