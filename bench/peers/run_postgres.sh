@@ -79,6 +79,9 @@ run() {
     river_batch)
       r=$("$peers/river_bench" -url "$url" -mode batch -batch "$batch" -msgs "$batch_msgs" | rate_of) ;;
     ours_e2e) r=$("$ours" --postgres_url="$url" --mode=e2e --messages="$e2e_msgs" | rate_of) ;;
+    ours_e2e_c1)
+      r=$("$ours" --postgres_url="$url" --mode=e2e --concurrency=1 --messages="$e2e_msgs" |
+        rate_of) ;;
     ours_send) r=$("$ours" --postgres_url="$url" --mode=send --messages="$send_msgs" | rate_of) ;;
     ours_batch)
       r=$("$ours" --postgres_url="$url" --mode=batch --batch="$batch" --messages="$batch_msgs" |
@@ -99,7 +102,8 @@ run() {
 # Rows: what | peer run | ours run | peer label.
 rows=(
   "End to end: sent first, then taken by a no-op handler (ours: concurrency 8, the PostgreSQL idempotency store on; River: MaxWorkers 100)|river_e2e|ours_e2e|River v0.51.2 InsertMany, then Client"
-  "End to end, as above; River's FetchCooldown 1 ms (its default 100 ms caps a queue at MaxWorkers per 100 ms)|river_e2e_1ms|ours_e2e|River v0.51.2, FetchCooldown 1 ms"
+  "End to end, ours at every HandlerOptions default (concurrency 1)|river_e2e|ours_e2e_c1|River v0.51.2 InsertMany, then Client"
+  "End to end, ours at concurrency 8; River's FetchCooldown 1 ms (its default 100 ms caps a queue at MaxWorkers per 100 ms)|river_e2e_1ms|ours_e2e|River v0.51.2, FetchCooldown 1 ms"
   "Sends, one message per call, 8 threads|river_send|ours_send|River v0.51.2 Client.Insert x 8 goroutines"
   "Sends, $batch messages per call, 8 threads|river_batch|ours_batch|River v0.51.2 Client.InsertMany x 8 goroutines"
   "End to end against the server's reserve limit|pgbench_reserve|ours_e2e|pgbench -c 8, the driver's reserve of 256 rows, x 256"
