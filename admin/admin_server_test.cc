@@ -1,7 +1,7 @@
 // The admin server end to end: a running Handler's /metrics page read with curl and parsed by
 // the official Prometheus client's parser, its values checked against Handler::Stats() after a
-// known workload (memory driver, then Redis and NSQ with real servers); /healthz and /readyz,
-// including /readyz flipping while redis-server is stopped and restarted.
+// known workload (memory driver, then Redis, NSQ and PostgreSQL with real servers); /healthz and
+// /readyz, including /readyz flipping while redis-server or PostgreSQL is stopped and restarted.
 #include "admin/admin_server.h"
 
 #include <arpa/inet.h>
@@ -27,17 +27,21 @@
 #include "bus/publisher.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
+#include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "idempotency/memory/memory_idempotency_store.h"
+#include "idempotency/postgres/idempotency_store.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "nlohmann/json.hpp"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "tests/testing/fault_injection.h"
 #include "tests/testing/http.h"
 #include "tests/testing/nsq_server.h"
+#include "tests/testing/postgres_server.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
 
@@ -633,6 +637,79 @@ TEST(AdminServerNsqTest, MetricsMatchStats) {
   RunWorkload(*driver, "orders", h.get());
   ExpectMetricsMatchStats(*admin, *h.get(), "nsq");
   EXPECT_EQ(StatusOf(*admin, "/readyz"), 200);
+  admin->Stop();
+}
+
+// The PostgreSQL driver with the PostgreSQL stores on one server: the metrics match Stats(), the
+// queue-depth gauges count each state (a paused handler, a message held by another consumer),
+// and /readyz follows the server.
+TEST(AdminServerPostgresTest, MetricsMatchStatsQueueGaugesAndReadyzFollowsTheServer) {
+  absl::StatusOr<std::unique_ptr<PostgresServer>> server = PostgresServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  PostgresOptions po;
+  po.conninfo = (*server)->Url();
+  po.statement_timeout = absl::Seconds(5);
+  absl::StatusOr<std::shared_ptr<PostgresDatabase>> db = PostgresDatabase::Open(po);
+  ASSERT_TRUE(db.ok()) << db.status();
+  absl::StatusOr<std::shared_ptr<PostgresDriver>> driver = NewPostgresDriver(*db);
+  ASSERT_TRUE(driver.ok()) << driver.status();
+  auto metrics = std::make_shared<MetricsRegistry>();
+  Running h(BaseOptions(*driver, NewPostgresDeadLetterStore(*db), NewPostgresIdempotencyStore(*db),
+                        metrics));
+  ASSERT_TRUE(h->WaitUntilRunning(kPatience).ok());
+  std::unique_ptr<AdminServer> admin = StartAdmin(metrics, {h.get()});
+  ASSERT_NE(admin, nullptr);
+  RunWorkload(*driver, "orders", h.get());
+  ExpectMetricsMatchStats(*admin, *h.get(), "postgres");
+  EXPECT_EQ(StatusOf(*admin, "/readyz"), 200);
+
+  // Paused, the handler takes nothing: two messages wait, and another consumer holds one.
+  h->Pause();
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().paused && h->Stats().in_flight == 0; }, kPatience));
+  Publisher publisher = *Publisher::Create(*driver);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(publisher.SendToQueue("orders", {.payload = absl::StrCat("ok-", i)}).ok());
+  }
+  absl::StatusOr<std::unique_ptr<Consumer>> other = (*driver)->NewConsumer("orders", {});
+  ASSERT_TRUE(other.ok()) << other.status();
+  std::vector<Delivery> held;
+  ASSERT_TRUE((*other)->Receive(1, kPatience, {}, &held).ok());
+  ASSERT_EQ(held.size(), 1u);
+  absl::StatusOr<HttpReply> page = Curl(Url(*admin, "/metrics"));
+  ASSERT_TRUE(page.ok()) << page.status();
+  absl::StatusOr<json> fams = ParsePrometheusText(page->body);
+  ASSERT_TRUE(fams.ok()) << fams.status();
+  auto state = [&](const std::string& s) {
+    absl::StatusOr<double> v =
+        SampleValue(*fams, "bus_queue_messages", {{"queue", "orders"}, {"state", s}});
+    EXPECT_TRUE(v.ok()) << v.status() << "\n" << page->body;
+    return v.ok() ? *v : -1;
+  };
+  EXPECT_EQ(state("ready"), 1);
+  EXPECT_EQ(state("in_flight"), 1);
+  EXPECT_EQ(state("delayed"), kDelayed);
+  EXPECT_EQ(*SampleValue(*fams, "bus_handler_paused", {{"queue", "orders"}}), 1);
+  other->reset();
+
+  ASSERT_TRUE((*server)->Stop().ok());
+  absl::StatusOr<HttpReply> r;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        r = Curl(Url(*admin, "/readyz"));
+        return r.ok() && r->status == 503;
+      },
+      kPatience));
+  EXPECT_THAT(std::string(json::parse(r->body)["reason"]), HasSubstr("driver postgres"));
+  EXPECT_EQ(StatusOf(*admin, "/healthz"), 200);
+  page = Curl(Url(*admin, "/metrics"));
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->status, 200);
+  fams = ParsePrometheusText(page->body);
+  ASSERT_TRUE(fams.ok()) << fams.status();
+  EXPECT_EQ(*SampleValue(*fams, "bus_queue_inspect_errors", {{"queue", "orders"}}), 1);
+
+  ASSERT_TRUE((*server)->Restart().ok());
+  EXPECT_TRUE(WaitUntil([&] { return StatusOf(*admin, "/readyz") == 200; }, kPatience));
   admin->Stop();
 }
 

@@ -1,6 +1,6 @@
 // busctl end to end: the built binary run as a child process against a real redis-server, a
-// real nsqd and nsqlookupd, and a SQLite file, each started here; a Handler in this process
-// produces the dead letters. Also keeps docs/busctl.md's transcript true.
+// real nsqd and nsqlookupd, a PostgreSQL server and a SQLite file, each started here; a Handler in
+// this process produces the dead letters. Also keeps docs/busctl.md's transcript true.
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -629,6 +629,100 @@ void ExpectTailQueueGone(const std::string& driver_url, const std::string& topic
   absl::StatusOr<QueueCounts> counts = (*driver)->InspectQueue(queue);
   ASSERT_TRUE(counts.ok()) << counts.status();
   EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
+}
+
+// busctl on the PostgreSQL driver, with the dead-letter store in the same database: publish to
+// a queue and a topic, queues and stats by state (a consumer holds one message in flight),
+// dead letters replayed back onto the driver's queue, and tail's queue deleted when it stops.
+TEST(BusctlPostgres, DriverAndStoresOnOneDatabase) {
+  absl::StatusOr<std::unique_ptr<PostgresServer>> pg = PostgresServer::Start({});
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  const std::string url = (*pg)->Url() + "?schema=ops";
+  const std::string driver = "--driver=" + url, stores = "--stores=" + url;
+  absl::StatusOr<std::shared_ptr<Driver>> d = OpenDriver(url);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE((*d)->Subscribe("events", "audit", "order.*").ok());
+
+  Result r = Busctl({driver, "publish", "orders", "--data=hello", "--biz-uid=u1"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const std::string id(absl::StripTrailingAsciiWhitespace(r.out));
+  EXPECT_TRUE(std::regex_match(id, std::regex("[0-9a-f]{32}"))) << id;
+  ASSERT_EQ(Busctl({driver, "publish", "orders", "--data=later", "--delay=1h"}).exit, 0);
+  ASSERT_EQ(
+      Busctl({driver, "publish", "--topic=events", "--route-key=payment.x", "--data=no"}).exit, 0);
+  r = Busctl({driver, "publish", "--topic=events", "--route-key=order.created", "--data=yes"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "queues"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "QUEUE   READY  DELAYED  IN_FLIGHT\n"
+            "audit   1      0        0\n"
+            "orders  1      1        0\n");
+
+  // A consumer holds the ready message: in flight.
+  absl::StatusOr<std::unique_ptr<Consumer>> consumer = (*d)->NewConsumer("orders", {});
+  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::vector<Delivery> held;
+  ASSERT_TRUE((*consumer)->Receive(1, absl::Seconds(30), {}, &held).ok());
+  ASSERT_EQ(held.size(), 1u);
+  r = Busctl({driver, stores, "stats", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::vector<nlohmann::json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["ready"], 0);
+  EXPECT_EQ(lines[0]["delayed"], 1);
+  EXPECT_EQ(lines[0]["in_flight"], 1);
+  EXPECT_EQ(lines[0]["dead_letters"]["permanent"], 0);
+  consumer->reset();  // gives the message back at once
+
+  // A Handler on the driver fails it for good; replayed, it is back on the driver's queue.
+  absl::StatusOr<std::shared_ptr<DeadLetterStore>> letters = OpenDeadLetterStore(url);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  auto dead = [&] {
+    absl::StatusOr<int64_t> n = (*letters)->Count("orders");
+    return n.ok() ? *n : -1;
+  };
+  RunHandler(url, url, "orders", Permanent(absl::InternalError("card declined")),
+             [&] { return dead() == 1; });
+  r = Busctl({stores, "dead-letters", "list", "orders", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["message_id"], id);
+  r = Busctl({driver, stores, "dead-letters", "show", lines[0]["id"].get<std::string>(), "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(JsonLines(r.out).at(0)["payload"], "hello");
+  r = Busctl({driver, stores, "dead-letters", "replay", "orders", "--all"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "replayed 1\n");
+  EXPECT_EQ(dead(), 0);
+  r = Busctl({driver, stores, "queues", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[1]["queue"], "orders");
+  EXPECT_EQ(lines[1]["ready"], 1);
+  EXPECT_EQ(lines[1]["delayed"], 1);
+  EXPECT_EQ(lines[1]["in_flight"], 0);
+  EXPECT_EQ(lines[1]["dead_letters"]["permanent"], 0);
+
+  // tail: its queue is bound, gets the matching message, and is deleted on SIGINT.
+  std::unique_ptr<Tail> t = StartTail({driver, "events", "--route-key=order.#"});
+  ASSERT_FALSE(t->queue.empty());
+  r = Busctl({driver, "queues", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(t->queue));
+  ASSERT_EQ(
+      Busctl({driver, "publish", "--topic=events", "--route-key=payment.x", "--data=nope"}).exit,
+      0);
+  ASSERT_EQ(
+      Busctl({driver, "publish", "--topic=events", "--route-key=order.paid.eu", "--data=hi"}).exit,
+      0);
+  ASSERT_TRUE(WaitUntil([&] { return absl::StrContains(ReadFile(t->out), " hi"); }))
+      << ReadFile(t->out) << ReadFile(t->err);
+  EXPECT_EQ(StopTail(*t, SIGINT), 0) << ReadFile(t->err);
+  EXPECT_THAT(ReadFile(t->out), Not(HasSubstr("nope")));
+  ExpectTailQueueGone(url, "events", "order.paid.eu", t->queue);
 }
 
 TEST_F(BusctlRedisTest, TailPrintsMatchingMessagesAndRemovesItsQueueOnSigint) {

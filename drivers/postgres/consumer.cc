@@ -89,8 +89,9 @@ class PostgresConsumer final : public Consumer {
         absl::MutexLock lock(&mu_);
         stopping_ = true;
       }
+      // An eventfd's counter only fails to take 1 when it is at its maximum: readable anyway.
       const uint64_t one = 1;
-      static_cast<void>(write(wake_fd_, &one, sizeof(one)));
+      [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof(one));
     });
     while (!stop.stop_requested()) {
       const int room = AwaitRoom(max, deadline, stop);

@@ -27,7 +27,8 @@ struct QueueSql {
   explicit QueueSql(const PostgresDatabase& db);
 
   std::string channel, create_queue, ensure_queue, bind, unbind, bindings, delete_messages,
-      delete_queue, send, reserve, next_due, ack, ack_many, extend, nack, counts, peek, list_queues;
+      delete_queue, send, send_many, reserve, next_due, ack, ack_many, extend, nack, counts, peek,
+      list_queues;
 };
 
 struct QueueCore {
@@ -48,6 +49,10 @@ struct QueueCore {
 // The destinations of a send as the text of a PostgreSQL text[] ($1 of kSendSql). Queue names
 // are validated (bus/names.h: [.a-zA-Z0-9_-]), so quoting each is enough.
 std::string QueueArray(absl::Span<const std::string> queues);
+
+// `items` as a PostgreSQL bytea[] in the binary format (array_recv: one dimension, no NULLs),
+// $2 of kSendManySql.
+std::string ByteaArray(absl::Span<const std::string> items);
 
 // The queues among `bindings` (pairs of queue and binding key, as kBindingsSql returns them)
 // whose key matches `route_key` (bus/route_key.h), each once, in the order first matched.

@@ -29,6 +29,7 @@ QueueSql::QueueSql(const PostgresDatabase& db)
       delete_messages(db.Sql(kDeleteMessagesSql)),
       delete_queue(db.Sql(kDeleteQueueSql)),
       send(db.Sql(kSendSql)),
+      send_many(db.Sql(kSendManySql)),
       reserve(db.Sql(kReserveSql)),
       next_due(db.Sql(kNextDueSql)),
       ack(db.Sql(kAckSql)),
@@ -41,6 +42,26 @@ QueueSql::QueueSql(const PostgresDatabase& db)
 
 std::string QueueArray(absl::Span<const std::string> queues) {
   return absl::StrCat("{\"", absl::StrJoin(queues, "\",\""), "\"}");
+}
+
+std::string ByteaArray(absl::Span<const std::string> items) {
+  std::string out;
+  auto put32 = [&out](uint64_t v) {
+    const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+    out.append(b, 4);
+  };
+  constexpr uint64_t kByteaOid = 17;
+  put32(1);  // dimensions
+  put32(0);  // no NULLs
+  put32(kByteaOid);
+  put32(items.size());
+  put32(1);  // the lower bound
+  for (const std::string& item : items) {
+    put32(item.size());
+    out += item;
+  }
+  return out;
 }
 
 std::vector<std::string> MatchingQueues(
@@ -65,7 +86,7 @@ absl::Status CheckMessageSize(const PostgresDriverOptions& options, absl::string
 
 namespace {
 
-// Sends to `queues` in round trips of at most this many statements (one transaction each).
+// A batch send is one statement (one transaction) per this many messages.
 constexpr size_t kSendBatch = 500;
 
 absl::Status CheckDelay(absl::Duration delay) {
@@ -171,18 +192,15 @@ absl::Status PostgresDriver::DoSendBatchToQueue(absl::string_view queue,
   for (const std::string& d : data) {
     if (absl::Status st = pg_internal::CheckMessageSize(core_->options, d); !st.ok()) return st;
   }
-  const std::string queues = pg_internal::QueueArray({std::string(queue)});
-  const std::string delay_us = absl::StrCat(absl::ToInt64Microseconds(delay));
   for (size_t start = 0; start < data.size(); start += kSendBatch) {
-    const size_t end = std::min(data.size(), start + kSendBatch);
-    std::vector<Statement> statements;
-    for (size_t i = start; i < end; ++i) {
-      statements.push_back({&core_->sql.send,
-                            {Param::Text(queues), Param::Bytes(data[i]), Param::Text(delay_us),
-                             Param::Text(core_->db->options().schema)},
-                            false,
-                            true});
-    }
+    const size_t n = std::min(data.size() - start, kSendBatch);
+    const std::vector<Statement> statements = {
+        {&core_->sql.send_many,
+         {Param::Text(std::string(queue)),
+          Param::Bytes(pg_internal::ByteaArray(data.subspan(start, n))),
+          Param::Int(absl::ToInt64Microseconds(delay)), Param::Text(core_->db->options().schema)},
+         false,
+         true}};
     if (absl::Status st = core_->db->Run(statements).status(); !st.ok()) return st;
   }
   return absl::OkStatus();

@@ -57,6 +57,22 @@ inline constexpr char kSendSql[] =
     "SELECT pg_notify(" BUS_PG_QUEUE_CHANNEL("$4::text", "s.queue") ", '') "
     "FROM (SELECT DISTINCT queue FROM sent) s";
 
+// A batch to one queue in one statement: $1 the queue, $2 the messages (a bytea array, in
+// order), $3 their delay in microseconds, $4 the schema name. As kSendSql for one queue: the
+// queue is created when new, each row is due after the queue's delay plus $3, and the queue is
+// notified once. Rows are inserted in the array's order, so ids and due times follow it.
+inline constexpr char kSendManySql[] =
+    "WITH created AS (INSERT INTO {schema}.queues (name) VALUES ($1::text) "
+    "  ON CONFLICT (name) DO NOTHING), "
+    "sent AS (INSERT INTO {schema}.queue_messages (queue, payload, due_at) "
+    "  SELECT $1::text, m.payload, clock_timestamp() + ($3::bigint + COALESCE("
+    "    (SELECT delay_us FROM {schema}.queues WHERE name = $1::text), 0)) "
+    "    * interval '1 microsecond' "
+    "  FROM unnest($2::bytea[]) WITH ORDINALITY AS m(payload, n) ORDER BY m.n "
+    "  RETURNING 1) "
+    "SELECT pg_notify(" BUS_PG_QUEUE_CHANNEL("$4::text", "$1::text") ", '') "
+    "WHERE EXISTS (SELECT FROM sent)";
+
 // Reserves up to $2 ready messages of queue $1 for lease owner $3 (a random token per reserve)
 // for $4 microseconds: the ready rows are those due by now, expired leases included; each gets
 // its attempt counted and its due_at moved to the lease's end. SKIP LOCKED lets competing
