@@ -1,0 +1,230 @@
+// The store sections of bench/growth_bench.cc: idempotency keys and dead letters.
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/growth_compare.h"
+#include "bench/growth_fill.h"
+#include "drivers/redis/client/client.h"
+#include "idempotency/redis/redis_idempotency_store.h"
+#include "idempotency/sqlite/idempotency_store.h"
+#include "storage/redis/redis_dead_letter_store.h"
+#include "storage/sqlite/dead_letter_store.h"
+#include "tests/testing/redis_server.h"
+
+namespace bus::growth {
+namespace {
+
+RedisOptions RedisAt(int port) {
+  RedisOptions o;
+  o.port = port;
+  return o;
+}
+
+// AcquireMany + MarkDoneMany of --batch keys never used before (series `series`), with the
+// pipeline's default lease and retention.
+Subject KeySubject(std::shared_ptr<IdempotencyStore> store, uint64_t series) {
+  auto next = std::make_shared<std::atomic<uint64_t>>(0);
+  return Subject{.op = [store, series, next](int) -> absl::StatusOr<int> {
+    const int batch = absl::GetFlag(FLAGS_batch);
+    const uint64_t first = next->fetch_add(batch);
+    std::vector<std::string> keys, owners;
+    for (int i = 0; i < batch; ++i) {
+      keys.push_back(KeyOf(series, first + i));
+      owners.push_back(OwnerOf(first + i));
+    }
+    const std::vector<absl::string_view> k(keys.begin(), keys.end()),
+        o(owners.begin(), owners.end());
+    std::vector<absl::StatusOr<bool>> acquired(batch);
+    store->AcquireMany(k, o, absl::Seconds(15), absl::MakeSpan(acquired));
+    for (const absl::StatusOr<bool>& a : acquired) {
+      if (!a.ok()) return a.status();
+      if (!*a) return absl::InternalError("a fresh key was not acquired");
+    }
+    std::vector<absl::Status> done(batch);
+    store->MarkDoneMany(k, o, absl::Hours(24), absl::MakeSpan(done));
+    for (const absl::Status& d : done) {
+      if (!d.ok()) return d;
+    }
+    return batch;
+  }};
+}
+
+// Before a comparison: counters zeroed. After: the server's CPU time per item and the time per
+// call of the commands the store runs (INFO cpu, commandstats).
+class RedisProbe {
+ public:
+  explicit RedisProbe(std::shared_ptr<redis::Client> client) : client_(std::move(client)) {}
+  void Reset() {
+    (void)client_->Command({"CONFIG", "RESETSTAT"}, absl::Seconds(5));
+    cpu_ = Cpu();
+  }
+  void Report(const char* side, int64_t items) {
+    absl::StatusOr<std::string> stats = RedisInfo(*client_, "commandstats");
+    if (!stats.ok()) return;
+    std::printf("  server of %s: %.1f us CPU per item; usec per call: set %.2f, evalsha %.2f\n",
+                side, (Cpu() - cpu_) * 1e6 / std::max<int64_t>(1, items),
+                InfoNumber(*stats, "cmdstat_set.usec_per_call"),
+                InfoNumber(*stats, "cmdstat_evalsha.usec_per_call"));
+  }
+  double Memory() {
+    absl::StatusOr<std::string> info = RedisInfo(*client_, "memory");
+    return info.ok() ? InfoNumber(*info, "used_memory") : 0;
+  }
+
+ private:
+  double Cpu() {
+    absl::StatusOr<std::string> info = RedisInfo(*client_, "cpu");
+    if (!info.ok()) return 0;
+    return InfoNumber(*info, "used_cpu_sys") + InfoNumber(*info, "used_cpu_user");
+  }
+  std::shared_ptr<redis::Client> client_;
+  double cpu_ = 0;
+};
+
+// Side i of a section: a SQLite file under `dir`, or a redis-server of its own.
+struct Place {
+  std::string path;
+  std::unique_ptr<testing::RedisServer> server;
+  std::shared_ptr<redis::Client> client;
+  std::unique_ptr<RedisProbe> probe;
+
+  bool Open(bool redis, const std::string& file) {
+    if (!redis) {
+      path = file;
+      return true;
+    }
+    server = StartRedis();
+    if (server == nullptr) return false;
+    client = redis::NewClient(redis::WithDefaults(RedisAt(server->port())), nullptr, "growth");
+    probe = std::make_unique<RedisProbe>(client);
+    return true;
+  }
+  double Bytes() { return probe != nullptr ? probe->Memory() : double(SqliteFileBytes(path)); }
+};
+
+bool Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<testing::RedisServer> StartRedis() {
+  auto server = testing::RedisServer::Start({});
+  if (!server.ok()) {
+    std::fprintf(stderr, "redis-server: %s\n", server.status().ToString().c_str());
+    return nullptr;
+  }
+  return *std::move(server);
+}
+
+bool KeySection(const std::string& name, const std::string& dir) {
+  const bool redis = name == "redis-keys";
+  Place places[2];
+  std::shared_ptr<IdempotencyStore> stores[2];
+  for (int i = 0; i < 2; ++i) {
+    if (!places[i].Open(redis, absl::StrCat(dir, "/keys", i, ".db"))) return false;
+    auto s = redis ? NewRedisIdempotencyStore(RedisAt(places[i].server->port()))
+                   : NewSqliteIdempotencyStore(SqliteOptions{.path = places[i].path});
+    if (!s.ok()) return Fail(s.status());
+    stores[i] = *s;
+    if (!stores[i]->Ping(absl::Seconds(5)).ok()) return false;  // creates the SQLite schema
+  }
+  const double bytes0 = places[1].Bytes();
+  uint64_t filled = 0, series = 100;  // fills use series 1, each comparison two new ones
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_keys), ',')) {
+    uint64_t size = 0;
+    if (!absl::SimpleAtoi(text, &size) || size < filled)
+      return Fail(absl::InvalidArgumentError("--keys"));
+    const absl::Time t0 = absl::Now();
+    const absl::Status s = redis ? FillRedisKeys(*places[1].client, RedisOptions{}.key_prefix, 1,
+                                                 filled, size - filled)
+                                 : FillSqliteKeys(places[1].path, 1, filled, size - filled);
+    if (!s.ok()) return Fail(s);
+    filled = size;
+    std::printf("%s: %llu retained keys (filled in %.1f s): %.0f bytes per key\n", name.c_str(),
+                static_cast<unsigned long long>(size), absl::ToDoubleSeconds(absl::Now() - t0),
+                (places[1].Bytes() - bytes0) / std::max<uint64_t>(1, size));
+    for (Place& p : places) {
+      if (p.probe != nullptr) p.probe->Reset();
+    }
+    int64_t items[2];
+    series += 2;
+    if (!Compare(name + " acquire+mark-done", std::string(text), KeySubject(stores[0], series),
+                 KeySubject(stores[1], series + 1), absl::GetFlag(FLAGS_threads), items)) {
+      return false;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (places[i].probe != nullptr) places[i].probe->Report(i == 0 ? "empty" : "grown", items[i]);
+    }
+  }
+  return true;
+}
+
+bool LetterSection(const std::string& name, const std::string& dir) {
+  const bool redis = name == "redis-letters";
+  const int payload = absl::GetFlag(FLAGS_payload);
+  const uint64_t n = absl::GetFlag(FLAGS_letters);
+  Place places[2];
+  std::shared_ptr<DeadLetterStore> stores[2];
+  for (int i = 0; i < 2; ++i) {
+    if (!places[i].Open(redis, absl::StrCat(dir, "/letters", i, ".db"))) return false;
+    auto s = redis ? NewRedisDeadLetterStore(RedisAt(places[i].server->port()))
+                   : NewSqliteDeadLetterStore(SqliteOptions{.path = places[i].path});
+    if (!s.ok()) return Fail(s.status());
+    stores[i] = *s;
+    if (!stores[i]->Ping(absl::Seconds(5)).ok()) return false;
+  }
+  const double bytes0 = places[1].Bytes();
+  const absl::Time t0 = absl::Now();
+  const absl::Status s = redis ? FillLetters(*stores[1], "growth", n, payload, 16)
+                               : FillSqliteLetters(places[1].path, "growth", n, payload);
+  if (!s.ok()) return Fail(s);
+  std::printf("%s: %llu letters of %d bytes (filled in %.1f s): %.0f bytes per letter\n",
+              name.c_str(), static_cast<unsigned long long>(n), payload,
+              absl::ToDoubleSeconds(absl::Now() - t0), (places[1].Bytes() - bytes0) / n);
+  if (absl::Status f = FillLetters(*stores[0], "growth", 1000, payload, 4); !f.ok()) return Fail(f);
+  const std::string size = absl::StrCat(n);
+  auto count = [](std::shared_ptr<DeadLetterStore> store) {
+    return Subject{.op = [store](int) -> absl::StatusOr<int> {
+      absl::StatusOr<int64_t> c = store->Count("growth");
+      if (!c.ok()) return c.status();
+      return 1;
+    }};
+  };
+  auto fetch = [](std::shared_ptr<DeadLetterStore> store) {
+    return Subject{.op = [store](int) -> absl::StatusOr<int> {
+      auto page = store->Fetch("growth", 100);
+      if (!page.ok()) return page.status();
+      return static_cast<int>(page->size());
+    }};
+  };
+  // One page of the replay loop: fetched, each letter removed and stored again (as when its
+  // message fails again), so the store keeps its size.
+  auto replay = [](std::shared_ptr<DeadLetterStore> store) {
+    return Subject{.op = [store](int) -> absl::StatusOr<int> {
+      auto page = store->Fetch("growth", 100);
+      if (!page.ok()) return page.status();
+      for (DeadLetter& l : *page) {
+        if (absl::Status r = store->Remove("growth", l.id); !r.ok()) return r;
+        l.replays += 1;
+        if (absl::StatusOr<std::string> id = store->Store(l); !id.ok()) return id.status();
+      }
+      return static_cast<int>(page->size());
+    }};
+  };
+  return Compare(name + " Count", size, count(stores[0]), count(stores[1]), 1) &&
+         Compare(name + " Fetch 100", size, fetch(stores[0]), fetch(stores[1]), 1) &&
+         Compare(name + " replay page of 100", size, replay(stores[0]), replay(stores[1]), 1);
+}
+
+}  // namespace bus::growth
