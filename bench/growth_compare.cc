@@ -8,6 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/time/clock.h"
 
+ABSL_FLAG(bool, per_round, false, "also print each round's rates");
+
 namespace bus::growth {
 namespace {
 
@@ -65,9 +67,15 @@ bool Compare(const std::string& what, const std::string& size, const Subject& a,
   Side sa, sb, warm;  // one untimed block of each first (connections, scripts, caches)
   if (!Block(a, threads, &warm) || !Block(b, threads, &warm)) return false;
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    const Side a0 = sa, b0 = sb;
     if (!Block(a, threads, &sa) || !Block(b, threads, &sb) || !Block(b, threads, &sb) ||
         !Block(a, threads, &sa)) {
       return false;
+    }
+    if (absl::GetFlag(FLAGS_per_round)) {
+      std::printf("  round %d: empty %.0f/s, grown %.0f/s\n", r + 1,
+                  (sa.items - a0.items) / (sa.secs - a0.secs),
+                  (sb.items - b0.items) / (sb.secs - b0.secs));
     }
   }
   std::printf("%-36s %9s  empty %9.0f/s p99 %8.0f us | grown %9.0f/s p99 %8.0f us | %.2fx\n",
