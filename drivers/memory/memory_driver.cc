@@ -221,21 +221,18 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
 
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     QueueCounts counts{.queue = std::string(queue)};
-    const absl::Time now = options_.clock->Now();
     absl::MutexLock lock(&mu_);
     auto it = queues_.find(queue);
     if (it == queues_.end()) return counts;
-    const Queue& q = *it->second;
+    Queue& q = *it->second;
+    // Due messages and expired leases move to the ready list first (as the next Receive would
+    // move them), so the counts are the sizes of the three collections: no walk over the
+    // queue, whose lock every consumer waits for (a metrics scrape reads these).
+    Promote(&q, options_.clock->Now());
     counts.ready = static_cast<int64_t>(q.ready.size());
-    for (const Delayed& d : q.delayed) {
-      if (d.at <= now) {
-        ++counts.ready;
-      } else {
-        ++counts.delayed;
-        counts.next_due = std::min(counts.next_due, d.at);
-      }
-    }
-    for (const auto& [token, l] : q.leased) ++(l.deadline <= now ? counts.ready : counts.in_flight);
+    counts.delayed = static_cast<int64_t>(q.delayed.size());
+    if (!q.delayed.empty()) counts.next_due = q.delayed.front().at;
+    counts.in_flight = static_cast<int64_t>(q.leased.size());
     return counts;
   }
 

@@ -68,6 +68,30 @@ TEST(MemoryDriverTest, InspectQueueSaysWhenTheEarliestDelayedMessageIsDue) {
   EXPECT_EQ(c->next_due, t0 + absl::Hours(2));
 }
 
+TEST(MemoryDriverTest, InspectQueueCountsExpiredLeasesAsReadyAndExtendedOnesAsInFlight) {
+  auto clock = std::make_shared<FakeClock>();
+  std::shared_ptr<Driver> d = NewMemoryDriver({.clock = clock});
+  ASSERT_TRUE(
+      d->SendBatchToQueue("q", std::vector<std::string>{"a", "b", "c"}, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(d->SendToQueue("q", "later", absl::Hours(1)).ok());
+  auto consumer = d->NewConsumer("q", ConsumerOptions{3, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::vector<Delivery> out;
+  ASSERT_TRUE((*consumer)->Receive(3, absl::ZeroDuration(), {}, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  clock->Advance(absl::Seconds(20));
+  ASSERT_TRUE((*consumer)->Extend(out[0].receipt).ok());  // now until 50s
+  clock->Advance(absl::Seconds(15));                      // the other two ran out at 30s
+  absl::StatusOr<QueueCounts> c = d->InspectQueue("q");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->ready, 2);
+  EXPECT_EQ(c->in_flight, 1);
+  EXPECT_EQ(c->delayed, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition((*consumer)->Ack(out[1].receipt)));
+  EXPECT_TRUE((*consumer)->Ack(out[0].receipt).ok());
+  EXPECT_EQ(d->InspectQueue("q")->in_flight, 0);
+}
+
 TEST(MemoryDriverTest, AWaitingReceiveWakesWhenTheFakeClockMakesAMessageDue) {
   auto clock = std::make_shared<FakeClock>();
   auto driver = NewMemoryDriver({.clock = clock});
