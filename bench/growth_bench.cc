@@ -1,8 +1,8 @@
 // Cost as data grows: each operation timed on an empty store (A) and on one holding a million
 // items (B), interleaved A B B A in one process, --rounds times (docs/benchmarks/growth.md).
 //
-//  memory, redis    reserve + ack of --batch messages: empty queue against 1M ready, then 1M
-//                   delayed (memory: also its resident bytes per queued message)
+//  memory, redis    reserve + ack of --batch messages, and InspectQueue: empty queue against
+//                   1M ready, then 1M delayed (memory: also its resident bytes per message)
 //  sqlite-keys,     idempotency AcquireMany + MarkDoneMany of --batch fresh keys, as a pipeline
 //  redis-keys       batch makes them: empty store against each size of --keys retained done
 //                   markers (with the bytes each takes; Redis: the servers' CPU per key)
@@ -121,6 +121,19 @@ bool QueueSection(const std::string& name,
     if (!bus::growth::Compare(absl::StrCat(name, " reserve+ack, ", delayed ? "delayed" : "ready"),
                               absl::StrCat(n), QueueSubject(a, &ca, ops), QueueSubject(b, &cb, ops),
                               threads)) {
+      return false;
+    }
+    // The queue's counts, as a metrics scrape, the console and busctl read them.
+    auto inspect = [](std::shared_ptr<bus::Driver> d) {
+      return Subject{.op = [d](int) -> absl::StatusOr<int> {
+                       absl::StatusOr<bus::QueueCounts> c = d->InspectQueue("growth");
+                       if (!c.ok()) return c.status();
+                       return 1;
+                     },
+                     .ops = absl::GetFlag(FLAGS_ops) * 10};
+    };
+    if (!bus::growth::Compare(absl::StrCat(name, " InspectQueue, ", delayed ? "delayed" : "ready"),
+                              absl::StrCat(n), inspect(a), inspect(b), 1)) {
       return false;
     }
   }

@@ -63,7 +63,7 @@ bool Block(const Subject& s, int threads, Side* side) {
 }  // namespace
 
 bool Compare(const std::string& what, const std::string& size, const Subject& a, const Subject& b,
-             int threads, int64_t* items) {
+             int threads, int64_t* items, const std::function<std::string()>& note) {
   Side sa, sb, warm;  // one untimed block of each first (connections, scripts, caches)
   if (!Block(a, threads, &warm) || !Block(b, threads, &warm)) return false;
   for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
@@ -73,9 +73,9 @@ bool Compare(const std::string& what, const std::string& size, const Subject& a,
       return false;
     }
     if (absl::GetFlag(FLAGS_per_round)) {
-      std::printf("  round %d: empty %.0f/s, grown %.0f/s\n", r + 1,
+      std::printf("  round %d: empty %.0f/s, grown %.0f/s%s\n", r + 1,
                   (sa.items - a0.items) / (sa.secs - a0.secs),
-                  (sb.items - b0.items) / (sb.secs - b0.secs));
+                  (sb.items - b0.items) / (sb.secs - b0.secs), note ? note().c_str() : "");
     }
   }
   std::printf("%-36s %9s  empty %9.0f/s p99 %8.0f us | grown %9.0f/s p99 %8.0f us | %.2fx\n",

@@ -36,9 +36,11 @@ struct Subject {
 // then A B B A, --rounds times. Prints one
 // line: items per second and p99 per operation of A (empty) and B (grown), and B's rate as a
 // ratio to A's. Fills items[0], items[1] (when given) with the items each side handled. False
-// (after printing why) when a prepare or an operation failed.
+// (after printing why) when a prepare or an operation failed. With --per_round also each
+// round's rates, followed by what `note` (when given) returns after the round.
 bool Compare(const std::string& what, const std::string& size, const Subject& a, const Subject& b,
-             int threads, int64_t* items = nullptr);
+             int threads, int64_t* items = nullptr,
+             const std::function<std::string()>& note = nullptr);
 
 // Idempotency keys ("sqlite-keys", "redis-keys") and dead letters ("sqlite-letters",
 // "redis-letters"), in files under `dir` or on redis-servers of their own.

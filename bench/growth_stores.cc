@@ -197,7 +197,11 @@ bool KeySection(const std::string& name, const std::string& dir) {
     int64_t items[2];
     series += 2;
     if (!Compare(name + " acquire+mark-done", std::string(text), KeySubject(stores[0], series),
-                 KeySubject(stores[1], series + 1), absl::GetFlag(FLAGS_threads), items)) {
+                 KeySubject(stores[1], series + 1), absl::GetFlag(FLAGS_threads), items,
+                 [&]() -> std::string {
+                   if (!redis) return "";
+                   return absl::StrCat("; grown rehashing: ", places[1].probe->Rehashing());
+                 })) {
       return false;
     }
     for (int i = 0; i < 2; ++i) {
