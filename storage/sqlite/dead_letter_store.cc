@@ -1,5 +1,6 @@
 #include "storage/sqlite/dead_letter_store.h"
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -76,7 +77,9 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
                                                 DeadLetterKinds kinds) override {
     if (limit < 1) return absl::InvalidArgumentError("Fetch: limit must be >= 1");
     if (kinds.empty()) return absl::InvalidArgumentError("Fetch: no kinds");
-    // One kind (the replay loop's fetch) reads that kind's index only.
+    static_assert(std::size(kDeadLetterKinds) == 4, "kFetchLettersOfKindsSql has one part a kind");
+    // One kind (the replay loop's fetch) reads that kind's index only; several kinds read each
+    // one's index (never the letters of the kinds left out); every kind reads the queue's.
     int single = -1;
     for (DeadLetterKind k : kDeadLetterKinds) {
       if (kinds == DeadLetterKinds{k}) single = static_cast<int>(k);
@@ -91,8 +94,9 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
     const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
       letters.clear();
       absl::StatusOr<ScopedStatement> stmt =
-          conn.Prepare(single >= 0 ? sqlite_internal::kFetchLettersOfKindSql
-                                   : sqlite_internal::kFetchLettersSql);
+          conn.Prepare(single >= 0   ? sqlite_internal::kFetchLettersOfKindSql
+                       : kinds.all() ? sqlite_internal::kFetchLettersSql
+                                     : sqlite_internal::kFetchLettersOfKindsSql);
       if (!stmt.ok()) return stmt.status();
       stmt->BindText(1, queue);
       stmt->BindInt64(2, after);

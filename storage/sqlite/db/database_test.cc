@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bus/random.h"
@@ -279,6 +281,78 @@ TEST_F(SqliteDatabaseTest, CountingLettersTakesTheSameStepsWhateverTheirNumber) 
   EXPECT_EQ(*store->Count("big"), 0);
   EXPECT_EQ(RawQuery(options_.path, "SELECT count(*) FROM dead_letter_counts WHERE queue = 'big'"),
             "0");  // a count that reaches zero goes
+}
+
+// VM steps of kFetchLettersOfKindsSql run to its end: a page of `limit` letters of `kinds`.
+int FetchSteps(const std::string& path, const char* queue, DeadLetterKinds kinds, int limit) {
+  sqlite3* db = nullptr;
+  int steps = -1;
+  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db, sqlite_internal::kFetchLettersOfKindsSql, -1, &stmt, nullptr) ==
+        SQLITE_OK) {
+      sqlite3_bind_text(stmt, 1, queue, -1, SQLITE_STATIC);
+      sqlite3_bind_int64(stmt, 2, 0);
+      sqlite3_bind_int64(stmt, 3, limit);
+      sqlite3_bind_int64(stmt, 4, kinds.bits());
+      while (sqlite3_step(stmt) == SQLITE_ROW) {
+      }
+      steps = sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 0);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return steps;
+}
+
+// A page of some kinds (not one, not all) reads each wanted kind's index: as many steps with
+// 3,000 older letters of a kind left out as with 3, where walking the queue in id order would
+// step past every one of them (21,094 steps against 123 when written). The pages still come
+// in id order across the kinds.
+TEST_F(SqliteDatabaseTest, FetchingSomeKindsTakesTheSameStepsWhateverTheOtherKindsHold) {
+  absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
+  ASSERT_TRUE(db.ok()) << db.status();
+  std::shared_ptr<DeadLetterStore> store = NewSqliteDeadLetterStore(*db);
+  auto insert = [&](const char* queue, int n, int kind) {
+    RawExec(
+        options_.path,
+        absl::StrCat("WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ", n,
+                     ") INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind) "
+                     "SELECT '",
+                     queue, "', 'x', 'r', 0, ", kind, " FROM c")
+            .c_str());
+  };
+  for (const char* queue : {"few", "many"}) {
+    insert(queue, std::string(queue) == "few" ? 3 : 3000, 0);  // malformed, left out
+    insert(queue, 3, 2);                                       // exhausted
+    insert(queue, 3, 1);                                       // permanent
+    insert(queue, 3, 2);
+  }
+  const DeadLetterKinds wanted = {DeadLetterKind::kPermanent, DeadLetterKind::kExhausted};
+  const int few_steps = FetchSteps(options_.path, "few", wanted, 4);
+  ASSERT_GT(few_steps, 0);
+  EXPECT_LE(FetchSteps(options_.path, "many", wanted, 4), few_steps + 8)
+      << "Fetch of some kinds reads the letters of the others";
+
+  std::vector<std::string> kinds;
+  std::string after;
+  int64_t last_id = 0;
+  while (true) {
+    absl::StatusOr<std::vector<DeadLetter>> page = store->Fetch("many", 4, after, wanted);
+    ASSERT_TRUE(page.ok()) << page.status();
+    if (page->empty()) break;
+    for (const DeadLetter& l : *page) {
+      int64_t id = 0;
+      ASSERT_TRUE(absl::SimpleAtoi(l.id, &id));
+      EXPECT_GT(id, last_id);
+      last_id = id;
+      kinds.emplace_back(DeadLetterKindName(l.kind));
+    }
+    after = page->back().id;
+  }
+  EXPECT_EQ(absl::StrJoin(kinds, ","),
+            "exhausted,exhausted,exhausted,permanent,permanent,permanent,exhausted,exhausted,"
+            "exhausted");
 }
 
 TEST_F(SqliteDatabaseTest, ManyOpenersOfAFreshFileMigrateItOnce) {

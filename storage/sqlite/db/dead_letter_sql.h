@@ -24,7 +24,9 @@ inline constexpr char kLetterOfMessageSql[] =
 #define BUS_SQLITE_LETTER_COLUMNS                                                              \
   "id, data, reason, stored_at_us, kind, attempts, first_failed_us, last_failed_us, replays, " \
   "message_id"
-// ?1 queue, ?2 after id, ?3 limit, ?4 kind mask (bit k: kind k).
+// ?1 queue, ?2 after id, ?3 limit, ?4 kind mask (bit k: kind k). Every kind: the queue's
+// letters in id order through dead_letters_by_queue (with some kinds left out it would read
+// past every letter of those to fill a page: kFetchLettersOfKindsSql).
 inline constexpr char kFetchLettersSql[] =
     "SELECT " BUS_SQLITE_LETTER_COLUMNS
     " FROM dead_letters WHERE queue = ?1 AND id > ?2 AND ((1 << kind) & ?4) != 0 "
@@ -33,6 +35,20 @@ inline constexpr char kFetchLettersSql[] =
 inline constexpr char kFetchLettersOfKindSql[] =
     "SELECT " BUS_SQLITE_LETTER_COLUMNS
     " FROM dead_letters WHERE queue = ?1 AND kind = ?4 AND id > ?2 ORDER BY id LIMIT ?3";
+// ?1 queue, ?2 after id, ?3 limit, ?4 kind mask. Several kinds: up to `limit` letters of each
+// kind in the mask through dead_letters_by_kind (a kind outside the mask reads nothing), merged
+// in id order, so a page reads at most four pages of letters whatever the other kinds hold.
+// One part per kind of bus::kDeadLetterKinds (dead_letter_store.cc checks there are four).
+#define BUS_SQLITE_LETTERS_OF_KIND(k)                                                     \
+  "SELECT * FROM (SELECT " BUS_SQLITE_LETTER_COLUMNS                                      \
+  " FROM dead_letters WHERE queue = ?1 AND kind = " #k " AND id > ?2 AND (?4 & (1 << " #k \
+  ")) != 0 ORDER BY id LIMIT ?3)"
+inline constexpr char kFetchLettersOfKindsSql[] =  //
+    BUS_SQLITE_LETTERS_OF_KIND(0) " UNION ALL "    //
+    BUS_SQLITE_LETTERS_OF_KIND(1) " UNION ALL "    //
+    BUS_SQLITE_LETTERS_OF_KIND(2) " UNION ALL "    //
+    BUS_SQLITE_LETTERS_OF_KIND(3) " ORDER BY id LIMIT ?3";
+#undef BUS_SQLITE_LETTERS_OF_KIND
 #undef BUS_SQLITE_LETTER_COLUMNS
 // ?1 queue, ?2 id.
 inline constexpr char kRemoveLetterSql[] = "DELETE FROM dead_letters WHERE queue = ?1 AND id = ?2";
