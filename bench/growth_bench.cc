@@ -9,7 +9,8 @@
 //  sqlite-letters,  dead letters: Count, Fetch of one page, a replay pass of one page (Fetch,
 //  redis-letters    Remove each, Store each again): 1,000 letters against --letters
 //
-// Redis sides run on two redis-servers of their own (persistence off), started per section.
+// Redis sides run on two redis-servers of their own (persistence off), started per section;
+// redis-server 7.0 or later (DEBUG HTSTATS needs --enable-debug-command).
 //
 //   bazel run -c opt //bench:growth_bench
 //   # idempotency keys only, at 1M and 10M:
