@@ -5,7 +5,8 @@
 //                   1M ready, then 1M delayed (memory: also its resident bytes per message)
 //  sqlite-keys,     idempotency AcquireMany + MarkDoneMany of --batch fresh keys, as a pipeline
 //  redis-keys       batch makes them: empty store against each size of --keys retained done
-//                   markers (with the bytes each takes; Redis: the servers' CPU per key)
+//                   markers (with the bytes each takes; Redis: the servers' CPU per key,
+//                   and the driver's ListQueues on the same servers)
 //  sqlite-letters,  dead letters: Count, Fetch of one page, a replay pass of one page (Fetch,
 //  redis-letters    Remove each, Store each again): 1,000 letters against --letters
 //

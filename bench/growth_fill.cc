@@ -3,7 +3,9 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <thread>
 #include <utility>
@@ -213,6 +215,50 @@ double InfoNumber(const std::string& info, const std::string& field) {
   double v = 0;
   (void)absl::SimpleAtod(info.substr(at, end - at), &v);
   return v;
+}
+
+void RedisProbe::Reset() {
+  (void)client_->Command({"CONFIG", "RESETSTAT"}, absl::Seconds(5));
+  cpu_ = Cpu();
+}
+
+void RedisProbe::Report(const char* side, int64_t items) {
+  absl::StatusOr<std::string> stats = RedisInfo(*client_, "commandstats");
+  if (!stats.ok()) return;
+  std::printf("  server of %s: %.1f us CPU per item; usec per call: set %.2f, evalsha %.2f\n", side,
+              (Cpu() - cpu_) * 1e6 / std::max<int64_t>(1, items),
+              InfoNumber(*stats, "cmdstat_set.usec_per_call"),
+              InfoNumber(*stats, "cmdstat_evalsha.usec_per_call"));
+}
+
+std::string RedisProbe::Rehashing() {
+  absl::StatusOr<redis::Reply> r = client_->Command({"DEBUG", "HTSTATS", "0"}, absl::Seconds(5));
+  if (!r.ok() || r->is_error()) return "unknown";
+  const size_t split = r->str.find("[Expires HT]");
+  const bool keys = r->str.find("rehashing target") < split;
+  const bool expires = r->str.find("rehashing target", split) != std::string::npos;
+  return keys ? (expires ? "keys and expires" : "keys") : (expires ? "expires" : "none");
+}
+
+absl::Status RedisProbe::Settle(const std::string& key) {
+  while (Rehashing() != "none") {
+    std::vector<std::vector<std::string>> commands(100000, {"PTTL", key});
+    absl::StatusOr<std::vector<redis::Reply>> r =
+        client_->Execute(std::move(commands), absl::Seconds(60));
+    if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
+double RedisProbe::Memory() {
+  absl::StatusOr<std::string> info = RedisInfo(*client_, "memory");
+  return info.ok() ? InfoNumber(*info, "used_memory") : 0;
+}
+
+double RedisProbe::Cpu() {
+  absl::StatusOr<std::string> info = RedisInfo(*client_, "cpu");
+  if (!info.ok()) return 0;
+  return InfoNumber(*info, "used_cpu_sys") + InfoNumber(*info, "used_cpu_user");
 }
 
 }  // namespace bus::growth

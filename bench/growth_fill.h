@@ -5,7 +5,9 @@
 #define BENCH_GROWTH_FILL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,6 +55,31 @@ absl::StatusOr<std::string> RedisInfo(redis::Client& client, const std::string& 
 // The number after "<field>:" (or after "<field>=" inside a commandstats line when `field` is
 // "cmdstat_evalsha.usec", say) in INFO text; 0 when absent.
 double InfoNumber(const std::string& info, const std::string& field);
+
+// One redis-server seen through `client`, for the benchmark's reports.
+class RedisProbe {
+ public:
+  explicit RedisProbe(std::shared_ptr<redis::Client> client) : client_(std::move(client)) {}
+  // Before a comparison: counters zeroed (CONFIG RESETSTAT) and the CPU time read.
+  void Reset();
+  // After: prints the server's CPU time per item since Reset (INFO cpu) and the time per call
+  // of SET and EVALSHA (INFO commandstats).
+  void Report(const char* side, int64_t items);
+  // Which of the keyspace's two hash tables (keys, expiry times) the server is rehashing
+  // (DEBUG HTSTATS): "keys and expires", "keys", "expires" or "none". After their size passes a
+  // power of two, every command that looks a key up moves a bucket of each into a table twice
+  // the size.
+  std::string Rehashing();
+  // Drives a rehash to its end: PTTL of `key` (an existing key with a TTL) looks it up in both.
+  absl::Status Settle(const std::string& key);
+  // INFO memory used_memory, in bytes.
+  double Memory();
+
+ private:
+  double Cpu();
+  std::shared_ptr<redis::Client> client_;
+  double cpu_ = 0;
+};
 
 }  // namespace bus::growth
 

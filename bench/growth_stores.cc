@@ -14,6 +14,7 @@
 #include "bench/growth_compare.h"
 #include "bench/growth_fill.h"
 #include "drivers/redis/client/client.h"
+#include "drivers/redis/redis_driver.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
@@ -62,59 +63,6 @@ Subject KeySubject(std::shared_ptr<IdempotencyStore> store, uint64_t series) {
   }};
 }
 
-// Before a comparison: counters zeroed. After: the server's CPU time per item and the time per
-// call of the commands the store runs (INFO cpu, commandstats).
-class RedisProbe {
- public:
-  explicit RedisProbe(std::shared_ptr<redis::Client> client) : client_(std::move(client)) {}
-  void Reset() {
-    (void)client_->Command({"CONFIG", "RESETSTAT"}, absl::Seconds(5));
-    cpu_ = Cpu();
-  }
-  void Report(const char* side, int64_t items) {
-    absl::StatusOr<std::string> stats = RedisInfo(*client_, "commandstats");
-    if (!stats.ok()) return;
-    std::printf("  server of %s: %.1f us CPU per item; usec per call: set %.2f, evalsha %.2f\n",
-                side, (Cpu() - cpu_) * 1e6 / std::max<int64_t>(1, items),
-                InfoNumber(*stats, "cmdstat_set.usec_per_call"),
-                InfoNumber(*stats, "cmdstat_evalsha.usec_per_call"));
-  }
-  // Which of the keyspace's two hash tables (keys, expiry times) the server is rehashing
-  // (DEBUG HTSTATS): after their size passes a power of two, every command that looks a key up
-  // moves a bucket of each into a table twice the size.
-  std::string Rehashing() {
-    absl::StatusOr<redis::Reply> r = client_->Command({"DEBUG", "HTSTATS", "0"}, absl::Seconds(5));
-    if (!r.ok() || r->is_error()) return "unknown";
-    const size_t split = r->str.find("[Expires HT]");
-    const bool keys = r->str.find("rehashing target") < split;
-    const bool expires = r->str.find("rehashing target", split) != std::string::npos;
-    return keys ? (expires ? "keys and expires" : "keys") : (expires ? "expires" : "none");
-  }
-  // Drives a rehash to its end: PTTL of an existing key with a TTL looks it up in both tables.
-  absl::Status Settle(const std::string& key) {
-    while (Rehashing() != "none") {
-      std::vector<std::vector<std::string>> commands(100000, {"PTTL", key});
-      absl::StatusOr<std::vector<redis::Reply>> r =
-          client_->Execute(std::move(commands), absl::Seconds(60));
-      if (!r.ok()) return r.status();
-    }
-    return absl::OkStatus();
-  }
-  double Memory() {
-    absl::StatusOr<std::string> info = RedisInfo(*client_, "memory");
-    return info.ok() ? InfoNumber(*info, "used_memory") : 0;
-  }
-
- private:
-  double Cpu() {
-    absl::StatusOr<std::string> info = RedisInfo(*client_, "cpu");
-    if (!info.ok()) return 0;
-    return InfoNumber(*info, "used_cpu_sys") + InfoNumber(*info, "used_cpu_user");
-  }
-  std::shared_ptr<redis::Client> client_;
-  double cpu_ = 0;
-};
-
 // Side i of a section: a SQLite file under `dir`, or a redis-server of its own.
 struct Place {
   std::string path;
@@ -157,6 +105,7 @@ bool KeySection(const std::string& name, const std::string& dir) {
   const bool redis = name == "redis-keys";
   Place places[2];
   std::shared_ptr<IdempotencyStore> stores[2];
+  std::shared_ptr<Driver> drivers[2];
   for (int i = 0; i < 2; ++i) {
     if (!places[i].Open(redis, absl::StrCat(dir, "/keys", i, ".db"))) return false;
     auto s = redis ? NewRedisIdempotencyStore(RedisAt(places[i].server->port()))
@@ -164,6 +113,14 @@ bool KeySection(const std::string& name, const std::string& dir) {
     if (!s.ok()) return Fail(s.status());
     stores[i] = *s;
     if (!stores[i]->Ping(absl::Seconds(5)).ok()) return false;  // creates the SQLite schema
+    if (redis) {  // a queue on the same server, for ListQueues (which SCANs the keyspace)
+      auto d = NewRedisDriver(RedisAt(places[i].server->port()));
+      if (!d.ok()) return Fail(d.status());
+      drivers[i] = *d;
+      if (absl::Status c = drivers[i]->CreateQueue("growth", absl::ZeroDuration()); !c.ok()) {
+        return Fail(c);
+      }
+    }
   }
   const double bytes0 = places[1].Bytes();
   uint64_t filled = 0, series = 100;  // fills use series 1, each comparison two new ones
@@ -208,6 +165,18 @@ bool KeySection(const std::string& name, const std::string& dir) {
       if (places[i].probe == nullptr) continue;
       places[i].probe->Report(i == 0 ? "empty" : "grown", items[i]);
       std::printf("  rehashing now: %s\n", places[i].probe->Rehashing().c_str());
+    }
+    auto list = [](std::shared_ptr<Driver> d) {
+      return Subject{.op = [d](int) -> absl::StatusOr<int> {
+                       absl::StatusOr<std::vector<std::string>> q = d->ListQueues();
+                       if (!q.ok()) return q.status();
+                       return static_cast<int>(q->size());
+                     },
+                     .ops = 1};
+    };
+    if (redis && !Compare("redis-keys ListQueues, 1 queue", std::string(text), list(drivers[0]),
+                          list(drivers[1]), 1)) {
+      return false;
     }
   }
   return true;
