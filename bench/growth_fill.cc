@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "bench/redis_server_stats.h"
 #include "storage/sqlite/db/dead_letter_sql.h"
 
 namespace bus::growth {
@@ -258,7 +259,7 @@ double RedisProbe::Memory() {
 double RedisProbe::Cpu() {
   absl::StatusOr<std::string> info = RedisInfo(*client_, "cpu");
   if (!info.ok()) return 0;
-  return InfoNumber(*info, "used_cpu_sys") + InfoNumber(*info, "used_cpu_user");
+  return bench::ParseServerInfo(*info, absl::Now()).cpu_seconds;
 }
 
 }  // namespace bus::growth
