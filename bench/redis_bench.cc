@@ -37,6 +37,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -94,6 +95,9 @@ ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command
 ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
 ABSL_FLAG(int, mix_threads, 0, "Only measure acquire+mark-done+ack loops from N threads");
 ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
+ABSL_FLAG(bool, server_work, true,
+          "e2e on one server: print the server's work in the consume phase (INFO cpu, stats "
+          "and commandstats before and after): CPU us, read/write events and calls per message");
 ABSL_FLAG(bool, tls, false,
           "Run sends and e2e over plaintext and then over TLS, on one server started with both "
           "ports (not with --port or --cluster)");
@@ -118,6 +122,72 @@ double RedisBenchmarkLpush(int port) {
   absl::string_view rest(out.data() + at + 7);
   (void)absl::SimpleAtod(rest.substr(0, rest.find(' ')), &rate);
   return rate;
+}
+
+// What redis-server reports of its own work: CPU seconds (user + sys), read and write events
+// (one each per socket read or write; pipelined requests share one) and, per command, calls
+// and microseconds (commands called from scripts counted too, and inside the script's time).
+struct ServerWork {
+  double cpu_secs = 0;
+  int64_t reads = 0;
+  int64_t writes = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> commands;  // name -> {calls, usec}
+};
+
+absl::StatusOr<ServerWork> ReadServerWork(int port) {
+  bus::redis::IoThread io;
+  auto conn = bus::redis::Connection::Create(&io, {.host = "127.0.0.1", .port = port});
+  absl::StatusOr<bus::redis::Reply> r =
+      conn->Command({"INFO", "cpu", "stats", "commandstats"}, absl::Seconds(5));
+  conn->Shutdown();
+  if (!r.ok()) return r.status();
+  if (r->is_error()) return bus::redis::ReplyStatus(*r);
+  ServerWork w;
+  for (absl::string_view line : absl::StrSplit(r->str, "\r\n")) {
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    const absl::string_view name = line.substr(0, colon);
+    const absl::string_view value = line.substr(colon + 1);
+    double d = 0;
+    if ((name == "used_cpu_sys" || name == "used_cpu_user") && absl::SimpleAtod(value, &d)) {
+      w.cpu_secs += d;
+    } else if (name == "total_reads_processed") {
+      (void)absl::SimpleAtoi(value, &w.reads);
+    } else if (name == "total_writes_processed") {
+      (void)absl::SimpleAtoi(value, &w.writes);
+    } else if (absl::ConsumePrefix(&line, "cmdstat_")) {
+      // cmdstat_set:calls=1,usec=2,usec_per_call=2.00,rejected_calls=0,failed_calls=0
+      int64_t calls = 0, usec = 0;
+      for (absl::string_view field : absl::StrSplit(value, ',')) {
+        if (absl::ConsumePrefix(&field, "calls=")) (void)absl::SimpleAtoi(field, &calls);
+        if (absl::ConsumePrefix(&field, "usec=")) (void)absl::SimpleAtoi(field, &usec);
+      }
+      w.commands[std::string(line.substr(0, line.find(':')))] = {calls, usec};
+    }
+  }
+  return w;
+}
+
+// The difference `after` - `before` per message: one line for the totals, one per command.
+void PrintServerWork(const ServerWork& before, const ServerWork& after, int messages) {
+  const double n = messages;
+  std::printf(
+      "server work per message (consume phase): cpu_us=%.1f reads=%.3f writes=%.3f "
+      "(%d messages)\n",
+      (after.cpu_secs - before.cpu_secs) * 1e6 / n, (after.reads - before.reads) / n,
+      (after.writes - before.writes) / n, messages);
+  double calls_total = 0;
+  for (const auto& [name, cu] : after.commands) {
+    auto it = before.commands.find(name);
+    const int64_t calls = cu.first - (it == before.commands.end() ? 0 : it->second.first);
+    const int64_t usec = cu.second - (it == before.commands.end() ? 0 : it->second.second);
+    if (calls <= 0 || name == "info") continue;
+    const bool script = name == "evalsha" || name == "eval" || name == "evalsha_ro";
+    if (!script) calls_total += calls;
+    std::printf("  %-12s calls/msg=%.3f  usec/msg=%.2f%s\n", name.c_str(), calls / n, usec / n,
+                script ? "  (includes the commands it calls)" : "");
+  }
+  std::printf("  commands/msg (not counting script calls)=%.2f\n", calls_total / n);
 }
 
 std::vector<bus::Outgoing> Batch(int n, int payload) {
@@ -173,7 +243,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
                 std::shared_ptr<bus::DeadLetterStore> dead_letters,
                 std::shared_ptr<bus::IdempotencyStore> idempotency, int messages, const char* label,
                 const bus::testing::RedisCluster* cluster = nullptr,
-                const std::string& key_prefix = "") {
+                const std::string& key_prefix = "", int server_port = 0) {
   static int run = 0;
   const std::string queue = absl::StrCat("bench-e2e-", run++);
   const int n = std::max(1, absl::GetFlag(FLAGS_sub_queues));
@@ -215,6 +285,8 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
     }
     handlers.push_back(std::move(*handler));
   }
+  absl::StatusOr<ServerWork> work_before = absl::UnavailableError("not measured");
+  if (server_port != 0) work_before = ReadServerWork(server_port);
   const absl::Time start = absl::Now();
   std::vector<std::thread> runners;
   for (auto& handler : handlers) {
@@ -235,6 +307,10 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
       break;
     }
     absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (work_before.ok() && done != start) {
+    absl::StatusOr<ServerWork> work_after = ReadServerWork(server_port);
+    if (work_after.ok()) PrintServerWork(*work_before, *work_after, total);
   }
   for (auto& handler : handlers) handler->Stop();
   for (auto& runner : runners) runner.join();
@@ -430,7 +506,8 @@ int main(int argc, char** argv) {
         if (!dead_letters.ok() || !idempotency.ok()) return 1;
         const double e2e =
             EndToEnd(v.driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages),
-                     v.label, cluster.get(), options.key_prefix);
+                     v.label, cluster.get(), options.key_prefix,
+                     cluster == nullptr && absl::GetFlag(FLAGS_server_work) ? port : 0);
         const int n = absl::GetFlag(FLAGS_sub_queues);
         const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
         std::printf(
