@@ -105,25 +105,47 @@ local out = {0}
 local lease = now + tonumber(ARGV[2])
 local ids = redis.call('RPOP', KEYS[1], tonumber(ARGV[1]))
 if ids then
-  for _, id in ipairs(ids) do
-    local body = redis.call('HGET', KEYS[4], id)
-    if body then
-      -- HINCRBY refuses a field that is not a number (nothing changed then): that message's
-      -- counter is reset and it is delivered marked corrupt; the others go on.
-      local a, corrupt = redis.pcall('HINCRBY', KEYS[5], id, 1), false
-      if type(a) == 'table' then
-        corrupt = string.sub(redis.call('HGET', KEYS[5], id) or '', 1, 64)
-        redis.call('HSET', KEYS[5], id, '1')
+  -- One HMGET for the bodies, one for the counters, and one HSET and one ZADD for the whole
+  -- batch: a command per batch, not per message.
+  local bodies = redis.call('HMGET', KEYS[4], unpack(ids))
+  local counts = redis.call('HMGET', KEYS[5], unpack(ids))
+  local taken, counted, leased, gone = {}, {}, {}, {}
+  for i, id in ipairs(ids) do
+    if bodies[i] then
+      local a, corrupt = taken[id], false
+      if a then
+        a = a + 1  -- the id was in the list twice: its second delivery counts on
+      elseif not counts[i] then
         a = 1
+      elseif #counts[i] <= 13 and string.match(counts[i], '^[1-9]%d*$') then
+        a = tonumber(counts[i]) + 1
+      else
+        -- Not a plain count below 10^13 (which Lua's numbers hold and print exactly): HINCRBY decides as before. It refuses a field that is
+        -- not a number (nothing changed then): that message's counter is reset and it is
+        -- delivered marked corrupt; the others go on.
+        a = redis.pcall('HINCRBY', KEYS[5], id, 1)
+        if type(a) == 'table' then
+          corrupt = string.sub(counts[i], 1, 64)
+          a = 1
+        end
       end
-      redis.call('ZADD', KEYS[3], lease, id)
+      taken[id] = a
+      counted[#counted + 1] = id
+      counted[#counted + 1] = a
+      leased[#leased + 1] = lease
+      leased[#leased + 1] = id
       out[#out + 1] = id
       out[#out + 1] = a
-      out[#out + 1] = body
+      out[#out + 1] = bodies[i]
       out[#out + 1] = corrupt
     else
-      redis.call('HDEL', KEYS[5], id)
+      gone[#gone + 1] = id
     end
+  end
+  if #gone > 0 then redis.call('HDEL', KEYS[5], unpack(gone)) end
+  if #counted > 0 then
+    redis.call('HSET', KEYS[5], unpack(counted))
+    redis.call('ZADD', KEYS[3], unpack(leased))
   end
 end
 local wait = -1
@@ -162,15 +184,20 @@ return 1
 
 // KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's limits.script_batch).
 // Acks each delivery whose lease is held; returns one 1 (acked) or 0 (lease lost) per pair.
-inline constexpr char kAckMany[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+inline constexpr char kAckMany[] = BUS_REDIS_NOW R"lua(
 local now = now_ms()
+local asked = {}
+for i = 1, #ARGV, 2 do asked[#asked + 1] = ARGV[i] end
+-- The lease check of holds() for the whole batch: one ZMSCORE and one HMGET.
+local leases = redis.call('ZMSCORE', KEYS[1], unpack(asked))
+local tokens = redis.call('HMGET', KEYS[3], unpack(asked))
 local out, ids = {}, {}
-for i = 1, #ARGV, 2 do
-  if holds(KEYS[1], KEYS[3], ARGV[i], ARGV[i + 1], now) then
-    ids[#ids + 1] = ARGV[i]
-    out[#out + 1] = 1
+for k, id in ipairs(asked) do
+  if leases[k] and tonumber(leases[k]) > now and tokens[k] == ARGV[2 * k] then
+    ids[#ids + 1] = id
+    out[k] = 1
   else
-    out[#out + 1] = 0
+    out[k] = 0
   end
 end
 if #ids > 0 then
