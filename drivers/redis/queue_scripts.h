@@ -76,10 +76,14 @@ return added
 //
 // Redis does not roll back a script that fails halfway, so nothing after the first write may
 // fail: the key types are checked before anything moves (a key of another type is an error
-// reply, and nothing changed), and the attempts field is checked before HINCRBY (which fails on
-// anything but an integer, or one at the int64 limit) -- a corrupt one is overwritten with HSET,
-// which cannot fail. So every id popped from ready ends in flight (or is dropped for having no
-// body).
+// reply, and nothing changed), and a count that is not a plain number below 10^13 goes through
+// redis.pcall('HINCRBY') (which fails on anything but an integer, or one at the int64 limit) --
+// a corrupt one is overwritten with the batch's HSET, which cannot fail. So every id popped from
+// ready ends in flight (or is dropped for having no body).
+//
+// Every command on the batch's ids is one call for the whole batch (HMGET, HSET, ZADD), so the
+// server's work per message is the lookups and writes themselves (docs/benchmarks/redis.md,
+// "Server work per message").
 inline constexpr char kReserve[] = BUS_REDIS_NOW R"lua(
 local kinds = {'list', 'zset', 'zset', 'hash', 'hash'}
 for i = 1, 5 do
@@ -147,11 +151,11 @@ if ids then
     redis.call('HSET', KEYS[5], unpack(counted))
     redis.call('ZADD', KEYS[3], unpack(leased))
     -- Redis keeps a hash of up to hash-max-listpack-entries fields (512 by default; a zset:
-    -- 128) in one listpack (a ziplist before 7.0), searched entry by entry: with a few hundred messages in flight,
-    -- those scans of the counters and leases were most of the server's work per message. An
-    -- entry longer than hash-max-listpack-value (64 by default) makes it a hash table, which
-    -- Redis keeps after the entry is gone: one is added and removed here (no id is that long
-    -- in a listpack), so nothing else sees it.
+    -- 128) in one listpack (a ziplist before 7.0), searched entry by entry: with a few
+    -- hundred messages in flight, those scans of the counters and leases were most of the
+    -- server's work per message. An entry longer than hash-max-listpack-value (64 by default)
+    -- makes it a hash table (a skiplist), which Redis keeps after the entry is gone: one is
+    -- added and removed here (no id that long is in a listpack), so nothing else sees it.
     local wide = string.rep('~', 72)
     if redis.call('HLEN', KEYS[5]) > 64 and
        redis.call('OBJECT', 'ENCODING', KEYS[5]) ~= 'hashtable' and
