@@ -18,7 +18,10 @@
 // is printed. --tls runs the sends and e2e steps twice, plaintext then TLS, against one server
 // that listens on both (`--port P --tls-port Q`, certificates made at start-up with openssl, the
 // client verifying the server's): the TLS lines and the `ours=redis-tls` lines follow the
-// plaintext ones.
+// plaintext ones. On one server, e2e also prints the server's work per message in the consume
+// phase (--server_work): CPU us, socket reads and writes, and calls and us per command, from
+// INFO cpu, stats and commandstats read before and after (docs/benchmarks/redis.md, "Server
+// work per message").
 //
 //   bazel run -c opt //bench:redis_bench -- --messages=300000 --e2e_messages=100000
 //   # the defaults of HandlerOptions (batch_size 1, max in flight = concurrency), concurrency 8:
