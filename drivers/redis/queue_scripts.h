@@ -156,14 +156,19 @@ if ids then
     -- server's work per message. An entry longer than hash-max-listpack-value (64 by default)
     -- makes it a hash table (a skiplist), which Redis keeps after the entry is gone: one is
     -- added and removed here (no id that long is in a listpack), so nothing else sees it.
+    -- HLEN and OBJECT are the only commands the driver needs for this alone: an ACL user
+    -- denied them (pcall's error table is no number or string) keeps the old encoding.
     local wide = string.rep('~', 72)
-    if redis.call('HLEN', KEYS[5]) > 64 and
-       redis.call('OBJECT', 'ENCODING', KEYS[5]) ~= 'hashtable' and
-       redis.call('HSETNX', KEYS[5], wide, '') == 1 then
+    local function packed(key, size, indexed)
+      local n = redis.pcall(size, key)
+      if type(n) ~= 'number' or n <= 64 then return false end
+      local e = redis.pcall('OBJECT', 'ENCODING', key)
+      return type(e) == 'string' and e ~= indexed
+    end
+    if packed(KEYS[5], 'HLEN', 'hashtable') and redis.call('HSETNX', KEYS[5], wide, '') == 1 then
       redis.call('HDEL', KEYS[5], wide)
     end
-    if redis.call('ZCARD', KEYS[3]) > 64 and
-       redis.call('OBJECT', 'ENCODING', KEYS[3]) ~= 'skiplist' and
+    if packed(KEYS[3], 'ZCARD', 'skiplist') and
        redis.call('ZADD', KEYS[3], 'NX', 0, wide) == 1 then
       redis.call('ZREM', KEYS[3], wide)
     end

@@ -911,6 +911,36 @@ TEST(RedisDriverTest, ManyMessagesInFlightKeepTheirCountersAndLeasesInIndexedKey
   EXPECT_EQ(producer.Sizes(q), (std::vector<int64_t>{0, 0, 0, 0, 0}));
 }
 
+// The encoding change needs HLEN and OBJECT, which no other call of the driver does: an ACL
+// user denied them still reserves (the keys keep Redis's own encoding).
+TEST(RedisDriverTest, AnAclUserDeniedObjectAndHlenStillReservesManyMessages) {
+  auto server = MustStart({.password = "admin-pw", .user = "alice", .user_password = "alice-pw"});
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(server->Cli({"ACL", "SETUSER", "alice", "-object", "-hlen"}).ok());
+  RedisOptions options = OptionsFor(*server);
+  options.username = "alice";
+  options.password = "alice-pw";
+  auto driver = MustDriver(options);
+  constexpr int kMessages = 100;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(driver->SendToQueue("denied", "x", absl::ZeroDuration()).ok());
+  }
+  auto consumer = driver->NewConsumer("denied", {kMessages, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::vector<Delivery> got = ReceiveN(consumer->get(), kMessages);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kMessages));
+  absl::StatusOr<std::string> encoding =
+      server->Cli({"OBJECT", "ENCODING", "bus:q:{denied}:attempts"});
+  ASSERT_TRUE(encoding.ok()) << encoding.status();
+  EXPECT_NE(absl::StripAsciiWhitespace(*encoding), "hashtable");
+  std::vector<absl::string_view> receipts;
+  for (const Delivery& d : got) receipts.push_back(d.receipt);
+  std::vector<absl::Status> results(receipts.size());
+  (*consumer)->AckMany(receipts, absl::MakeSpan(results));
+  for (const absl::Status& st : results) EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(Int(*server->Cli({"EXISTS", "bus:q:{denied}:msgs"})), 0);
+}
+
 TEST(RedisDriverTest, AQueueKeyOfTheWrongTypeFailsTheReserveBeforeAnythingMoves) {
   auto server = MustStart();
   ASSERT_NE(server, nullptr);
