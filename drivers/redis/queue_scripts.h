@@ -114,34 +114,34 @@ if ids then
   local bodies = redis.call('HMGET', KEYS[4], unpack(ids))
   local counts = redis.call('HMGET', KEYS[5], unpack(ids))
   local taken, counted, leased, gone = {}, {}, {}, {}
-  for i, id in ipairs(ids) do
-    if bodies[i] then
+  local n, m = 1, 0  -- the last index used in out, and in counted and leased
+  for i = 1, #ids do
+    local id, body, count = ids[i], bodies[i], counts[i]
+    if body then
       local a, corrupt = taken[id], false
       if a then
         a = a + 1  -- the id was in the list twice: its second delivery counts on
-      elseif not counts[i] then
+      elseif not count then
         a = 1
-      elseif #counts[i] <= 13 and string.match(counts[i], '^[1-9]%d*$') then
-        a = tonumber(counts[i]) + 1
+      elseif #count <= 13 and string.match(count, '^[1-9]%d*$') then
+        a = tonumber(count) + 1
       else
-        -- Not a plain count below 10^13 (which Lua's numbers hold and print exactly): HINCRBY decides as before. It refuses a field that is
-        -- not a number (nothing changed then): that message's counter is reset and it is
-        -- delivered marked corrupt; the others go on.
+        -- Not a plain count below 10^13 (which Lua's numbers hold and print exactly):
+        -- HINCRBY decides as before. It refuses a field that is not a number (nothing changed
+        -- then): that message's counter is reset and it is delivered marked corrupt; the
+        -- others go on.
         a = redis.pcall('HINCRBY', KEYS[5], id, 1)
         if type(a) == 'table' then
-          corrupt = string.sub(counts[i], 1, 64)
+          corrupt = string.sub(count, 1, 64)
           a = 1
         end
       end
       taken[id] = a
-      counted[#counted + 1] = id
-      counted[#counted + 1] = a
-      leased[#leased + 1] = lease
-      leased[#leased + 1] = id
-      out[#out + 1] = id
-      out[#out + 1] = a
-      out[#out + 1] = bodies[i]
-      out[#out + 1] = corrupt
+      counted[m + 1], counted[m + 2] = id, a
+      leased[m + 1], leased[m + 2] = lease, id
+      m = m + 2
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, a, body, corrupt
+      n = n + 4
     else
       gone[#gone + 1] = id
     end
@@ -213,14 +213,16 @@ return 1
 inline constexpr char kAckMany[] = BUS_REDIS_NOW R"lua(
 local now = now_ms()
 local asked = {}
-for i = 1, #ARGV, 2 do asked[#asked + 1] = ARGV[i] end
+for i = 1, #ARGV / 2 do asked[i] = ARGV[2 * i - 1] end
 -- The lease check of holds() for the whole batch: one ZMSCORE and one HMGET.
 local leases = redis.call('ZMSCORE', KEYS[1], unpack(asked))
 local tokens = redis.call('HMGET', KEYS[3], unpack(asked))
-local out, ids = {}, {}
-for k, id in ipairs(asked) do
-  if leases[k] and tonumber(leases[k]) > now and tokens[k] == ARGV[2 * k] then
-    ids[#ids + 1] = id
+local out, ids, n = {}, {}, 0
+for k = 1, #asked do
+  local s = leases[k]
+  if s and tonumber(s) > now and tokens[k] == ARGV[2 * k] then
+    n = n + 1
+    ids[n] = asked[k]
     out[k] = 1
   else
     out[k] = 0

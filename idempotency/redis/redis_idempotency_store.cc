@@ -38,8 +38,8 @@ return 1
 constexpr char kMarkDoneMany[] = R"lua(
 local out, marked = {}, {}
 local values = redis.call('MGET', unpack(KEYS))
-for i, key in ipairs(KEYS) do
-  local owner = ARGV[i + 1]
+for i = 1, #KEYS do
+  local key, owner = KEYS[i], ARGV[i + 1]
   if not marked[key] and values[i] == 'held:' .. owner then
     redis.call('SET', key, 'done:' .. owner, 'PX', ARGV[1])
     marked[key] = true
