@@ -78,7 +78,7 @@ return added
 // fail: the key types are checked before anything moves (a key of another type is an error
 // reply, and nothing changed), and a count that is not a plain number below 10^13 goes through
 // redis.pcall('HINCRBY') (which fails on anything but an integer, or one at the int64 limit) --
-// a corrupt one is overwritten with the batch's HSET, which cannot fail. So every id popped from
+// a corrupt one is overwritten with HSET, which cannot fail. So every id popped from
 // ready ends in flight (or is dropped for having no body).
 //
 // Every command on the batch's ids is one call for the whole batch (HMGET, HSET, ZADD), so the
@@ -113,31 +113,37 @@ if ids then
   -- batch: a command per batch, not per message.
   local bodies = redis.call('HMGET', KEYS[4], unpack(ids))
   local counts = redis.call('HMGET', KEYS[5], unpack(ids))
-  local taken, counted, leased, gone = {}, {}, {}, {}
-  local n, m = 1, 0  -- the last index used in out, and in counted and leased
+  -- slow: ids whose count HINCRBY keeps (stored already), not the batch's HSET.
+  local taken, slow, counted, leased, gone = {}, {}, {}, {}, {}
+  local n, c, m = 1, 0, 0  -- the last index used in out, counted and leased
   for i = 1, #ids do
     local id, body, count = ids[i], bodies[i], counts[i]
     if body then
       local a, corrupt = taken[id], false
-      if a then
+      if a and not slow[id] then
         a = a + 1  -- the id was in the list twice: its second delivery counts on
-      elseif not count then
+      elseif not a and not count then
         a = 1
-      elseif #count <= 13 and string.match(count, '^[1-9]%d*$') then
+      elseif not a and #count <= 13 and string.match(count, '^[1-9]%d*$') then
         a = tonumber(count) + 1
       else
         -- Not a plain count below 10^13 (which Lua's numbers hold and print exactly):
-        -- HINCRBY decides as before. It refuses a field that is not a number (nothing changed
-        -- then): that message's counter is reset and it is delivered marked corrupt; the
-        -- others go on.
+        -- HINCRBY decides and stores as before. It refuses a field that is not a number
+        -- (nothing changed then): that message's counter is reset and it is delivered marked
+        -- corrupt; the others go on.
+        slow[id] = true
         a = redis.pcall('HINCRBY', KEYS[5], id, 1)
         if type(a) == 'table' then
-          corrupt = string.sub(count, 1, 64)
+          corrupt = string.sub(redis.call('HGET', KEYS[5], id) or '', 1, 64)
+          redis.call('HSET', KEYS[5], id, '1')
           a = 1
         end
       end
       taken[id] = a
-      counted[m + 1], counted[m + 2] = id, a
+      if not slow[id] then
+        counted[c + 1], counted[c + 2] = id, a
+        c = c + 2
+      end
       leased[m + 1], leased[m + 2] = lease, id
       m = m + 2
       out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, a, body, corrupt
@@ -147,8 +153,8 @@ if ids then
     end
   end
   if #gone > 0 then redis.call('HDEL', KEYS[5], unpack(gone)) end
-  if #counted > 0 then
-    redis.call('HSET', KEYS[5], unpack(counted))
+  if m > 0 then
+    if c > 0 then redis.call('HSET', KEYS[5], unpack(counted)) end
     redis.call('ZADD', KEYS[3], unpack(leased))
     -- Redis keeps a hash of up to hash-max-listpack-entries fields (512 by default; a zset:
     -- 128) in one listpack (a ziplist before 7.0), searched entry by entry: with a few

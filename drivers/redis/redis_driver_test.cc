@@ -911,6 +911,27 @@ TEST(RedisDriverTest, ManyMessagesInFlightKeepTheirCountersAndLeasesInIndexedKey
   EXPECT_EQ(producer.Sizes(q), (std::vector<int64_t>{0, 0, 0, 0, 0}));
 }
 
+// A count the reserve script leaves to HINCRBY (here one Lua would print as 1e+14) is stored and
+// handed out exactly, so the delivery holds its lease.
+TEST(RedisDriverTest, AHugeDeliveryCountIsCountedOnExactly) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  auto driver = MustDriver(OptionsFor(*server));
+  const std::string q = "huge";
+  ForeignProducer producer(*server);
+  producer.Multi(q, "m", "body");
+  producer.Command({"HSET", "bus:q:{huge}:attempts", "m", "99999999999999"});
+  auto consumer = driver->NewConsumer(q, {10, absl::Seconds(30)});
+  ASSERT_TRUE(consumer.ok());
+  std::vector<Delivery> got = ReceiveN(consumer->get(), 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].receipt, "100000000000000:m");
+  EXPECT_EQ(got[0].corrupt, "");
+  EXPECT_EQ(producer.Command({"HGET", "bus:q:{huge}:attempts", "m"}).str, "100000000000000");
+  EXPECT_TRUE((*consumer)->Ack(got[0].receipt).ok());
+  EXPECT_EQ(producer.Sizes(q), (std::vector<int64_t>{0, 0, 0, 0, 0}));
+}
+
 // The encoding change needs HLEN and OBJECT, which no other call of the driver does: an ACL
 // user denied them still reserves (the keys keep Redis's own encoding).
 TEST(RedisDriverTest, AnAclUserDeniedObjectAndHlenStillReservesManyMessages) {
