@@ -18,7 +18,10 @@
 // is printed. --tls runs the sends and e2e steps twice, plaintext then TLS, against one server
 // that listens on both (`--port P --tls-port Q`, certificates made at start-up with openssl, the
 // client verifying the server's): the TLS lines and the `ours=redis-tls` lines follow the
-// plaintext ones.
+// plaintext ones. On one server, e2e also prints the server's work per message in the consume
+// phase (--server_work): CPU us, socket reads and writes, and calls and us per command, from
+// INFO cpu, stats and commandstats read before and after (docs/benchmarks/redis.md, "Server
+// work per message").
 //
 // The e2e clock stops when the broker has accepted the ack of every message
 // (HandlerStats::acknowledged), not when the last handle() returned. Without --cluster, each
@@ -44,6 +47,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -103,6 +107,9 @@ ABSL_FLAG(bool, ping_eval, false, "With --ping_threads: EVALSHA of a one-command
 ABSL_FLAG(bool, ping_raw, false, "With --ping_threads: HGET");
 ABSL_FLAG(int, mix_threads, 0, "Only measure acquire+mark-done+ack loops from N threads");
 ABSL_FLAG(int, limit_requests, 2000000, "Requests for redis-benchmark");
+ABSL_FLAG(bool, server_work, true,
+          "e2e on one server: print the server's work in the consume phase (INFO cpu, stats "
+          "and commandstats before and after): CPU us, read/write events and calls per message");
 ABSL_FLAG(bool, tls, false,
           "Run sends and e2e over plaintext and then over TLS, on one server started with both "
           "ports (not with --port or --cluster)");
@@ -190,7 +197,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
                 std::shared_ptr<bus::DeadLetterStore> dead_letters,
                 std::shared_ptr<bus::IdempotencyStore> idempotency, int messages, const char* label,
                 const bus::testing::RedisCluster* cluster = nullptr,
-                const std::string& key_prefix = "") {
+                const std::string& key_prefix = "", int server_port = 0) {
   static int run = 0;
   const std::string queue = absl::StrCat("bench-e2e-", run++);
   const int n = std::max(1, absl::GetFlag(FLAGS_sub_queues));
@@ -255,7 +262,9 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
     absl::SleepFor(absl::Milliseconds(2));
   }
   if (done != start && before.ok) {
-    bench::PrintServerPhase("consume", total, before, bench::TakeServerSnapshot(stats_port));
+    const bench::ServerSnapshot after = bench::TakeServerSnapshot(stats_port);
+    bench::PrintServerPhase("consume", total, before, after);
+    if (server_port != 0) bench::PrintServerWork(before, after, total);
   }
   for (auto& handler : handlers) handler->Stop();
   for (auto& runner : runners) runner.join();
@@ -452,7 +461,8 @@ int main(int argc, char** argv) {
         if (!dead_letters.ok() || !idempotency.ok()) return 1;
         const double e2e =
             EndToEnd(v.driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages),
-                     v.label, cluster.get(), options.key_prefix);
+                     v.label, cluster.get(), options.key_prefix,
+                     cluster == nullptr && absl::GetFlag(FLAGS_server_work) ? port : 0);
         const int n = absl::GetFlag(FLAGS_sub_queues);
         const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
         std::printf(

@@ -28,14 +28,22 @@ ServerSnapshot ParseServerInfo(const std::string& info, absl::Time at) {
         absl::SimpleAtod(kv.second, &cpu)) {
       s.cpu_seconds += cpu;
       s.ok = true;
+    } else if (kv.first == "total_reads_processed") {
+      (void)absl::SimpleAtoi(kv.second, &s.reads);
+    } else if (kv.first == "total_writes_processed") {
+      (void)absl::SimpleAtoi(kv.second, &s.writes);
     } else if (absl::ConsumePrefix(&line, "cmdstat_")) {
+      // cmdstat_set:calls=1,usec=2,usec_per_call=2.00,rejected_calls=0,failed_calls=0
       const std::pair<absl::string_view, absl::string_view> name_rest =
           absl::StrSplit(line, absl::MaxSplits(':', 1));
-      absl::string_view rest = name_rest.second;
-      int64_t calls = 0;
-      if (absl::ConsumePrefix(&rest, "calls=") &&
-          absl::SimpleAtoi(rest.substr(0, rest.find(',')), &calls)) {
-        s.calls[std::string(name_rest.first)] = calls;
+      const std::string name(name_rest.first);
+      for (absl::string_view field : absl::StrSplit(name_rest.second, ',')) {
+        int64_t v = 0;
+        if (absl::ConsumePrefix(&field, "calls=") && absl::SimpleAtoi(field, &v)) {
+          s.calls[name] = v;
+        } else if (absl::ConsumePrefix(&field, "usec=") && absl::SimpleAtoi(field, &v)) {
+          s.usec[name] = v;
+        }
       }
     }
   }
@@ -44,7 +52,7 @@ ServerSnapshot ParseServerInfo(const std::string& info, absl::Time at) {
 
 ServerSnapshot TakeServerSnapshot(int port) {
   const std::string cmd =
-      absl::StrCat("redis-cli -h 127.0.0.1 -p ", port, " INFO cpu commandstats 2>/dev/null");
+      absl::StrCat("redis-cli -h 127.0.0.1 -p ", port, " INFO cpu stats commandstats 2>/dev/null");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return {};
   std::string out;
@@ -90,6 +98,34 @@ void PrintServerPhase(const char* phase, int messages, const ServerSnapshot& bef
       phase, messages, secs, cpu, cpu * 1e6 / messages, secs > 0 ? cpu / secs : 0,
       static_cast<double>(cmds) / messages, static_cast<double>(scripts) / messages,
       absl::StrJoin(top, ",").c_str());
+}
+
+void PrintServerWork(const ServerSnapshot& before, const ServerSnapshot& after, int messages) {
+  if (!before.ok || !after.ok || messages <= 0) return;
+  const double n = messages;
+  std::printf(
+      "server work per message (consume phase): cpu_us=%.1f reads=%.3f writes=%.3f "
+      "(%d messages)\n",
+      (after.cpu_seconds - before.cpu_seconds) * 1e6 / n,
+      static_cast<double>(after.reads - before.reads) / n,
+      static_cast<double>(after.writes - before.writes) / n, messages);
+  auto delta = [](const std::map<std::string, int64_t>& a, const std::map<std::string, int64_t>& b,
+                  const std::string& name) {
+    const auto in_a = a.find(name);
+    const auto in_b = b.find(name);
+    return (in_a == a.end() ? 0 : in_a->second) - (in_b == b.end() ? 0 : in_b->second);
+  };
+  double commands = 0;
+  for (const auto& [name, calls] : after.calls) {
+    const int64_t d = delta(after.calls, before.calls, name);
+    if (d <= 0 || name == "info") continue;
+    const bool script = name == "evalsha" || name == "eval" || name == "evalsha_ro";
+    if (!script) commands += static_cast<double>(d);
+    std::printf("  %-12s calls/msg=%.3f  usec/msg=%.2f%s\n", name.c_str(), d / n,
+                static_cast<double>(delta(after.usec, before.usec, name)) / n,
+                script ? "  (includes the commands it calls)" : "");
+  }
+  std::printf("  commands/msg (not counting script calls)=%.2f\n", commands / n);
 }
 
 }  // namespace bench

@@ -27,20 +27,30 @@ namespace bench {
 struct ServerSnapshot {
   bool ok = false;  // false when redis-cli failed (PrintServerPhase then prints nothing)
   absl::Time at;
-  double cpu_seconds = 0;                // used_cpu_user + used_cpu_sys
+  double cpu_seconds = 0;  // used_cpu_user + used_cpu_sys
+  // total_reads_processed, total_writes_processed: one per socket read or write (pipelined
+  // requests share one).
+  int64_t reads = 0;
+  int64_t writes = 0;
   std::map<std::string, int64_t> calls;  // commandstats name -> calls
+  std::map<std::string, int64_t> usec;   // commandstats name -> microseconds in it
 };
 
-// Runs `redis-cli -h 127.0.0.1 -p port INFO cpu commandstats`.
+// Runs `redis-cli -h 127.0.0.1 -p port INFO cpu stats commandstats`.
 ServerSnapshot TakeServerSnapshot(int port);
 
-// Parses the text of INFO (the cpu and commandstats sections).
+// Parses the text of INFO (the cpu, stats and commandstats sections).
 ServerSnapshot ParseServerInfo(const std::string& info, absl::Time at);
 
 // Prints the `server phase=...` line for a phase from `before` to `after` in which `messages`
 // messages settled.
 void PrintServerPhase(const char* phase, int messages, const ServerSnapshot& before,
                       const ServerSnapshot& after);
+
+// Prints the detail of the same phase per message (docs/benchmarks/redis.md, "Server work per
+// message"): CPU us, socket reads and writes, and per command calls and us (a script's us
+// include the commands it calls, which are counted as commands too).
+void PrintServerWork(const ServerSnapshot& before, const ServerSnapshot& after, int messages);
 
 }  // namespace bench
 

@@ -76,10 +76,14 @@ return added
 //
 // Redis does not roll back a script that fails halfway, so nothing after the first write may
 // fail: the key types are checked before anything moves (a key of another type is an error
-// reply, and nothing changed), and the attempts field is checked before HINCRBY (which fails on
-// anything but an integer, or one at the int64 limit) -- a corrupt one is overwritten with HSET,
-// which cannot fail. So every id popped from ready ends in flight (or is dropped for having no
-// body).
+// reply, and nothing changed), and a count that is not a plain number below 10^13 goes through
+// redis.pcall('HINCRBY') (which fails on anything but an integer, or one at the int64 limit) --
+// a corrupt one is overwritten with HSET, which cannot fail. So every id popped from
+// ready ends in flight (or is dropped for having no body).
+//
+// Every command on the batch's ids is one call for the whole batch (HMGET, HSET, ZADD), so the
+// server's work per message is the lookups and writes themselves (docs/benchmarks/redis.md,
+// "Server work per message").
 inline constexpr char kReserve[] = BUS_REDIS_NOW R"lua(
 local kinds = {'list', 'zset', 'zset', 'hash', 'hash'}
 for i = 1, 5 do
@@ -102,27 +106,77 @@ if #due > 0 then
   redis.call('LPUSH', KEYS[1], unpack(due))
 end
 local out = {0}
-local lease = now + tonumber(ARGV[2])
+local lease = tostring(now + tonumber(ARGV[2]))
 local ids = redis.call('RPOP', KEYS[1], tonumber(ARGV[1]))
 if ids then
-  for _, id in ipairs(ids) do
-    local body = redis.call('HGET', KEYS[4], id)
+  -- One HMGET for the bodies, one for the counters, and one HSET and one ZADD for the whole
+  -- batch: a command per batch, not per message.
+  local bodies = redis.call('HMGET', KEYS[4], unpack(ids))
+  local counts = redis.call('HMGET', KEYS[5], unpack(ids))
+  -- slow: ids whose count HINCRBY keeps (stored already), not the batch's HSET.
+  local taken, slow, counted, leased, gone = {}, {}, {}, {}, {}
+  local n, c, m = 1, 0, 0  -- the last index used in out, counted and leased
+  for i = 1, #ids do
+    local id, body, count = ids[i], bodies[i], counts[i]
     if body then
-      -- HINCRBY refuses a field that is not a number (nothing changed then): that message's
-      -- counter is reset and it is delivered marked corrupt; the others go on.
-      local a, corrupt = redis.pcall('HINCRBY', KEYS[5], id, 1), false
-      if type(a) == 'table' then
-        corrupt = string.sub(redis.call('HGET', KEYS[5], id) or '', 1, 64)
-        redis.call('HSET', KEYS[5], id, '1')
+      local a, corrupt = taken[id], false
+      if a and not slow[id] then
+        a = a + 1  -- the id was in the list twice: its second delivery counts on
+      elseif not a and not count then
         a = 1
+      elseif not a and #count <= 13 and string.match(count, '^[1-9]%d*$') then
+        a = tonumber(count) + 1
+      else
+        -- Not a plain count below 10^13 (which Lua's numbers hold and print exactly):
+        -- HINCRBY decides and stores as before. It refuses a field that is not a number
+        -- (nothing changed then): that message's counter is reset and it is delivered marked
+        -- corrupt; the others go on.
+        slow[id] = true
+        a = redis.pcall('HINCRBY', KEYS[5], id, 1)
+        if type(a) == 'table' then
+          corrupt = string.sub(redis.call('HGET', KEYS[5], id) or '', 1, 64)
+          redis.call('HSET', KEYS[5], id, '1')
+          a = 1
+        end
       end
-      redis.call('ZADD', KEYS[3], lease, id)
-      out[#out + 1] = id
-      out[#out + 1] = a
-      out[#out + 1] = body
-      out[#out + 1] = corrupt
+      taken[id] = a
+      if not slow[id] then
+        counted[c + 1], counted[c + 2] = id, a
+        c = c + 2
+      end
+      leased[m + 1], leased[m + 2] = lease, id
+      m = m + 2
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, a, body, corrupt
+      n = n + 4
     else
-      redis.call('HDEL', KEYS[5], id)
+      gone[#gone + 1] = id
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', KEYS[5], unpack(gone)) end
+  if m > 0 then
+    if c > 0 then redis.call('HSET', KEYS[5], unpack(counted)) end
+    redis.call('ZADD', KEYS[3], unpack(leased))
+    -- Redis keeps a hash of up to hash-max-listpack-entries fields (512 by default; a zset:
+    -- 128) in one listpack (a ziplist before 7.0), searched entry by entry: with a few
+    -- hundred messages in flight, those scans of the counters and leases were most of the
+    -- server's work per message. An entry longer than hash-max-listpack-value (64 by default)
+    -- makes it a hash table (a skiplist), which Redis keeps after the entry is gone: one is
+    -- added and removed here (no id that long is in a listpack), so nothing else sees it.
+    -- HLEN and OBJECT are the only commands the driver needs for this alone: an ACL user
+    -- denied them (pcall's error table is no number or string) keeps the old encoding.
+    local wide = string.rep('~', 72)
+    local function packed(key, size, indexed)
+      local n = redis.pcall(size, key)
+      if type(n) ~= 'number' or n <= 64 then return false end
+      local e = redis.pcall('OBJECT', 'ENCODING', key)
+      return type(e) == 'string' and e ~= indexed
+    end
+    if packed(KEYS[5], 'HLEN', 'hashtable') and redis.call('HSETNX', KEYS[5], wide, '') == 1 then
+      redis.call('HDEL', KEYS[5], wide)
+    end
+    if packed(KEYS[3], 'ZCARD', 'skiplist') and
+       redis.call('ZADD', KEYS[3], 'NX', 0, wide) == 1 then
+      redis.call('ZREM', KEYS[3], wide)
     end
   end
 end
@@ -162,15 +216,22 @@ return 1
 
 // KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's limits.script_batch).
 // Acks each delivery whose lease is held; returns one 1 (acked) or 0 (lease lost) per pair.
-inline constexpr char kAckMany[] = BUS_REDIS_NOW BUS_REDIS_HOLDS R"lua(
+inline constexpr char kAckMany[] = BUS_REDIS_NOW R"lua(
 local now = now_ms()
-local out, ids = {}, {}
-for i = 1, #ARGV, 2 do
-  if holds(KEYS[1], KEYS[3], ARGV[i], ARGV[i + 1], now) then
-    ids[#ids + 1] = ARGV[i]
-    out[#out + 1] = 1
+local asked = {}
+for i = 1, #ARGV / 2 do asked[i] = ARGV[2 * i - 1] end
+-- The lease check of holds() for the whole batch: one ZMSCORE and one HMGET.
+local leases = redis.call('ZMSCORE', KEYS[1], unpack(asked))
+local tokens = redis.call('HMGET', KEYS[3], unpack(asked))
+local out, ids, n = {}, {}, 0
+for k = 1, #asked do
+  local s = leases[k]
+  if s and tonumber(s) > now and tokens[k] == ARGV[2 * k] then
+    n = n + 1
+    ids[n] = asked[k]
+    out[k] = 1
   else
-    out[#out + 1] = 0
+    out[k] = 0
   end
 end
 if #ids > 0 then

@@ -33,13 +33,16 @@ return 1
 )lua";
 
 // The same for several keys at once (one server only: the keys may hash to any slot). KEYS:
-// the keys. ARGV: retention (ms), then one owner per key. One 1 or 0 per key.
+// the keys. ARGV: retention (ms), then one owner per key. One 1 or 0 per key. One MGET reads
+// every key; a key named twice is marked once (the second finds it done, as a second call would).
 constexpr char kMarkDoneMany[] = R"lua(
-local out = {}
-for i, key in ipairs(KEYS) do
-  local owner = ARGV[i + 1]
-  if redis.call('GET', key) == 'held:' .. owner then
+local out, marked = {}, {}
+local values = redis.call('MGET', unpack(KEYS))
+for i = 1, #KEYS do
+  local key, owner = KEYS[i], ARGV[i + 1]
+  if not marked[key] and values[i] == 'held:' .. owner then
     redis.call('SET', key, 'done:' .. owner, 'PX', ARGV[1])
+    marked[key] = true
     out[i] = 1
   else
     out[i] = 0
