@@ -4,7 +4,9 @@
 # library as a local_repository (the README's WORKSPACE lines, read from README.md), and as an http_archive of a
 # `git archive` tarball of HEAD (file:// URL: no network). Both runs share a disk cache, so the
 # second builds little.
-# Copies the consumer's gtest reports to $1 (default /tmp/consumer-logs) for counting.
+# Then builds and tests examples/consumer_from_source, the library over Abseil and GoogleTest
+# built from Debian's source packages (tools/consumer_from_source.sh).
+# Copies the consumers' gtest reports to $1 (default /tmp/consumer-logs) for counting.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out=${1:-/tmp/consumer-logs}
@@ -76,4 +78,7 @@ load("@msgbus//:repositories.bzl", "msgbus_dependencies")
 msgbus_dependencies()
 WS
 run_consumer "$work/archive" archive
+
+# 3. Abseil and GoogleTest from source, declared by the consumer under the library's names.
+bash "$root/tools/consumer_from_source.sh" "$out"
 echo "consumer_check: ok"

@@ -5,7 +5,7 @@
 # not see absl::Mutex and reports a race on everything it guards.
 #
 # Not run by tools/setup.sh: only TSan runs need it. Needs the network to Debian's mirror once
-# (a deb-src entry for the same mirror as the deb entries is added if none exists), cmake and
+# (tools/apt_source.sh adds deb-src entries for the same mirror if there are none), cmake and
 # g++; takes about 10 minutes on 2 cores. Idempotent: returns at once when the prefix is complete.
 set -euo pipefail
 
@@ -34,7 +34,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$version" ]; then
 fi
 
 missing=()
-for p in cmake make g++ dpkg-dev; do
+for p in cmake make g++; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -44,30 +44,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-# Source packages come from the same mirror as the binary ones: each deb entry is repeated as a
-# deb-src entry (deb822 .sources on Debian 12 images, else the one-line sources.list).
-if ! apt-cache showsrc abseil 2>/dev/null | grep -qx "Version: $version"; then
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    src_list=/etc/apt/sources.list.d/debian-src.sources
-    [ -f "$src_list" ] || sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources |
-      "${sudo_cmd[@]}" tee "$src_list" >/dev/null
-  else
-    src_list=/etc/apt/sources.list.d/debian-src.list
-    [ -f "$src_list" ] || sed -n 's/^deb /deb-src /p' /etc/apt/sources.list |
-      "${sudo_cmd[@]}" tee "$src_list" >/dev/null
-  fi
-  echo "setup_tsan: deb-src entries in $src_list"
-  "${sudo_cmd[@]}" apt-get update -qq
-fi
-
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "setup_tsan: fetching abseil $version source"
-(cd "$work" && apt-get source -qq "abseil=$version" >/dev/null 2>&1)
+bash "$(dirname "$0")/apt_source.sh" "$work" "abseil=$version"
 src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'abseil-*')
 
 # Debian's build (debian/rules) is CMake with C++17; the static archives keep the -l names of
-# //third_party:absl and need no rpath. -O1 as in --config=tsan; frame pointers for stacks.
+# the system @com_google_absl (repositories.bzl) and need no rpath. -O1 as in --config=tsan;
+# frame pointers for stacks.
 echo "setup_tsan: building into $prefix"
 flags="-fsanitize=thread -O1 -g -fno-omit-frame-pointer"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_STANDARD=17 \
