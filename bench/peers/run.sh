@@ -150,7 +150,7 @@ run() {
   rate=$(grep -o 'rate=[0-9.]*' <<<"$out" | tail -1 | cut -d= -f2)
   rate=${rate%.*}
   [[ -n $rate && $rate -gt 0 ]] || { echo "run $name gave no rate: $out" >&2; exit 1; }
-  field() { grep '^server ' <<<"$out" | tail -1 | grep -o " $1=[0-9.]*" | cut -d= -f2; }
+  field() { grep '^server phase=' <<<"$out" | tail -1 | grep -o " $1=[0-9.]*" | cut -d= -f2; }
   cpu=$(field cpu_us_per_msg) cmds=$(field cmds_per_msg) busy=$(field busy)
   echo "$rate ${cpu:--} ${cmds:--} ${busy:--}"
 }
