@@ -47,7 +47,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -197,7 +196,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
                 std::shared_ptr<bus::DeadLetterStore> dead_letters,
                 std::shared_ptr<bus::IdempotencyStore> idempotency, int messages, const char* label,
                 const bus::testing::RedisCluster* cluster = nullptr,
-                const std::string& key_prefix = "", int server_port = 0) {
+                const std::string& key_prefix = "") {
   static int run = 0;
   const std::string queue = absl::StrCat("bench-e2e-", run++);
   const int n = std::max(1, absl::GetFlag(FLAGS_sub_queues));
@@ -264,7 +263,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   if (done != start && before.ok) {
     const bench::ServerSnapshot after = bench::TakeServerSnapshot(stats_port);
     bench::PrintServerPhase("consume", total, before, after);
-    if (server_port != 0) bench::PrintServerWork(before, after, total);
+    if (absl::GetFlag(FLAGS_server_work)) bench::PrintServerWork(before, after, total);
   }
   for (auto& handler : handlers) handler->Stop();
   for (auto& runner : runners) runner.join();
@@ -461,8 +460,7 @@ int main(int argc, char** argv) {
         if (!dead_letters.ok() || !idempotency.ok()) return 1;
         const double e2e =
             EndToEnd(v.driver, *dead_letters, *idempotency, absl::GetFlag(FLAGS_e2e_messages),
-                     v.label, cluster.get(), options.key_prefix,
-                     cluster == nullptr && absl::GetFlag(FLAGS_server_work) ? port : 0);
+                     v.label, cluster.get(), options.key_prefix);
         const int n = absl::GetFlag(FLAGS_sub_queues);
         const std::string sub = n > 1 ? absl::StrCat(", ", n, " sub-queues") : "";
         std::printf(

@@ -1,7 +1,8 @@
-// A prototype of the data model issue 31 asks about, measured for its server work only: queues
+// A prototype of a stream-based data model for the Redis driver, measured for its server work: queues
 // as a Redis stream with a consumer group (the group's pending list gives each delivery its
 // lease owner, idle time and delivery count), with this library's idempotency keys beside it
-// (SET NX PX per message to acquire, the store's mark-done-many script to mark done). It is not
+// (SET NX PX per message to acquire, the store's mark-done-many script, read from its C++ source,
+// to mark done; run it from the repository root or give -store_source). It is not
 // a driver: no delays, no lease recovery, no topics; the steady-state commands of a consumer are
 // what it runs, so its `server phase=consume` line is the server's work such a driver would pay
 // per message at least (docs/benchmarks/redis.md, "Server work per message").
@@ -20,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,22 +31,25 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// idempotency/redis/redis_idempotency_store.cc's kMarkDoneMany, as the store runs it.
-const markDoneMany = `
-local out, marked = {}, {}
-local values = redis.call('MGET', unpack(KEYS))
-for i = 1, #KEYS do
-  local key, owner = KEYS[i], ARGV[i + 1]
-  if not marked[key] and values[i] == 'held:' .. owner then
-    redis.call('SET', key, 'done:' .. owner, 'PX', ARGV[1])
-    marked[key] = true
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
-`
+// The store's own mark-done-many script: kMarkDoneMany's Lua in the C++ source at `path`.
+func markDoneManyScript(path string) (string, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%v (run from the repository root, or give -store_source)", err)
+	}
+	const open, end = `kMarkDoneMany[] = R"lua(`, `)lua"`
+	s := string(src)
+	i := strings.Index(s, open)
+	if i < 0 {
+		return "", fmt.Errorf("%s: no kMarkDoneMany script", path)
+	}
+	s = s[i+len(open):]
+	j := strings.Index(s, end)
+	if j < 0 {
+		return "", fmt.Errorf("%s: kMarkDoneMany is not closed", path)
+	}
+	return s[:j], nil
+}
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:6379", "redis-server host:port")
@@ -52,7 +57,13 @@ func main() {
 	payload := flag.Int("payload", 100, "payload bytes")
 	consumers := flag.Int("consumers", 8, "consumer goroutines")
 	batch := flag.Int("batch", 64, "XREADGROUP COUNT")
+	storeSource := flag.String("store_source", "idempotency/redis/redis_idempotency_store.cc",
+		"the Redis idempotency store's source, whose mark-done-many script is run")
 	flag.Parse()
+	markDoneMany, err := markDoneManyScript(*storeSource)
+	if err != nil {
+		log.Fatalf("mark-done script: %v", err)
+	}
 
 	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: 2 * *consumers})

@@ -215,24 +215,54 @@ TEST_F(SqliteDatabaseTest, AVersion1FileIsUpgradedInPlaceAndItsLettersGetKinds) 
   EXPECT_EQ(RawQuery(options_.path, "SELECT count(*) FROM dead_letters WHERE kind = 0"), "1");
 }
 
-// The virtual-machine steps SQLite takes to run the store's count statement for `queue` (every
-// kind) on a raw connection: what grows when the statement scans the queue's letters.
-int CountSteps(const std::string& path, const char* queue) {
+// The virtual-machine steps SQLite takes to run `sql` to its end on a raw connection, with its
+// parameters bound by `bind`: what grows when a statement scans letters it does not return. -1
+// when it could not run.
+int VmSteps(const std::string& path, const char* sql,
+            const std::function<void(sqlite3_stmt*)>& bind) {
   sqlite3* db = nullptr;
   int steps = -1;
   if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
     sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, sqlite_internal::kCountLettersSql, -1, &stmt, nullptr) ==
-        SQLITE_OK) {
-      sqlite3_bind_text(stmt, 1, queue, -1, SQLITE_STATIC);
-      sqlite3_bind_int64(stmt, 2, AllDeadLetterKinds().bits());
-      if (sqlite3_step(stmt) == SQLITE_ROW)
-        steps = sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 0);
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK) {
+      bind(stmt);
+      while (sqlite3_step(stmt) == SQLITE_ROW) {
+      }
+      steps = sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 0);
     }
     sqlite3_finalize(stmt);
   }
   sqlite3_close(db);
   return steps;
+}
+
+// The store's count statement for `queue`, every kind.
+int CountSteps(const std::string& path, const char* queue) {
+  return VmSteps(path, sqlite_internal::kCountLettersSql, [&](sqlite3_stmt* stmt) {
+    sqlite3_bind_text(stmt, 1, queue, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, AllDeadLetterKinds().bits());
+  });
+}
+
+// kFetchLettersOfKindsSql: a page of `limit` letters of `kinds`.
+int FetchSteps(const std::string& path, const char* queue, DeadLetterKinds kinds, int limit) {
+  return VmSteps(path, sqlite_internal::kFetchLettersOfKindsSql, [&](sqlite3_stmt* stmt) {
+    sqlite3_bind_text(stmt, 1, queue, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(stmt, 2, 0);
+    sqlite3_bind_int64(stmt, 3, limit);
+    sqlite3_bind_int64(stmt, 4, kinds.bits());
+  });
+}
+
+// Adds `n` letters of `kind` (its stored number) to `queue` with plain SQL, as another program
+// would.
+void InsertLetters(const std::string& path, const char* queue, int n, int kind) {
+  RawExec(path, absl::StrCat(
+                    "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ", n,
+                    ") INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind) "
+                    "SELECT '",
+                    queue, "', 'x', 'r', 0, ", kind, " FROM c")
+                    .c_str());
 }
 
 // Count reads the maintained counts (schema version 4): about as many steps for 3,000 letters as
@@ -243,13 +273,7 @@ TEST_F(SqliteDatabaseTest, CountingLettersTakesTheSameStepsWhateverTheirNumber) 
   ASSERT_TRUE(db.ok()) << db.status();
   std::shared_ptr<DeadLetterStore> store = NewSqliteDeadLetterStore(*db);
   auto insert = [&](const char* queue, int n, int kind) {
-    RawExec(
-        options_.path,
-        absl::StrCat("WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ", n,
-                     ") INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind) "
-                     "SELECT '",
-                     queue, "', 'x', 'r', 0, ", kind, " FROM c")
-            .c_str());
+    InsertLetters(options_.path, queue, n, kind);
   };
   insert("small", 3, 2);
   insert("big", 3000, 2);
@@ -283,28 +307,6 @@ TEST_F(SqliteDatabaseTest, CountingLettersTakesTheSameStepsWhateverTheirNumber) 
             "0");  // a count that reaches zero goes
 }
 
-// VM steps of kFetchLettersOfKindsSql run to its end: a page of `limit` letters of `kinds`.
-int FetchSteps(const std::string& path, const char* queue, DeadLetterKinds kinds, int limit) {
-  sqlite3* db = nullptr;
-  int steps = -1;
-  if (sqlite3_open(path.c_str(), &db) == SQLITE_OK) {
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db, sqlite_internal::kFetchLettersOfKindsSql, -1, &stmt, nullptr) ==
-        SQLITE_OK) {
-      sqlite3_bind_text(stmt, 1, queue, -1, SQLITE_STATIC);
-      sqlite3_bind_int64(stmt, 2, 0);
-      sqlite3_bind_int64(stmt, 3, limit);
-      sqlite3_bind_int64(stmt, 4, kinds.bits());
-      while (sqlite3_step(stmt) == SQLITE_ROW) {
-      }
-      steps = sqlite3_stmt_status(stmt, SQLITE_STMTSTATUS_VM_STEP, 0);
-    }
-    sqlite3_finalize(stmt);
-  }
-  sqlite3_close(db);
-  return steps;
-}
-
 // A page of some kinds (not one, not all) reads each wanted kind's index: as many steps with
 // 3,000 older letters of a kind left out as with 3, where walking the queue in id order would
 // step past every one of them (21,094 steps against 123 when written). The pages still come
@@ -314,13 +316,7 @@ TEST_F(SqliteDatabaseTest, FetchingSomeKindsTakesTheSameStepsWhateverTheOtherKin
   ASSERT_TRUE(db.ok()) << db.status();
   std::shared_ptr<DeadLetterStore> store = NewSqliteDeadLetterStore(*db);
   auto insert = [&](const char* queue, int n, int kind) {
-    RawExec(
-        options_.path,
-        absl::StrCat("WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ", n,
-                     ") INSERT INTO dead_letters (queue, data, reason, stored_at_us, kind) "
-                     "SELECT '",
-                     queue, "', 'x', 'r', 0, ", kind, " FROM c")
-            .c_str());
+    InsertLetters(options_.path, queue, n, kind);
   };
   for (const char* queue : {"few", "many"}) {
     insert(queue, std::string(queue) == "few" ? 3 : 3000, 0);  // malformed, left out
