@@ -55,6 +55,9 @@
 ABSL_FLAG(int, messages, 1000000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,2", "comma-separated concurrency levels");
 ABSL_FLAG(int, max_in_flight_per_worker, 64, "prefetch per worker");
+ABSL_FLAG(
+    int, handler_work_ns, 0,
+    "CPU time each handle call spends (a spin on the thread's CPU clock); 0: a no-op handler");
 ABSL_FLAG(int, runs, 3, "runs per level; the best is reported");
 ABSL_FLAG(std::string, stores, "memory", "memory or sqlite");
 ABSL_FLAG(std::string, sqlite_dir, "/tmp", "where --stores=sqlite puts its database file");
@@ -184,7 +187,13 @@ double RunOnce(int messages, int concurrency, const Mode& mode, double* cpu_per_
   static std::FILE* const dev_null = std::fopen("/dev/null", "w");
   o.observability.logger = mode.json ? bus::JsonLinesLogger({.out = dev_null}) : bus::NullLogger();
   if (mode.observer) o.observability.observer = [](const bus::Event&) {};
-  o.handle = [](const bus::Message&) { return absl::OkStatus(); };
+  o.handle = [work = absl::GetFlag(FLAGS_handler_work_ns)](const bus::Message&) {
+    if (work > 0) {
+      for (const int64_t until = ThreadCpuNanos() + work; ThreadCpuNanos() < until;) {
+      }
+    }
+    return absl::OkStatus();
+  };
   o.flow.concurrency = concurrency;
   o.flow.max_in_flight = concurrency * absl::GetFlag(FLAGS_max_in_flight_per_worker);
   o.replay.interval = absl::ZeroDuration();
@@ -254,9 +263,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int messages = absl::GetFlag(FLAGS_messages);
   std::printf(
-      "memory driver + %s stores, no-op handler, batch_size %d, %d messages (100-byte payload, "
-      "2 headers)\n",
-      absl::GetFlag(FLAGS_stores).c_str(), absl::GetFlag(FLAGS_batch_size), messages);
+      "memory driver + %s stores, handler work %d ns, batch_size %d, %d messages (100-byte "
+      "payload, 2 headers)\n",
+      absl::GetFlag(FLAGS_stores).c_str(), absl::GetFlag(FLAGS_handler_work_ns),
+      absl::GetFlag(FLAGS_batch_size), messages);
   std::vector<Mode> modes;
   for (absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
     if (m == "off") {

@@ -121,6 +121,10 @@ run_cmd() {
       "$bin/memory_e2e_bench" --runs=1 --messages="$memory_msgs" \
         --concurrency="${name#ours_mem_c}" |
         sed -n 's/.*concurrency [0-9]*: \([0-9]*\).*/&\nrate=\1/p' ;;
+    ours_mem_work_c1 | ours_mem_work_c2)
+      "$bin/memory_e2e_bench" --runs=1 --messages="$memory_msgs" --handler_work_ns=5000 \
+        --concurrency="${name#ours_mem_work_c}" |
+        sed -n 's/.*concurrency [0-9]*: \([0-9]*\).*/&\nrate=\1/p' ;;
     evalsha | evalsha_one)
       local sha keys
       if [[ $name == evalsha ]]; then
@@ -173,6 +177,8 @@ rows=(
   "$sends|bullmq_send|ours_send|BullMQ 6.7.0 Queue.add x 8 async callers"
   "memory driver + memory stores, concurrency 1|wm_chan_c1|ours_mem_c1|Watermill v1.5.1 GoChannel router, 1 handler"
   "memory driver + memory stores, concurrency 2|wm_chan_c2|ours_mem_c2|Watermill v1.5.1 GoChannel router, 2 handlers"
+  "memory driver + memory stores, concurrency 2, no-op handler|ours_mem_c1|ours_mem_c2|ours, concurrency 1"
+  "memory driver + memory stores, concurrency 2, 5 us of handler CPU per message|ours_mem_work_c1|ours_mem_work_c2|ours, concurrency 1, the same handler"
 )
 results=$(mktemp)
 for r in $(seq "$rounds"); do

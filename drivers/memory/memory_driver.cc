@@ -96,8 +96,9 @@ class MemoryConsumer final : public Consumer {
   void SetIntake(int max_held) override;
 
  private:
-  // With driver_->mu_ held.
-  absl::Status AckLocked(absl::string_view receipt);
+  // With driver_->mu_ held and the queue promoted to now: settles the lease, moving its message
+  // to `*freed` so that it is freed after the lock is released.
+  absl::Status AckLocked(absl::string_view receipt, std::vector<Msg>* freed);
 
   const std::shared_ptr<MemoryDriver> driver_;
   Queue* const queue_;  // owned by the driver; never freed (DeleteQueue empties it)
@@ -336,8 +337,14 @@ class MemoryDriver final : public Driver, public std::enable_shared_from_this<Me
   // Finds a live lease for `receipt`, reclaiming it first if it has expired.
   Leased* FindLease(Queue* q, absl::string_view receipt, uint64_t* token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!absl::SimpleAtoi(receipt, token)) return nullptr;
     Promote(q, options_.clock->Now());
+    return FindPromoted(q, receipt, token);
+  }
+
+  // FindLease for a queue already promoted to now.
+  Leased* FindPromoted(Queue* q, absl::string_view receipt, uint64_t* token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!absl::SimpleAtoi(receipt, token)) return nullptr;
     auto it = q->leased.find(*token);
     return it == q->leased.end() ? nullptr : &it->second;
   }
@@ -412,22 +419,31 @@ absl::Status MemoryConsumer::Receive(int max, absl::Duration wait, std::stop_tok
 }
 
 absl::Status MemoryConsumer::Ack(absl::string_view receipt) {
-  absl::MutexLock lock(&driver_->mu_);
-  return AckLocked(receipt);
+  std::vector<Msg> freed;  // destroyed after the lock is released
+  MemoryDriver& d = *driver_;
+  absl::MutexLock lock(&d.mu_);
+  d.Promote(queue_, d.options_.clock->Now());
+  return AckLocked(receipt, &freed);
 }
 
+// One lock and one clock read for the batch; the messages are freed after the lock.
 void MemoryConsumer::AckMany(absl::Span<const absl::string_view> receipts,
                              absl::Span<absl::Status> results) {
-  absl::MutexLock lock(&driver_->mu_);
-  for (size_t i = 0; i < receipts.size(); ++i) results[i] = AckLocked(receipts[i]);
+  std::vector<Msg> freed;
+  freed.reserve(receipts.size());
+  MemoryDriver& d = *driver_;
+  absl::MutexLock lock(&d.mu_);
+  d.Promote(queue_, d.options_.clock->Now());
+  for (size_t i = 0; i < receipts.size(); ++i) results[i] = AckLocked(receipts[i], &freed);
 }
 
-absl::Status MemoryConsumer::AckLocked(absl::string_view receipt) {
+absl::Status MemoryConsumer::AckLocked(absl::string_view receipt, std::vector<Msg>* freed) {
   MemoryDriver& d = *driver_;
   uint64_t token = 0;
-  Leased* l = d.FindLease(queue_, receipt, &token);
+  Leased* l = d.FindPromoted(queue_, receipt, &token);
   if (l == nullptr) return absl::FailedPreconditionError("ack: lease lost or unknown receipt");
   d.Unhold(l->consumer);
+  freed->push_back(std::move(l->msg));
   queue_->leased.erase(token);
   return absl::OkStatus();
 }
