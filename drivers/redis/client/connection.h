@@ -1,5 +1,5 @@
 // A Redis client connection over Boost.Asio, speaking RESP2 with hiredis's
-// redisFormatCommandArgv (requests) and redisReader (replies). Debian's hiredis 0.14 has no
+// redisFormatSdsCommandArgv (requests) and redisReader (replies). Debian's hiredis 0.14 has no
 // async timeouts and no TLS, so the socket, TLS (Asio's SSL stream over OpenSSL, tls.h), the
 // deadlines and the reconnection live here.
 //

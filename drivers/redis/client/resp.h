@@ -1,5 +1,5 @@
 // Internal to the Redis client: one RESP2 reply as a value, and the conversions to and from the
-// wire with hiredis (redisFormatCommandArgv for requests; redisReader's reply tree for replies).
+// wire with hiredis (redisFormatSdsCommandArgv for requests; redisReader's reply tree for replies).
 //
 // Thread-safety: plain values and pure functions.
 
