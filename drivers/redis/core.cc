@@ -64,6 +64,12 @@ std::string TopicKey(absl::string_view prefix, absl::string_view topic) {
   return absl::StrCat(prefix, "t:{", topic, "}:bindings");
 }
 
+std::string QueuesKey(absl::string_view prefix) { return absl::StrCat(prefix, "queues"); }
+
+std::string QueuesScannedKey(absl::string_view prefix) {
+  return absl::StrCat(prefix, "queues:scanned");
+}
+
 int64_t Millis(absl::Duration d) {
   return std::max<int64_t>(0, absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
 }

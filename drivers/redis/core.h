@@ -48,6 +48,11 @@ struct QueueKeys {
 // The set of a topic's bindings ("queue \n binding key").
 std::string TopicKey(absl::string_view prefix, absl::string_view topic);
 
+// The set of every queue name the driver has written: ListQueues reads it, not the keyspace.
+std::string QueuesKey(absl::string_view prefix);
+// Set once the queues written before that set existed (found by a SCAN) were added to it.
+std::string QueuesScannedKey(absl::string_view prefix);
+
 // `d` in whole milliseconds, rounded up; negative: 0.
 int64_t Millis(absl::Duration d);
 

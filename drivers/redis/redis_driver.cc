@@ -6,10 +6,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "bus/names.h"
 #include "bus/route_key.h"
 #include "drivers/redis/client/client.h"
@@ -26,6 +28,8 @@ using redis::IntReply;
 using redis::Millis;
 using redis::PeekReadyScript;
 using redis::QueueKeys;
+using redis::QueuesKey;
+using redis::QueuesScannedKey;
 using redis::Reply;
 using redis::TopicKey;
 
@@ -34,6 +38,8 @@ using redis::TopicKey;
 constexpr int64_t kTopicDedupMs = 10 * 60 * 1000;
 // Messages per enqueue script call in a batch send.
 constexpr size_t kEnqueueChunk = 100;
+// Queue names per SSCAN step, SADD and EXISTS pipeline of ListQueues.
+constexpr size_t kListChunk = 1000;
 
 class RedisDriver final : public Driver {
  public:
@@ -47,12 +53,14 @@ class RedisDriver final : public Driver {
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
     }
+    if (absl::Status st = Register(queue); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
     return Simple({"HSET", keys.meta, "delay", absl::StrCat(Millis(delay))});
   }
 
   absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
                            absl::string_view binding_key) override {
+    if (absl::Status st = Register(queue); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
     absl::StatusOr<std::vector<Reply>> replies = core_->client().Execute(
         {{"HSETNX", keys.meta, "delay", "0"},
@@ -101,6 +109,7 @@ class RedisDriver final : public Driver {
                                   absl::Duration delay) override {
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
     if (data.empty()) return absl::OkStatus();
+    if (absl::Status st = Register(queue); !st.ok()) return st;
     const QueueKeys keys(prefix(), queue);
     std::vector<std::vector<std::string>> calls;
     for (size_t start = 0; start < data.size(); start += kEnqueueChunk) {
@@ -135,6 +144,7 @@ class RedisDriver final : public Driver {
     const std::string id = core_->NewMessageId();
     std::vector<std::vector<std::string>> calls;
     for (const std::string& q : queues) {
+      if (absl::Status st = Register(q); !st.ok()) return st;
       const QueueKeys keys(prefix(), q);
       calls.push_back({"6", keys.ready, keys.delayed, keys.msgs, keys.meta, keys.notify, keys.seen,
                        "0", absl::StrCat(kTopicDedupMs), id, std::string(data)});
@@ -156,31 +166,50 @@ class RedisDriver final : public Driver {
 
   absl::Status Ping(absl::Duration timeout) override { return core_->client().Ping(timeout); }
 
-  // Every queue has a meta hash (CreateQueue, Subscribe and every enqueue write it): SCAN for
-  // them.
+  // The names in the queue set whose meta hash exists (DeleteQueue removes the hash and leaves
+  // the name): a few commands per 1,000 queues, whatever else the server holds. Queues written
+  // before the set existed are added to it once, by the first listing (ScanOldQueues).
   absl::StatusOr<std::vector<std::string>> ListQueues() override {
-    std::string pattern;
-    for (char c : prefix()) {
-      if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') pattern.push_back('\\');
-      pattern.push_back(c);
+    const absl::Duration timeout = core_->options().timeouts.request;
+    absl::StatusOr<Reply> scanned =
+        core_->client().Command({"EXISTS", QueuesScannedKey(prefix())}, timeout);
+    if (!scanned.ok()) return scanned.status();
+    if (scanned->is_error()) return redis::ReplyStatus(*scanned);
+    if (scanned->integer == 0) {
+      if (absl::Status st = ScanOldQueues(); !st.ok()) return st;
     }
-    const std::string head = absl::StrCat(prefix(), "q:{");
-    constexpr absl::string_view kTail = "}:meta";
-    absl::StrAppend(&pattern, "q:{*", kTail);
-    absl::StatusOr<std::vector<std::string>> keys =
-        core_->client().ScanKeys(pattern, core_->options().timeouts.request);
-    if (!keys.ok()) return keys.status();
     std::vector<std::string> names;
-    for (const std::string& key : *keys) {
-      absl::string_view k = key;
-      if (!absl::StartsWith(k, head) || !absl::EndsWith(k, kTail)) continue;
-      k.remove_prefix(head.size());
-      k.remove_suffix(kTail.size());
-      if (ValidateName("queue", k).ok()) names.emplace_back(k);
-    }
+    std::string cursor = "0";
+    do {
+      absl::StatusOr<Reply> r = core_->client().Command(
+          {"SSCAN", QueuesKey(prefix()), cursor, "COUNT", absl::StrCat(kListChunk)}, timeout);
+      if (!r.ok()) return r.status();
+      if (r->is_error()) return redis::ReplyStatus(*r);
+      if (r->type != Reply::Type::kArray || r->elements.size() != 2) {
+        return absl::InternalError("redis: unexpected SSCAN reply");
+      }
+      cursor = r->elements[0].str;
+      for (Reply& name : r->elements[1].elements) {
+        if (ValidateName("queue", name.str).ok()) names.push_back(std::move(name.str));
+      }
+    } while (cursor != "0");
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
-    return names;
+    std::vector<std::string> listed;
+    for (size_t start = 0; start < names.size(); start += kListChunk) {
+      const size_t end = std::min(names.size(), start + kListChunk);
+      std::vector<std::vector<std::string>> exists;
+      for (size_t i = start; i < end; ++i)
+        exists.push_back({"EXISTS", QueueKeys(prefix(), names[i]).meta});
+      absl::StatusOr<std::vector<Reply>> r = core_->client().Execute(std::move(exists), timeout);
+      if (!r.ok()) return r.status();
+      for (size_t i = start; i < end; ++i) {
+        const Reply& e = (*r)[i - start];
+        if (e.is_error()) return redis::ReplyStatus(e);
+        if (e.integer == 1) listed.push_back(std::move(names[i]));
+      }
+    }
+    return listed;
   }
 
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
@@ -217,6 +246,58 @@ class RedisDriver final : public Driver {
  private:
   const std::string& prefix() const { return core_->options().key_prefix; }
 
+  // Adds `queue` to the queue set before the first write that makes it, once per driver (every
+  // later write finds it in `registered_`). Names are never taken out (a DeleteQueue in one
+  // process cannot reach the others' `registered_`): ListQueues skips deleted queues by their
+  // meta hash instead.
+  absl::Status Register(absl::string_view queue) {
+    {
+      absl::ReaderMutexLock lock(&registered_mu_);
+      if (registered_.contains(queue)) return absl::OkStatus();
+    }
+    if (absl::Status st = Simple({"SADD", QueuesKey(prefix()), std::string(queue)}); !st.ok()) {
+      return st;
+    }
+    absl::MutexLock lock(&registered_mu_);
+    registered_.insert(std::string(queue));
+    return absl::OkStatus();
+  }
+
+  // Adds the queues written before the queue set existed (by 0.6 and earlier: every queue has a
+  // meta hash, found by SCAN, which reads the whole keyspace once), then marks that done.
+  absl::Status ScanOldQueues() {
+    std::string pattern;
+    for (char c : prefix()) {
+      if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') pattern.push_back('\\');
+      pattern.push_back(c);
+    }
+    const std::string head = absl::StrCat(prefix(), "q:{");
+    constexpr absl::string_view kTail = "}:meta";
+    absl::StrAppend(&pattern, "q:{*", kTail);
+    const absl::Duration timeout = core_->options().timeouts.request;
+    absl::StatusOr<std::vector<std::string>> keys = core_->client().ScanKeys(pattern, timeout);
+    if (!keys.ok()) return keys.status();
+    std::vector<std::vector<std::string>> adds;
+    for (const std::string& key : *keys) {
+      absl::string_view k = key;
+      if (!absl::StartsWith(k, head) || !absl::EndsWith(k, kTail)) continue;
+      k.remove_prefix(head.size());
+      k.remove_suffix(kTail.size());
+      if (!ValidateName("queue", k).ok()) continue;
+      if (adds.empty() || adds.back().size() == 2 + kListChunk) {
+        adds.push_back({"SADD", QueuesKey(prefix())});
+      }
+      adds.back().emplace_back(k);
+    }
+    adds.push_back({"SET", QueuesScannedKey(prefix()), "1"});
+    absl::StatusOr<std::vector<Reply>> r = core_->client().Execute(std::move(adds), timeout);
+    if (!r.ok()) return r.status();
+    for (const Reply& reply : *r) {
+      if (reply.is_error()) return redis::ReplyStatus(reply);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Simple(std::vector<std::string> cmd) {
     absl::StatusOr<Reply> r =
         core_->client().Command(std::move(cmd), core_->options().timeouts.request);
@@ -225,6 +306,9 @@ class RedisDriver final : public Driver {
   }
 
   std::shared_ptr<redis::Core> core_;
+  absl::Mutex registered_mu_;
+  // The queues this driver added to the queue set.
+  absl::flat_hash_set<std::string> registered_ ABSL_GUARDED_BY(registered_mu_);
   // Two enqueue calls of one queue in flight: a call gathers senders while the other is out
   // (8 threads sending one message each: 61k msg/s with two, 49k with one, 57k with three).
   redis::SendCoalescer sends_{/*max_in_flight=*/2};

@@ -885,6 +885,60 @@ TEST(RedisDriverTest, AnIdTwiceInOneReserveIsCountedTwiceAndOnlyTheLaterDelivery
 // Past 64 messages in flight the counters are a hash table and the leases a skiplist (Redis
 // searches a listpack entry by entry: docs/benchmarks/redis.md), and the keys hold exactly one
 // entry per delivery.
+// ListQueues reads the driver's queue set, not the keyspace: with 5,000 other keys on the server
+// (idempotency keys, say), a listing after the first makes no SCAN, and a deleted queue is left
+// out until something writes it again, in this process or another.
+TEST(RedisDriverTest, ListingQueuesReadsTheQueueSetNotTheKeyspace) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  ForeignProducer raw(*server);
+  raw.Command({"EVAL", "for i = 1, 5000 do redis.call('SET', 'idem:' .. i, 'x') end", "0"});
+  auto driver = MustDriver(OptionsFor(*server));
+  auto other = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->CreateQueue("a", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->SendToQueue("b", "m", absl::ZeroDuration()).ok());
+  using Names = std::vector<std::string>;
+  absl::StatusOr<Names> first = driver->ListQueues();  // also the one-time scan for old queues
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, (Names{"a", "b"}));
+
+  const absl::StatusOr<int64_t> scans = server->CommandCalls("scan");
+  ASSERT_TRUE(scans.ok()) << scans.status();
+  EXPECT_GE(*scans, 1);
+  const absl::StatusOr<int64_t> sscans = server->CommandCalls("sscan");
+  ASSERT_TRUE(sscans.ok()) << sscans.status();
+  EXPECT_EQ(other->ListQueues().value_or(Names{}), (Names{"a", "b"}));
+  EXPECT_EQ(server->CommandCalls("scan").value_or(-1), *scans);
+  EXPECT_EQ(server->CommandCalls("sscan").value_or(-1), *sscans + 1);
+
+  ASSERT_TRUE(other->DeleteQueue("a").ok());
+  EXPECT_EQ(driver->ListQueues().value_or(Names{}), (Names{"b"}));
+  // The name stayed in the set, so a write from the process that registered it long ago lists
+  // the queue again.
+  ASSERT_TRUE(driver->SendToQueue("a", "m", absl::ZeroDuration()).ok());
+  EXPECT_EQ(other->ListQueues().value_or(Names{}), (Names{"a", "b"}));
+  EXPECT_EQ(server->CommandCalls("scan").value_or(-1), *scans);
+}
+
+// Queues written before the queue set existed (a 0.6 producer, or one that writes the keys
+// itself) are added to it by the first listing, once.
+TEST(RedisDriverTest, QueuesWrittenBeforeTheQueueSetAreListedToo) {
+  auto server = MustStart();
+  ASSERT_NE(server, nullptr);
+  ForeignProducer raw(*server);
+  raw.Multi("old", "id1", "body");
+  auto driver = MustDriver(OptionsFor(*server));
+  ASSERT_TRUE(driver->CreateQueue("new", absl::ZeroDuration()).ok());
+  EXPECT_EQ(raw.Int({"SISMEMBER", "bus:queues", "old"}), 0);
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(driver->ListQueues().value_or(Names{}), (Names{"new", "old"}));
+  EXPECT_EQ(raw.Int({"SISMEMBER", "bus:queues", "old"}), 1);
+  EXPECT_EQ(raw.Int({"EXISTS", "bus:queues:scanned"}), 1);
+  const int64_t scans = server->CommandCalls("scan").value_or(-1);
+  EXPECT_EQ(driver->ListQueues().value_or(Names{}), (Names{"new", "old"}));
+  EXPECT_EQ(server->CommandCalls("scan").value_or(-1), scans);
+}
+
 TEST(RedisDriverTest, ManyMessagesInFlightKeepTheirCountersAndLeasesInIndexedKeys) {
   auto server = MustStart();
   ASSERT_NE(server, nullptr);
