@@ -40,6 +40,7 @@
 //   # plaintext and TLS side by side, HandlerOptions defaults:
 //   redis_bench --tls --handler_batch_size=0 --max_in_flight=0
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -114,6 +115,14 @@ ABSL_FLAG(bool, tls, false,
           "ports (not with --port or --cluster)");
 
 namespace {
+
+// User + system CPU of this process so far, in seconds.
+double ProcessCpuSeconds() {
+  rusage r;
+  getrusage(RUSAGE_SELF, &r);
+  return absl::ToDoubleSeconds(absl::DurationFromTimeval(r.ru_utime) +
+                               absl::DurationFromTimeval(r.ru_stime));
+}
 
 // The server whose INFO the timed phases are measured with; 0 (--cluster): not measured.
 int stats_port = 0;
@@ -242,6 +251,7 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
   const bench::ServerSnapshot before = stats_port != 0 && absl::StartsWith(label, "redis")
                                            ? bench::TakeServerSnapshot(stats_port)
                                            : bench::ServerSnapshot{};
+  const double client_cpu0 = ProcessCpuSeconds();
   const absl::Time start = absl::Now();
   std::vector<std::thread> runners;
   for (auto& handler : handlers) {
@@ -259,6 +269,14 @@ double EndToEnd(const std::shared_ptr<bus::Driver>& driver,
       break;
     }
     absl::SleepFor(absl::Milliseconds(2));
+  }
+  // This process's CPU over the consume phase (the polling above included: 500 Stats() calls a
+  // second), beside the server's.
+  const double client_cpu = ProcessCpuSeconds() - client_cpu0;
+  if (done != start) {
+    std::printf("client phase=consume msgs=%d cpu_s=%.3f cpu_us_per_msg=%.1f busy=%.2f\n", total,
+                client_cpu, client_cpu * 1e6 / total,
+                client_cpu / absl::ToDoubleSeconds(done - start));
   }
   if (done != start && before.ok) {
     const bench::ServerSnapshot after = bench::TakeServerSnapshot(stats_port);
