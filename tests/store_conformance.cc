@@ -483,65 +483,52 @@ TEST_P(IdempotencyStoreConformanceTest, TwoStoreObjectsShareTheBackingState) {
   EXPECT_TRUE(other->MarkDone(key, "a", lease).ok());
 }
 
+// Threads acquiring the same keys at once, one call per key, then in batches of every key in
+// different orders (a store that locks parts of its keys must neither grant a key twice nor
+// deadlock): each key is granted once, and each winner marks its keys done.
 TEST_P(IdempotencyStoreConformanceTest, ConcurrentAcquiresGrantEachKeyOnce) {
-  constexpr int kKeys = 20;
-  constexpr int kThreads = 8;
-  std::vector<std::string> keys;
-  for (int i = 0; i < kKeys; ++i) keys.push_back(Unique("k"));
-  std::vector<std::atomic<int>> winners(kKeys);
-  std::vector<std::thread> threads;
-  const absl::Duration lease = harness_->ShortLease() * 10;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kKeys; ++i) {
-        auto got = store_->Acquire(keys[static_cast<size_t>(i)], absl::StrCat("w", t), lease);
-        ASSERT_TRUE(got.ok()) << got.status();
-        if (*got) winners[static_cast<size_t>(i)].fetch_add(1);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < kKeys; ++i) EXPECT_EQ(winners[static_cast<size_t>(i)].load(), 1) << i;
-}
-
-// Batches of the same keys in different orders, from threads at once (a store that locks parts
-// of its keys must neither grant a key twice nor deadlock): each key is granted once, and each
-// winner marks its keys done.
-TEST_P(IdempotencyStoreConformanceTest, ConcurrentBatchesGrantEachKeyOnce) {
   constexpr int kKeys = 64;
   constexpr int kThreads = 4;
-  std::vector<std::string> keys;
-  for (int i = 0; i < kKeys; ++i) keys.push_back(Unique("k"));
-  std::vector<std::atomic<int>> winners(kKeys);
-  std::vector<std::thread> threads;
   const absl::Duration lease = harness_->ShortLease() * 10;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      const std::string owner = absl::StrCat("w", t);
-      std::vector<absl::string_view> batch, owners, won;
-      for (int i = 0; i < kKeys; ++i) {
-        // Thread t starts at key 16 t, odd threads backwards.
-        const int k = (t % 2 == 0 ? i + 16 * t : 16 * t - i + kKeys) % kKeys;
-        batch.push_back(keys[static_cast<size_t>(k)]);
-        owners.push_back(owner);
-      }
-      std::vector<absl::StatusOr<bool>> got(batch.size(), false);
-      store_->AcquireMany(batch, owners, lease, absl::MakeSpan(got));
-      for (size_t i = 0; i < batch.size(); ++i) {
-        ASSERT_TRUE(got[i].ok()) << got[i].status();
-        if (!*got[i]) continue;
-        won.push_back(batch[i]);
-        const auto at = std::find(keys.begin(), keys.end(), batch[i]) - keys.begin();
-        winners[static_cast<size_t>(at)].fetch_add(1);
-      }
-      std::vector<absl::Status> done(won.size());
-      store_->MarkDoneMany(won, std::vector<absl::string_view>(won.size(), owner), lease,
-                           absl::MakeSpan(done));
-      for (const absl::Status& st : done) EXPECT_TRUE(st.ok()) << st;
-    });
+  for (const bool batched : {false, true}) {
+    SCOPED_TRACE(batched ? "batched" : "one call per key");
+    std::vector<std::string> keys;
+    for (int i = 0; i < kKeys; ++i) keys.push_back(Unique("k"));
+    std::vector<std::atomic<int>> winners(kKeys);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const std::string owner = absl::StrCat("w", t);
+        std::vector<absl::string_view> order, won;
+        for (int i = 0; i < kKeys; ++i) {
+          // Thread t starts at key 16 t, odd threads backwards.
+          order.push_back(
+              keys[static_cast<size_t>((t % 2 == 0 ? i + 16 * t : 16 * t - i + kKeys) % kKeys)]);
+        }
+        const std::vector<absl::string_view> owners(order.size(), owner);
+        std::vector<absl::StatusOr<bool>> got(order.size(), false);
+        if (batched) {
+          store_->AcquireMany(order, owners, lease, absl::MakeSpan(got));
+        } else {
+          for (size_t i = 0; i < order.size(); ++i)
+            got[i] = store_->Acquire(order[i], owner, lease);
+        }
+        for (size_t i = 0; i < order.size(); ++i) {
+          ASSERT_TRUE(got[i].ok()) << got[i].status();
+          if (!*got[i]) continue;
+          won.push_back(order[i]);
+          winners[static_cast<size_t>(std::find(keys.begin(), keys.end(), order[i]) - keys.begin())]
+              .fetch_add(1);
+        }
+        std::vector<absl::Status> done(won.size());
+        store_->MarkDoneMany(won, std::vector<absl::string_view>(won.size(), owner), lease,
+                             absl::MakeSpan(done));
+        for (const absl::Status& st : done) EXPECT_TRUE(st.ok()) << st;
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kKeys; ++i) EXPECT_EQ(winners[static_cast<size_t>(i)].load(), 1) << i;
   }
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < kKeys; ++i) EXPECT_EQ(winners[static_cast<size_t>(i)].load(), 1) << i;
 }
 
 }  // namespace
