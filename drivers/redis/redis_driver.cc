@@ -199,8 +199,9 @@ class RedisDriver final : public Driver {
     for (size_t start = 0; start < names.size(); start += kListChunk) {
       const size_t end = std::min(names.size(), start + kListChunk);
       std::vector<std::vector<std::string>> exists;
-      for (size_t i = start; i < end; ++i)
+      for (size_t i = start; i < end; ++i) {
         exists.push_back({"EXISTS", QueueKeys(prefix(), names[i]).meta});
+      }
       absl::StatusOr<std::vector<Reply>> r = core_->client().Execute(std::move(exists), timeout);
       if (!r.ok()) return r.status();
       for (size_t i = start; i < end; ++i) {
