@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bus/logger.h"
 #include "bus/names.h"
 #include "bus/route_key.h"
 #include "drivers/redis/client/client.h"
@@ -53,14 +54,14 @@ class RedisDriver final : public Driver {
     if (delay < absl::ZeroDuration()) {
       return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
     }
-    if (absl::Status st = Register(queue); !st.ok()) return st;
+    Register(queue);
     const QueueKeys keys(prefix(), queue);
     return Simple({"HSET", keys.meta, "delay", absl::StrCat(Millis(delay))});
   }
 
   absl::Status DoSubscribe(absl::string_view topic, absl::string_view queue,
                            absl::string_view binding_key) override {
-    if (absl::Status st = Register(queue); !st.ok()) return st;
+    Register(queue);
     const QueueKeys keys(prefix(), queue);
     absl::StatusOr<std::vector<Reply>> replies = core_->client().Execute(
         {{"HSETNX", keys.meta, "delay", "0"},
@@ -109,7 +110,7 @@ class RedisDriver final : public Driver {
                                   absl::Duration delay) override {
     if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("send: delay < 0");
     if (data.empty()) return absl::OkStatus();
-    if (absl::Status st = Register(queue); !st.ok()) return st;
+    Register(queue);
     const QueueKeys keys(prefix(), queue);
     std::vector<std::vector<std::string>> calls;
     for (size_t start = 0; start < data.size(); start += kEnqueueChunk) {
@@ -144,7 +145,7 @@ class RedisDriver final : public Driver {
     const std::string id = core_->NewMessageId();
     std::vector<std::vector<std::string>> calls;
     for (const std::string& q : queues) {
-      if (absl::Status st = Register(q); !st.ok()) return st;
+      Register(q);
       const QueueKeys keys(prefix(), q);
       calls.push_back({"6", keys.ready, keys.delayed, keys.msgs, keys.meta, keys.notify, keys.seen,
                        "0", absl::StrCat(kTopicDedupMs), id, std::string(data)});
@@ -250,18 +251,32 @@ class RedisDriver final : public Driver {
   // Adds `queue` to the queue set before the first write that makes it, once per driver (every
   // later write finds it in `registered_`). Names are never taken out (a DeleteQueue in one
   // process cannot reach the others' `registered_`): ListQueues skips deleted queues by their
-  // meta hash instead.
-  absl::Status Register(absl::string_view queue) {
+  // meta hash instead. Best effort: the set may live on another node than the queue (a Cluster),
+  // and a write must not fail for the listing's sake, so a failed SADD is logged and the write
+  // goes on; the next write of the queue tries again.
+  void Register(absl::string_view queue) {
     {
       absl::ReaderMutexLock lock(&registered_mu_);
-      if (registered_.contains(queue)) return absl::OkStatus();
+      if (registered_.contains(queue)) return;
     }
     if (absl::Status st = Simple({"SADD", QueuesKey(prefix()), std::string(queue)}); !st.ok()) {
-      return st;
+      // The record's fields are views: the text must outlive Write.
+      const std::string text = absl::StrCat("could not add the queue to ", QueuesKey(prefix()),
+                                            " (ListQueues leaves it out until a later write "
+                                            "adds it): ",
+                                            st.ToString());
+      LogRecord r;
+      r.level = LogLevel::kWarning;
+      r.time = core_->options().clock->Now();
+      r.component = "redis";
+      r.event = "queue_set_failed";
+      r.queue = queue;
+      r.text = text;
+      core_->options().logger->Write(r);
+      return;
     }
     absl::MutexLock lock(&registered_mu_);
     registered_.insert(std::string(queue));
-    return absl::OkStatus();
   }
 
   // Adds the queues written before the queue set existed (by 0.6 and earlier: every queue has a

@@ -41,6 +41,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_server.h"
+#include "tests/testing/fault_injection.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
@@ -918,6 +919,29 @@ TEST(RedisDriverTest, ListingQueuesReadsTheQueueSetNotTheKeyspace) {
   ASSERT_TRUE(driver->SendToQueue("a", "m", absl::ZeroDuration()).ok());
   EXPECT_EQ(other->ListQueues().value_or(Names{}), (Names{"a", "b"}));
   EXPECT_EQ(server->CommandCalls("scan").value_or(-1), *scans);
+}
+
+// The queue set is for listing only: a user that may not write it (or, on a Cluster, its node
+// being down) still sends and creates queues; a warning says what the listing will miss.
+TEST(RedisDriverTest, AWriteGoesOnWhenTheQueueSetCannotBeWritten) {
+  auto server = MustStart({.password = "admin-pw"});
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(server->Cli({"ACL", "SETUSER", "bob", "on", ">bob-pw", "~bus:q:*", "+@all"}).ok());
+  RedisOptions options = OptionsFor(*server);
+  options.username = "bob";
+  options.password = "bob-pw";
+  auto logger = std::make_shared<CapturingLogger>();
+  options.logger = logger;
+  auto driver = MustDriver(options);
+  ASSERT_TRUE(driver->CreateQueue("jobs", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->SendToQueue("jobs", "x", absl::ZeroDuration()).ok());
+  absl::StatusOr<QueueCounts> counts = driver->InspectQueue("jobs");
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(counts->ready, 1);
+  // Tried again by each write, since none got in.
+  EXPECT_EQ(logger->Count("could not add the queue to bus:queues"), 2);
+  EXPECT_EQ(logger->Count("NOPERM"), 2);
+  EXPECT_TRUE(absl::IsPermissionDenied(driver->ListQueues().status()));
 }
 
 // Queues written before the queue set existed (a 0.6 producer, or one that writes the keys

@@ -171,9 +171,10 @@ class Shard {
 };
 
 // The keys are spread over shards so that workers settling batches at once rarely want the same
-// lock; a batch takes each of its shards once, and the shards free first
+// lock; a batch takes each of the shards its keys fall in once, free ones first
 // (docs/benchmarks/peers.md, "Where the time goes").
-constexpr size_t kShards = 16;  // ShardIndex takes 4 bits
+constexpr int kShardBits = 4;
+constexpr size_t kShards = size_t{1} << kShardBits;
 
 class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
  public:
@@ -257,7 +258,7 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
   // The hash's top bits: the maps inside take their slots and control bytes from the low ones,
   // which would otherwise be alike for every key of a shard.
   static size_t ShardIndex(absl::string_view key) {
-    return static_cast<size_t>(uint64_t{absl::Hash<absl::string_view>{}(key)} >> 60);
+    return static_cast<size_t>(uint64_t{absl::Hash<absl::string_view>{}(key)} >> (64 - kShardBits));
   }
   Shard& ShardOf(absl::string_view key) const { return shards_[ShardIndex(key)]; }
 
