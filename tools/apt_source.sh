@@ -11,11 +11,7 @@ shift
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-dpkg-query -W -f='${Status}' dpkg-dev 2>/dev/null | grep -q "install ok installed" || {
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    dpkg-dev >/dev/null
-}
+bash "$(dirname "$0")/apt_install.sh" apt_source dpkg-dev
 listed() {
   local want
   for want in "$@"; do

@@ -15,13 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Abseil's Bazel files load @bazel_skylib: Debian's bazel-skylib package.
-sudo_cmd=()
-[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-dpkg-query -W -f='${Status}' bazel-skylib 2>/dev/null | grep -q "install ok installed" || {
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    bazel-skylib >/dev/null
-}
+bash "$root/tools/apt_install.sh" consumer_from_source bazel-skylib
 
 absl_version=$(dpkg-query -W -f='${Version}' libabsl-dev)
 gtest_version=$(dpkg-query -W -f='${Version}' googletest)

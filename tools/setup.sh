@@ -28,22 +28,12 @@ prom_client_version=0.26.0
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
 # A Go toolchain already on PATH (newer than Debian's) serves as well.
 [ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
 if command -v go >/dev/null 2>&1; then
-  missing=("${missing[@]/golang-go/}")
+  packages=($(printf '%s\n' "${packages[@]}" | grep -vx golang-go))
 fi
-missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+bash "$(dirname "$0")/apt_install.sh" setup "${packages[@]}"
 
 # redis-server from Debian starts a system service on install; the tests start their own
 # servers on free ports, so the system one is not needed.
