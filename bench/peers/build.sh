@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
-command -v go >/dev/null || { echo "build.sh: go not found (tools/setup.sh installs it)" >&2; exit 1; }
+command -v go >/dev/null || { echo "build.sh: go not found (tools/setup_tests.sh installs it)" >&2; exit 1; }
 command -v npm >/dev/null || { echo "build.sh: npm not found (Node.js and npm are needed)" >&2; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 out=${BUS_PEERS_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/bus-bench-peers}

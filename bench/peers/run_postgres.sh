@@ -9,7 +9,7 @@
 #                                    [--batch_msgs=100000] [--batch=500] [--pgbench_seconds=10]
 #                                    [--profile]
 #
-# The server: /usr/lib/postgresql/15/bin (tools/setup.sh), a data directory under /tmp owned by
+# The server: /usr/lib/postgresql/15/bin (tools/setup_tests.sh), a data directory under /tmp owned by
 # the `postgres` user (the server refuses root), TCP on a free loopback port, trust auth, fsync
 # off (as tests/testing/postgres_server.h), pg_stat_statements loaded. Each round holds flock on
 # $BENCH_LOCK (default /tmp/bench.lock); builds happen before, outside the lock. Odd rounds run
