@@ -11,6 +11,13 @@
 //
 // A transactional effect reaches it as Transaction::context() (bus/transactional.h).
 //
+// Steps: a handler whose effect takes several writes marks the point before each with
+// Step("debit"). In a Handler a step does nothing. Under bus::testing::Simulate
+// (docs/simulation.md) it is where the simulator may kill the process (Step then does not
+// return: the simulator unwinds the handler with an exception of its own type, which the
+// handler must let pass) or run a second process before it returns, so that faults strike
+// between the handler's own effects and not only between the library's steps.
+//
 // Stopping: the context is signalled the moment Handler::Stop() is called (or the Handler's
 // destructor stops it); the drain still gives handlers `flow.shutdown_timeout` to return. A
 // handler that returns a Cancelled status once the context is stopping is not a failure: its
@@ -26,10 +33,20 @@
 
 #include <stop_token>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "bus/clock.h"
 
 namespace bus {
+
+// What HandleContext::Step calls: the simulator's (bus/testing/simulation.h); a Handler has none.
+class StepListener {
+ public:
+  virtual ~StepListener() = default;
+  // The handler reached the step `name`. May throw the simulator's own exception (the
+  // simulated process died there).
+  virtual void OnStep(absl::string_view name) const = 0;
+};
 
 class HandleContext {
  public:
@@ -37,8 +54,10 @@ class HandleContext {
   // handler outside a Handler (a unit test of the handler, a command-line tool).
   HandleContext();
   // A context on `clock` (which must outlive it) that is stopping once `stop` is requested;
-  // `deliveries` as deliveries(). The Handler builds one per call; tests may build their own.
-  HandleContext(std::stop_token stop, const Clock& clock, int deliveries = 0);
+  // `deliveries` as deliveries(); Step calls go to `steps` when not null (which must outlive
+  // it). The Handler builds one per call; tests may build their own.
+  HandleContext(std::stop_token stop, const Clock& clock, int deliveries = 0,
+                const StepListener* steps = nullptr);
 
   // True once the Handler is stopping.
   bool stopping() const { return stop_.stop_requested(); }
@@ -59,10 +78,18 @@ class HandleContext {
   // and for a dead letter being replayed.
   int deliveries() const { return deliveries_; }
 
+  // Marks the point just before one of the handler's own effects (a write that another
+  // delivery or another process can see); `name` says which ("debit"), for traces. Nothing in
+  // a Handler; see "Steps" above.
+  void Step(absl::string_view name) const {
+    if (steps_ != nullptr) steps_->OnStep(name);
+  }
+
  private:
   std::stop_token stop_;
   const Clock* clock_;
   int deliveries_;
+  const StepListener* steps_;
 };
 
 }  // namespace bus

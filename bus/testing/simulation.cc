@@ -1,11 +1,14 @@
 #include "bus/testing/simulation.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <iterator>
 #include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -13,6 +16,36 @@
 
 namespace bus::testing {
 namespace {
+
+// Each kind's name in traces and its enumerator, in FaultKind's order.
+struct KindNames {
+  const char* name;
+  const char* enumerator;
+};
+constexpr KindNames kKinds[] = {
+    {"duplicate", "kDuplicate"},
+    {"lost ack", "kLostAck"},
+    {"reorder", "kReorder"},
+    {"crash after acquire", "kCrashAfterAcquire"},
+    {"crash during handle", "kCrashDuringHandle"},
+    {"crash before mark-done", "kCrashBeforeMarkDone"},
+    {"crash before ack", "kCrashBeforeAck"},
+    {"crash between batches", "kCrashIdle"},
+    {"idempotency store error", "kStoreError"},
+    {"dead-letter store error", "kDeadLetterStoreError"},
+    {"send error", "kSendError"},
+    {"lease expiry during handle", "kLeaseExpiry"},
+    {"slow idempotency store", "kSlowStore"},
+    {"time jump", "kTimeJump"},
+    {"second worker during handle", "kSecondWorker"},
+    {"crash in transaction", "kCrashInTransaction"},
+    {"crash at step", "kCrashAtStep"},
+    {"second process at step", "kSecondProcessAtStep"},
+};
+static_assert(std::size(kKinds) == sim::kFaultKinds);
+
+// How many failing seeds Simulate shrinks when it runs them all.
+constexpr size_t kSeedsShrunk = 5;
 
 absl::Status Validate(const SimulationOptions& o) {
   auto invalid = [](absl::string_view field, absl::string_view what) {
@@ -23,7 +56,8 @@ absl::Status Validate(const SimulationOptions& o) {
   if (o.max_faults < 0) return invalid("max_faults", "must be >= 0");
   if (o.max_batch < 1) return invalid("max_batch", "must be >= 1");
   if (o.max_steps < 1) return invalid("max_steps", "must be >= 1");
-  for (int k = 0; k <= static_cast<int>(FaultKind::kCrashInTransaction); ++k) {
+  if (o.max_steps_per_handle < 1) return invalid("max_steps_per_handle", "must be >= 1");
+  for (size_t k = 0; k < sim::kFaultKinds; ++k) {
     const double rate = o.faults.Of(static_cast<FaultKind>(k));
     if (!(rate >= 0 && rate <= 1)) {
       return invalid(absl::StrCat("faults (", FaultKindName(static_cast<FaultKind>(k)), ")"),
@@ -56,7 +90,8 @@ std::string Excerpt(const std::string& trace, const std::vector<Fault>& schedule
                     const absl::Status& status) {
   std::set<std::string> ids;
   for (const Fault& f : schedule) {
-    if (!f.target.empty()) ids.insert(f.target);
+    // A step's target is "m3:debit": the message is m3.
+    if (!f.target.empty()) ids.insert(f.target.substr(0, f.target.find(':')));
   }
   for (absl::string_view word : absl::StrSplit(status.message(), absl::ByAnyChar(" ():,;"))) {
     if (word.size() > 1 && word[0] == 'm' &&
@@ -76,44 +111,60 @@ std::string Excerpt(const std::string& trace, const std::vector<Fault>& schedule
   return out;
 }
 
+// Runs `seed` again, then shrinks its schedule: drops one fault at a time, replaying the rest under
+// the same seed, and keeps the first smaller schedule that still fails; stops when no single
+// fault can go. Fills the failing run's fields of a SimulationResult.
+absl::StatusOr<SimulationResult> Shrink(const SimulationOptions& options,
+                                        const SimulationSetup& setup, uint64_t seed) {
+  absl::StatusOr<RunReport> first = SimulateRun(options, setup, seed);
+  if (!first.ok()) return first.status();
+  SimulationResult result;
+  result.failed = true;
+  result.seed = seed;
+  result.status = first->status;
+  result.schedule = first->faults;
+  result.trace = std::move(first->trace);
+  result.shrunk = result.schedule;
+  result.shrunk_status = result.status;
+  result.shrunk_trace = result.trace;
+  bool smaller = options.shrink;
+  while (smaller) {
+    smaller = false;
+    for (size_t i = 0; i < result.shrunk.size(); ++i) {
+      std::vector<Fault> candidate = result.shrunk;
+      candidate.erase(candidate.begin() + static_cast<std::ptrdiff_t>(i));
+      absl::StatusOr<RunReport> run = SimulateRun(options, setup, seed, candidate);
+      if (!run.ok()) return run.status();
+      if (run->status.ok()) continue;
+      // What fired of the candidate (a fault whose chance never came is left out).
+      result.shrunk = run->faults;
+      result.shrunk_status = run->status;
+      result.shrunk_trace = std::move(run->trace);
+      smaller = true;
+      break;
+    }
+  }
+  return result;
+}
+
+// The schedule as C++ for SimulateRun: {{FaultKind::kCrashAtStep, "m3:debit", 1}}.
+std::string ScheduleCode(const std::vector<Fault>& schedule) {
+  return absl::StrCat(
+      "{",
+      absl::StrJoin(schedule, ", ",
+                    [](std::string* out, const Fault& f) {
+                      absl::StrAppend(
+                          out, "{FaultKind::", kKinds[static_cast<size_t>(f.kind)].enumerator,
+                          ", \"", f.target, "\", ", f.chance, "}");
+                    }),
+      "}");
+}
+
 }  // namespace
 
 absl::string_view FaultKindName(FaultKind kind) {
-  switch (kind) {
-    case FaultKind::kDuplicate:
-      return "duplicate";
-    case FaultKind::kLostAck:
-      return "lost ack";
-    case FaultKind::kReorder:
-      return "reorder";
-    case FaultKind::kCrashAfterAcquire:
-      return "crash after acquire";
-    case FaultKind::kCrashDuringHandle:
-      return "crash during handle";
-    case FaultKind::kCrashBeforeMarkDone:
-      return "crash before mark-done";
-    case FaultKind::kCrashBeforeAck:
-      return "crash before ack";
-    case FaultKind::kCrashIdle:
-      return "crash between batches";
-    case FaultKind::kStoreError:
-      return "idempotency store error";
-    case FaultKind::kDeadLetterStoreError:
-      return "dead-letter store error";
-    case FaultKind::kSendError:
-      return "send error";
-    case FaultKind::kLeaseExpiry:
-      return "lease expiry during handle";
-    case FaultKind::kSlowStore:
-      return "slow idempotency store";
-    case FaultKind::kTimeJump:
-      return "time jump";
-    case FaultKind::kSecondWorker:
-      return "second worker during handle";
-    case FaultKind::kCrashInTransaction:
-      return "crash in transaction";
-  }
-  return "unknown";
+  const size_t k = static_cast<size_t>(kind);
+  return k < sim::kFaultKinds ? kKinds[k].name : "unknown";
 }
 
 std::string Fault::ToString() const {
@@ -136,7 +187,9 @@ FaultRates FaultRates::None() {
           .slow_store = 0,
           .time_jump = 0,
           .second_worker = 0,
-          .crash_in_transaction = 0};
+          .crash_in_transaction = 0,
+          .crash_at_step = 0,
+          .second_process_at_step = 0};
 }
 
 double FaultRates::Of(FaultKind kind) const {
@@ -173,6 +226,10 @@ double FaultRates::Of(FaultKind kind) const {
       return second_worker;
     case FaultKind::kCrashInTransaction:
       return crash_in_transaction;
+    case FaultKind::kCrashAtStep:
+      return crash_at_step;
+    case FaultKind::kSecondProcessAtStep:
+      return second_process_at_step;
   }
   return 0;
 }
@@ -195,48 +252,55 @@ absl::StatusOr<RunReport> SimulateRun(const SimulationOptions& options,
 
 absl::StatusOr<SimulationResult> Simulate(const SimulationOptions& options,
                                           const SimulationSetup& setup) {
+  SimulationOptions o = options;
+  if (const char* replay = std::getenv("BUS_SIMULATION_SEED"); replay != nullptr) {
+    uint64_t seed = 0;
+    if (!absl::SimpleAtoi(replay, &seed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("BUS_SIMULATION_SEED: not a seed: \"", replay, "\""));
+    }
+    o.first_seed = seed;
+    o.seeds = 1;
+  }
   SimulationResult result;
   std::set<std::string> schedules;
-  for (int i = 0; i < options.seeds; ++i) {
-    const uint64_t seed = options.first_seed + static_cast<uint64_t>(i);
-    absl::StatusOr<RunReport> run = SimulateRun(options, setup, seed);
+  // The failing runs: (faults, seed), fewest faults first.
+  std::vector<std::pair<size_t, uint64_t>> failing;
+  for (int i = 0; i < o.seeds; ++i) {
+    const uint64_t seed = o.first_seed + static_cast<uint64_t>(i);
+    absl::StatusOr<RunReport> run = SimulateRun(o, setup, seed);
     if (!run.ok()) return run.status();
     ++result.runs;
     schedules.insert(ScheduleText(run->faults));
-    if (run->status.ok() || result.failed) continue;
-    result.failed = true;
-    result.seed = seed;
-    result.status = run->status;
-    result.schedule = run->faults;
-    result.trace = std::move(run->trace);
-    if (options.stop_at_first_failure) break;
+    if (run->status.ok()) continue;
+    result.failing_seeds.push_back(seed);
+    failing.emplace_back(run->faults.size(), seed);
+    if (o.stop_at_first_failure) break;
   }
   result.distinct_schedules = static_cast<int>(schedules.size());
+  result.failed_runs = static_cast<int>(result.failing_seeds.size());
+  result.failed = result.failed_runs > 0;
   if (!result.failed) return result;
-
-  // Shrink: drop one fault at a time, replaying the rest under the same seed, and keep the first
-  // smaller schedule that still fails; stop when no single fault can go.
-  result.shrunk = result.schedule;
-  result.shrunk_status = result.status;
-  result.shrunk_trace = result.trace;
-  bool smaller = options.shrink;
-  while (smaller) {
-    smaller = false;
-    for (size_t i = 0; i < result.shrunk.size(); ++i) {
-      std::vector<Fault> candidate = result.shrunk;
-      candidate.erase(candidate.begin() + static_cast<std::ptrdiff_t>(i));
-      absl::StatusOr<RunReport> run = SimulateRun(options, setup, result.seed, candidate);
-      if (!run.ok()) return run.status();
-      if (run->status.ok()) continue;
-      // What fired of the candidate (a fault whose chance never came is left out).
-      result.shrunk = run->faults;
-      result.shrunk_status = run->status;
-      result.shrunk_trace = std::move(run->trace);
-      smaller = true;
-      break;
+  std::sort(failing.begin(), failing.end());
+  if (failing.size() > kSeedsShrunk) failing.resize(kSeedsShrunk);
+  for (const auto& [faults, seed] : failing) {
+    absl::StatusOr<SimulationResult> one = Shrink(o, setup, seed);
+    if (!one.ok()) return one.status();
+    if (result.shrunk_trace.empty() || one->shrunk.size() < result.shrunk.size()) {
+      one->runs = result.runs;
+      one->distinct_schedules = result.distinct_schedules;
+      one->failed_runs = result.failed_runs;
+      one->failing_seeds = std::move(result.failing_seeds);
+      result = std::move(*one);
     }
   }
   return result;
+}
+
+std::string SimulationResult::ReplayCommand() const {
+  const char* target = std::getenv("TEST_TARGET");
+  return absl::StrCat("bazel test ", target != nullptr ? target : "//your:simulation_test",
+                      " --test_output=all --test_env=BUS_SIMULATION_SEED=", seed);
 }
 
 std::string SimulationResult::ToString() const {
@@ -244,8 +308,10 @@ std::string SimulationResult::ToString() const {
     return absl::StrCat(runs, " runs passed (", distinct_schedules, " distinct fault schedules)");
   }
   return absl::StrCat(
-      "seed ", seed, " failed: ", status.ToString(), "\nschedule: ", ScheduleText(schedule),
-      "\nshrunk schedule: ", ScheduleText(shrunk), " (fails with ", shrunk_status.ToString(), ")",
+      "seed ", seed, " failed: ", status.ToString(), "\nfailing seeds: ", failed_runs, " of ", runs,
+      " run", "\nschedule: ", ScheduleText(schedule), "\nshrunk schedule: ", ScheduleText(shrunk),
+      " (fails with ", shrunk_status.ToString(), ")", "\nreplay: ", ReplayCommand(),
+      "\n  or SimulateRun(options, setup, ", seed, ", ", ScheduleCode(shrunk), ")",
       "\ntrace (faults, crashes, the messages concerned; all of it in shrunk_trace):\n",
       Excerpt(shrunk_trace, shrunk, shrunk_status));
 }

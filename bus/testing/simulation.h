@@ -37,11 +37,16 @@
 // seeded by the seed. A crash is modelled as a process that dies: the batch's remaining steps
 // never reach the stores, the broker or the handler, its deliveries stay leased until their
 // leases run out, and the pipeline's process-local state (and work queued with Later) is lost;
-// a fresh pipeline carries on with the same stores.
+// a fresh pipeline carries on with the same stores. With SimulatedSystem::process, the user's
+// process memory goes too and is built again.
+//
+// Inside handle: each HandleContext::Step (and SimulationContext::Step, and each wait on the
+// context or the run's clock) is a point where the process may die or a second process, holding
+// a copy of the same message, may run until its own next step (docs/simulation.md, "Steps").
 //
 // Thread-safety: Simulate and SimulateRun may be called from several threads at once (each run
-// has its own state); the user's setup, handle, ensure and invariants are called on the caller's
-// thread only.
+// has its own state); the user's setup, ensure and invariants are called on the caller's thread,
+// handle on it or on a thread of the run's second process, one thread at a time.
 
 #ifndef BUS_TESTING_SIMULATION_H_
 #define BUS_TESTING_SIMULATION_H_
@@ -86,13 +91,19 @@ enum class FaultKind {
   kSecondWorker,          // while handle runs, a second worker of the process takes a batch
                           // and settles it (a copy whose lease ran out comes back to it)
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
+  kCrashAtStep,           // it dies at a step of handle (HandleContext::Step, a wait): the
+                          // handler's effects before the step are done, none after it
+  kSecondProcessAtStep,   // at a step of handle, the process stalls past its lease and a second
+                          // process takes the message's copy; the two run in turns, switching at
+                          // their steps
 };
 
 // The kind's name in traces and schedules: "crash before mark-done".
 absl::string_view FaultKindName(FaultKind kind);
 
 // One fault that fired: the `chance`-th chance of `kind` on message `target` (a message id, "m3";
-// empty for the kinds not tied to a message: kReorder, kCrashIdle, kTimeJump). The triple names
+// for the kinds at a step, the id and the step: "m3:debit"; empty for the kinds not tied to a
+// message: kReorder, kCrashIdle, kTimeJump). The triple names
 // the fault across runs, so that a schedule can be replayed with some of its faults removed.
 struct Fault {
   FaultKind kind = FaultKind::kDuplicate;
@@ -123,6 +134,8 @@ struct FaultRates {
   double time_jump = 0.01;
   double second_worker = 0.003;
   double crash_in_transaction = 0.003;
+  double crash_at_step = 0.005;
+  double second_process_at_step = 0.005;
 
   // The rate of `kind`.
   double Of(FaultKind kind) const;
@@ -144,7 +157,11 @@ struct SimulationOptions {
   int max_batch = 3;
   // A run that has not quiesced after this many batches fails (a message that loops).
   int max_steps = 100000;
-  // Simulate: stop at the first failing seed (else run them all and report the first).
+  // A handle call that passes more steps than this (Step calls and waits) ends the run: it does
+  // not make progress (a wait for something that never comes). >= 1.
+  int max_steps_per_handle = 10000;
+  // Simulate: stop at the first failing seed; else run them all, count the failing ones and
+  // report the one whose shrunk schedule is the shortest.
   bool stop_at_first_failure = true;
   // Simulate: shrink the failing schedule (else report it as it fired).
   bool shrink = true;
@@ -162,8 +179,15 @@ class SimulationContext {
 
   // The run's fake time.
   virtual absl::Time Now() const = 0;
-  // The run's clock, for stores the user builds for the run (a SQLite inbox's database).
+  // The run's clock, for stores the user builds for the run (a SQLite inbox's database), and for
+  // a handler's own waits: a wait on it inside handle is a step, and moves fake time to its
+  // deadline instead of blocking.
   virtual std::shared_ptr<Clock> clock() const = 0;
+
+  // A step of the handle call that is running (as HandleContext::Step), for code that has no
+  // HandleContext: a fake of the user's database, built in the setup, that marks each write.
+  // Nothing outside handle.
+  virtual void Step(absl::string_view name) = 0;
 };
 
 // What invariants can read besides the user's own effects.
@@ -180,7 +204,17 @@ struct RunOutcome {
 // An invariant: OK, or an error that says what is violated.
 using Invariant = std::function<absl::Status(const RunOutcome& run)>;
 
-// One run's system under test, built afresh for every run by the user's setup.
+// One process's code: what SimulatedSystem::process builds, with the process memory it owns.
+struct SimulatedProcess {
+  // The handler of this process (not empty).
+  HandleFn handle{};
+  // Its ensure; empty: SimulatedSystem::options.ensure (or the default).
+  EnsureFn ensure{};
+};
+
+// One run's system under test, built afresh for every run by the user's setup. State the setup
+// creates lives as long as the run: it is durable (a database), kept across crashes. State that
+// `process` creates is process memory (a cache), lost when that process dies.
 struct SimulatedSystem {
   // The user's options: handle, ensure, retry_delay, flow.max_deliveries, stores.idempotency_*,
   // flow.delivery_lease. The simulator sets queue ("sim"), driver, clock, stores.dead_letters
@@ -191,6 +225,10 @@ struct SimulatedSystem {
   // Handler::Create(options, transactional). The inbox is the idempotency store, behind the same
   // faults, and a crash can also strike inside its transaction (kCrashInTransaction).
   TransactionalHandler transactional{};
+  // Process memory: when set (and options.handle empty, no inbox), called each time a process
+  // starts (the run's first, again after each crash, and for each second process); its handle
+  // and ensure serve that process, and what they own dies with it.
+  std::function<SimulatedProcess()> process{};
   // Checked at quiescence, in order; the first error fails the run.
   std::vector<Invariant> invariants{};
 };
@@ -223,8 +261,12 @@ struct SimulationResult {
   // Seeds run, and how many distinct fault schedules fired among them.
   int runs = 0;
   int distinct_schedules = 0;
-  // Whether a run failed; then the first failing one:
+  // Whether a run failed, how many did, and their seeds in order.
   bool failed = false;
+  int failed_runs = 0;
+  std::vector<uint64_t> failing_seeds{};
+  // Then the failing run reported: the first, or (stop_at_first_failure false) the one whose
+  // shrunk schedule is the shortest among the five failing seeds with the fewest faults:
   uint64_t seed = 0;
   absl::Status status{};
   // Its faults as they fired, and its trace.
@@ -237,12 +279,18 @@ struct SimulationResult {
   absl::Status shrunk_status{};
   std::string shrunk_trace{};
 
-  // "seed 17 failed: ...", the schedules, and the shrunk trace's lines about its faults and the
-  // messages they hit (and those the error names); "N runs passed ..." when none failed.
+  // "seed 17 failed: ...", how many seeds failed, the schedules, a replay line, and the shrunk
+  // trace's lines about its faults and the messages they hit (and those the error names);
+  // "N runs passed ..." when none failed.
   std::string ToString() const;
+  // A command that runs the failing seed alone: "bazel test <target> --test_output=all
+  // --test_env=BUS_SIMULATION_SEED=17" (the target from Bazel's TEST_TARGET when set).
+  std::string ReplayCommand() const;
 };
 
-// Runs every seed of `options` (see SimulationOptions). Errors as SimulateRun.
+// Runs every seed of `options` (see SimulationOptions). When the environment variable
+// BUS_SIMULATION_SEED holds a number, runs that seed alone instead (ReplayCommand). Errors as
+// SimulateRun.
 absl::StatusOr<SimulationResult> Simulate(const SimulationOptions& options,
                                           const SimulationSetup& setup);
 

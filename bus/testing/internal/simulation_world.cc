@@ -13,6 +13,7 @@
 #include "bus/handler.h"
 #include "bus/logger.h"
 #include "bus/testing/internal/faulty_stores.h"
+#include "bus/testing/internal/model_broker.h"
 #include "bus/transactional.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
@@ -34,154 +35,6 @@ uint64_t Mix(uint64_t seed, uint64_t stream) {
 
 }  // namespace
 
-// The broker: one queue of entries, each a message as sent with its delivery count, delay and
-// lease, in fake time. A receipt is "<seq>:<lease>", so an ack after the lease ran out (and the
-// entry was leased again) is refused, as a real broker refuses it.
-class ModelBroker final : public Driver {
- public:
-  ModelBroker(World* world, std::shared_ptr<FakeClock> clock)
-      : world_(world), clock_(std::move(clock)) {}
-
-  absl::string_view name() const override { return "simulation"; }
-  std::shared_ptr<Clock> clock() const override { return clock_; }
-
-  // Adds a message to the queue, due after `delay`.
-  void Add(std::string data, absl::Duration delay) {
-    Entry e;
-    if (absl::StatusOr<Message> m = DecodeEnvelope(data); m.ok()) {
-      e.id = m->id;
-      e.retried = m->retried;
-      world_->NoteKey(m->id, m->biz_uid);
-    }
-    e.data = std::move(data);
-    e.visible_at = clock_->Now() + delay;
-    entries_.emplace(next_seq_++, std::move(e));
-  }
-
-  // Leases the next batch of ready entries (1 to max_batch of them, from the oldest, or from a
-  // random one under a kReorder fault). Empty when nothing is ready.
-  std::vector<Delivery> Take(int max_batch) {
-    const absl::Time now = clock_->Now();
-    std::vector<uint64_t> ready;
-    for (const auto& [seq, e] : entries_) {
-      if (e.visible_at <= now && (!e.leased || e.lease_until <= now)) ready.push_back(seq);
-    }
-    std::vector<Delivery> out;
-    if (ready.empty()) return out;
-    const size_t n = std::min<size_t>(ready.size(), 1 + world_->Draw(max_batch));
-    size_t start = 0;
-    if (world_->Chance(FaultKind::kReorder, "")) start = world_->Draw(ready.size());
-    for (size_t k = 0; k < n; ++k) {
-      const uint64_t seq = ready[(start + k) % ready.size()];
-      Entry& e = entries_.at(seq);
-      const bool lease_ran_out = e.leased;
-      e.leased = true;
-      e.lease_until = now + world_->handler_options().flow.delivery_lease;
-      ++e.lease;
-      ++e.attempts;
-      world_->Trace(absl::StrCat("deliver ", e.id, " attempt ", e.attempts,
-                                 e.retried > 0 ? absl::StrCat(" (retry ", e.retried, ")") : "",
-                                 lease_ran_out ? " after its lease ran out" : ""));
-      out.push_back(Delivery{e.data, absl::StrCat(seq, ":", e.lease), e.attempts, ""});
-      if (world_->Chance(FaultKind::kDuplicate, e.id)) Add(e.data, absl::ZeroDuration());
-    }
-    return out;
-  }
-
-  // When the next entry becomes ready (a delay or a lease that runs out); InfiniteFuture() when
-  // the queue is empty.
-  absl::Time NextDue() const {
-    absl::Time next = absl::InfiniteFuture();
-    for (const auto& [seq, e] : entries_)
-      next = std::min(next, e.leased ? e.lease_until : e.visible_at);
-    return next;
-  }
-
-  // The settlements: OK, or FailedPrecondition when the delivery's lease is lost.
-  absl::Status Ack(absl::string_view receipt) {
-    auto it = Leased(receipt);
-    if (it == entries_.end()) return absl::FailedPreconditionError("lease lost");
-    entries_.erase(it);
-    return absl::OkStatus();
-  }
-  absl::Status Nack(absl::string_view receipt, absl::Duration delay) {
-    auto it = Leased(receipt);
-    if (it == entries_.end()) return absl::FailedPreconditionError("lease lost");
-    it->second.leased = false;
-    it->second.visible_at = clock_->Now() + delay;
-    return absl::OkStatus();
-  }
-  // The message id of a receipt's entry ("?" when it is gone).
-  std::string IdOf(absl::string_view receipt) const {
-    uint64_t seq = 0;
-    std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(receipt, ':');
-    if (!absl::SimpleAtoi(parts.first, &seq)) return "?";
-    auto it = entries_.find(seq);
-    return it == entries_.end() ? "?" : it->second.id;
-  }
-
- private:
-  struct Entry {
-    std::string id;
-    int retried = 0;
-    std::string data;
-    int attempts = 0;
-    absl::Time visible_at;
-    bool leased = false;
-    absl::Time lease_until;
-    uint64_t lease = 0;
-  };
-
-  // The entry `receipt` names, while that lease is live; else end().
-  std::map<uint64_t, Entry>::iterator Leased(absl::string_view receipt) {
-    std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(receipt, ':');
-    uint64_t seq = 0, lease = 0;
-    if (!absl::SimpleAtoi(parts.first, &seq) || !absl::SimpleAtoi(parts.second, &lease)) {
-      return entries_.end();
-    }
-    auto it = entries_.find(seq);
-    if (it == entries_.end() || !it->second.leased || it->second.lease != lease ||
-        it->second.lease_until <= clock_->Now()) {
-      return entries_.end();
-    }
-    return it;
-  }
-
-  // The pipeline re-sends a failed message for its retry: a new entry.
-  absl::Status DoSendToQueue(absl::string_view, absl::string_view data,
-                             absl::Duration delay) override {
-    if (world_->crashed()) return absl::UnavailableError("simulation: the process crashed");
-    absl::StatusOr<Message> m = DecodeEnvelope(data);
-    const std::string id = m.ok() ? m->id : "?";
-    if (world_->Chance(FaultKind::kSendError, id)) {
-      return absl::UnavailableError("simulation: injected send error");
-    }
-    world_->Trace(absl::StrCat("re-send ", id, " (retry ", m.ok() ? m->retried : 0, ") after ",
-                               absl::FormatDuration(delay)));
-    Add(std::string(data), delay);
-    return absl::OkStatus();
-  }
-  // The simulator is the receive loop: nothing else of a driver is used.
-  absl::Status DoCreateQueue(absl::string_view, absl::Duration) override {
-    return absl::OkStatus();
-  }
-  absl::Status DoSubscribe(absl::string_view, absl::string_view, absl::string_view) override {
-    return absl::UnimplementedError("simulation: no topics");
-  }
-  absl::Status DoSendToTopic(absl::string_view, absl::string_view, absl::string_view) override {
-    return absl::UnimplementedError("simulation: no topics");
-  }
-  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view,
-                                                          const ConsumerOptions&) override {
-    return absl::UnimplementedError("simulation: the simulator is the consumer");
-  }
-
-  World* const world_;
-  const std::shared_ptr<FakeClock> clock_;
-  std::map<uint64_t, Entry> entries_;  // by sequence number: oldest first
-  uint64_t next_seq_ = 1;
-};
-
 World::World(const SimulationOptions& options, uint64_t seed,
              const std::optional<std::vector<Fault>>& schedule)
     : sim_(options),
@@ -195,19 +48,27 @@ World::World(const SimulationOptions& options, uint64_t seed,
   broker_ = std::make_shared<ModelBroker>(this, clock_);
   idempotency_ = NewMemoryIdempotencyStore({.clock = clock_});
   dead_letters_ = NewMemoryDeadLetterStore(clock_);
+  sim_clock_ = std::make_shared<SimClock>(this, clock_);
+  running_ = std::this_thread::get_id();
   report_.seed = seed;
 }
 
-// The pipeline goes first: it holds the options whose stores and driver point at this World.
-World::~World() { pipeline_.reset(); }
+// The pipelines go first: they hold the options whose stores and driver point at this World.
+World::~World() {
+  if (second_thread_.joinable()) second_thread_.join();
+  second_.reset();
+  primary_.reset();
+}
 
 void World::Later(std::function<void()> fn) {
-  if (!crashed_) later_.push_back(std::move(fn));
+  if (current_ != nullptr && !current_->crashed) current_->later.push_back(std::move(fn));
 }
 
 absl::Time World::Now() const { return clock_->Now(); }
 
-std::shared_ptr<Clock> World::clock() const { return clock_; }
+std::shared_ptr<Clock> World::clock() const { return sim_clock_; }
+
+bool World::crashed() const { return current_ != nullptr && current_->crashed; }
 
 bool World::Chance(FaultKind kind, absl::string_view target) {
   const int n = ++chances_[static_cast<size_t>(kind)][target];
@@ -229,16 +90,32 @@ bool World::Chance(FaultKind kind, absl::string_view target) {
 }
 
 void World::Crash() {
-  crashed_ = true;
-  Trace("crash: the consumer dies; the rest of its batch is lost, its deliveries stay leased");
+  current_->crashed = true;
+  Trace(current_->second ? "crash: the second process dies; the rest of its batch is lost"
+                         : "crash: the consumer dies; the rest of its batch is lost, its "
+                           "deliveries stay leased");
+}
+
+std::unique_ptr<World::Process> World::NewProcess() {
+  auto p = std::make_unique<Process>();
+  p->pipeline = std::make_unique<internal::Pipeline>(options_, user_ensure_, transactional_);
+  if (first_code_.has_value()) {
+    p->code = std::move(*first_code_);
+    first_code_.reset();
+  } else if (process_code_ != nullptr) {
+    p->code = process_code_();
+  }
+  return p;
 }
 
 void World::Restart() {
+  const size_t lost = primary_->later.size();
   Trace(absl::StrCat("restart: a new pipeline on the same stores",
-                     later_.empty() ? "" : absl::StrCat("; ", later_.size(), " later tasks lost")));
-  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, transactional_);
-  later_.clear();
-  crashed_ = false;
+                     process_code_ != nullptr ? " and a new process memory" : "",
+                     lost == 0 ? "" : absl::StrCat("; ", lost, " later tasks lost")));
+  primary_.reset();
+  primary_ = NewProcess();
+  current_ = primary_.get();
 }
 
 void World::Trace(absl::string_view text) {
@@ -283,6 +160,20 @@ absl::Status World::Build(SimulatedSystem& system) {
   o.observability.observer = nullptr;
   o.observability.metrics = nullptr;
   o.replay.interval = absl::ZeroDuration();
+  if (system.process != nullptr) {
+    if (inbox || o.handle != nullptr) {
+      return absl::InvalidArgumentError(
+          "SimulatedSystem.process: set it or options.handle (or an inbox), not both");
+    }
+    process_code_ = std::move(system.process);
+    // The first process's code passes the Handler's checks; each process calls its own.
+    first_code_ = process_code_();
+    if (first_code_->handle == nullptr) {
+      return absl::InvalidArgumentError("SimulatedProcess.handle: missing");
+    }
+    o.handle = first_code_->handle;
+    if (first_code_->ensure != nullptr) o.ensure = first_code_->ensure;
+  }
   user_ensure_ = o.ensure != nullptr;
   // Handler::Create validates the options and fills in the defaults (ensure, retry_delay, the
   // idempotency lease) exactly as for a Handler in production; the Handler itself never runs.
@@ -306,29 +197,54 @@ absl::Status World::Build(SimulatedSystem& system) {
   options_.ensure = [this, ensure = options_.ensure](const Message& m) {
     return CallEnsure(ensure, m);
   };
-  pipeline_ = std::make_unique<internal::Pipeline>(options_, user_ensure_, transactional_);
+  primary_ = NewProcess();
+  current_ = primary_.get();
   return absl::OkStatus();
 }
 
 absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
                                const HandleContext& ctx) {
-  if (crashed_) return absl::UnavailableError("simulation: the process crashed");
+  Process& p = *current_;
+  if (p.crashed) return absl::UnavailableError("simulation: the process crashed");
   if (Chance(FaultKind::kLeaseExpiry, msg.id)) {
     Advance(options_.flow.delivery_lease + absl::Seconds(1));
   }
-  if (!second_worker_running_ && Chance(FaultKind::kSecondWorker, msg.id)) {
+  if (!p.second && !second_worker_running_ && Chance(FaultKind::kSecondWorker, msg.id)) {
     RunSecondWorker(msg.id);
-    if (crashed_) return absl::UnavailableError("simulation: the process crashed");
+    if (p.crashed) return absl::UnavailableError("simulation: the process crashed");
   }
+  // The handler's context: the run's clock (a wait does not block) and its steps.
+  const HandleContext context(ctx.stop_token(), *sim_clock_, ctx.deliveries(), &steps_);
+  p.handling = msg.id;
+  p.steps = 0;
   absl::Status st;
   try {
-    st = handle(msg, ctx);
+    st = p.code.handle != nullptr ? p.code.handle(msg, context) : handle(msg, context);
+  } catch (const ProcessDied&) {
+    p.handling.clear();
+    p.unwinding = false;
+    return absl::UnavailableError("simulation: the process crashed");
   } catch (const std::exception& e) {
+    p.handling.clear();
     Trace(absl::StrCat("handle ", msg.id, " threw: ", e.what()));
     throw;  // the pipeline's exception policy applies, as in production
   } catch (...) {
+    p.handling.clear();
     Trace(absl::StrCat("handle ", msg.id, " threw"));
     throw;
+  }
+  p.handling.clear();
+  if (p.unwinding) {
+    // The handler caught ProcessDied and went on: what it did after the step is not a dead
+    // process's, and the run cannot say what a real crash would have left.
+    p.unwinding = false;
+    if (abort_.ok()) {
+      abort_ = absl::FailedPreconditionError(
+          absl::StrCat("handle ", msg.id,
+                       " returned after its process died at a step: it caught the "
+                       "simulator's exception (a catch (...) that does not rethrow)"));
+    }
+    return absl::UnavailableError("simulation: the process crashed");
   }
   Trace(absl::StrCat("handle ", msg.id, " -> ", st.ToString()));
   if (Chance(FaultKind::kCrashDuringHandle, msg.id)) {
@@ -340,7 +256,7 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
 
 absl::Status World::CallHandleInTransaction(const TransactionalHandleFn& handle, const Message& msg,
                                             Transaction& tx) {
-  if (crashed_) return absl::UnavailableError("simulation: the process crashed");
+  if (crashed()) return absl::UnavailableError("simulation: the process crashed");
   if (Chance(FaultKind::kLeaseExpiry, msg.id)) {
     Advance(options_.flow.delivery_lease + absl::Seconds(1));
   }
@@ -352,8 +268,8 @@ absl::Status World::CallHandleInTransaction(const TransactionalHandleFn& handle,
 
 Ensure World::CallEnsure(const EnsureFn& ensure, const Message& msg) {
   // A dead process decides nothing; kNotHandled leads to a handle call, which is refused too.
-  if (crashed_) return Ensure::kNotHandled;
-  const Ensure e = ensure(msg);
+  if (crashed()) return Ensure::kNotHandled;
+  const Ensure e = current_->code.ensure != nullptr ? current_->code.ensure(msg) : ensure(msg);
   Trace(absl::StrCat("ensure ", msg.id, " -> ",
                      e == Ensure::kAlreadyHandled ? "already handled" : "not handled"));
   return e;
@@ -370,10 +286,14 @@ void World::RunSecondWorker(const std::string& during) {
   second_worker_running_ = true;
   // On a thread of its own, as in production: the pipeline keeps a worker's batch buffers per
   // thread. This thread waits for it, so one thread runs at a time and the run stays the seed's.
-  std::thread([&] { pipeline_->Process(batch, absl::MakeSpan(out)); }).join();
+  std::thread([&] {
+    running_ = std::this_thread::get_id();
+    current_->pipeline->Process(batch, absl::MakeSpan(out));
+  }).join();
+  running_ = std::this_thread::get_id();
   second_worker_running_ = false;
-  if (!crashed_) Settle(batch, out);
-  Trace(absl::StrCat("second worker: done", crashed_ ? " (the process crashed)" : ""));
+  if (!crashed()) Settle(batch, out);
+  Trace(absl::StrCat("second worker: done", crashed() ? " (the process crashed)" : ""));
 }
 
 void World::Settle(const std::vector<Delivery>& batch, const std::vector<Settlement>& out) {
@@ -429,22 +349,22 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
     published_.push_back(std::move(m));
   }
   bool quiescent = false;
-  for (step_ = 1; step_ <= sim_.max_steps; ++step_) {
+  for (step_ = 1; step_ <= sim_.max_steps && abort_.ok(); ++step_) {
     if (Chance(FaultKind::kTimeJump, "")) Advance(options_.flow.delivery_lease);
-    if (!later_.empty()) {
+    if (!primary_->later.empty()) {
       if (Chance(FaultKind::kCrashIdle, "")) {
         Crash();
         Restart();
       } else {
-        std::vector<std::function<void()>> tasks = std::move(later_);
-        later_.clear();
+        std::vector<std::function<void()>> tasks = std::move(primary_->later);
+        primary_->later.clear();
         Trace(absl::StrCat("run ", tasks.size(), " later tasks"));
         for (std::function<void()>& fn : tasks) fn();
       }
     }
     std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
     if (batch.empty()) {
-      if (!later_.empty()) continue;
+      if (!primary_->later.empty()) continue;
       const absl::Time next = broker_->NextDue();
       if (next == absl::InfiniteFuture()) {
         quiescent = true;
@@ -454,11 +374,15 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
       continue;
     }
     std::vector<Settlement> out(batch.size());
-    pipeline_->Process(batch, absl::MakeSpan(out));
-    if (!crashed_) Settle(batch, out);
-    if (crashed_) Restart();
+    primary_busy_ = true;
+    primary_->pipeline->Process(batch, absl::MakeSpan(out));
+    if (!primary_->crashed) Settle(batch, out);
+    FinishSecondProcess();
+    if (primary_->crashed) Restart();
   }
-  if (!quiescent) {
+  if (!abort_.ok()) {
+    report_.status = abort_;
+  } else if (!quiescent) {
     report_.status = absl::DeadlineExceededError(
         absl::StrCat("not quiescent after ", sim_.max_steps, " steps (a message that loops?)"));
   } else {
