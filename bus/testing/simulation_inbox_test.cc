@@ -140,6 +140,29 @@ TEST_P(SimulationInboxSeeds, ExactlyOnce) {
 
 INSTANTIATE_TEST_SUITE_P(TenThousand, SimulationInboxSeeds, ::testing::Range(0, 4));
 
+// A wait inside the transaction (Transaction::context()) moves fake time instead of blocking.
+TEST(SimulationInbox, AWaitInsideTheTransactionRuns) {
+  SimulationOptions sim = Orders(2);
+  sim.faults = FaultRates::None();
+  absl::StatusOr<RunReport> run = SimulateRun(
+      sim,
+      [](SimulationContext& ctx) -> absl::StatusOr<SimulatedSystem> {
+        absl::StatusOr<SimulatedSystem> s = InboxShop(ctx);
+        if (!s.ok()) return s;
+        s->transactional.handle = [inner = s->transactional.handle](const Message& m,
+                                                                    Transaction& tx) {
+          if (tx.context().WaitFor(absl::Milliseconds(10))) return absl::CancelledError("stop");
+          return inner(m, tx);
+        };
+        return s;
+      },
+      1);
+  RemoveDb();
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->status.ok()) << run->status << "\n" << run->trace;
+  EXPECT_NE(run->trace.find("waited 10ms"), std::string::npos) << run->trace;
+}
+
 // The trace shows the transaction and the crash inside it; the same seed, the same trace.
 TEST(SimulationInbox, ACrashInsideTheTransactionRollsItBack) {
   SimulationOptions sim = Orders(5);

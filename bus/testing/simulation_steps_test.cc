@@ -241,6 +241,30 @@ TEST(SimulationSteps, AHandlerThatWaitsRuns) {
   EXPECT_NE(run->trace.find("t+10ms: handle m1 -> OK"), std::string::npos) << run->trace;
 }
 
+// A wait on the run's clock (SimulationContext::clock()) inside handle is a step and moves fake
+// time too.
+TEST(SimulationSteps, AWaitOnTheRunsClockRuns) {
+  SimulationOptions sim = Orders(1);
+  sim.faults = FaultRates::None();
+  absl::StatusOr<RunReport> run = SimulateRun(
+      sim,
+      [](SimulationContext& sctx) {
+        SimulatedSystem s;
+        s.options.handle = [&sctx](const Message&, const HandleContext&) {
+          const absl::Time before = sctx.Now();
+          bus::HandleContext ctx(std::stop_token(), *sctx.clock());
+          ctx.WaitFor(absl::Seconds(2));
+          return sctx.Now() - before == absl::Seconds(2) ? absl::OkStatus()
+                                                         : absl::InternalError("no time");
+        };
+        return s;
+      },
+      1);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->status.ok()) << run->status << "\n" << run->trace;
+  EXPECT_NE(run->trace.find("handle m1 waited 2s"), std::string::npos) << run->trace;
+}
+
 // A handler that polls for something that never comes ends the run at the step budget, with
 // the trace so far; a wait with no deadline ends it at once.
 TEST(SimulationSteps, AHandlerWithoutProgressEndsTheRun) {

@@ -143,7 +143,7 @@ absl::Status World::Build(SimulatedSystem& system) {
   HandlerOptions o = std::move(system.options);
   o.queue = kQueue;
   o.driver = broker_;
-  o.clock = clock_;
+  o.clock = sim_clock_;  // the FakeClock, with waits that move time (SimClock)
   TransactionalHandler tx = std::move(system.transactional);
   const bool inbox = tx.inbox != nullptr || tx.handle != nullptr;
   if (inbox) {
