@@ -103,8 +103,8 @@ absl::string_view FaultKindName(FaultKind kind);
 
 // One fault that fired: the `chance`-th chance of `kind` on message `target` (a message id, "m3";
 // for the kinds at a step, the id and the step: "m3:debit"; empty for the kinds not tied to a
-// message: kReorder, kCrashIdle, kTimeJump). The triple names
-// the fault across runs, so that a schedule can be replayed with some of its faults removed.
+// message: kReorder, kCrashIdle, kTimeJump). The triple names the fault across runs, so that a
+// schedule can be replayed with some of its faults removed.
 struct Fault {
   FaultKind kind = FaultKind::kDuplicate;
   std::string target{};
