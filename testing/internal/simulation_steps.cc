@@ -27,7 +27,10 @@ void World::Point(absl::string_view name) {
   if (std::this_thread::get_id() != running_.load() || current_ == nullptr) return;
   Process& p = *current_;
   if (p.handling.empty()) return;
-  if (p.crashed || !abort_.ok()) Unwind();
+  if (p.crashed || !abort_.ok()) {
+    p.crashed = true;
+    Unwind();
+  }
   if (++p.steps > sim_.max_steps_per_handle) {
     Abort(absl::DeadlineExceededError(
         absl::StrCat("handle ", p.handling, " passed ", sim_.max_steps_per_handle,
@@ -47,7 +50,10 @@ void World::Point(absl::string_view name) {
     if (!p.second) ReapSecondProcess();
   }
   // The other process may have ended the run while this one waited for its turn.
-  if (!abort_.ok()) Unwind();
+  if (!abort_.ok()) {
+    p.crashed = true;
+    Unwind();
+  }
 }
 
 void World::Unwind() {
