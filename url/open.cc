@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/nats/nats_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
@@ -16,6 +17,7 @@
 #include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "url/nats_url.h"
 
 namespace bus {
 namespace {
@@ -83,7 +85,13 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
     if (o.logger != nullptr) nsq->logger = o.logger;
     return NewNsqDriver(*std::move(nsq));
   }
-  return UnknownScheme(*url, "memory, redis, nsq, postgres");
+  if (IsNatsScheme(url->scheme)) {
+    absl::StatusOr<NatsOptions> nats = NatsOptionsFromUrl(*url, EnvOf(o));
+    if (!nats.ok()) return nats.status();
+    if (o.clock != nullptr) nats->clock = o.clock;
+    return NewNatsDriver(*std::move(nats));
+  }
+  return UnknownScheme(*url, "memory, redis, nsq, nats, tls, postgres");
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {
