@@ -119,12 +119,14 @@ absl::Status NatsServer::Restart() {
   return Launch();
 }
 
-absl::StatusOr<int64_t> NatsServer::WaitingPullRequests(absl::string_view stream) const {
+absl::StatusOr<std::string> NatsServer::Request(absl::string_view subject,
+                                                absl::string_view body) const {
   natsOptions* opts = nullptr;
   natsConnection* nc = nullptr;
   natsOptions_Create(&opts);
   const std::string u = url();
   natsOptions_SetURL(opts, u.c_str());
+  natsOptions_SetTimeout(opts, 2000);
   if (!options_.user.empty()) {
     natsOptions_SetUserInfo(opts, options_.user.c_str(), options_.password.c_str());
   }
@@ -133,21 +135,84 @@ absl::StatusOr<int64_t> NatsServer::WaitingPullRequests(absl::string_view stream
   natsStatus s = natsConnection_Connect(&nc, opts);
   natsOptions_Destroy(opts);
   if (s != NATS_OK) return absl::UnavailableError(natsStatus_GetText(s));
-  const std::string subject = absl::StrCat("$JS.API.CONSUMER.LIST.", stream);
   natsMsg* reply = nullptr;
-  s = natsConnection_RequestString(&reply, nc, subject.c_str(), "{}", 5000);
-  int64_t waiting = 0;
+  const std::string subj(subject);
+  s = natsConnection_Request(&reply, nc, subj.c_str(), body.data(), static_cast<int>(body.size()),
+                             5000);
+  std::string out;
   if (s == NATS_OK) {
-    nlohmann::json j = nlohmann::json::parse(
-        std::string(natsMsg_GetData(reply), natsMsg_GetDataLength(reply)), nullptr, false);
-    if (j.is_object() && j.contains("consumers")) {
-      for (const auto& c : j["consumers"]) waiting += c.value("num_waiting", int64_t{0});
-    }
+    out.assign(natsMsg_GetData(reply), natsMsg_GetDataLength(reply));
     natsMsg_Destroy(reply);
   }
   natsConnection_Destroy(nc);
   if (s != NATS_OK) return absl::UnavailableError(natsStatus_GetText(s));
+  return out;
+}
+
+absl::StatusOr<int64_t> NatsServer::WaitingPullRequests(absl::string_view stream) const {
+  absl::StatusOr<std::string> reply = Request(absl::StrCat("$JS.API.CONSUMER.LIST.", stream), "{}");
+  if (!reply.ok()) return reply.status();
+  nlohmann::json j = nlohmann::json::parse(*reply, nullptr, false);
+  int64_t waiting = 0;
+  if (j.is_object() && j.contains("consumers")) {
+    for (const auto& c : j["consumers"]) waiting += c.value("num_waiting", int64_t{0});
+  }
   return waiting;
+}
+
+absl::StatusOr<std::unique_ptr<NatsCluster>> NatsCluster::Start() {
+  std::vector<int> ports, routes;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<int> client = PickFreePort();
+    absl::StatusOr<int> route = PickFreePort();
+    if (!client.ok() || !route.ok()) return absl::UnavailableError("no free port");
+    ports.push_back(*client);
+    routes.push_back(*route);
+  }
+  std::unique_ptr<NatsCluster> cluster(new NatsCluster());
+  for (int i = 0; i < 3; ++i) {
+    std::string route_list;
+    for (int j = 0; j < 3; ++j) {
+      if (j == i) continue;
+      absl::StrAppend(&route_list, route_list.empty() ? "" : ", ",
+                      Quote(absl::StrCat("nats-route://127.0.0.1:", routes[j])));
+    }
+    NatsServerOptions options;
+    options.config_lines = {absl::StrCat("server_name: n", i),
+                            absl::StrCat("cluster { name: bus, listen: \"127.0.0.1:", routes[i],
+                                         "\", routes: [", route_list, "] }")};
+    absl::StatusOr<std::unique_ptr<NatsServer>> node =
+        NatsServer::StartOn(options, ports[i], MakeTempDir("nats-node"));
+    if (!node.ok()) return node.status();
+    cluster->nodes_.push_back(*std::move(node));
+  }
+  return cluster;
+}
+
+std::vector<std::string> NatsCluster::urls() const {
+  std::vector<std::string> out;
+  for (const auto& node : nodes_) out.push_back(node->url());
+  return out;
+}
+
+absl::StatusOr<int> NatsCluster::StreamLeader(absl::string_view stream) const {
+  absl::Status last = absl::UnavailableError("no live node");
+  for (const auto& node : nodes_) {
+    if (node->pid() == 0) continue;
+    absl::StatusOr<std::string> reply =
+        node->Request(absl::StrCat("$JS.API.STREAM.INFO.", stream), "");
+    if (!reply.ok()) {
+      last = reply.status();
+      continue;
+    }
+    nlohmann::json j = nlohmann::json::parse(*reply, nullptr, false);
+    if (!j.is_object() || !j.contains("cluster")) continue;
+    const std::string leader = j["cluster"].value("leader", std::string());
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (leader == absl::StrCat("n", i)) return static_cast<int>(i);
+    }
+  }
+  return last;
 }
 
 }  // namespace bus::testing

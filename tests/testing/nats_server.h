@@ -71,6 +71,9 @@ class NatsServer {
   // consumers' num_waiting): a Receive blocked on the server.
   absl::StatusOr<int64_t> WaitingPullRequests(absl::string_view stream) const;
 
+  // A request to `subject` (a JetStream API subject, say) on this server; the reply's payload.
+  absl::StatusOr<std::string> Request(absl::string_view subject, absl::string_view body) const;
+
  private:
   NatsServer(NatsServerOptions options, int port, std::string dir)
       : options_(std::move(options)), port_(port), dir_(std::move(dir)) {}
@@ -81,6 +84,22 @@ class NatsServer {
   int port_;
   std::string dir_;
   std::unique_ptr<ChildProcess> process_;
+};
+
+// Three nats-servers as one JetStream cluster ("bus", routes between all of them), each with its
+// own store, named n0, n1 and n2.
+class NatsCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<NatsCluster>> Start();
+
+  NatsServer& node(int i) { return *nodes_[i]; }
+  // Every node's URL, for NatsOptions::servers.
+  std::vector<std::string> urls() const;
+  // The index of the node that leads `stream` (from STREAM.INFO on any live node).
+  absl::StatusOr<int> StreamLeader(absl::string_view stream) const;
+
+ private:
+  std::vector<std::unique_ptr<NatsServer>> nodes_;
 };
 
 }  // namespace bus::testing

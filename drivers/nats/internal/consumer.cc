@@ -47,6 +47,12 @@ std::string NakBody(absl::Duration delay) {
   return absl::StrCat("-NAK {\"delay\":", absl::ToInt64Nanoseconds(delay), "}");
 }
 
+// How long after a pull request's own expiry its end may still arrive; past it the request is
+// taken as lost (a reconnect drops the requests of the old connection).
+absl::Duration PullGrace(const NatsOptions& o) {
+  return std::min(o.timeouts.request, absl::Seconds(1));
+}
+
 absl::Status Lost(absl::string_view receipt, absl::string_view why) {
   return absl::FailedPreconditionError(absl::StrCat("delivery ", receipt, " ", why));
 }
@@ -225,7 +231,7 @@ absl::Status NatsConsumer::Receive(int max, absl::Duration wait, std::stop_token
     MsgPtr msg;
     const absl::Duration timeout =
         got > 0 ? absl::Milliseconds(1)
-                : std::max(left, absl::ZeroDuration()) + core_->options().timeouts.request;
+                : std::max(left, absl::ZeroDuration()) + PullGrace(core_->options());
     switch (Next(timeout, &msg)) {
       case Step::kMessage:
         if (std::optional<Delivery> d = Accept(msg.get())) {
