@@ -132,8 +132,8 @@ absl::Status NatsConsumer::Pull(int batch, absl::Duration wait) {
   if (s != NATS_OK) return FromNats(s, "pull request");
   outstanding_ = batch;
   pulled_at_ = core_->clock().Now();
-  outstanding_until_ = core_->clock().Now() + std::max(wait, absl::ZeroDuration()) +
-                       core_->options().timeouts.request;
+  outstanding_until_ =
+      core_->clock().Now() + std::max(wait, absl::ZeroDuration()) + PullGrace(core_->options());
   return absl::OkStatus();
 }
 
