@@ -296,40 +296,23 @@ absl::Status NatsConsumer::Ack(absl::string_view receipt) {
 
 void NatsConsumer::AckMany(absl::Span<const absl::string_view> receipts,
                            absl::Span<absl::Status> results) {
-  // Every ack is sent at once, each with its own reply subject; then the answers are read.
-  const std::string inbox = Client::NewInbox();
-  natsSubscription* raw = nullptr;
+  // The batch's acks go out back to back, then one PING: OK once the server has read them all
+  // (one round trip per batch, not an answer per ack; docs/nats.md, "Acks").
   natsConnection* conn = core_->client().conn();
-  natsStatus s = natsConnection_SubscribeSync(&raw, conn, absl::StrCat(inbox, ".*").c_str());
-  if (s != NATS_OK) {
-    for (size_t i = 0; i < receipts.size(); ++i) results[i] = Ack(receipts[i]);
-    return;
-  }
-  SubPtr sub(raw);
-  natsSubscription_SetPendingLimits(raw, -1, -1);
-  size_t sent = 0;
+  bool sent = false;
   for (size_t i = 0; i < receipts.size(); ++i) {
     absl::StatusOr<std::string> reply = Take(receipts[i]);
     results[i] = reply.status();
     if (!reply.ok()) continue;
-    s = natsConnection_PublishRequest(conn, reply->c_str(), absl::StrCat(inbox, ".", i).c_str(),
-                                      "+ACK", 4);
-    results[i] = s == NATS_OK ? absl::UnavailableError("ack unanswered") : FromNats(s, "ack");
-    if (s == NATS_OK) ++sent;
+    results[i] = FromNats(natsConnection_Publish(conn, reply->c_str(), "+ACK", 4), "ack");
+    sent = sent || results[i].ok();
   }
-  const absl::Time deadline = absl::Now() + core_->options().timeouts.request;
-  for (size_t got = 0; got < sent; ++got) {
-    natsMsg* reply = nullptr;
-    if (natsSubscription_NextMsg(&reply, raw, Millis(deadline - absl::Now())) != NATS_OK) break;
-    MsgPtr owned(reply);
-    size_t i = 0;
-    absl::string_view subject = natsMsg_GetSubject(reply);
-    if (!absl::SimpleAtoi(subject.substr(subject.rfind('.') + 1), &i) || i >= results.size()) {
-      continue;
-    }
-    results[i] = StatusCode(reply) == 503
-                     ? absl::FailedPreconditionError("the queue's JetStream consumer is gone")
-                     : absl::OkStatus();
+  if (!sent) return;
+  const absl::Status flushed =
+      FromNats(natsConnection_FlushTimeout(conn, Millis(core_->options().timeouts.request)), "ack");
+  if (flushed.ok()) return;
+  for (absl::Status& st : results) {
+    if (st.ok()) st = flushed;
   }
 }
 
