@@ -130,10 +130,11 @@ absl::Status NatsConsumer::Pull(int batch, absl::Duration wait) {
                                                absl::StrCat(inbox_, ".p").c_str(), body.data(),
                                                static_cast<int>(body.size()));
   if (s != NATS_OK) return FromNats(s, "pull request");
-  outstanding_ = batch;
+  outstanding_ += batch;
   pulled_at_ = core_->clock().Now();
   outstanding_until_ =
-      core_->clock().Now() + std::max(wait, absl::ZeroDuration()) + PullGrace(core_->options());
+      std::max(outstanding_until_, core_->clock().Now() + std::max(wait, absl::ZeroDuration()) +
+                                       PullGrace(core_->options()));
   return absl::OkStatus();
 }
 
@@ -150,7 +151,16 @@ NatsConsumer::Step NatsConsumer::Next(absl::Duration timeout, MsgPtr* msg) {
     return Step::kMessage;
   }
   if (code == 100) return Step::kWake;  // a heartbeat
-  outstanding_ = 0;
+  // The end of one request: what it did not deliver (404, the end of a no-wait request, is
+  // only asked for with nothing else open).
+  const char* pending = nullptr;
+  int left = 0;
+  if (natsMsgHeader_Get(raw, "Nats-Pending-Messages", &pending) == NATS_OK && pending != nullptr &&
+      absl::SimpleAtoi(pending, &left)) {
+    outstanding_ = std::max(0, outstanding_ - left);
+  } else {
+    outstanding_ = 0;
+  }
   if (code == 503 || (code == 409 && absl::StrContains(StatusDescription(raw), "Deleted"))) {
     return Step::kGone;
   }
@@ -226,6 +236,11 @@ absl::Status NatsConsumer::Receive(int max, absl::Duration wait, std::stop_token
     if (outstanding_ == 0) {
       if (pulled && (left <= absl::ZeroDuration() || got > 0)) break;
       if (absl::Status st = Pull(room - got, left); !st.ok()) return st;
+      pulled = true;
+    } else if (const int free = room - got - outstanding_;
+               !pulled && left > absl::ZeroDuration() && free >= std::max(1, room / 2)) {
+      // Another request while one is open, so the server streams on while the first drains.
+      if (absl::Status st = Pull(free, left); !st.ok()) return st;
       pulled = true;
     }
     MsgPtr msg;
