@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/nats/nats_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
@@ -20,6 +21,7 @@
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "url/memory_url.h"
+#include "url/nats_url.h"
 #include "url/nsq_url.h"
 #include "url/postgres_url.h"
 #include "url/redis_url.h"
@@ -94,6 +96,15 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenNsq(absl::string_view text, const Op
   return NewNsqDriver(*std::move(nsq));
 }
 
+absl::StatusOr<std::shared_ptr<Driver>> OpenNats(absl::string_view text, const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  absl::StatusOr<NatsOptions> nats = NatsOptionsFromUrl(*url, EnvOf(o));
+  if (!nats.ok()) return nats.status();
+  if (o.clock != nullptr) nats->clock = o.clock;
+  return NewNatsDriver(*std::move(nats));
+}
+
 absl::StatusOr<Stores> OpenSqliteStores(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
@@ -162,6 +173,8 @@ constexpr Opener kOpeners[] = {
     {"redis+unix", OpenRedis, OpenRedisStores},
     {"unix", OpenRedis, OpenRedisStores},
     {"nsq", OpenNsq, nullptr},
+    {"nats", OpenNats, nullptr},
+    {"tls", OpenNats, nullptr},
     {"sqlite", nullptr, OpenSqliteStores},
     {"postgres", OpenPostgres, OpenPostgresStores},
     {"postgresql", OpenPostgres, OpenPostgresStores},
