@@ -15,14 +15,14 @@
 namespace bus::testing {
 namespace {
 
-// The broker of this test binary, started by the first test that needs it.
+// The broker of this test binary, started by the first test that needs it and stopped at exit.
 RabbitMqServer* Broker() {
-  static RabbitMqServer* broker = [] {
-    absl::StatusOr<std::unique_ptr<RabbitMqServer>> b = RabbitMqServer::Start({});
+  static const std::unique_ptr<RabbitMqServer> broker = [] {
+    absl::StatusOr<std::unique_ptr<RabbitMqServer>> b = RabbitMqServer::Start({.management = true});
     EXPECT_TRUE(b.ok()) << b.status();
-    return b.ok() ? b->release() : nullptr;
+    return b.ok() ? std::move(*b) : nullptr;
   }();
-  return broker;
+  return broker.get();
 }
 
 class RabbitMqHarness final : public DriverHarness {
@@ -32,6 +32,7 @@ class RabbitMqHarness final : public DriverHarness {
     if (broker == nullptr) return nullptr;
     RabbitMqOptions options;
     options.port = broker->port();
+    options.management.port = broker->management_port();
     options.clock = clock_;
     absl::StatusOr<std::shared_ptr<Driver>> driver = NewRabbitMqDriver(options);
     EXPECT_TRUE(driver.ok()) << driver.status();
@@ -43,7 +44,8 @@ class RabbitMqHarness final : public DriverHarness {
   // A Receive waits on the driver's clock for the broker to push.
   bool ReceiveBlocked() override { return clock_->waiters() > 0; }
   int ClockWaiters() const override { return clock_->waiters(); }
-  absl::Duration ShortLease() const override { return absl::Seconds(1); }
+  // Two seconds: the management plugin's counts (InspectQueue's in_flight) lag by up to one.
+  absl::Duration ShortLease() const override { return absl::Seconds(2); }
 
  private:
   const std::shared_ptr<WatchedClock> clock_ = std::make_shared<WatchedClock>();

@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "bus/names.h"
 #include "drivers/rabbitmq/internal/core.h"
+#include "drivers/rabbitmq/internal/delays.h"
+#include "drivers/rabbitmq/internal/management.h"
 #include "drivers/rabbitmq/internal/topology.h"
 
 namespace bus {
@@ -36,11 +40,21 @@ class RabbitMqDriver final : public Driver {
         timeout);
   }
 
-  // The queues this driver instance declared (created, sent to, subscribed, consumed) and that
-  // still exist: AMQP 0-9-1 has no way to list queues, and this driver does not need the
-  // management plugin. docs/rabbitmq.md, "Inspection".
+  // With the management API: every queue of the vhost with a valid bus name (not the wait
+  // queues). Without: the queues this driver instance declared (created, sent to, subscribed,
+  // consumed) that still exist, since AMQP 0-9-1 cannot list queues. docs/rabbitmq.md.
   absl::StatusOr<std::vector<std::string>> ListQueues() override {
     std::vector<std::string> out;
+    if (core_->options().management.port != 0) {
+      absl::StatusOr<std::vector<rabbitmq::ManagedQueue>> all =
+          rabbitmq::ManagementQueues(core_->options());
+      if (!all.ok()) return all.status();
+      for (rabbitmq::ManagedQueue& q : *all) {
+        if (ValidateName("queue", q.name).ok()) out.push_back(std::move(q.name));
+      }
+      std::sort(out.begin(), out.end());
+      return out;
+    }
     for (const std::string& q : core_->Known()) {
       std::optional<int64_t> ready;
       absl::Status st = core_->Admin([&](Link& link) {
@@ -56,6 +70,9 @@ class RabbitMqDriver final : public Driver {
 
  private:
   absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("CreateQueue: delay must be >= 0");
+    }
     if (absl::Status st = core_->EnsureQueue(queue); !st.ok()) return st;
     core_->SetQueueDelay(queue, delay);
     return absl::OkStatus();
@@ -82,12 +99,18 @@ class RabbitMqDriver final : public Driver {
 
   absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
                              absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("SendToQueue: delay must be >= 0");
+    }
     const std::string body(data);
     return core_->SendToQueue(queue, absl::MakeConstSpan(&body, 1), delay);
   }
 
   absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                   absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("SendBatchToQueue: delay must be >= 0");
+    }
     return core_->SendToQueue(queue, data, delay);
   }
 
@@ -96,29 +119,50 @@ class RabbitMqDriver final : public Driver {
     return core_->SendToTopic(topic, data, route_key);
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(
-      absl::string_view queue, const ConsumerOptions& options) override {
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
+                                                          const ConsumerOptions& options) override {
     return core_->NewConsumer(queue, options);
   }
 
-  // Ready from a passive declare of the queue, delayed from its wait queues. In flight is what
-  // this driver's own consumers hold: AMQP does not tell another client's unacked count.
+  // Ready and delayed from passive declares of the queue and of its wait queues: every step of
+  // the ladder, or with the management API the wait queues it lists. In flight from the
+  // management API (0 without it: AMQP does not tell a client the unacked count).
   absl::StatusOr<QueueCounts> DoInspectQueue(absl::string_view queue) override {
     QueueCounts counts{.queue = std::string(queue)};
+    std::vector<std::string> waits;
+    if (core_->options().management.port != 0) {
+      absl::StatusOr<std::vector<rabbitmq::ManagedQueue>> all =
+          rabbitmq::ManagementQueues(core_->options());
+      if (!all.ok()) return all.status();
+      const std::string prefix = rabbitmq::WaitQueuePrefix(queue);
+      for (const rabbitmq::ManagedQueue& q : *all) {
+        if (q.name == queue) counts.in_flight = q.unacked;
+        if (absl::StartsWith(q.name, prefix)) waits.push_back(q.name);
+      }
+    } else {
+      for (int64_t step : rabbitmq::DelayLadder()) {
+        waits.push_back(rabbitmq::WaitQueueName(queue, step));
+      }
+    }
     absl::Status st = core_->Admin([&](Link& link) {
       absl::StatusOr<std::optional<int64_t>> ready = rabbitmq::ReadyCount(link, queue);
       if (!ready.ok()) return ready.status();
-      if (!ready->has_value()) return absl::OkStatus();
-      counts.ready = **ready;
-      absl::StatusOr<int64_t> delayed = rabbitmq::DelayedCount(link, queue);
-      if (!delayed.ok()) return delayed.status();
-      counts.delayed = *delayed;
+      counts.ready = ready->value_or(0);
+      for (const std::string& w : waits) {
+        absl::StatusOr<std::optional<int64_t>> n = rabbitmq::ReadyCount(link, w);
+        if (!n.ok()) return n.status();
+        counts.delayed += n->value_or(0);
+      }
       return absl::OkStatus();
     });
     if (!st.ok()) return st;
     return counts;
   }
 
+  // The oldest delivery one of this driver's consumers buffered and has not handed out (the
+  // broker counts it as unacked, yet the queue delivers it next), else basic.get on a channel
+  // closed afterwards (the broker takes the message back; a quorum queue counts that as a
+  // delivery in x-delivery-count).
   absl::StatusOr<std::optional<std::string>> DoPeekReady(absl::string_view queue) override {
     if (std::optional<std::string> first = core_->FirstBuffered(queue); first.has_value()) {
       return first;
@@ -130,6 +174,8 @@ class RabbitMqDriver final : public Driver {
       return first.status();
     });
     if (!st.ok()) return st;
+    // Nothing ready: the next message may be on its way to one of this driver's consumers.
+    if (!out.has_value()) out = core_->FirstBuffered(queue, /*sync=*/true);
     return out;
   }
 

@@ -57,6 +57,9 @@ absl::Status ValidateRabbitMqOptions(const RabbitMqOptions& o) {
   if (o.amqp.frame_max < 4096 || o.amqp.frame_max > (1 << 20)) {
     return Bad("amqp.frame_max", "must be 4096 to 1048576");
   }
+  if (o.management.port < 0 || o.management.port > 65535) {
+    return Bad("management.port", "must be 0 (not used) or 1 to 65535");
+  }
   if (o.queues.delivery_limit < 0) return Bad("queues.delivery_limit", "must be >= 0");
   if (o.queues.delivery_limit > 0 && o.queues.type != RabbitMqOptions::Queues::Type::kQuorum) {
     return Bad("queues.delivery_limit", "needs queues.type kQuorum (classic queues have none)");
@@ -67,12 +70,11 @@ absl::Status ValidateRabbitMqOptions(const RabbitMqOptions& o) {
 }
 
 std::string ToString(const RabbitMqOptions& o) {
-  return absl::StrCat(o.tls.enabled ? "amqps://" : "amqp://", o.user, ":<redacted>@", o.host, ":",
-                      o.port, " vhost=", o.vhost,
-                      o.queues.type == RabbitMqOptions::Queues::Type::kQuorum ? " quorum"
-                                                                              : " classic",
-                      " heartbeat=", absl::FormatDuration(o.amqp.heartbeat),
-                      " frame_max=", o.amqp.frame_max);
+  return absl::StrCat(
+      o.tls.enabled ? "amqps://" : "amqp://", o.user, ":<redacted>@", o.host, ":", o.port,
+      " vhost=", o.vhost,
+      o.queues.type == RabbitMqOptions::Queues::Type::kQuorum ? " quorum" : " classic",
+      " heartbeat=", absl::FormatDuration(o.amqp.heartbeat), " frame_max=", o.amqp.frame_max);
 }
 
 }  // namespace bus

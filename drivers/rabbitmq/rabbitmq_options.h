@@ -74,6 +74,15 @@ struct RabbitMqOptions {
   };
   Queues queues{};
 
+  // The management plugin's HTTP API (plain HTTP, same host, same user), for what AMQP 0-9-1
+  // cannot tell a client: with a port, ListQueues lists every queue of the vhost and
+  // InspectQueue counts in_flight (the broker's unacked count, refreshed every
+  // collect_statistics_interval). Default 0: not used (docs/rabbitmq.md, "Inspection").
+  struct Management {
+    int port = 0;
+  };
+  Management management{};
+
   // The pause between reconnect attempts (the driver's connection on the next call, each
   // consumer's on its own). Default full jitter over 100 ms doubling up to 5 s; initial > 0,
   // max >= initial.

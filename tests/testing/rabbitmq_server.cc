@@ -39,11 +39,15 @@ absl::StatusOr<std::unique_ptr<RabbitMqServer>> RabbitMqServer::Start(
     if (!p.ok()) return p.status();
     *port = *p;
   }
+  if (server->options_.management) {
+    absl::StatusOr<int> p = PickFreePort();
+    if (!p.ok()) return p.status();
+    server->management_port_ = *p;
+  }
   server->node_ = absl::StrCat("bus-", server->port_, "@localhost");
   if (absl::Status st = server->WriteConfig(); !st.ok()) return st;
-  absl::StatusOr<std::unique_ptr<ChildProcess>> epmd =
-      ChildProcess::Start({"epmd", "-port", absl::StrCat(server->epmd_port_)},
-                          server->dir_ + "/epmd.log");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> epmd = ChildProcess::Start(
+      {"epmd", "-port", absl::StrCat(server->epmd_port_)}, server->dir_ + "/epmd.log");
   if (!epmd.ok()) return epmd.status();
   server->epmd_ = std::move(*epmd);
   if (absl::Status st = WaitForPort(server->epmd_port_, absl::Seconds(20)); !st.ok()) return st;
@@ -67,34 +71,49 @@ absl::Status RabbitMqServer::WriteConfig() const {
     lines.push_back(absl::StrCat("ssl_options.cacertfile = ", t.ca_file));
     lines.push_back(absl::StrCat("ssl_options.certfile = ", t.cert_file));
     lines.push_back(absl::StrCat("ssl_options.keyfile = ", t.key_file));
-    lines.push_back(absl::StrCat("ssl_options.verify = ",
-                                 t.verify_peer ? "verify_peer" : "verify_none"));
-    lines.push_back(absl::StrCat("ssl_options.fail_if_no_peer_cert = ",
-                                 t.verify_peer ? "true" : "false"));
+    lines.push_back(
+        absl::StrCat("ssl_options.verify = ", t.verify_peer ? "verify_peer" : "verify_none"));
+    lines.push_back(
+        absl::StrCat("ssl_options.fail_if_no_peer_cert = ", t.verify_peer ? "true" : "false"));
   } else {
     lines.push_back(absl::StrCat("listeners.tcp.default = 127.0.0.1:", port_));
+  }
+  if (options_.management) {
+    lines.push_back(absl::StrCat("management.tcp.port = ", management_port_));
+    lines.push_back("management.tcp.ip = 127.0.0.1");
+    lines.push_back("collect_statistics_interval = 100");
+    lines.push_back("management.sample_retention_policies.global.minute = 1");
+    lines.push_back("management.sample_retention_policies.basic.minute = 1");
+    lines.push_back("management.sample_retention_policies.detailed.10 = 1");
   }
   lines.insert(lines.end(), options_.config_lines.begin(), options_.config_lines.end());
   if (absl::Status st = WriteFile(dir_ + "/rabbitmq.conf", absl::StrJoin(lines, "\n") + "\n");
       !st.ok()) {
     return st;
   }
-  return WriteFile(dir_ + "/enabled_plugins", "[].\n");
+  // Quorum queues report their counts to the management plugin on their tick (5 s by default).
+  if (absl::Status st =
+          WriteFile(dir_ + "/advanced.config",
+                    options_.management ? "[{rabbit, [{quorum_tick_interval, 100}]}].\n" : "[].\n");
+      !st.ok()) {
+    return st;
+  }
+  return WriteFile(dir_ + "/enabled_plugins",
+                   options_.management ? "[rabbitmq_management].\n" : "[].\n");
 }
 
 std::vector<std::string> RabbitMqServer::Env() const {
-  return {absl::StrCat("HOME=", dir_),
-          absl::StrCat("RABBITMQ_MNESIA_BASE=", dir_, "/mnesia"),
+  return {absl::StrCat("HOME=", dir_), absl::StrCat("RABBITMQ_MNESIA_BASE=", dir_, "/mnesia"),
           absl::StrCat("RABBITMQ_LOG_BASE=", dir_, "/log"),
           absl::StrCat("RABBITMQ_CONFIG_FILE=", dir_, "/rabbitmq.conf"),
+          absl::StrCat("RABBITMQ_ADVANCED_CONFIG_FILE=", dir_, "/advanced.config"),
           absl::StrCat("RABBITMQ_ENABLED_PLUGINS_FILE=", dir_, "/enabled_plugins"),
           absl::StrCat("RABBITMQ_NODENAME=", node_),
           absl::StrCat("RABBITMQ_DIST_PORT=", dist_port_),
           absl::StrCat("ERL_EPMD_PORT=", epmd_port_),
           // The script then execs the Erlang VM itself (so pid() is the broker's), and
           // -noinput keeps the VM from reading its (empty) standard input.
-          "RABBITMQ_ALLOW_INPUT=1",
-          "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput"};
+          "RABBITMQ_ALLOW_INPUT=1", "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-noinput"};
 }
 
 absl::Status RabbitMqServer::Launch() {
@@ -103,6 +122,7 @@ absl::Status RabbitMqServer::Launch() {
   if (!p.ok()) return p.status();
   process_ = std::move(*p);
   absl::Status st = WaitForPort(port_, kStartPatience);
+  if (st.ok() && management_port_ != 0) st = WaitForPort(management_port_, kStartPatience);
   if (!st.ok()) {
     return absl::UnavailableError(absl::StrCat("rabbitmq-server did not listen on ", port_, ": ",
                                                st.message(), "\n", ReadFile(dir_ + "/server.log")));

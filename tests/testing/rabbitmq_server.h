@@ -37,6 +37,10 @@ struct RabbitMqServerOptions {
     bool verify_peer = false;
   };
   std::optional<Tls> tls{};
+  // The management plugin on a free loopback port (management_port()), its counts refreshed
+  // every 100 ms (collect_statistics_interval, and quorum_tick_interval in advanced.config).
+  // Starting the broker takes a few seconds longer.
+  bool management = false;
   // More lines of rabbitmq.conf.
   std::vector<std::string> config_lines{};
 };
@@ -48,6 +52,8 @@ class RabbitMqServer {
 
   // The AMQP port (the TLS port with options.tls).
   int port() const { return port_; }
+  // The management plugin's HTTP port; 0 without options.management.
+  int management_port() const { return management_port_; }
   const std::string& dir() const { return dir_; }
   // The Erlang node name, "bus-<port>@localhost".
   const std::string& node() const { return node_; }
@@ -74,6 +80,7 @@ class RabbitMqServer {
   RabbitMqServerOptions options_;
   std::string dir_;
   int port_ = 0;
+  int management_port_ = 0;
   int dist_port_ = 0;
   int epmd_port_ = 0;
   std::string node_;

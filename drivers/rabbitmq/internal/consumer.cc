@@ -91,12 +91,10 @@ absl::Status RabbitConsumer::Consume(Link& link) {
   }
   prefetch_ = intake;
   if (intake <= 0) return absl::OkStatus();
-  amqp_basic_qos(link.state(), kMainChannel, 0, static_cast<uint16_t>(std::min(intake, 65535)),
-                 0);
+  amqp_basic_qos(link.state(), kMainChannel, 0, static_cast<uint16_t>(std::min(intake, 65535)), 0);
   if (absl::Status st = link.Check(kMainChannel, "basic.qos"); !st.ok()) return st;
-  amqp_basic_consume_ok_t* ok =
-      amqp_basic_consume(link.state(), kMainChannel, Bytes(config_.queue), amqp_empty_bytes, 0, 0,
-                         0, amqp_empty_table);
+  amqp_basic_consume_ok_t* ok = amqp_basic_consume(link.state(), kMainChannel, Bytes(config_.queue),
+                                                   amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
   absl::Status st =
       link.Check(kMainChannel, absl::StrCat("basic.consume from queue '", config_.queue, "'"));
   if (!st.ok()) return st;
@@ -125,12 +123,13 @@ void RabbitConsumer::OnFrame(Link& link, const amqp_frame_t& frame) {
       // leader): consume again after a pause; held deliveries stay valid on the channel.
       consumer_tag_.clear();
       reconsume_at_ = options_->clock->Now() + reconsume_backoff_.Next();
-      options_->logger->Write(LogRecord{.level = LogLevel::kWarning,
-                                        .time = options_->clock->Now(),
-                                        .component = "rabbitmq",
-                                        .queue = config_.queue,
-                                        .event = "consumer_cancelled",
-                                        .text = "RabbitMQ cancelled the consumer; consuming again"});
+      options_->logger->Write(
+          LogRecord{.level = LogLevel::kWarning,
+                    .time = options_->clock->Now(),
+                    .component = "rabbitmq",
+                    .queue = config_.queue,
+                    .event = "consumer_cancelled",
+                    .text = "RabbitMQ cancelled the consumer; consuming again"});
       break;
     case AMQP_CHANNEL_CLOSE_METHOD: {
       absl::Status st =
@@ -453,6 +452,14 @@ void RabbitConsumer::ApplyIntake(Link& link) {
   }
   if (absl::Status st = Consume(link); !st.ok() && !link.broken()) {
     reconsume_at_ = options_->clock->Now() + reconsume_backoff_.Next();
+  }
+}
+
+void RabbitConsumer::Sync() {
+  for (int turn = 0; turn < 2; ++turn) {
+    if (!owner_.Call([](Link&) { return absl::OkStatus(); }, options_->timeouts.request).ok()) {
+      return;
+    }
   }
 }
 

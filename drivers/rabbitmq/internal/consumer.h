@@ -73,6 +73,9 @@ class RabbitConsumer final : public Consumer, private Owner::Hooks {
   // counts it as unacked, yet it is the message this queue delivers next).
   std::optional<std::string> FirstBuffered() const;
   const std::string& queue() const { return config_.queue; }
+  // Returns once the owner thread has read what the broker had sent before the call (two turns
+  // of its loop), so FirstBuffered sees deliveries already on the way.
+  void Sync();
 
  private:
   struct Held {
@@ -109,7 +112,7 @@ class RabbitConsumer final : public Consumer, private Owner::Hooks {
 
   const std::shared_ptr<const RabbitMqOptions> options_;
   const ConsumerConfig config_;
-  Backoff reconsume_backoff_;  // owner thread only
+  Backoff reconsume_backoff_;                         // owner thread only
   absl::Time reconsume_at_ = absl::InfiniteFuture();  // owner thread only
   std::string consumer_tag_;                          // owner thread only; empty: not consuming
   int prefetch_ = 0;                                  // owner thread only: the qos in force

@@ -133,8 +133,7 @@ absl::Status Core::SendOnce(absl::string_view queue, absl::Span<const std::strin
                             int64_t due_ms, int deliveries) {
   for (int attempt = 0;; ++attempt) {
     absl::Status st = EnsureQueue(queue);
-    const int64_t remaining =
-        due_ms == 0 ? 0 : due_ms - absl::ToUnixMillis(options_->clock->Now());
+    const int64_t remaining = due_ms == 0 ? 0 : due_ms - absl::ToUnixMillis(options_->clock->Now());
     std::string target(queue);
     if (st.ok() && remaining > 0) {
       const int64_t step = DelayStep(remaining);
@@ -161,9 +160,8 @@ absl::Status Core::SendOnce(absl::string_view queue, absl::Span<const std::strin
 absl::Status Core::SendToTopic(absl::string_view topic, absl::string_view data,
                                absl::string_view route_key) {
   if (absl::Status st = EnsureExchange(topic); !st.ok()) return st;
-  const Outgoing out{.exchange = std::string(topic),
-                     .routing_key = std::string(route_key),
-                     .body = data};
+  const Outgoing out{
+      .exchange = std::string(topic), .routing_key = std::string(route_key), .body = data};
   return publisher_->Publish(absl::MakeConstSpan(&out, 1));
 }
 
@@ -189,10 +187,11 @@ absl::StatusOr<std::unique_ptr<Consumer>> Core::NewConsumer(absl::string_view qu
   return std::unique_ptr<Consumer>(new Tracked(shared_from_this(), std::move(*c)));
 }
 
-std::optional<std::string> Core::FirstBuffered(absl::string_view queue) const {
+std::optional<std::string> Core::FirstBuffered(absl::string_view queue, bool sync) const {
   absl::MutexLock lock(&mu_);
-  for (const RabbitConsumer* c : consumers_) {
+  for (RabbitConsumer* c : consumers_) {
     if (c->queue() != queue) continue;
+    if (sync) c->Sync();
     if (std::optional<std::string> first = c->FirstBuffered(); first.has_value()) return first;
   }
   return std::nullopt;

@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include <set>
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -63,15 +63,16 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<std::unique_ptr<Consumer>> NewConsumer(absl::string_view queue,
                                                         const ConsumerOptions& options);
   // The oldest delivery of `queue` buffered, not handed out, by one of this driver's consumers.
-  std::optional<std::string> FirstBuffered(absl::string_view queue) const;
+  // With `sync`, each such consumer first reads what the broker already sent it.
+  std::optional<std::string> FirstBuffered(absl::string_view queue, bool sync = false) const;
 
   // Queues declared through this driver and not deleted, sorted.
   std::vector<std::string> Known() const;
 
  private:
   class Tracked;
-  absl::Status SendOnce(absl::string_view queue, absl::Span<const std::string> data,
-                        int64_t due_ms, int deliveries);
+  absl::Status SendOnce(absl::string_view queue, absl::Span<const std::string> data, int64_t due_ms,
+                        int deliveries);
   absl::Status EnsureWait(absl::string_view queue, int64_t step_ms);
   absl::Duration QueueDelay(absl::string_view queue) const;
 

@@ -31,8 +31,12 @@ int64_t DelayStep(int64_t remaining_ms) {
   return it == ladder.begin() ? ladder.front() : *std::prev(it);
 }
 
+std::string WaitQueuePrefix(absl::string_view queue) {
+  return absl::StrCat("bus/delay/", queue, "/");
+}
+
 std::string WaitQueueName(absl::string_view queue, int64_t step_ms) {
-  return absl::StrCat("bus/delay/", queue, "/", step_ms);
+  return absl::StrCat(WaitQueuePrefix(queue), step_ms);
 }
 
 int64_t DelayMillis(absl::Duration delay) {

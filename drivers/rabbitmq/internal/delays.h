@@ -35,6 +35,9 @@ int64_t DelayStep(int64_t remaining_ms);
 // The wait queue of `queue` for `step_ms`.
 std::string WaitQueueName(absl::string_view queue, int64_t step_ms);
 
+// What the names of every wait queue of `queue` start with.
+std::string WaitQueuePrefix(absl::string_view queue);
+
 // A delay in whole milliseconds, rounded up (a delay is never cut short).
 int64_t DelayMillis(absl::Duration delay);
 

@@ -36,8 +36,7 @@ absl::StatusOr<amqp_socket_t*> NewTlsSocket(amqp_connection_state_t conn, const 
   }
   if (!t.key_password.empty()) amqp_ssl_socket_set_key_passwd(sock, t.key_password.c_str());
   if (!t.cert_file.empty()) {
-    if (amqp_ssl_socket_set_key(sock, t.cert_file.c_str(), t.key_file.c_str()) !=
-        AMQP_STATUS_OK) {
+    if (amqp_ssl_socket_set_key(sock, t.cert_file.c_str(), t.key_file.c_str()) != AMQP_STATUS_OK) {
       return absl::InvalidArgumentError(absl::StrCat(
           "RabbitMqOptions.tls.cert_file / key_file: cannot load ", t.cert_file, " with its key"));
     }
@@ -143,16 +142,17 @@ absl::Status Link::Login(const RabbitMqOptions& o) {
   props[1].value.value.bytes = amqp_cstring_bytes("bus (rabbitmq-c)");
   const amqp_table_t table{2, props};
   const int heartbeat = static_cast<int>(absl::ToInt64Seconds(o.amqp.heartbeat));
-  amqp_rpc_reply_t r = amqp_login_with_properties(conn_, o.vhost.c_str(), 0, o.amqp.frame_max,
-                                                  heartbeat, &table, AMQP_SASL_METHOD_PLAIN,
-                                                  o.user.c_str(), o.password.c_str());
+  amqp_rpc_reply_t r =
+      amqp_login_with_properties(conn_, o.vhost.c_str(), 0, o.amqp.frame_max, heartbeat, &table,
+                                 AMQP_SASL_METHOD_PLAIN, o.user.c_str(), o.password.c_str());
   if (r.reply_type == AMQP_RESPONSE_NORMAL) return absl::OkStatus();
-  if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+  if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION &&
+      r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
     auto* close = static_cast<amqp_connection_close_t*>(r.reply.decoded);
     const std::string text = String(close->reply_text);
     if (close->reply_code == AMQP_ACCESS_REFUSED) {
-      return absl::UnauthenticatedError(absl::StrCat("RabbitMQ refused the login of user '",
-                                                     o.user, "' on vhost '", o.vhost, "': ", text));
+      return absl::UnauthenticatedError(absl::StrCat("RabbitMQ refused the login of user '", o.user,
+                                                     "' on vhost '", o.vhost, "': ", text));
     }
     return BrokerStatus(close->reply_code, text, absl::StrCat("vhost '", o.vhost, "'"));
   }
@@ -182,6 +182,13 @@ absl::Status Link::OpenChannel(amqp_channel_t channel) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Link::ClosePeekChannel() {
+  amqp_rpc_reply_t r = amqp_channel_close(conn_, kPeekChannel, AMQP_REPLY_SUCCESS);
+  if (r.reply_type == AMQP_RESPONSE_NORMAL) return absl::OkStatus();
+  // The broker closed it first (a peek into a missing queue): acknowledged by Check already.
+  return broken() ? broken_ : absl::OkStatus();
 }
 
 absl::Status Link::SelectConfirms() {

@@ -25,6 +25,8 @@ namespace bus::rabbitmq {
 
 inline constexpr amqp_channel_t kMainChannel = 1;
 inline constexpr amqp_channel_t kAdminChannel = 2;
+// Opened for one basic.get and closed after it (PeekReady), so that the message goes back.
+inline constexpr amqp_channel_t kPeekChannel = 3;
 
 // A string_view as rabbitmq-c's byte string (no copy; valid while `s` is).
 inline amqp_bytes_t Bytes(absl::string_view s) {
@@ -71,6 +73,10 @@ class Link {
   void Break(absl::Status why);
   bool broken() const { return !broken_.ok(); }
   const absl::Status& broken_status() const { return broken_; }
+
+  // Opens and closes kPeekChannel.
+  absl::Status OpenPeekChannel() { return OpenChannel(kPeekChannel); }
+  absl::Status ClosePeekChannel();
 
   // Puts channel 1 in confirm mode (publishers); Check and OnChannelClose keep it there.
   absl::Status SelectConfirms();

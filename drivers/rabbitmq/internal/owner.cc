@@ -20,8 +20,8 @@ constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 
 }  // namespace
 
-Owner::Owner(std::shared_ptr<const RabbitMqOptions> options,
-             std::shared_ptr<LinkCounters> counters, Hooks* hooks, bool keep_connected)
+Owner::Owner(std::shared_ptr<const RabbitMqOptions> options, std::shared_ptr<LinkCounters> counters,
+             Hooks* hooks, bool keep_connected)
     : options_(std::move(options)),
       counters_(std::move(counters)),
       hooks_(hooks),
@@ -208,8 +208,8 @@ void Owner::Pump() {
     if (frame.frame_type == AMQP_FRAME_METHOD &&
         frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD) {
       auto* close = static_cast<amqp_connection_close_t*>(frame.payload.method.decoded);
-      absl::Status st = BrokerStatus(close->reply_code, String(close->reply_text),
-                                     "closed the connection");
+      absl::Status st =
+          BrokerStatus(close->reply_code, String(close->reply_text), "closed the connection");
       amqp_connection_close_ok_t ok{};
       amqp_send_method(conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
       link_->Break(absl::UnavailableError(st.message()));

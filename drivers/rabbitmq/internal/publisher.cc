@@ -56,12 +56,10 @@ absl::Status Publisher::Publish(absl::Span<const Outgoing> messages) {
       [this, messages, batch](Link& link) { return Write(link, messages, batch); }, timeout);
   if (!st.ok()) return st;
   absl::MutexLock lock(&batch->mu);
-  auto done = [&batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) {
-    return batch->remaining == 0;
-  };
+  auto done = [&batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->remaining == 0; };
   if (!batch->mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("RabbitMQ: no publisher confirm within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("RabbitMQ: no publisher confirm within ", absl::FormatDuration(timeout)));
   }
   return batch->status;
 }
@@ -79,9 +77,9 @@ absl::Status Publisher::Write(Link& link, absl::Span<const Outgoing> messages,
       props._flags |= AMQP_BASIC_HEADERS_FLAG;
       props.headers = amqp_table_t{static_cast<int>(headers.size()), headers.data()};
     }
-    const int rc = amqp_basic_publish(link.state(), kMainChannel, Bytes(m.exchange),
-                                      Bytes(m.routing_key), m.mandatory ? 1 : 0, 0, &props,
-                                      Bytes(m.body));
+    const int rc =
+        amqp_basic_publish(link.state(), kMainChannel, Bytes(m.exchange), Bytes(m.routing_key),
+                           m.mandatory ? 1 : 0, 0, &props, Bytes(m.body));
     if (rc != AMQP_STATUS_OK) {
       absl::Status st = LibraryStatus(rc, "basic.publish");
       link.Break(st);
@@ -183,15 +181,14 @@ void Publisher::OnBlocked(absl::string_view reason, bool blocked) {
     blocked_ = blocked ? (reason.empty() ? std::string("no reason given") : std::string(reason))
                        : std::string();
   }
-  options_->logger->Write(LogRecord{
-      .level = blocked ? LogLevel::kWarning : LogLevel::kInfo,
-      .time = options_->clock->Now(),
-      .component = "rabbitmq",
-      .event = blocked ? "connection_blocked" : "connection_unblocked",
-      .error = reason,
-      .text = blocked ? "RabbitMQ blocks publishing (a memory or disk alarm)"
-                      : "RabbitMQ publishing unblocked"});
+  options_->logger->Write(
+      LogRecord{.level = blocked ? LogLevel::kWarning : LogLevel::kInfo,
+                .time = options_->clock->Now(),
+                .component = "rabbitmq",
+                .event = blocked ? "connection_blocked" : "connection_unblocked",
+                .error = reason,
+                .text = blocked ? "RabbitMQ blocks publishing (a memory or disk alarm)"
+                                : "RabbitMQ publishing unblocked"});
 }
 
 }  // namespace bus::rabbitmq
-

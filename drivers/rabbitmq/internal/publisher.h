@@ -36,8 +36,7 @@ struct Outgoing {
 
 class Publisher final : public Owner::Hooks {
  public:
-  Publisher(std::shared_ptr<const RabbitMqOptions> options,
-            std::shared_ptr<LinkCounters> counters);
+  Publisher(std::shared_ptr<const RabbitMqOptions> options, std::shared_ptr<LinkCounters> counters);
   ~Publisher() override;
 
   // OK once the broker confirmed every message. NotFound when a mandatory message was returned

@@ -30,6 +30,9 @@ absl::Status Declare(Link& link, absl::string_view queue, std::vector<amqp_table
   return link.Check(kAdminChannel, absl::StrCat("declare queue '", queue, "'"));
 }
 
+// Passive declares PeekFirst makes at most while waiting for its reject to apply.
+constexpr int kPeekPolls = 200;
+
 std::string AmqpBindingKey(absl::string_view binding_key) {
   return binding_key.empty() ? std::string("#") : std::string(binding_key);
 }
@@ -40,15 +43,16 @@ absl::Status DeclareQueue(Link& link, absl::string_view queue, const RabbitMqOpt
   const bool quorum = q.type == RabbitMqOptions::Queues::Type::kQuorum;
   std::vector<amqp_table_entry_t> args = {
       StringEntry("x-queue-type", quorum ? "quorum" : "classic")};
-  if (quorum && q.delivery_limit > 0) args.push_back(IntEntry("x-delivery-limit", q.delivery_limit));
+  if (quorum && q.delivery_limit > 0)
+    args.push_back(IntEntry("x-delivery-limit", q.delivery_limit));
   return Declare(link, queue, std::move(args));
 }
 
 absl::Status DeclareWaitQueue(Link& link, absl::string_view queue, int64_t step_ms) {
-  return Declare(link, WaitQueueName(queue, step_ms),
-                 {StringEntry("x-queue-type", "classic"), IntEntry("x-message-ttl", step_ms),
-                  StringEntry("x-dead-letter-exchange", ""),
-                  StringEntry("x-dead-letter-routing-key", queue)});
+  return Declare(
+      link, WaitQueueName(queue, step_ms),
+      {StringEntry("x-queue-type", "classic"), IntEntry("x-message-ttl", step_ms),
+       StringEntry("x-dead-letter-exchange", ""), StringEntry("x-dead-letter-routing-key", queue)});
 }
 
 absl::Status DeclareExchange(Link& link, absl::string_view topic) {
@@ -95,36 +99,37 @@ absl::StatusOr<std::optional<int64_t>> ReadyCount(Link& link, absl::string_view 
   return std::optional<int64_t>(ok->message_count);
 }
 
-absl::StatusOr<int64_t> DelayedCount(Link& link, absl::string_view queue) {
-  int64_t total = 0;
-  for (int64_t step : DelayLadder()) {
-    absl::StatusOr<std::optional<int64_t>> n = ReadyCount(link, WaitQueueName(queue, step));
-    if (!n.ok()) return n.status();
-    total += n->value_or(0);
-  }
-  return total;
-}
-
 absl::StatusOr<std::optional<std::string>> PeekFirst(Link& link, absl::string_view queue) {
-  amqp_rpc_reply_t r = amqp_basic_get(link.state(), kAdminChannel, Bytes(queue), 0);
-  absl::Status st = link.Check(kAdminChannel, absl::StrCat("peek into queue '", queue, "'"));
+  absl::StatusOr<std::optional<int64_t>> before = ReadyCount(link, queue);
+  if (!before.ok()) return before.status();
+  if (!before->has_value() || **before == 0) return std::optional<std::string>();
+  // basic.get on a channel of its own, closed afterwards: the broker takes the message back.
+  if (absl::Status st = link.OpenPeekChannel(); !st.ok()) return st;
+  amqp_basic_get(link.state(), kPeekChannel, Bytes(queue), 0);
+  absl::Status st = link.Check(kPeekChannel, absl::StrCat("peek into queue '", queue, "'"));
+  std::optional<std::string> body;
+  amqp_rpc_reply_t r = amqp_get_rpc_reply(link.state());
+  if (st.ok() && r.reply.id == AMQP_BASIC_GET_OK_METHOD) {
+    amqp_message_t msg;
+    amqp_rpc_reply_t read = amqp_read_message(link.state(), kPeekChannel, &msg, 0);
+    if (read.reply_type != AMQP_RESPONSE_NORMAL) {
+      link.Break(absl::UnavailableError("RabbitMQ: a peeked message was cut short"));
+      return link.broken_status();
+    }
+    body = String(msg.body);
+    amqp_destroy_message(&msg);
+  }
+  if (absl::Status closed = link.ClosePeekChannel(); !closed.ok()) return closed;
   if (absl::IsNotFound(st)) return std::optional<std::string>();
   if (!st.ok()) return st;
-  if (r.reply.id != AMQP_BASIC_GET_OK_METHOD) return std::optional<std::string>();
-  const uint64_t tag = static_cast<amqp_basic_get_ok_t*>(r.reply.decoded)->delivery_tag;
-  amqp_message_t msg;
-  amqp_rpc_reply_t read = amqp_read_message(link.state(), kAdminChannel, &msg, 0);
-  if (read.reply_type != AMQP_RESPONSE_NORMAL) {
-    link.Break(absl::UnavailableError("RabbitMQ: a peeked message was cut short"));
-    return link.broken_status();
+  // The broker re-enqueues the message after the close; wait (bounded) until it is back among
+  // the ready ones, so that the next call sees it.
+  for (int i = 0; body.has_value() && i < kPeekPolls; ++i) {
+    absl::StatusOr<std::optional<int64_t>> now = ReadyCount(link, queue);
+    if (!now.ok()) return now.status();
+    if (now->value_or(0) >= **before) break;
   }
-  std::string body = String(msg.body);
-  amqp_destroy_message(&msg);
-  if (int rc = amqp_basic_reject(link.state(), kAdminChannel, tag, 1); rc != AMQP_STATUS_OK) {
-    link.Break(LibraryStatus(rc, "basic.reject"));
-    return link.broken_status();
-  }
-  return std::optional<std::string>(std::move(body));
+  return body;
 }
 
 }  // namespace bus::rabbitmq

@@ -45,9 +45,6 @@ absl::Status DeleteQueueAndWaits(Link& link, absl::string_view queue);
 // Messages ready in `queue` (a passive declare); nullopt when there is no such queue.
 absl::StatusOr<std::optional<int64_t>> ReadyCount(Link& link, absl::string_view queue);
 
-// Messages waiting in the wait queues of `queue`.
-absl::StatusOr<int64_t> DelayedCount(Link& link, absl::string_view queue);
-
 // The body of the message `queue` would deliver next (basic.get, then basic.reject with
 // requeue, which puts it back at the head); nullopt when none is ready or no such queue.
 absl::StatusOr<std::optional<std::string>> PeekFirst(Link& link, absl::string_view queue);
