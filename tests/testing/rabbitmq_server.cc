@@ -1,5 +1,7 @@
 #include "tests/testing/rabbitmq_server.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -34,7 +36,10 @@ absl::StatusOr<std::unique_ptr<RabbitMqServer>> RabbitMqServer::Start(
     RabbitMqServerOptions options) {
   std::unique_ptr<RabbitMqServer> server(
       new RabbitMqServer(std::move(options), MakeTempDir("rabbitmq")));
+  server->port_ = server->options_.port;
+  server->epmd_port_ = server->options_.epmd_port;
   for (int* port : {&server->port_, &server->dist_port_, &server->epmd_port_}) {
+    if (*port != 0) continue;
     absl::StatusOr<int> p = PickFreePort();
     if (!p.ok()) return p.status();
     *port = *p;
@@ -97,6 +102,11 @@ absl::Status RabbitMqServer::WriteConfig() const {
                     options_.management ? "[{rabbit, [{quorum_tick_interval, 100}]}].\n" : "[].\n");
       !st.ok()) {
     return st;
+  }
+  if (!options_.cookie.empty()) {
+    const std::string cookie = dir_ + "/.erlang.cookie";
+    if (absl::Status st = WriteFile(cookie, options_.cookie); !st.ok()) return st;
+    chmod(cookie.c_str(), 0400);
   }
   return WriteFile(dir_ + "/enabled_plugins",
                    options_.management ? "[rabbitmq_management].\n" : "[].\n");

@@ -43,6 +43,12 @@ struct RabbitMqServerOptions {
   bool management = false;
   // More lines of rabbitmq.conf.
   std::vector<std::string> config_lines{};
+  // For the nodes of a cluster (RabbitMqCluster): the AMQP port (0: a free one, picked), the
+  // Erlang cookie they share (empty: the broker makes its own) and the epmd they share (0: the
+  // server starts its own).
+  int port = 0;
+  std::string cookie{};
+  int epmd_port = 0;
 };
 
 class RabbitMqServer {
@@ -57,6 +63,7 @@ class RabbitMqServer {
   const std::string& dir() const { return dir_; }
   // The Erlang node name, "bus-<port>@localhost".
   const std::string& node() const { return node_; }
+  int epmd_port() const { return epmd_port_; }
   // The broker's process id (the Erlang VM); 0 when stopped.
   pid_t pid() const { return process_ != nullptr ? process_->pid() : 0; }
 
