@@ -7,6 +7,7 @@
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
+#include "drivers/rabbitmq/rabbitmq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/postgres/idempotency_store.h"
@@ -83,7 +84,14 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
     if (o.logger != nullptr) nsq->logger = o.logger;
     return NewNsqDriver(*std::move(nsq));
   }
-  return UnknownScheme(*url, "memory, redis, nsq, postgres");
+  if (url->scheme == "amqp" || url->scheme == "amqps") {
+    absl::StatusOr<RabbitMqOptions> rabbit = RabbitMqOptionsFromUrl(*url, EnvOf(o));
+    if (!rabbit.ok()) return rabbit.status();
+    if (o.clock != nullptr) rabbit->clock = o.clock;
+    if (o.logger != nullptr) rabbit->logger = o.logger;
+    return NewRabbitMqDriver(*std::move(rabbit));
+  }
+  return UnknownScheme(*url, "memory, redis, nsq, amqp, amqps, postgres");
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {

@@ -7,6 +7,8 @@
 //   redis+sentinel://[user[:password]@]sentinel1[:26379][,sentinel2...]/master-name[?...]
 //   rediss://...   rediss+cluster://...   rediss+sentinel://...   (the same over TLS)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
+//   amqp://[user[:password]@]host[:5672][/vhost][?heartbeat=..&queue_type=..]   (RabbitMQ)
+//   amqps://...   (the same over TLS, port 5671)
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
 //   postgresql://...   (the same)
@@ -42,6 +44,7 @@
 #include "bus/driver.h"
 #include "common/sqlite/sqlite_options.h"
 #include "drivers/nsq/nsq_options.h"
+#include "drivers/rabbitmq/rabbitmq_options.h"
 #include "drivers/redis/redis_driver.h"              // RedisOptions
 #include "idempotency/postgres/idempotency_store.h"  // PostgresIdempotencyOptions
 #include "idempotency/sqlite/idempotency_store.h"    // SqliteIdempotencyOptions
@@ -110,6 +113,16 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // reconnect_backoff_base and reconnect_backoff_max (reconnect_backoff.initial and .max);
 // io_threads. Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
+
+// amqp:// → RabbitMqOptions; amqps:// sets tls.enabled. Port default 5672 (amqps: 5671), the
+// vhost from the path, percent-decoded ("amqp://h/%2F" is "/"; none: "/"), the user and
+// password from the URL or else RABBITMQ_USER and RABBITMQ_PASSWORD in `env`. Parameters:
+// heartbeat, frame_max, prefetch (amqp.*), queue_type (quorum or classic), delivery_limit
+// (queues.*), management_port (management.port), connect_timeout, request_timeout, timeout
+// (both), reconnect_backoff_base and reconnect_backoff_max (backoff.*), and for TLS
+// tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, tls_key_password, tls_server_name,
+// tls_insecure_skip_verify, tls_min_version (tls.*). Validated (ValidateRabbitMqOptions).
+absl::StatusOr<RabbitMqOptions> RabbitMqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // What a sqlite:// URL sets: the database and each store's own options.
 struct SqliteUrlOptions {

@@ -57,6 +57,9 @@ absl::Status ValidateRabbitMqOptions(const RabbitMqOptions& o) {
   if (o.amqp.frame_max < 4096 || o.amqp.frame_max > (1 << 20)) {
     return Bad("amqp.frame_max", "must be 4096 to 1048576");
   }
+  if (o.amqp.prefetch < 0 || o.amqp.prefetch > 65535) {
+    return Bad("amqp.prefetch", "must be 0 (the consumer's intake) to 65535");
+  }
   if (o.management.port < 0 || o.management.port > 65535) {
     return Bad("management.port", "must be 0 (not used) or 1 to 65535");
   }

@@ -57,6 +57,11 @@ struct RabbitMqOptions {
     // Largest frame, in bytes, proposed to the broker (it may lower it); bodies are split into
     // frames of this size. Default 131072 (the broker's default); 4096 to 1048576.
     int frame_max = 131072;
+    // basic.qos prefetch of every consumer. Default 0: the consumer's intake (max in flight,
+    // then what SetIntake says), so the broker never pushes more than the consumer may hold.
+    // A larger value lets the broker push ahead into the consumer's buffer (deliveries beyond
+    // the intake wait there, leased); 0 to 65535.
+    int prefetch = 0;
   };
   Amqp amqp{};
 

@@ -91,7 +91,9 @@ absl::Status RabbitConsumer::Consume(Link& link) {
   }
   prefetch_ = intake;
   if (intake <= 0) return absl::OkStatus();
-  amqp_basic_qos(link.state(), kMainChannel, 0, static_cast<uint16_t>(std::min(intake, 65535)), 0);
+  const int prefetch = options_->amqp.prefetch > 0 ? options_->amqp.prefetch : intake;
+  amqp_basic_qos(link.state(), kMainChannel, 0, static_cast<uint16_t>(std::min(prefetch, 65535)),
+                 0);
   if (absl::Status st = link.Check(kMainChannel, "basic.qos"); !st.ok()) return st;
   amqp_basic_consume_ok_t* ok = amqp_basic_consume(link.state(), kMainChannel, Bytes(config_.queue),
                                                    amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
