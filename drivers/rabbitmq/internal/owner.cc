@@ -166,7 +166,7 @@ void Owner::Connect(Backoff& backoff) {
   }
 }
 
-void Owner::Drop(const absl::Status& why) {
+void Owner::Drop(absl::Status why) {
   link_.reset();
   counters_->connections.fetch_sub(1);
   options_->logger->Write(LogRecord{.level = LogLevel::kWarning,

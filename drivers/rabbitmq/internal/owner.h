@@ -92,7 +92,7 @@ class Owner {
   void Pump();
   void Sleep(absl::Duration max);
   void Wake();
-  void Drop(const absl::Status& why);
+  void Drop(absl::Status why);  // by value: it is often the dropped link's own status
   void FailTasks(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<const RabbitMqOptions> options_;
