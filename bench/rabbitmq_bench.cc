@@ -49,6 +49,8 @@ ABSL_FLAG(std::string, queue_type, "quorum", "quorum or classic");
 ABSL_FLAG(int, concurrency, 8, "HandlerOptions::flow.concurrency of the e2e step");
 ABSL_FLAG(int, max_in_flight, 0, "HandlerOptions::flow.max_in_flight (0: the default)");
 ABSL_FLAG(int, handler_batch_size, 0, "HandlerOptions::flow.batch_size (0: the default)");
+ABSL_FLAG(bool, handle_sends, false,
+          "e2e: the handle function sends one message to another queue (as an outbox relay)");
 ABSL_FLAG(std::string, steps, "send,send_batch,e2e", "which steps to run");
 
 namespace {
@@ -144,7 +146,14 @@ void EndToEnd(const std::shared_ptr<bus::Driver>& driver, int broker_pid, int me
   h.driver = driver;
   h.stores.dead_letters = bus::NewMemoryDeadLetterStore();
   h.stores.idempotency = bus::NewMemoryIdempotencyStore();
-  h.handle = [](const bus::Message&) { return absl::OkStatus(); };
+  const std::string relayed = queue + "-relayed";
+  if (absl::GetFlag(FLAGS_handle_sends)) {
+    h.handle = [&driver, relayed](const bus::Message& m) {
+      return driver->SendToQueue(relayed, m.payload, absl::ZeroDuration());
+    };
+  } else {
+    h.handle = [](const bus::Message&) { return absl::OkStatus(); };
+  }
   h.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
   h.flow.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   h.flow.batch_size = absl::GetFlag(FLAGS_handler_batch_size);

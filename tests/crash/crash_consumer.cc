@@ -47,7 +47,6 @@
 #include "common/postgres/postgres_database.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/postgres/postgres_driver.h"
-#include "drivers/rabbitmq/rabbitmq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/postgres/idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
@@ -59,8 +58,6 @@
 #include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
-ABSL_FLAG(int, rabbitmq_port, 0,
-          "RabbitMQ AMQP port on 127.0.0.1: the queues are RabbitMQ's (instead of Redis')");
 ABSL_FLAG(std::string, queue, "crash", "queue to consume");
 ABSL_FLAG(std::string, stores_db, "", "SQLite file of the dead-letter and idempotency stores");
 ABSL_FLAG(std::string, effects_db, "", "SQLite file with the table effects(biz_uid, incarnation)");
@@ -213,13 +210,7 @@ int main(int argc, char** argv) {
 
   const bool pg_driver = absl::GetFlag(FLAGS_pg_driver);
   std::shared_ptr<bus::Driver> driver;
-  if (absl::GetFlag(FLAGS_rabbitmq_port) != 0) {
-    bus::RabbitMqOptions rabbit;
-    rabbit.port = absl::GetFlag(FLAGS_rabbitmq_port);
-    absl::StatusOr<std::shared_ptr<bus::Driver>> opened = bus::NewRabbitMqDriver(rabbit);
-    if (!opened.ok()) return Fail(opened.status());
-    driver = *std::move(opened);
-  } else if (!pg_driver) {
+  if (!pg_driver) {
     bus::RedisOptions redis;
     redis.port = absl::GetFlag(FLAGS_redis_port);
     absl::StatusOr<std::shared_ptr<bus::Driver>> opened = bus::NewRedisDriver(redis);

@@ -17,10 +17,6 @@
 //    mark-done that docs/pipeline.md describes. So the test shows the difference the inbox
 //    makes.
 //
-// - With the RabbitMQ driver (--rabbitmq_port) in place of Redis for the queues, with the
-//    inbox on SQLite and on PostgreSQL: the same counts (a killed consumer's connection closes,
-//    so RabbitMQ gives its unacked deliveries back at once).
-//
 // - With the PostgreSQL driver (PostgresDriver; --pg_driver) and the inbox: the queues are
 //    tables of the stores' database and each invoice is sent by the driver inside the inbox's
 //    transaction (no outbox, no relay), so every invoice is delivered exactly once.
@@ -48,13 +44,11 @@
 #include "bus/envelope.h"
 #include "bus/publisher.h"
 #include "drivers/postgres/postgres_driver.h"
-#include "drivers/rabbitmq/rabbitmq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/crash/crash_files.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
-#include "tests/testing/rabbitmq_server.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
 
@@ -73,7 +67,6 @@ struct Mode {
   Backend backend;
   int batch_size;
   bool inbox;
-  bool rabbitmq = false;  // the queues on RabbitMQ instead of Redis
 };
 
 // Open transactions of the consumers that have written (the test's own connection is active).
@@ -92,12 +85,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
 
   const bool pg_driver = mode.backend == Backend::kPostgresDriver;
   std::unique_ptr<RedisServer> redis_server;
-  std::unique_ptr<RabbitMqServer> rabbitmq;
-  if (mode.rabbitmq) {
-    absl::StatusOr<std::unique_ptr<RabbitMqServer>> started = RabbitMqServer::Start({});
-    ASSERT_TRUE(started.ok()) << started.status();
-    rabbitmq = *std::move(started);
-  } else if (!pg_driver) {
+  if (!pg_driver) {
     absl::StatusOr<std::unique_ptr<RedisServer>> started = RedisServer::Start({});
     ASSERT_TRUE(started.ok()) << started.status();
     redis_server = *std::move(started);
@@ -126,10 +114,6 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
     absl::StatusOr<std::shared_ptr<PostgresDriver>> opened = NewPostgresDriver(pg);
     ASSERT_TRUE(opened.ok()) << opened.status();
     driver = std::shared_ptr<Driver>(*opened);
-  } else if (rabbitmq != nullptr) {
-    RabbitMqOptions rabbit;
-    rabbit.port = rabbitmq->port();
-    driver = NewRabbitMqDriver(rabbit);
   } else {
     RedisOptions redis;
     redis.port = redis_server->port();
@@ -144,9 +128,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
                                      absl::StrCat("--incarnation=", incarnation),
                                      absl::StrCat("--batch_size=", mode.batch_size),
                                      absl::StrCat("--sleep_after=", sleep_after)};
-    if (rabbitmq != nullptr) {
-      argv.push_back(absl::StrCat("--rabbitmq_port=", rabbitmq->port()));
-    } else if (redis_server != nullptr) {
+    if (redis_server != nullptr) {
       argv.push_back(absl::StrCat("--redis_port=", redis_server->port()));
     } else {
       argv.push_back("--pg_driver");
@@ -211,9 +193,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   ASSERT_TRUE(child.ok()) << child.status();
   EXPECT_TRUE(
       WaitUntil([&] { return effects->DistinctMessages() >= kMessages || !(*child)->Running(); },
-                // A quorum queue confirms each invoice the relay sends after a replicated write
-                // (about 10 ms here, against Redis' 0.1 ms): the drain takes longer.
-                mode.rabbitmq ? absl::Seconds(300) : absl::Seconds(90)) &&
+                absl::Seconds(90)) &&
       (*child)->Running())
       << effects->DistinctMessages() << " of " << kMessages << ":\n"
       << child_log(kKills);
@@ -263,8 +243,7 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
   std::cout << (mode.backend == Backend::kSqlite ? "sqlite"
                 : pg_driver                      ? "postgres driver"
                                                  : "postgres")
-            << (mode.rabbitmq ? " over rabbitmq" : "") << ", "
-            << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
+            << ", " << (mode.inbox ? "inbox" : "no inbox") << ", batch_size " << mode.batch_size
             << ", seed " << seed << ": " << kKills << " kills (" << forced << " inside the effect";
   if (postgres != nullptr && mode.inbox) {
     std::cout << ", " << seen_open << " seen in an open transaction";
@@ -308,15 +287,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{Backend::kSqlite, 64, false}, Mode{Backend::kPostgres, 1, true},
                       Mode{Backend::kPostgres, 64, true}, Mode{Backend::kPostgres, 64, false},
                       Mode{Backend::kPostgresDriver, 1, true},
-                      Mode{Backend::kPostgresDriver, 64, true},
-                      Mode{Backend::kSqlite, 64, true, /*rabbitmq=*/true},
-                      Mode{Backend::kPostgres, 64, true, /*rabbitmq=*/true}),
+                      Mode{Backend::kPostgresDriver, 64, true}),
     [](const ::testing::TestParamInfo<Mode>& info) {
       const Backend b = info.param.backend;
       return absl::StrCat(b == Backend::kSqlite     ? "Sqlite"
                           : b == Backend::kPostgres ? "Postgres"
                                                     : "PostgresDriver",
-                          info.param.rabbitmq ? "RabbitMq" : "",
                           info.param.inbox ? "Inbox" : "NoInbox", "Batch", info.param.batch_size);
     });
 
