@@ -7,13 +7,19 @@
 # broker (Debian's rabbitmq-server, started here as a process in a temporary directory, as the
 # tests do), quorum queues unless QUEUE_TYPE=classic. Not part of CI.
 #   bash bench/peers/run_rabbitmq.sh            # N=20000 messages per step
+#   OURS=path/to/rabbitmq_bench bash bench/peers/run_rabbitmq.sh   # an opt build made already
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${N:-20000}
 QUEUE_TYPE=${QUEUE_TYPE:-quorum}
+# The peers' prefetch: our default in flight (8 workers x 64, HandlerOptions defaults).
+PREFETCH=${PREFETCH:-512}
 [ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
-bazel build -c opt //bench:rabbitmq_bench >&2
-ours=$(bazel info -c opt bazel-bin)/bench/rabbitmq_bench
+if [ -z "${OURS:-}" ]; then
+  bazel build -c opt //bench:rabbitmq_bench >&2
+  OURS=$(bazel info -c opt bazel-bin)/bench/rabbitmq_bench
+fi
+ours=$OURS
 peer=$(mktemp -d)/rabbitmq_peer
 (cd bench/peers/rabbitmq && GOFLAGS=-mod=readonly go build -trimpath -o "$peer" .)
 
@@ -45,7 +51,7 @@ uri="amqp://guest:guest@127.0.0.1:$amqp/"
 "$peer" -uri="$uri" -mode=raw_send -messages="$N" -broker_pid="$broker" -queue_type="$QUEUE_TYPE"
 "$ours" "${common[@]}" --steps=e2e --e2e_messages="$N"
 "$ours" "${common[@]}" --steps=e2e --e2e_messages="$N" --handler_batch_size=64 --max_in_flight=512
-"$peer" -uri="$uri" -mode=raw_consume -messages="$N" -prefetch=64 -broker_pid="$broker" \
+"$peer" -uri="$uri" -mode=raw_consume -messages="$N" -prefetch="$PREFETCH" -broker_pid="$broker" \
   -queue_type="$QUEUE_TYPE"
-"$peer" -uri="$uri" -mode=watermill_e2e -messages="$N" -prefetch=64 -broker_pid="$broker" \
+"$peer" -uri="$uri" -mode=watermill_e2e -messages="$N" -prefetch="$PREFETCH" -broker_pid="$broker" \
   -queue_type="$QUEUE_TYPE"
