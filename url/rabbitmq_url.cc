@@ -1,11 +1,12 @@
-// amqp:// and amqps:// URLs (url.h says their form and parameters).
+// amqp:// and amqps:// URLs (rabbitmq_url.h says their form and parameters).
+
+#include "url/rabbitmq_url.h"
 
 #include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "url/internal/url_parts.h"
-#include "url/url.h"
 
 namespace bus {
 

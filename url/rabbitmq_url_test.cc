@@ -1,6 +1,8 @@
 // amqp:// and amqps:// URLs (url.h): parts, parameters, the environment, errors, redaction, and
 // OpenDriver.
 
+#include "url/rabbitmq_url.h"
+
 #include <map>
 #include <string>
 
