@@ -1,13 +1,25 @@
 #include "drivers/rabbitmq/internal/management.h"
 
-#include "absl/strings/ascii.h"
+#include <optional>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "common/net/http_client.h"
+#include "boost/asio/io_context.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/beast/core/flat_buffer.hpp"
+#include "boost/beast/core/tcp_stream.hpp"
+#include "boost/beast/http.hpp"
 #include "nlohmann/json.hpp"
 
 namespace bus::rabbitmq {
 namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = boost::asio::ip::tcp;
+
+// Largest answer read (a vhost's queue list with names only).
+constexpr uint64_t kMaxBody = uint64_t{64} << 20;
 
 std::string PercentEncode(absl::string_view s) {
   std::string out;
@@ -26,22 +38,38 @@ struct Answer {
   std::string body;
 };
 
-// One GET through common/net's client, with the AMQP user's basic authentication.
 absl::StatusOr<Answer> Get(const RabbitMqOptions& o, const std::string& target) {
-  net::HttpClientOptions client;
-  client.server = "RabbitMQ management API";
-  client.headers = {{"Authorization", absl::StrCat("Basic ", absl::Base64Escape(absl::StrCat(
-                                                                 o.user, ":", o.password)))}};
-  client.timeouts = o.timeouts;
-  client.max_body_bytes = uint64_t{64} << 20;  // a vhost's queue list, names and counts only
-  net::HttpUrl url{.host = o.host, .port = std::to_string(o.management.port), .target = target};
-  absl::StatusOr<net::HttpResponse> res = net::HttpCallSync(client, url, {.method = "GET"});
-  if (!res.ok()) return res.status();
-  if (res->status == 401) {
-    return absl::UnauthenticatedError(absl::StrCat("RabbitMQ management API refused user '", o.user,
-                                                   "' (it needs the management tag)"));
+  const std::string where =
+      absl::StrCat("RabbitMQ management API at ", o.host, ":", o.management.port);
+  boost::asio::io_context io;
+  beast::tcp_stream stream(io);
+  stream.expires_after(std::chrono::microseconds(absl::ToInt64Microseconds(o.timeouts.request)));
+  beast::error_code ec;
+  tcp::resolver resolver(io);
+  auto endpoints = resolver.resolve(o.host, std::to_string(o.management.port), ec);
+  if (ec) return absl::UnavailableError(absl::StrCat(where, ": ", ec.message()));
+  http::request<http::empty_body> req(http::verb::get, target, 11);
+  req.set(http::field::host, o.host);
+  req.set(http::field::authorization,
+          absl::StrCat("Basic ", absl::Base64Escape(absl::StrCat(o.user, ":", o.password))));
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(kMaxBody);
+  stream.async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) {
+    if ((ec = e)) return;
+    http::async_write(stream, req, [&](beast::error_code e2, size_t) {
+      if ((ec = e2)) return;
+      http::async_read(stream, buffer, parser, [&](beast::error_code e3, size_t) { ec = e3; });
+    });
+  });
+  io.run();
+  if (ec) return absl::UnavailableError(absl::StrCat(where, ": ", ec.message()));
+  const auto& res = parser.get();
+  if (res.result_int() == 401) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(where, " refused user '", o.user, "' (it needs the management tag)"));
   }
-  return Answer{res->status, std::move(res->body)};
+  return Answer{static_cast<int>(res.result_int()), res.body()};
 }
 
 }  // namespace

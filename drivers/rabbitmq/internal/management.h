@@ -2,9 +2,9 @@
 // RabbitMqOptions::management.port is set, for what AMQP 0-9-1 cannot tell a client: every
 // queue of the vhost (ListQueues), a queue's unacknowledged count (InspectQueue's in_flight) and
 // the messages in its wait queues (delayed) in one request.
-// One GET per call through common/net's HTTP client (plain HTTP, basic authentication with the
-// AMQP user), bounded by timeouts.request. The plugin refreshes its counts every
-// collect_statistics_interval (5 s by default), so the unacked count lags by up to that.
+// One blocking GET per call over plain HTTP with basic authentication (the AMQP user), bounded
+// by a timeout. The plugin refreshes its counts every collect_statistics_interval (5 s by
+// default), so the unacked count lags by up to that.
 //
 // Thread-safety: free functions without shared state.
 
