@@ -129,4 +129,5 @@ if ! "$prom_venv/bin/python3" -c "import importlib.metadata as m, sys; \
 fi
 # The brokers of the newer drivers, one script each.
 bash "$here/setup_nats.sh"
+bash "$here/setup_rabbitmq.sh"
 echo "setup_tests: ok"

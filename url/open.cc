@@ -11,6 +11,7 @@
 #include "drivers/nats/nats_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
+#include "drivers/rabbitmq/rabbitmq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/postgres/idempotency_store.h"
@@ -24,6 +25,7 @@
 #include "url/nats_url.h"
 #include "url/nsq_url.h"
 #include "url/postgres_url.h"
+#include "url/rabbitmq_url.h"
 #include "url/redis_url.h"
 #include "url/sqlite_url.h"
 
@@ -105,6 +107,17 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenNats(absl::string_view text, const O
   return NewNatsDriver(*std::move(nats));
 }
 
+absl::StatusOr<std::shared_ptr<Driver>> OpenRabbitMq(absl::string_view text,
+                                                     const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  absl::StatusOr<RabbitMqOptions> rabbit = RabbitMqOptionsFromUrl(*url, EnvOf(o));
+  if (!rabbit.ok()) return rabbit.status();
+  if (o.clock != nullptr) rabbit->clock = o.clock;
+  if (o.logger != nullptr) rabbit->logger = o.logger;
+  return NewRabbitMqDriver(*std::move(rabbit));
+}
+
 absl::StatusOr<Stores> OpenSqliteStores(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
@@ -175,6 +188,8 @@ constexpr Opener kOpeners[] = {
     {"nsq", OpenNsq, nullptr},
     {"nats", OpenNats, nullptr},
     {"tls", OpenNats, nullptr},
+    {"amqp", OpenRabbitMq, nullptr},
+    {"amqps", OpenRabbitMq, nullptr},
     {"sqlite", nullptr, OpenSqliteStores},
     {"postgres", OpenPostgres, OpenPostgresStores},
     {"postgresql", OpenPostgres, OpenPostgresStores},
