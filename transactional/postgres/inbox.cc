@@ -341,6 +341,10 @@ absl::Status PostgresInbox::MarkDone(absl::string_view key, absl::string_view ow
 absl::Status PostgresInbox::Release(absl::string_view key, absl::string_view owner) {
   return keys_->Release(key, owner);
 }
+absl::StatusOr<bool> PostgresInbox::AcquireReporting(absl::string_view key, absl::string_view owner,
+                                                     absl::Duration lease, AcquireReport* report) {
+  return keys_->AcquireReporting(key, owner, lease, report);
+}
 void PostgresInbox::AcquireMany(absl::Span<const absl::string_view> keys,
                                 absl::Span<const absl::string_view> owners, absl::Duration lease,
                                 absl::Span<absl::StatusOr<bool>> results) {

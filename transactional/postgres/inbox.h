@@ -158,6 +158,8 @@ class PostgresInbox final : public TransactionalStore,
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override;
   absl::Status Release(absl::string_view key, absl::string_view owner) override;
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override;
   void AcquireMany(absl::Span<const absl::string_view> keys,
                    absl::Span<const absl::string_view> owners, absl::Duration lease,
                    absl::Span<absl::StatusOr<bool>> results) override;

@@ -71,6 +71,10 @@ absl::Status SqliteInbox::MarkDone(absl::string_view key, absl::string_view owne
 absl::Status SqliteInbox::Release(absl::string_view key, absl::string_view owner) {
   return keys_->Release(key, owner);
 }
+absl::StatusOr<bool> SqliteInbox::AcquireReporting(absl::string_view key, absl::string_view owner,
+                                                   absl::Duration lease, AcquireReport* report) {
+  return keys_->AcquireReporting(key, owner, lease, report);
+}
 void SqliteInbox::AcquireMany(absl::Span<const absl::string_view> keys,
                               absl::Span<const absl::string_view> owners, absl::Duration lease,
                               absl::Span<absl::StatusOr<bool>> results) {
