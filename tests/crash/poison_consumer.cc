@@ -23,11 +23,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bus/handler.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(std::string, driver, "redis", "redis or nsq");
