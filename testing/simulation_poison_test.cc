@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "testing/simulation.h"
 #include "gtest/gtest.h"
+#include "testing/simulation.h"
 
 namespace bus::testing {
 namespace {

@@ -189,7 +189,9 @@ TEST_P(PoisonTest, OnlyTheSelfKillingMessageIsDeadLetteredAndTheRestAreHandled) 
     auto it = handled.find(biz_uid);
     ASSERT_TRUE(it != handled.end()) << biz_uid << " never handled";
     const std::vector<int>& runs = it->second;
-    if (c.stores == "inbox") EXPECT_EQ(runs.size(), 1u) << biz_uid;
+    if (c.stores == "inbox") {
+      EXPECT_EQ(runs.size(), 1u) << biz_uid;
+    }
     for (size_t k = 0; k + 1 < runs.size(); ++k) {
       EXPECT_LT(runs[k], run) << biz_uid << " handled again after a run that did not die";
       ++repeated;
