@@ -19,10 +19,12 @@ inline constexpr char kAcquireSql[] =
     "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = false, "
     "expires_at = excluded.expires_at WHERE k.expires_at <= clock_timestamp()";
 // As kAcquireSql; one row returned when acquired, holding the owner of the lease it took over
-// when that lease had run out unreleased (NULL: none), for AcquireReporting.
+// when that lease had run out unreleased (NULL: none), for AcquireReporting. `prev` reads the
+// statement's snapshot, the row as it was before this statement's update (a FOR UPDATE there
+// would skip the row the statement itself updates).
 inline constexpr char kAcquireReportingSql[] =
     "WITH prev AS (SELECT owner FROM {schema}.idempotency_keys WHERE key = $1 AND NOT done "
-    "AND expires_at <= clock_timestamp() FOR UPDATE) "
+    "AND expires_at <= clock_timestamp()) "
     "INSERT INTO {schema}.idempotency_keys AS k (key, owner, done, expires_at) "
     "VALUES ($1, $2, false, clock_timestamp() + $3::bigint * interval '1 microsecond') "
     "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = false, "
