@@ -166,7 +166,8 @@ class SimulationContext {
   virtual void Later(std::function<void()> fn) = 0;
 
   // The process dies now, as a handler that calls abort() makes it: nothing more of its batch
-  // reaches the stores or the broker, and its deliveries stay leased until their leases run out.
+  // reaches the stores or the broker, and its deliveries, with up to max_batch more ready ones
+  // (its prefetch), stay leased until their leases run out.
   virtual void Crash() = 0;
 
   // The run's fake time.

@@ -356,8 +356,11 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
     Trace(absl::StrCat("handle ", msg.id, " threw"));
     throw;
   }
-  // The handler killed its process (SimulationContext::Crash).
-  if (crashed_) return absl::UnavailableError("simulation: the process crashed");
+  if (crashed_) {
+    // The handler killed its process (SimulationContext::Crash), which held its prefetch too.
+    broker_->Hold(sim_.max_batch);
+    return absl::UnavailableError("simulation: the process crashed");
+  }
   Trace(absl::StrCat("handle ", msg.id, " -> ", st.ToString()));
   if (Chance(FaultKind::kCrashDuringHandle, msg.id)) {
     Crash();
