@@ -202,18 +202,17 @@ struct HandlerOptions {
     // after the drain, logged once with a kFatalError event. True: keep retrying with backoff
     // (Ready() shows it).
     bool retry_fatal_errors = false;
-    // Max deliveries: a message the broker has delivered more than this many times
-    // (Delivery::attempts) is dead-lettered as kPoison, with the count in its reason, without
-    // calling `ensure` or `handle`, then settled; >= 0, 0 (the default): no cap. Only
-    // deliveries that ended without the Handler settling them count: the process died while
-    // handling the message, or its lease ran out. A failure of `handle` never counts (it is
-    // settled by a re-send, which the broker counts from 1 again), nor do deliveries this
-    // process gave back itself (a store outage, a stop). Off by default because the broker's
-    // count also includes deliveries that were only buffered: when a message crashes the
-    // process, the others it held (up to max_in_flight) are delivered again too, and a small
-    // cap would dead-letter them beside it. To stop a crash loop, set it (5 is go-nsq's
-    // MaxAttempts) with a small max_in_flight. Drivers whose broker does not count deliveries
-    // report 0 and are never capped.
+    // Max deliveries (docs/flow-control.md, "Max deliveries"): a message whose handler died
+    // running alone this many times is dead-lettered as kPoison, without calling `ensure` or
+    // `handle`, then settled; >= 0, 0 (the default): no cap. A delivery that came back unsettled
+    // (Delivery::attempts more than one plus this process's own give-backs: the process died
+    // holding it, or its lease ran out) is a suspect, run alone, one at a time, while the others
+    // go on; only a suspect that dies alone counts, recorded by its idempotency key's owner
+    // (IdempotencyStore::AcquireReporting). Neighbours that were held or in a batch when the
+    // process died, failures of `handle` and give-backs never count, and a done key is a
+    // duplicate before the cap is looked at. With a store that does not report lapsed leases,
+    // the broker's count less this process's give-backs is capped instead. Drivers whose broker
+    // does not count deliveries report 0 and are never capped.
     int max_deliveries = 0;
   };
   Flow flow{};

@@ -39,6 +39,7 @@ constexpr KindNames kKinds[] = {
     {"time jump", "kTimeJump"},
     {"second worker during handle", "kSecondWorker"},
     {"crash in transaction", "kCrashInTransaction"},
+    {"crash holding a batch", "kCrashHoldingBatch"},
     {"crash at step", "kCrashAtStep"},
     {"second process at step", "kSecondProcessAtStep"},
 };
@@ -188,6 +189,7 @@ FaultRates FaultRates::None() {
           .time_jump = 0,
           .second_worker = 0,
           .crash_in_transaction = 0,
+          .crash_holding_batch = 0,
           .crash_at_step = 0,
           .second_process_at_step = 0};
 }
@@ -226,6 +228,8 @@ double FaultRates::Of(FaultKind kind) const {
       return second_worker;
     case FaultKind::kCrashInTransaction:
       return crash_in_transaction;
+    case FaultKind::kCrashHoldingBatch:
+      return crash_holding_batch;
     case FaultKind::kCrashAtStep:
       return crash_at_step;
     case FaultKind::kSecondProcessAtStep:

@@ -25,7 +25,8 @@
 //   EXPECT_FALSE(r->failed) << r->ToString();  // fails: a crash before mark-done charges twice
 //
 // How a run goes: the simulator is the broker (a model queue with leases, delivery counts and
-// delays in fake time) and the receive loop. On one thread it takes a batch of ready deliveries,
+// delays in fake time) and the receive loop. On one thread it takes a batch of ready deliveries
+// (a suspect alone, as the receive loop does: docs/flow-control.md, "Max deliveries"),
 // passes it through the Handler's own pipeline (the steps of docs/pipeline.md, unchanged) with
 // the user's HandlerOptions (handle, ensure, retry_delay) on memory stores, and settles what the
 // pipeline decided. No thread, no wall clock, no sleep: time moves only when nothing is ready (to
@@ -91,6 +92,8 @@ enum class FaultKind {
   kSecondWorker,          // while handle runs, a second worker of the process takes a batch
                           // and settles it (a copy whose lease ran out comes back to it)
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
+  kCrashHoldingBatch,     // it dies before handling a message of a batch of several, holding
+                          // the batch and up to max_batch more ready messages (its prefetch)
   kCrashAtStep,           // it dies at a step of handle (HandleContext::Step, a wait): the
                           // handler's effects before the step are done, none after it
   kSecondProcessAtStep,   // at a step of handle, the process stalls past its lease and a second
@@ -134,6 +137,8 @@ struct FaultRates {
   double time_jump = 0.01;
   double second_worker = 0.003;
   double crash_in_transaction = 0.003;
+  // Off by default: it makes neighbours of a message suspects (flow.max_deliveries).
+  double crash_holding_batch = 0;
   double crash_at_step = 0.005;
   double second_process_at_step = 0.005;
 
@@ -176,6 +181,10 @@ class SimulationContext {
   // for (a write-behind cache, an asynchronous write). It is process-local: a crash before it
   // ran loses it.
   virtual void Later(std::function<void()> fn) = 0;
+
+  // The process dies now, as a handler that calls abort() makes it: nothing more of its batch
+  // reaches the stores or the broker, and its deliveries stay leased until their leases run out.
+  virtual void Crash() = 0;
 
   // The run's fake time.
   virtual absl::Time Now() const = 0;

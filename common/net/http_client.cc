@@ -73,104 +73,96 @@ awaitable<error_code> Exchange(Stream& stream, const http::request<http::string_
   co_return ec;
 }
 
-// The state of one call: its socket, its TLS stream, its deadline and how a failure reads.
-class Call {
- public:
-  Call(asio::io_context& io, const HttpClientOptions& client, const HttpUrl& url)
-      : client_(client),
-        url_(url),
-        server_(absl::StrCat(client.server, " ", Authority(url))),
-        socket_(io),
-        deadline_(io) {}
-
-  awaitable<absl::StatusOr<HttpResponse>> Run(http::request<http::string_body> req) {
-    if (url_.tls && client_.tls_context == nullptr) {
-      co_return absl::InvalidArgumentError(
-          absl::StrCat(server_, ": https:// without a TLS context"));
-    }
-    Arm(client_.timeouts.connect);
-    const absl::Time start = absl::Now();
-    error_code ec;
-    tcp::resolver resolver(socket_.get_executor());
-    auto endpoints = co_await resolver.async_resolve(url_.host, url_.port,
-                                                     asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return Failed("resolve", ec);
-    co_await asio::async_connect(socket_, endpoints, asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return Failed("connect", ec);
-    if (url_.tls) {
-      if (absl::Status s = co_await Handshake(); !s.ok()) co_return s;
-    }
-    // The request's deadline counts from the call's start.
-    Arm(client_.timeouts.request - (absl::Now() - start));
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(client_.max_body_bytes);
-    const char* step = "";
-    ec = tls_ != nullptr ? co_await Exchange(*tls_, req, parser, &step)
-                         : co_await Exchange(socket_, req, parser, &step);
-    const bool cut = ec == http::error::body_limit && client_.cut_body_over_limit;
-    if (ec && !cut) co_return Failed(step, ec);
-    deadline_.cancel();
-    error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
-    co_return HttpResponse{static_cast<int>(parser.get().result_int()),
-                           std::move(parser.get().body())};
+// The status of a call that failed at `step` with `ec`.
+absl::Status Failed(const HttpClientOptions& client, const std::string& server,
+                    absl::string_view step, const error_code& ec, bool timed_out,
+                    absl::Duration timeout, asio::ssl::stream<tcp::socket&>* tls) {
+  if (ec == http::error::body_limit) {
+    return absl::UnavailableError(
+        absl::StrCat(server, ": response body over ", Bytes(client.max_body_bytes)));
   }
+  if (timed_out) {
+    return absl::UnavailableError(
+        absl::StrCat(server, ": ", step, ": timed out after ", absl::FormatDuration(timeout)));
+  }
+  if (tls != nullptr) {
+    return TlsFailure(tls->native_handle(), client.tls_verify, ec, server, step, client.tls_names,
+                      {});
+  }
+  return absl::UnavailableError(absl::StrCat(server, ": ", step, ": ", ec.message()));
+}
 
- private:
-  // Closes the socket when `timeout` passes, which ends the operation under way.
-  void Arm(absl::Duration timeout) {
-    timeout_ = timeout;
-    deadline_.expires_after(ToChrono(timeout));
-    deadline_.async_wait([this](const error_code& ec) {
+// One call on a new connection: the connect deadline bounds resolve, connect and handshake; the
+// request deadline, counted from the start, the rest. Either closes the socket when it passes,
+// which fails the operation under way.
+awaitable<absl::StatusOr<HttpResponse>> CallOnce(asio::io_context& io,
+                                                 const HttpClientOptions& client,
+                                                 const HttpUrl& url,
+                                                 http::request<http::string_body> req) {
+  const std::string server = absl::StrCat(client.server, " ", Authority(url));
+  if (url.tls && client.tls_context == nullptr) {
+    co_return absl::InvalidArgumentError(absl::StrCat(server, ": https:// without a TLS context"));
+  }
+  tcp::socket socket(io);
+  bool timed_out = false;
+  // The timeout a timed-out step reports: connect's, then request's.
+  absl::Duration timeout = client.timeouts.connect;
+  asio::steady_timer deadline(io);
+  auto arm = [&](absl::Duration reported, absl::Duration left) {
+    timeout = reported;
+    deadline.expires_after(ToChrono(left));
+    deadline.async_wait([&](const error_code& ec) {
       if (ec) return;
-      timed_out_ = true;
+      timed_out = true;
       error_code ignored;
-      socket_.close(ignored);
+      socket.close(ignored);
     });
-  }
+  };
+  const absl::Time start = absl::Now();
+  arm(client.timeouts.connect, client.timeouts.connect);
+  std::unique_ptr<asio::ssl::stream<tcp::socket&>> tls;
+  auto failed = [&](absl::string_view step, const error_code& ec) {
+    deadline.cancel();
+    return Failed(client, server, step, ec, timed_out, timeout, tls.get());
+  };
 
-  awaitable<absl::Status> Handshake() {
-    tls_ = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket_, *client_.tls_context);
-    const std::string& name = client_.tls_server_name.empty() ? url_.host : client_.tls_server_name;
-    if (absl::Status s = PrepareTlsClient(tls_->native_handle(), name, client_.tls_verify, server_);
-        !s.ok()) {
-      deadline_.cancel();
-      co_return s;
+  error_code ec;
+  tcp::resolver resolver(io);
+  auto endpoints =
+      co_await resolver.async_resolve(url.host, url.port, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return failed("resolve", ec);
+  co_await asio::async_connect(socket, endpoints, asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return failed("connect", ec);
+  if (url.tls) {
+    tls = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket, *client.tls_context);
+    const std::string& name = client.tls_server_name.empty() ? url.host : client.tls_server_name;
+    absl::Status prepared = PrepareTlsClient(tls->native_handle(), name, client.tls_verify, server);
+    if (!prepared.ok()) {
+      deadline.cancel();
+      co_return prepared;
     }
-    error_code ec;
-    co_await tls_->async_handshake(asio::ssl::stream_base::client,
-                                   asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return Failed("handshake", ec);
-    co_return absl::OkStatus();
+    co_await tls->async_handshake(asio::ssl::stream_base::client,
+                                  asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return failed("handshake", ec);
   }
-
-  absl::Status Failed(absl::string_view step, const error_code& ec) {
-    deadline_.cancel();
-    if (ec == http::error::body_limit) {
-      return absl::UnavailableError(
-          absl::StrCat(server_, ": response body over ", Bytes(client_.max_body_bytes)));
-    }
-    if (timed_out_) {
-      return absl::UnavailableError(
-          absl::StrCat(server_, ": ", step, ": timed out after ", absl::FormatDuration(timeout_)));
-    }
-    if (tls_ != nullptr) {
-      return TlsFailure(tls_->native_handle(), client_.tls_verify, ec, server_, step,
-                        client_.tls_names, {});
-    }
-    return absl::UnavailableError(absl::StrCat(server_, ": ", step, ": ", ec.message()));
+  arm(client.timeouts.request, client.timeouts.request - (absl::Now() - start));
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(client.max_body_bytes);
+  const char* step = "";
+  if (tls != nullptr) {
+    ec = co_await Exchange(*tls, req, parser, &step);
+  } else {
+    ec = co_await Exchange(socket, req, parser, &step);
   }
-
-  const HttpClientOptions& client_;
-  const HttpUrl& url_;
-  const std::string server_;
-  tcp::socket socket_;
-  std::unique_ptr<asio::ssl::stream<tcp::socket&>> tls_;
-  asio::steady_timer deadline_;
-  absl::Duration timeout_;
-  bool timed_out_ = false;
-};
+  const bool cut = ec == http::error::body_limit && client.cut_body_over_limit;
+  if (ec && !cut) co_return failed(step, ec);
+  deadline.cancel();
+  error_code ignored;
+  socket.shutdown(tcp::socket::shutdown_both, ignored);
+  socket.close(ignored);
+  co_return HttpResponse{static_cast<int>(parser.get().result_int()),
+                         std::move(parser.get().body())};
+}
 
 absl::StatusOr<http::request<http::string_body>> MakeRequest(const HttpClientOptions& client,
                                                              const HttpUrl& url,
@@ -225,15 +217,14 @@ absl::StatusOr<HttpUrl> ParseHttpUrl(absl::string_view url) {
 awaitable<absl::StatusOr<HttpResponse>> HttpCall(asio::io_context& io,
                                                  const HttpClientOptions& client, HttpUrl url,
                                                  HttpRequest request) {
+  absl::StatusOr<http::request<http::string_body>> req =
+      MakeRequest(client, url, std::move(request));
+  if (!req.ok()) co_return req.status();
   std::string error;
   // No exception leaves: the callers are coroutines (a detached poll among them) where one
   // would end the I/O thread or the process.
   try {
-    absl::StatusOr<http::request<http::string_body>> req =
-        MakeRequest(client, url, std::move(request));
-    if (!req.ok()) co_return req.status();
-    Call call(io, client, url);
-    co_return co_await call.Run(*std::move(req));
+    co_return co_await CallOnce(io, client, url, *std::move(req));
   } catch (const std::exception& e) {
     error = e.what();
   }

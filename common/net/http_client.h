@@ -93,7 +93,8 @@ struct HttpResponse {
 // resolve, connect, handshake, write, read) when the server cannot be reached, the deadline
 // passes or the body is over the limit; InvalidArgument for https:// without a TLS context or
 // a bad method; TLS failures as TlsFailure (common/net/tls_context.h) says. No exception
-// leaves it.
+// leaves it. Pass `request` as a named object moved in, not a temporary (GCC 12 destroys a
+// temporary argument of a coroutine twice).
 boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpCall(boost::asio::io_context& io,
                                                               const HttpClientOptions& client,
                                                               HttpUrl url, HttpRequest request);

@@ -1,6 +1,7 @@
 // An in-memory IdempotencyStore: leases with owner tokens, done-with-retention, release by the
 // owner only (bus/stores.h). Expired entries are swept in bounded batches as operations run, so
-// the map does not grow without bound. Time comes from the injected clock.
+// the map does not grow without bound; a lease that ran out unreleased is kept as a record for
+// kLapsedLeaseRecord (AcquireReporting). Time comes from the injected clock.
 //
 // Thread-safety: safe for concurrent use.
 

@@ -32,6 +32,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       : db_(std::move(db)),
         options_(options),
         acquire_(db_->Sql(pg_internal::kAcquireSql)),
+        acquire_reporting_(db_->Sql(pg_internal::kAcquireReportingSql)),
         mark_done_(db_->Sql(pg_internal::kMarkDoneSql)),
         release_(db_->Sql(pg_internal::kReleaseKeySql)),
         cleanup_(db_->Sql(pg_internal::kCleanupKeysSql)),
@@ -48,6 +49,25 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     MaybeCleanup();
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1;
+  }
+
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{.reported = true};
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
+    const Statement s{&acquire_reporting_,
+                      {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner)),
+                       Param::Int(Micros(lease))}};
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
+    MaybeCleanup();
+    if (!r.ok()) return r.status();
+    const Result& got = (*r)[0];
+    if (got.rows() != 1) return false;
+    if (!got.IsNull(0, 0)) report->lapsed_owner = std::string(got.Bytes(0, 0));
+    return true;
   }
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
@@ -144,7 +164,8 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       if (cleaning_ || clock.Now() < next_cleanup_) return;
       cleaning_ = true;
     }
-    const Statement s{&cleanup_, {Param::Int(options_.cleanup_batch)}};
+    const Statement s{&cleanup_,
+                      {Param::Int(options_.cleanup_batch), Param::Int(Micros(kLapsedLeaseRecord))}};
     absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch;
     absl::MutexLock lock(&mu_);
@@ -154,7 +175,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
 
   const std::shared_ptr<PostgresDatabase> db_;
   const PostgresIdempotencyOptions options_;
-  const std::string acquire_, mark_done_, release_, cleanup_;
+  const std::string acquire_, acquire_reporting_, mark_done_, release_, cleanup_;
   absl::Mutex mu_;
   bool cleaning_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time next_cleanup_ ABSL_GUARDED_BY(mu_);

@@ -72,9 +72,14 @@ class ModelBroker final : public Driver {
     if (ready.empty()) return out;
     const size_t n = std::min<size_t>(ready.size(), 1 + world_->Draw(max_batch));
     if (!found && world_->Chance(FaultKind::kReorder, "")) start = world_->Draw(ready.size());
-    for (size_t k = 0; k < n; ++k) {
+    // As the receive loop: a suspect goes alone; else the batch takes no suspect.
+    bool alone = false;
+    for (size_t k = 0; k < ready.size() && out.size() < n && !alone; ++k) {
       const uint64_t seq = ready[(start + k) % ready.size()];
       Entry& e = entries_.at(seq);
+      const bool suspect = world_->Suspect(Delivery{e.data, "", e.attempts + 1, ""});
+      if (suspect && !out.empty()) continue;
+      alone = suspect;
       const bool lease_ran_out = e.leased;
       e.leased = true;
       e.lease_until = now + world_->handler_options().flow.delivery_lease;
@@ -87,6 +92,22 @@ class ModelBroker final : public Driver {
       if (world_->Chance(FaultKind::kDuplicate, e.id)) Add(e.data, absl::ZeroDuration());
     }
     return out;
+  }
+
+  // Leases up to `k` more ready entries without handing them out: the prefetch of a process
+  // that dies holding them (kCrashHoldingBatch).
+  void Hold(int k) {
+    const absl::Time now = clock_->Now();
+    for (auto& [seq, e] : entries_) {
+      if (k == 0) break;
+      if (e.visible_at > now || (e.leased && e.lease_until > now)) continue;
+      e.leased = true;
+      e.lease_until = now + world_->handler_options().flow.delivery_lease;
+      ++e.lease;
+      ++e.attempts;
+      --k;
+      world_->Trace(absl::StrCat("hold ", e.id, " attempt ", e.attempts));
+    }
   }
 
   // When the next entry becomes ready (a delay or a lease that runs out); InfiniteFuture() when

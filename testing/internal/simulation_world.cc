@@ -213,6 +213,11 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
     RunSecondWorker(msg.id);
     if (p.crashed) return absl::UnavailableError("simulation: the process crashed");
   }
+  if (!p.second && batch_size_ > 1 && Chance(FaultKind::kCrashHoldingBatch, msg.id)) {
+    broker_->Hold(sim_.max_batch);
+    Crash();
+    return absl::UnavailableError("simulation: the process crashed");
+  }
   // The handler's context: the run's clock (a wait does not block) and its steps.
   const HandleContext context(ctx.stop_token(), *sim_clock_, ctx.deliveries(), &steps_);
   p.handling = msg.id;
@@ -244,6 +249,11 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
                        " returned after its process died at a step: it caught the "
                        "simulator's exception (a catch (...) that does not rethrow)"));
     }
+    return absl::UnavailableError("simulation: the process crashed");
+  }
+  if (p.crashed) {
+    // The handler killed its process (SimulationContext::Crash), which held its prefetch too.
+    broker_->Hold(sim_.max_batch);
     return absl::UnavailableError("simulation: the process crashed");
   }
   Trace(absl::StrCat("handle ", msg.id, " -> ", st.ToString()));
@@ -284,6 +294,8 @@ void World::RunSecondWorker(const std::string& during) {
   Trace(absl::StrCat("second worker: takes ", batch.size(), " while handle ", during, " runs"));
   std::vector<Settlement> out(batch.size());
   second_worker_running_ = true;
+  const size_t outer_batch = batch_size_;
+  batch_size_ = batch.size();
   // On a thread of its own, as in production: the pipeline keeps a worker's batch buffers per
   // thread. This thread waits for it, so one thread runs at a time and the run stays the seed's.
   std::thread([&] {
@@ -291,6 +303,7 @@ void World::RunSecondWorker(const std::string& during) {
     current_->pipeline->Process(batch, absl::MakeSpan(out));
   }).join();
   running_ = std::this_thread::get_id();
+  batch_size_ = outer_batch;
   second_worker_running_ = false;
   if (!crashed()) Settle(batch, out);
   Trace(absl::StrCat("second worker: done", crashed() ? " (the process crashed)" : ""));
@@ -375,6 +388,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
     }
     std::vector<Settlement> out(batch.size());
     primary_busy_ = true;
+    batch_size_ = batch.size();
     primary_->pipeline->Process(batch, absl::MakeSpan(out));
     if (!primary_->crashed) Settle(batch, out);
     FinishSecondProcess();

@@ -91,15 +91,19 @@ class World final : public SimulationContext {
   bool Wait(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  void Crash() override;
+
   // For the broker and the stores.
 
   // Whether the next chance of `kind` on `target` fires; a fault that fires is recorded and
   // traced.
   bool Chance(FaultKind kind, absl::string_view target);
-  // The running process dies now: from here until its batch returns, nothing it does reaches the
-  // handler, the stores or the broker.
-  void Crash();
+  // Crash(): the running process dies now: from here until its batch returns, nothing it does
+  // reaches the handler, the stores or the broker.
   bool crashed() const;
+  // Whether the running process's pipeline takes `d` for a suspect (the receive loop then runs
+  // it alone).
+  bool Suspect(const Delivery& d) { return current_->pipeline->Suspect(d); }
   // Appends "step S t+D: <text>" to the trace.
   void Trace(absl::string_view text);
   // The id of the message last delivered with idempotency key `key` (for fault targets).
@@ -208,6 +212,8 @@ class World final : public SimulationContext {
   // Why the run ended early (a handler without progress, a wait without deadline), or OK.
   absl::Status abort_;
   bool second_worker_running_ = false;
+  // The size of the batch the pipeline runs (kCrashHoldingBatch fires in batches of several).
+  size_t batch_size_ = 0;
   int step_ = 0;
   // Chances so far, by kind and target (hash maps: only looked up, never iterated, so their
   // order cannot reach the trace).

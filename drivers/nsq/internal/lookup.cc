@@ -34,8 +34,11 @@ awaitable<absl::StatusOr<HttpResponse>> HttpRequest(asio::io_context& io, absl::
   if (!client.bearer.empty()) {
     options.headers.emplace_back("Authorization", absl::StrCat("Bearer ", client.bearer));
   }
-  absl::StatusOr<net::HttpResponse> res = co_await net::HttpCall(
-      io, options, std::move(url), net::HttpRequest{.method = std::string(method)});
+  // A named request, not a temporary: GCC 12 destroys a temporary passed by value to a
+  // coroutine twice.
+  net::HttpRequest request{.method = std::string(method)};
+  absl::StatusOr<net::HttpResponse> res =
+      co_await net::HttpCall(io, options, std::move(url), std::move(request));
   if (!res.ok()) co_return res.status();
   co_return HttpResponse{res->status, std::move(res->body)};
 }
