@@ -203,8 +203,8 @@ class PostgresConsumer final : public Consumer {
       stopping_ = false;
       if (stop.stop_requested()) return -1;
     }
-    return std::max(
-        0, std::min({max, limit_ - static_cast<int>(held_.size()), core_->options.reserve_batch}));
+    return std::max(0, std::min({max, limit_ - static_cast<int>(held_.size()),
+                                 core_->options.reserve_batch_size}));
   }
 
   // The session that LISTENs on the queue's channel, opened (again) when there is none or it

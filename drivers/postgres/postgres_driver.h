@@ -74,7 +74,7 @@ struct PostgresDriverOptions {
   // kDefaultMaxMessageBytes (1 MiB), as the Handler's.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
   // Most messages one reserve statement leases; >= 1.
-  int reserve_batch = 256;
+  int reserve_batch_size = 256;
 };
 
 // InvalidArgument naming the first bad field.

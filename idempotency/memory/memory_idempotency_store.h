@@ -19,7 +19,7 @@ struct MemoryIdempotencyOptions {
   // Default: RealClock().
   std::shared_ptr<Clock> clock{};
   // Expired entries removed per operation, at most.
-  int sweep_batch = 16;
+  int sweep_batch_size = 16;
 };
 
 class MemoryIdempotencyStore : public IdempotencyStore {

@@ -43,7 +43,7 @@ namespace bus {
 struct PostgresIdempotencyOptions {
   // Expired keys deleted per cleanup step (one statement, one transaction); >= 1. A step that
   // finds a full batch lets the next call run another at once.
-  int cleanup_batch = 1000;
+  int cleanup_batch_size = 1000;
   // How often a call looks for expired keys; > 0.
   absl::Duration cleanup_interval = absl::Seconds(10);
 };

@@ -42,7 +42,7 @@ struct SqliteIdempotencyOptions {
   // its own, taken by the database's group commit at most every `cleanup_interval`, and again
   // at the next write as long as a step finds a full batch, so cleanup keeps up without ever
   // holding the lock for long.
-  int cleanup_batch = 1000;
+  int cleanup_batch_size = 1000;
   // How often writes look for expired entries; > 0.
   absl::Duration cleanup_interval = absl::Seconds(10);
 };

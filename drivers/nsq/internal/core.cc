@@ -27,7 +27,7 @@ bool UsesHttps(const NsqOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqOptions& options) {
-  const NsqTls& tls = options.tls;
+  const TlsOptions& tls = options.tls;
   if (!tls.enabled && !UsesHttps(options)) return nullptr;
   auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
   auto bad = [](absl::string_view option, const std::string& file,
@@ -116,7 +116,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.identify.client_id = options_.auth.client_id;
   c.identify.hostname = options_.auth.client_id;
   c.identify.user_agent = options_.auth.user_agent;
-  c.identify.heartbeat_interval_ms = ToMs(options_.timeouts.heartbeat_interval);
+  c.identify.heartbeat_interval_ms = ToMs(options_.connection.heartbeat_interval);
   c.identify.msg_timeout_ms = ToMs(msg_timeout);
   c.identify.output_buffer_timeout_ms = ToMs(options_.consuming.output_buffer_timeout);
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
@@ -125,7 +125,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.open_count = open_connections_;
   // The context may be there for https:// HTTP addresses alone.
   if (options_.tls.enabled) c.tls_context = tls_context_;
-  c.tls_required = options_.tls.required;
+  c.tls_required = options_.connection.tls_required;
   c.tls_server_name = options_.tls.server_name;
   c.tls_verify = !options_.tls.insecure_skip_verify;
   switch (options_.compression.codec) {
