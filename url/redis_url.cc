@@ -112,7 +112,7 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   p.Duration("request_timeout", &o.timeouts.request);
   p.Duration("reconnect_backoff_base", &o.backoff.initial);
   p.Duration("reconnect_backoff_max", &o.backoff.max);
-  p.Integer("script_batch", &o.limits.script_batch);
+  p.Integer("script_batch_size", &o.limits.script_batch_size);
   p.Integer("max_reply_bytes", &o.limits.max_reply_bytes);
   p.Integer("max_reply_elements", &o.limits.max_reply_elements);
   p.Integer("wait_replicas", &o.replication.wait_replicas);
@@ -126,9 +126,9 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
   p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
   if (auto v = p.Take("tls_min_version")) {
     if (*v == "1.2") {
-      o.tls.min_version = RedisOptions::Tls::Version::kTls12;
+      o.tls.min_version = TlsOptions::Version::kTls12;
     } else if (*v == "1.3") {
-      o.tls.min_version = RedisOptions::Tls::Version::kTls13;
+      o.tls.min_version = TlsOptions::Version::kTls13;
     } else {
       return Bad("parameter tls_min_version", "want 1.2 or 1.3");
     }

@@ -68,7 +68,7 @@ TEST(RedisUrl, Defaults) {
 TEST(RedisUrl, EveryPart) {
   absl::StatusOr<RedisOptions> o = Redis(
       "redis://alice:s3cret@cache.example:6380/3?key_prefix=app:&connect_timeout=250ms&"
-      "request_timeout=3s&reconnect_backoff_base=10ms&reconnect_backoff_max=1s&script_batch=100&"
+      "request_timeout=3s&reconnect_backoff_base=10ms&reconnect_backoff_max=1s&script_batch_size=100&"
       "max_reply_bytes=4096&max_reply_elements=10");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->username, "alice");
@@ -81,7 +81,7 @@ TEST(RedisUrl, EveryPart) {
   EXPECT_EQ(o->timeouts.request, absl::Seconds(3));
   EXPECT_EQ(o->backoff.initial, absl::Milliseconds(10));
   EXPECT_EQ(o->backoff.max, absl::Seconds(1));
-  EXPECT_EQ(o->limits.script_batch, 100);
+  EXPECT_EQ(o->limits.script_batch_size, 100);
   EXPECT_EQ(o->limits.max_reply_bytes, 4096);
   EXPECT_EQ(o->limits.max_reply_elements, 10);
 }
@@ -171,14 +171,14 @@ TEST(RedisUrl, RedissSetsTlsAndItsOptions) {
   EXPECT_EQ(o->tls.key_file, "/c.key");
   EXPECT_EQ(o->tls.server_name, "redis.internal");
   EXPECT_FALSE(o->tls.insecure_skip_verify);
-  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls13);
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls13);
 
   o = Redis("rediss+cluster://a:7000,b:7001?tls_insecure_skip_verify=true");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->tls.enabled);
   EXPECT_TRUE(o->tls.insecure_skip_verify);
   EXPECT_EQ(o->seeds, (std::vector<std::string>{"a:7000", "b:7001"}));
-  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls12);
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls12);
 
   o = Redis("redis://h");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -230,15 +230,15 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://u%g@h").status(), "user");
   ExpectBad(Redis("redis://h?timeout=soon").status(), "parameter timeout");
   ExpectBad(Redis("redis://h?request_timeout=5").status(), "parameter request_timeout");
-  ExpectBad(Redis("redis://h?script_batch=many").status(), "parameter script_batch");
+  ExpectBad(Redis("redis://h?script_batch_size=many").status(), "parameter script_batch_size");
   ExpectBad(Redis("redis://h?key_prefix=a&key_prefix=b").status(), "given twice");
   ExpectBad(Redis("redis://h?=x").status(), "parameter");
   ExpectBad(Redis("redis://h#frag").status(), "fragment");
   // Out of range: the option's own validation, named.
-  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch");
+  ExpectBad(Redis("redis://h?script_batch_size=5001").status(), "limits.script_batch_size");
   ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "timeouts.request");
   // 0: the library's choice.
-  EXPECT_TRUE(Redis("redis://h?script_batch=0").ok());
+  EXPECT_TRUE(Redis("redis://h?script_batch_size=0").ok());
 }
 
 TEST(RedisUrl, APasswordWithSlashOrQuestionMarkIsNeverEchoed) {

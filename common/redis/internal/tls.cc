@@ -48,14 +48,14 @@ absl::string_view VerifyHint(long result) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const RedisOptions::Tls& tls) {
+absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const TlsOptions& tls) {
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   error_code ec;
   ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
                        ssl::context::no_sslv3 | ssl::context::no_compression,
                    ec);
   const int min =
-      tls.min_version == RedisOptions::Tls::Version::kTls13 ? TLS1_3_VERSION : TLS1_2_VERSION;
+      tls.min_version == TlsOptions::Version::kTls13 ? TLS1_3_VERSION : TLS1_2_VERSION;
   if (SSL_CTX_set_min_proto_version(ctx->native_handle(), min) != 1) {
     return absl::InternalError("OpenSSL refused the minimum TLS version");
   }

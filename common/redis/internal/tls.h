@@ -29,7 +29,7 @@ namespace bus::redis {
 // certificate and key, the minimum version. InvalidArgument naming the field and the file when
 // one cannot be loaded (or the key does not match the certificate).
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> MakeTlsContext(
-    const RedisOptions::Tls& tls);
+    const TlsOptions& tls);
 
 // Sets up one connection's SSL before its handshake: verification of the server's certificate
 // for `server_name` (a DNS name or an IP address) unless `verify` is false, and SNI for a name.
