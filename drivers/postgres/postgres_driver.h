@@ -119,7 +119,7 @@ class PostgresDriver final : public Driver {
 
   // The same on a libpq connection of the user's, idle, in a transaction the user began and
   // will commit or roll back (outside one, each call commits on its own). The statements run
-  // in libpq's blocking calls, bounded by the session's statement_timeout.
+  // in libpq's blocking calls, bounded by the session's statement_timeout (PostgresOptions.timeouts.request).
   absl::StatusOr<std::string> SendToQueue(PGconn* conn, absl::string_view queue, Outgoing out,
                                           absl::Duration delay = absl::ZeroDuration());
   absl::StatusOr<std::string> PublishToTopic(PGconn* conn, absl::string_view topic,

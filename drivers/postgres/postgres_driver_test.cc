@@ -284,7 +284,7 @@ TEST_P(PostgresRestartTest, ProducerAndConsumerResumeAfterTheServerRestarts) {
   PostgresOptions db;
   db.conninfo = (*server)->Url();
   db.schema = "restart";
-  db.connect_timeout = absl::Seconds(2);
+  db.timeouts.connect = absl::Seconds(2);
   absl::StatusOr<std::shared_ptr<PostgresDriver>> driver = NewPostgresDriver(db);
   ASSERT_TRUE(driver.ok()) << driver.status();
 
