@@ -2,7 +2,11 @@
 
 #include <utility>
 
+#include "absl/base/const_init.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
@@ -21,6 +25,28 @@ namespace bus {
 namespace {
 
 GetEnv EnvOf(const OpenOverrides& o) { return o.env ? o.env : ProcessEnv(); }
+
+// Logs each DeprecatedUrlParameters warning of `url` once per process, through the overrides'
+// logger (else the default logger).
+void WarnDeprecated(absl::string_view url, const OpenOverrides& o) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const logged = new absl::flat_hash_set<std::string>();
+  for (const std::string& warning : DeprecatedUrlParameters(url)) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!logged->insert(warning).second) continue;
+    }
+    const std::shared_ptr<Logger> logger =
+        o.logger != nullptr ? o.logger : DefaultLogger(LogLevel::kWarning);
+    LogRecord r;
+    r.level = LogLevel::kWarning;
+    r.time = absl::Now();
+    r.component = "url";
+    r.event = "deprecated_url_parameter";
+    r.text = warning;
+    logger->Write(r);
+  }
+}
 
 absl::Status UnknownScheme(const ParsedUrl& url, absl::string_view want) {
   return absl::InvalidArgumentError(
@@ -55,6 +81,7 @@ bool IsRedis(const ParsedUrl& url) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const OpenOverrides& o) {
+  WarnDeprecated(text, o);
   if (IsPostgresUrl(text)) {
     // As for the stores: libpq parses the URL; the driver's tables live in its schema.
     absl::StatusOr<PostgresUrlOptions> pg = PostgresOptionsFromUrl(text);
@@ -87,6 +114,7 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {
+  WarnDeprecated(text, o);
   if (IsPostgresUrl(text)) {
     // libpq parses these URLs (url.h): the generic parser below would refuse some of its forms.
     absl::StatusOr<PostgresUrlOptions> pg = PostgresOptionsFromUrl(text);

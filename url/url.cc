@@ -71,6 +71,20 @@ absl::Status Prefixed(const absl::Status& st) {
   return absl::Status(st.code(), absl::StrCat("URL: ", st.message()));
 }
 
+absl::Span<const RenamedParameter> RenamedParameters(absl::string_view scheme) {
+  static constexpr RenamedParameter kRedis[] = {{"script_batch", "script_batch_size"}};
+  static constexpr RenamedParameter kSqlite[] = {{"max_batch", "commit_batch_size"},
+                                                 {"purge_batch", "purge_batch_size"},
+                                                 {"cleanup_batch", "cleanup_batch_size"}};
+  static constexpr RenamedParameter kPostgres[] = {{"statement_timeout", "request_timeout"},
+                                                   {"purge_batch", "purge_batch_size"},
+                                                   {"cleanup_batch", "cleanup_batch_size"}};
+  if (absl::StartsWith(scheme, "redis")) return kRedis;
+  if (scheme == "sqlite") return kSqlite;
+  if (scheme == "postgres" || scheme == "postgresql") return kPostgres;
+  return {};
+}
+
 }  // namespace url_internal
 
 namespace {
@@ -80,6 +94,8 @@ using url_internal::JoinHost;
 using url_internal::Params;
 using url_internal::ParseHost;
 using url_internal::Prefixed;
+using url_internal::RenamedParameter;
+using url_internal::RenamedParameters;
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -131,27 +147,29 @@ absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
 
 }  // namespace
 
-absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
-  ParsedUrl url;
+namespace {
+
+// The scheme, lower-cased, of "scheme://..."; `*rest` is what follows "://".
+absl::StatusOr<std::string> ParseScheme(absl::string_view text, absl::string_view* rest) {
   const size_t sep = text.find("://");
   if (sep == absl::string_view::npos || sep == 0) {
     return Bad("scheme", "missing (want memory://, redis://, nsq://, sqlite:// or postgres://)");
   }
-  url.scheme = absl::AsciiStrToLower(text.substr(0, sep));
-  for (char c : url.scheme) {
+  std::string scheme = absl::AsciiStrToLower(text.substr(0, sep));
+  for (char c : scheme) {
     if (!absl::ascii_isalnum(c) && c != '+' && c != '-' && c != '.') {
       return Bad("scheme", "bad character");
     }
   }
-  absl::string_view rest = text.substr(sep + 3);
-  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
-    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
-  }
-  // A user or password may hold an unencoded '/' (base64 passwords do): the user information
-  // runs to the last '@' before the query, and the host, path and query start after it.
+  *rest = text.substr(sep + 3);
+  return scheme;
+}
+
+// Where the host starts in `rest` (after the user information, which runs to the last '@'
+// before the query: a user or password may hold an unencoded '/', as base64 passwords do).
+absl::StatusOr<size_t> HostStart(absl::string_view rest, bool sqlite) {
   const size_t first_query = rest.find('?');
-  const size_t at =
-      url.scheme == "sqlite" ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
+  const size_t at = sqlite ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
   if (at == absl::string_view::npos && first_query != absl::string_view::npos) {
     // "u:pa?ss@h": an '@' after the '?' with no parameter before it is a password's '?'. Its
     // text is never echoed.
@@ -162,27 +180,11 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       return Bad("password", "an unencoded '?' in the user or password (percent-encode it as %3F)");
     }
   }
-  const size_t host_start = at == absl::string_view::npos ? 0 : at + 1;
-  absl::string_view query;
-  if (const size_t q = rest.find('?', host_start); q != absl::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  // sqlite://rel/x.db: everything is the path, there is no authority.
-  absl::string_view authority;
-  if (url.scheme == "sqlite") {
-    absl::StatusOr<std::string> path = Decode(rest, "path");
-    if (!path.ok()) return path.status();
-    url.path = *std::move(path);
-  } else {
-    const size_t slash = rest.find('/', host_start);
-    authority = rest.substr(0, slash);
-    if (slash != absl::string_view::npos) {
-      absl::StatusOr<std::string> path = Decode(rest.substr(slash + 1), "path");
-      if (!path.ok()) return path.status();
-      url.path = *std::move(path);
-    }
-  }
+  return at == absl::string_view::npos ? 0 : at + 1;
+}
+
+// "user[:password]@hosts" into url.user, url.password and url.hosts.
+absl::Status ParseAuthority(absl::string_view authority, ParsedUrl& url) {
   if (const size_t at = authority.rfind('@'); at != absl::string_view::npos) {
     absl::string_view userinfo = authority.substr(0, at);
     authority = authority.substr(at + 1);
@@ -201,26 +203,82 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       url.password = *std::move(p);
     }
   }
-  if (!authority.empty()) {
-    for (absl::string_view h : absl::StrSplit(authority, ',')) {
-      absl::StatusOr<UrlHost> host = ParseHost(h);
-      if (!host.ok()) return host.status();
-      url.hosts.push_back(*std::move(host));
-    }
+  if (authority.empty()) return absl::OkStatus();
+  for (absl::string_view h : absl::StrSplit(authority, ',')) {
+    absl::StatusOr<UrlHost> host = ParseHost(h);
+    if (!host.ok()) return host.status();
+    url.hosts.push_back(*std::move(host));
   }
-  if (!query.empty()) {
-    for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
-      std::pair<absl::string_view, absl::string_view> p =
-          absl::StrSplit(kv, absl::MaxSplits('=', 1));
-      absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
-      if (!k.ok()) return k.status();
-      absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
-      if (!v.ok()) return v.status();
-      if (k->empty()) return Bad("parameter", "empty name");
-      url.params.emplace_back(*std::move(k), *std::move(v));
-    }
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuery(absl::string_view query, ParsedUrl& url) {
+  for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
+    if (!k.ok()) return k.status();
+    absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
+    if (!v.ok()) return v.status();
+    if (k->empty()) return Bad("parameter", "empty name");
+    url.params.emplace_back(*std::move(k), *std::move(v));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
+  ParsedUrl url;
+  absl::string_view rest;
+  absl::StatusOr<std::string> scheme = ParseScheme(text, &rest);
+  if (!scheme.ok()) return scheme.status();
+  url.scheme = *std::move(scheme);
+  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
+    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
+  }
+  const bool sqlite = url.scheme == "sqlite";
+  absl::StatusOr<size_t> host_start = HostStart(rest, sqlite);
+  if (!host_start.ok()) return host_start.status();
+  absl::string_view query;
+  if (const size_t q = rest.find('?', *host_start); q != absl::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  // sqlite://rel/x.db: everything is the path, there is no authority.
+  absl::string_view authority;
+  absl::string_view path = rest;
+  if (!sqlite) {
+    const size_t slash = rest.find('/', *host_start);
+    authority = rest.substr(0, slash);
+    path = slash == absl::string_view::npos ? "" : rest.substr(slash + 1);
+  }
+  if (!path.empty()) {
+    absl::StatusOr<std::string> decoded = Decode(path, "path");
+    if (!decoded.ok()) return decoded.status();
+    url.path = *std::move(decoded);
+  }
+  if (absl::Status st = ParseAuthority(authority, url); !st.ok()) return st;
+  if (absl::Status st = ParseQuery(query, url); !st.ok()) return st;
   return url;
+}
+
+std::vector<std::string> DeprecatedUrlParameters(absl::string_view url) {
+  std::vector<std::string> warnings;
+  const size_t sep = url.find("://");
+  const size_t query = url.find('?');
+  if (sep == absl::string_view::npos || query == absl::string_view::npos) return warnings;
+  const std::string scheme = absl::AsciiStrToLower(url.substr(0, sep));
+  for (absl::string_view piece : absl::StrSplit(url.substr(query + 1), '&', absl::SkipEmpty())) {
+    absl::StatusOr<std::string> name = Decode(piece.substr(0, piece.find('=')), "parameter");
+    if (!name.ok()) continue;
+    for (const RenamedParameter& r : RenamedParameters(scheme)) {
+      if (*name != r.old_name) continue;
+      warnings.push_back(absl::StrCat("URL parameter ", r.old_name, " of ", scheme,
+                                      ":// is deprecated and will be removed in 0.9: use ",
+                                      r.new_name));
+    }
+  }
+  return warnings;
 }
 
 std::string RedactedUrl(const ParsedUrl& url) {
@@ -272,38 +330,43 @@ GetEnv ProcessEnv() {
   };
 }
 
-absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  NsqOptions o;
-  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
-  Params p(url);
-  // An HTTP address may name its scheme (http://, https://); the port defaults by server.
-  auto http_address = [](absl::string_view a, int default_port) -> absl::StatusOr<std::string> {
-    absl::string_view scheme;
-    for (absl::string_view s : {"http://", "https://"}) {
-      if (absl::StartsWithIgnoreCase(a, s)) {
-        scheme = s;
-        a.remove_prefix(s.size());
-      }
+namespace {
+
+// An HTTP address that may name its scheme (http://, https://); the port defaults by server.
+absl::StatusOr<std::string> HttpAddress(absl::string_view a, int default_port) {
+  absl::string_view scheme;
+  for (absl::string_view s : {"http://", "https://"}) {
+    if (absl::StartsWithIgnoreCase(a, s)) {
+      scheme = s;
+      a.remove_prefix(s.size());
     }
-    absl::StatusOr<UrlHost> h = ParseHost(a);
-    if (!h.ok()) return h.status();
-    return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
-  };
+  }
+  absl::StatusOr<UrlHost> h = ParseHost(a);
+  if (!h.ok()) return h.status();
+  return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
+}
+
+// The nsqd and nsqlookupd addresses: the URL's hosts, `lookupd` and `nsqd_http`.
+absl::Status ReadNsqAddresses(const ParsedUrl& url, Params& p, NsqOptions& o) {
+  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
   for (const std::string& a : p.TakeList("lookupd")) {
-    absl::StatusOr<std::string> h = http_address(a, 4161);
+    absl::StatusOr<std::string> h = HttpAddress(a, 4161);
     if (!h.ok()) return Bad("parameter lookupd", h.status().message());
     o.lookupd_http_addresses.push_back(*std::move(h));
   }
   for (const std::string& a : p.TakeList("nsqd_http")) {
-    absl::StatusOr<std::string> h = http_address(a, 4151);
+    absl::StatusOr<std::string> h = HttpAddress(a, 4151);
     if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
     o.discovery.nsqd_http_addresses.push_back(*std::move(h));
   }
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
   }
+  return absl::OkStatus();
+}
+
+// auth, TLS, compression and the publish policy.
+absl::Status ReadNsqConnection(const GetEnv& env, Params& p, NsqOptions& o) {
   if (auto secret = p.Take("auth_secret")) {
     o.auth.secret = *secret;
   } else if (env) {
@@ -314,13 +377,8 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
   p.String("queue_channel", &o.queue_channel);
   p.Bool("tls", &o.tls.enabled);
-  p.Bool("tls_required", &o.tls.required);
-  p.String("tls_ca_file", &o.tls.ca_file);
-  p.String("tls_cert_file", &o.tls.cert_file);
-  p.String("tls_key_file", &o.tls.key_file);
-  p.String("tls_key_password", &o.tls.key_password);
-  p.String("tls_server_name", &o.tls.server_name);
-  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
+  p.Bool("tls_required", &o.connection.tls_required);
+  p.Tls(&o.tls);
   if (auto codec = p.Take("compression")) {
     absl::StatusOr<NsqCompression> parsed = ParseNsqCompression(*codec);
     if (!parsed.ok()) return Bad("parameter compression", parsed.status().message());
@@ -332,8 +390,12 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
     if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
     o.publishing.policy = *parsed;
   }
-  // The parameters keep the flat names shared with redis:// (connect_timeout,
-  // reconnect_backoff_base, ...); each sets one field of NsqOptions' groups.
+  return absl::OkStatus();
+}
+
+// Flow, discovery, timeouts, limits, backoff and threads. The parameters keep flat names
+// (connect_timeout for timeouts.connect), as for redis://.
+void ReadNsqTuning(Params& p, NsqOptions& o) {
   p.Duration("publish_timeout", &o.publishing.timeout);
   p.Bool("publish_discovery", &o.publishing.use_lookupd);
   p.Integer("publish_connections", &o.publishing.connections);
@@ -345,13 +407,25 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
   p.Duration("connect_timeout", &o.timeouts.connect);
   p.Duration("request_timeout", &o.timeouts.request);
-  p.Duration("heartbeat_interval", &o.timeouts.heartbeat_interval);
+  p.Duration("heartbeat_interval", &o.connection.heartbeat_interval);
   p.Integer("max_message_bytes", &o.limits.max_message_bytes);
   p.Integer("max_batch_bytes", &o.limits.max_batch_bytes);
   p.Duration("max_defer", &o.limits.max_defer);
   p.Duration("reconnect_backoff_base", &o.reconnect_backoff.initial);
   p.Duration("reconnect_backoff_max", &o.reconnect_backoff.max);
   p.Integer("io_threads", &o.io_threads);
+}
+
+}  // namespace
+
+absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
+  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
+  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
+  NsqOptions o;
+  Params p(url);
+  if (absl::Status st = ReadNsqAddresses(url, p, o); !st.ok()) return st;
+  if (absl::Status st = ReadNsqConnection(env, p, o); !st.ok()) return st;
+  ReadNsqTuning(p, o);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
   return o;
@@ -375,13 +449,13 @@ absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
       return Bad("parameter synchronous", "want normal or full");
     }
   }
-  p.Integer("max_batch", &o.db.max_batch);
+  p.Integer("commit_batch_size", &o.db.commit_batch_size);
   p.Integer("max_idle_readers", &o.db.max_idle_readers);
   p.Duration("spin_wait", &o.db.spin_wait);
   p.Bool("background_checkpoints", &o.db.background_checkpoints);
   p.Bool("read_only", &o.db.read_only);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
+  p.Integer("purge_batch_size", &o.dead_letters.purge_batch_size);
+  p.Integer("cleanup_batch_size", &o.idempotency.cleanup_batch_size);
   p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateSqliteOptions(o.db); !st.ok()) return Prefixed(st);
@@ -403,11 +477,17 @@ absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url)
   if (!IsPostgresUrl(url)) return Bad("scheme", "want postgres:// or postgresql://");
   // Only the query is split here, and only to take the library's own parameters out: libpq
   // parses the URL (and refuses parameters it does not know).
-  static const std::set<std::string>* const kOurs = new std::set<std::string>{
-      "schema",      "max_connections", "pool_timeout",  "statement_timeout",
-      "max_retries", "purge_batch",     "cleanup_batch", "cleanup_interval"};
+  static const std::set<std::string>* const kOurs = [] {
+    auto* ours = new std::set<std::string>{
+        "schema",      "max_connections",  "pool_timeout",       "request_timeout",
+        "max_retries", "purge_batch_size", "cleanup_batch_size", "cleanup_interval"};
+    for (const RenamedParameter& r : RenamedParameters("postgres")) {
+      ours->insert(std::string(r.old_name));
+    }
+    return ours;
+  }();
   const size_t q = url.find('?');
-  ParsedUrl ours;
+  ParsedUrl ours{.scheme = "postgres"};
   std::vector<absl::string_view> theirs;
   if (q != absl::string_view::npos) {
     for (absl::string_view piece : absl::StrSplit(url.substr(q + 1), '&', absl::SkipEmpty())) {
@@ -432,10 +512,10 @@ absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url)
   p.String("schema", &o.db.schema);
   p.Integer("max_connections", &o.db.max_connections);
   p.Duration("pool_timeout", &o.db.pool_timeout);
-  p.Duration("statement_timeout", &o.db.statement_timeout);
+  p.Duration("request_timeout", &o.db.timeouts.request);
   p.Integer("max_retries", &o.db.max_retries);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
+  p.Integer("purge_batch_size", &o.dead_letters.purge_batch_size);
+  p.Integer("cleanup_batch_size", &o.idempotency.cleanup_batch_size);
   p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidatePostgresOptions(o.db); !st.ok()) return Prefixed(st);

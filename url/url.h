@@ -74,6 +74,14 @@ std::string RedactedUrl(const ParsedUrl& url);
 // The same for a URL string; one that does not parse is shown as its scheme only.
 std::string RedactedUrl(absl::string_view url);
 
+// One warning for each parameter of `url` spelt as in 0.7 whose name changed in 0.8 ("URL
+// parameter statement_timeout of postgres:// is deprecated and will be removed in 0.9: use
+// request_timeout"); empty when none. The old spellings are still accepted until 0.9
+// (docs/compatibility.md): script_batch (redis), max_batch, purge_batch, cleanup_batch
+// (sqlite), statement_timeout, purge_batch, cleanup_batch (postgres). OpenDriver and
+// OpenStores (url/open.h) log each warning once per process.
+std::vector<std::string> DeprecatedUrlParameters(absl::string_view url);
+
 // Reads an environment variable; nullopt when unset. Tests inject one.
 using GetEnv = std::function<std::optional<std::string>(absl::string_view name)>;
 // std::getenv.
@@ -100,15 +108,15 @@ absl::StatusOr<RedisOptions> RedisOptionsFromUrl(const ParsedUrl& url, const Get
 // (lookupd_http_addresses), nsqd_http (discovery.nsqd_http_addresses), auth_secret (else
 // NSQ_AUTH_SECRET in `env`; auth.secret), client_id (auth.client_id), user_agent (auth.user_agent),
 // lookupd_authorization (auth.lookupd_authorization), queue_channel; tls: tls (tls.enabled),
-// tls_required, tls_ca_file, tls_cert_file, tls_key_file, tls_key_password, tls_server_name,
-// tls_insecure_skip_verify; compression (none, snappy or deflate; compression.codec),
-// deflate_level; publishing: publish_policy
-// (prefer or spread), publish_timeout, publish_discovery (publishing.use_lookupd),
+// tls_required (connection.tls_required), tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file,
+// tls_key_password, tls_server_name, tls_insecure_skip_verify, tls_min_version (1.2 or 1.3);
+// compression (none, snappy or deflate; compression.codec), deflate_level; publishing:
+// publish_policy (prefer or spread), publish_timeout, publish_discovery (publishing.use_lookupd),
 // publish_connections; consuming: rdy_redistribute_interval, close_timeout, output_buffer_timeout,
 // output_buffer_size, sample_rate; discovery: lookupd_poll_interval; timeouts: connect_timeout,
-// request_timeout, heartbeat_interval; limits: max_message_bytes, max_batch_bytes, max_defer;
-// reconnect_backoff_base and reconnect_backoff_max (reconnect_backoff.initial and .max);
-// io_threads. Validated (ValidateNsqOptions).
+// request_timeout, heartbeat_interval (connection.heartbeat_interval); limits: max_message_bytes,
+// max_batch_bytes, max_defer; reconnect_backoff_base and reconnect_backoff_max
+// (reconnect_backoff.initial and .max); io_threads. Validated (ValidateNsqOptions).
 absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env);
 
 // What a sqlite:// URL sets: the database and each store's own options.
@@ -120,9 +128,10 @@ struct SqliteUrlOptions {
 
 // sqlite:// → SqliteUrlOptions. "sqlite:///abs.db" is the absolute path /abs.db,
 // "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
-// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true, false)
-// for the database; purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for
-// the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
+// (normal, full), commit_batch_size, max_idle_readers, spin_wait, background_checkpoints (true,
+// false), read_only for the database; purge_batch_size for the dead-letter store;
+// cleanup_batch_size, cleanup_interval for the idempotency store. Validated (ValidateSqliteOptions
+// and the stores' Validate*).
 absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
 // What a postgres:// URL sets: the database (the driver's, in OpenDriver) and each store's own
@@ -137,10 +146,10 @@ struct PostgresUrlOptions {
 // which libpq parses (hosts, user, password, database and libpq's parameters such as sslmode,
 // sslrootcert, connect_timeout, target_session_attrs; PGPASSWORD and the passfile when the URL
 // has no password). The library's parameters are taken out of its query before libpq sees it:
-// schema, max_connections, pool_timeout, statement_timeout, max_retries for the database;
-// purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for the idempotency
-// store. Validated (ValidatePostgresOptions, which has libpq parse the rest, and the stores'
-// Validate*).
+// schema, max_connections, pool_timeout, request_timeout (timeouts.request), max_retries for
+// the database; purge_batch_size for the dead-letter store; cleanup_batch_size,
+// cleanup_interval for the idempotency store. Validated (ValidatePostgresOptions, which has libpq
+// parse the rest, and the stores' Validate*).
 absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url);
 
 // True when `url` starts with postgres:// or postgresql:// (any case).
