@@ -181,7 +181,7 @@ struct NsqOptions {
   // verification also serve the https:// HTTP addresses, with or without `enabled`.
   // `server_name` empty: the host of the nsqd address. docs/nsq-tls.md. Default: plaintext.
   TlsOptions tls{};
-  // TLS required, heartbeats.
+  // NSQ's own connection settings: TLS required, heartbeats.
   NsqConnectionOptions connection{};
   NsqCompressionOptions compression{};
   // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
@@ -194,10 +194,11 @@ struct NsqOptions {
   // request: bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the
   // call; an nsqd that does not answer in time has its connection dropped (the next call
   // reconnects) and the call fails with Unavailable. Defaults 5s and 10s; both > 0.
-  Timeouts timeouts{};
+  Timeouts timeouts{.connect = absl::Seconds(5), .request = absl::Seconds(10)};
   NsqLimits limits{};
   // The wait before connecting again to an nsqd after consecutive failures, per connection
-  // (consumers) and per nsqd (publishing). initial > 0, max >= initial.
+  // (consumers) and per nsqd (publishing). Default 100 ms doubling to 30 s, equal jitter;
+  // initial > 0, max >= initial.
   BackoffPolicy reconnect_backoff{.initial = absl::Milliseconds(100),
                                   .max = absl::Seconds(30),
                                   .jitter = BackoffPolicy::Jitter::kEqual};

@@ -33,7 +33,7 @@
 namespace bus {
 
 struct PostgresDeadLetterOptions {
-  // Letters Purge() deletes per transaction; >= 1.
+  // Letters Purge() deletes per transaction; >= 1. Default 1000.
   int purge_batch_size = 1000;
 };
 

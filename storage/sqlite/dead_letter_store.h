@@ -29,8 +29,8 @@
 namespace bus {
 
 struct SqliteDeadLetterOptions {
-  // Letters Purge() deletes per transaction; >= 1. Bounds how long one purge step holds the
-  // database's write lock.
+  // Letters Purge() deletes per transaction; >= 1. Default 1000. Bounds how long one purge step
+  // holds the database's write lock.
   int purge_batch_size = 1000;
 };
 
