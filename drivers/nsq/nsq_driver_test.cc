@@ -196,7 +196,7 @@ TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
   EXPECT_TRUE(absl::StrContains(d.status().message(), "connection.heartbeat_interval"));
-  o.timeouts = {};
+  o.connection = {};
   o.reconnect_backoff = {.initial = absl::Seconds(2), .max = absl::Seconds(1)};
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
