@@ -60,6 +60,7 @@ namespace bus {
 
 namespace pg_internal {
 class Connection;
+class Engine;
 class Result;
 struct Statement;
 }  // namespace pg_internal
@@ -129,25 +130,6 @@ class PostgresDatabase {
   // One round trip to the server (SELECT 1), bounded by `timeout`.
   absl::Status Ping(absl::Duration timeout);
 
-  // For the stores: runs `statements` on a pooled connection in one round trip, as one
-  // transaction, and returns their results. Retried whole on a serialization failure or
-  // deadlock.
-  absl::StatusOr<std::vector<pg_internal::Result>> Run(
-      absl::Span<const pg_internal::Statement> statements);
-
-  // For the stores and the inbox: runs `op` with a pooled connection (idle on entry and on
-  // return). `op` is run again when it returns Aborted (a serialization failure or deadlock),
-  // up to max_retries times, on another connection if this one broke.
-  absl::Status WithConnection(absl::FunctionRef<absl::Status(pg_internal::Connection&)> op);
-
-  // For work that needs a session of its own beside the pool (the outbox relay's LISTEN and
-  // advisory lock): a new connection, not counted in max_connections, after the schema is
-  // migrated. Errors as above.
-  absl::StatusOr<std::unique_ptr<pg_internal::Connection>> OpenSession();
-
-  // The client's deadline for `statements` statements sent now (see timeouts.request).
-  absl::Time Deadline(size_t statements) const;
-
   struct Stats {
     int open_connections = 0;
     int idle_connections = 0;
@@ -162,8 +144,15 @@ class PostgresDatabase {
   Stats stats() const;
 
  private:
+  // The PostgreSQL packages' access (common/postgres/internal/engine.h).
+  friend class pg_internal::Engine;
   struct Impl;
   explicit PostgresDatabase(std::unique_ptr<Impl> impl);
+  absl::StatusOr<std::vector<pg_internal::Result>> Run(
+      absl::Span<const pg_internal::Statement> statements);
+  absl::Status WithConnection(absl::FunctionRef<absl::Status(pg_internal::Connection&)> op);
+  absl::StatusOr<std::unique_ptr<pg_internal::Connection>> OpenSession();
+  absl::Time Deadline(size_t statements) const;
   absl::Status EnsureMigrated(pg_internal::Connection& conn);
   absl::Status MigrateOn(pg_internal::Connection& conn);
 

@@ -23,7 +23,7 @@
 // Lease and retention are counted in whole microseconds; a positive duration under 1us counts
 // as 1us.
 //
-// Outcomes: as bus/stores.h, and the database layer's errors (postgres_db.h).
+// Outcomes: as bus/stores.h, and the database layer's errors (postgres_database.h).
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 

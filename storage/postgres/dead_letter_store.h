@@ -16,7 +16,7 @@
 //
 // Outcomes, beyond bus/stores.h: InvalidArgument for an id (Remove) or after_id (Fetch) that is
 // not one this store hands out, or a queue or message id that is not valid UTF-8; the database
-// layer's errors (postgres_db.h) otherwise.
+// layer's errors (postgres_database.h) otherwise.
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 

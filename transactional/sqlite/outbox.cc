@@ -139,19 +139,19 @@ absl::StatusOr<std::shared_ptr<SqliteOutbox>> SqliteOutbox::Create(
 }
 
 SqliteOutbox::SqliteOutbox(std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options)
-    : db_(sqlite_internal::Engine(db)), options_(std::move(options)), owner_(NewMessageId()) {}
+    : db_(std::move(db)), options_(std::move(options)), owner_(NewMessageId()) {}
 
 absl::Status SqliteOutbox::Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn) {
   int runs = 0;
   absl::Status result;
   int published = 0;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     // The database layer may run an operation again (docs/exactly-once.md, "Decisions"); the
     // application's function runs once, so a second run commits nothing.
     if (++runs > 1) {
       return absl::AbortedError("outbox transaction retried by the database layer; not rerun");
     }
-    SqliteTransaction tx(conn, *db_->clock(), options_.max_message_bytes);
+    SqliteTransaction tx(conn, *sqlite_internal::Engine(db_)->clock(), options_.max_message_bytes);
     absl::Status lost = sqlite_internal::RunInSavepoint(
         conn,
         [&]() -> absl::Status {
@@ -188,11 +188,11 @@ void SqliteOutbox::RolledBack(uint64_t transactions) {
 }
 
 absl::StatusOr<bool> SqliteOutbox::HoldLease() {
-  const absl::Time now = db_->clock()->Now();
+  const absl::Time now = sqlite_internal::Engine(db_)->clock()->Now();
   if (now + options_.relay_lease / 2 < lease_until_) return true;
   const absl::Time until = now + options_.relay_lease;
   bool held = false;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kTakeRelayLeaseSql);
     if (!stmt.ok()) return stmt.status();
     stmt->BindText(1, owner_);
@@ -212,20 +212,23 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
   absl::StatusOr<bool> held = HoldLease();
   if (!held.ok()) return held.status();
   if (!*held) return 0;
-  absl::StatusOr<std::vector<Row>> rows = ReadRows(*db_, options_.relay_batch_size);
+  absl::StatusOr<std::vector<Row>> rows =
+      ReadRows(*sqlite_internal::Engine(db_), options_.relay_batch_size);
   if (!rows.ok()) {
     relay_errors_.fetch_add(1, std::memory_order_relaxed);
     return rows.status();
   }
   if (rows->empty()) return 0;
-  const SendOutcome out = SendRows(driver, *rows, db_->clock()->Now());
+  const SendOutcome out = SendRows(driver, *rows, sqlite_internal::Engine(db_)->clock()->Now());
   if (out.sent_upto >= 0) {
-    const absl::Status del = db_->Write([&](Connection& conn) -> absl::Status {
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
-      if (!stmt.ok()) return stmt.status();
-      stmt->BindInt64(1, out.sent_upto);
-      return stmt->Run();
-    });
+    const absl::Status del =
+        sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt =
+              conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindInt64(1, out.sent_upto);
+          return stmt->Run();
+        });
     if (!del.ok()) {
       // Sent but still in the outbox: sent again by the next pass (same ids).
       relay_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -253,7 +256,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     r.text = text;
     r.error = error;
     try {
-      r.time = db_->clock()->Now();
+      r.time = sqlite_internal::Engine(db_)->clock()->Now();
       logger.Write(r);
     } catch (...) {
     }
@@ -267,7 +270,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     absl::MutexLock lock(&wake_mu_);
     stopping_ = true;
   });
-  const Clock& clock = *db_->clock();
+  const Clock& clock = *sqlite_internal::Engine(db_)->clock();
   Backoff backoff(options_.backoff, options_.random);
   while (!stop.stop_requested()) {
     {
@@ -299,12 +302,13 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
   // A clean stop gives the lease up, so another process's relay need not wait for it.
   absl::MutexLock lock(&relay_mu_);
   if (lease_until_ != absl::InfinitePast()) {
-    db_->Write([&](Connection& conn) -> absl::Status {
-         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
-         if (!stmt.ok()) return stmt.status();
-         stmt->BindText(1, owner_);
-         return stmt->Run();
-       })
+    sqlite_internal::Engine(db_)
+        ->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindText(1, owner_);
+          return stmt->Run();
+        })
         .IgnoreError();
     lease_until_ = absl::InfinitePast();
   }
@@ -326,7 +330,7 @@ std::unique_ptr<SqliteOutbox::Relay> SqliteOutbox::StartRelay(std::shared_ptr<Dr
 
 absl::StatusOr<int64_t> SqliteOutbox::Pending() {
   int64_t n = 0;
-  const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Read([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountOutboxSql);
     if (!stmt.ok()) return stmt.status();
     absl::StatusOr<bool> row = stmt->Step();

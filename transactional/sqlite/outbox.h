@@ -90,8 +90,8 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   // error, or the database's (Unavailable: locked for longer than busy_timeout; Aborted).
   absl::Status Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn);
 
-  // One relay pass now: sends up to relay_batch committed rows, oldest first, and deletes those
-  // the broker accepted. Returns how many were sent; 0 when the outbox is empty or another
+  // One relay pass now: sends up to relay_batch_size committed rows, oldest first, and deletes
+  // those the broker accepted. Returns how many were sent; 0 when the outbox is empty or another
   // relay holds the lease. The first send error ends the pass and is returned (the rows sent
   // before it are deleted); a failed delete is returned too (those rows will be sent again).
   absl::StatusOr<int> RelayOnce(Driver& driver);
@@ -159,7 +159,7 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   absl::StatusOr<bool> HoldLease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relay_mu_);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_ || stopping_; }
 
-  const std::shared_ptr<sqlite_internal::Database> db_;
+  const std::shared_ptr<SqliteDatabase> db_;
   const SqliteOutboxOptions options_;
   // This object's relay owner token.
   const std::string owner_;

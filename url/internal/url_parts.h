@@ -49,6 +49,14 @@ struct RenamedParameter {
 // The renamed parameters of `scheme` (lower case; empty for a scheme without any).
 absl::Span<const RenamedParameter> RenamedParameters(absl::string_view scheme);
 
+// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
+// password).
+absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part);
+// Percent-encodes all but the unreserved characters.
+std::string Encode(absl::string_view in);
+// InvalidArgument when `url` has a user or password, or (unless allow_path) a path.
+absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path);
+
 // The query parameters, consumed one by one; what is left at the end is unknown.
 class Params {
  public:

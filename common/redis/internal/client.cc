@@ -33,7 +33,7 @@ RedisOptions WithDefaults(RedisOptions options) {
 
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options) {
   if (!options.tls.enabled) return nullptr;
-  return MakeTlsContext(options.tls);
+  return MakeRedisTlsContext(options.tls);
 }
 
 ConnectionOptions ToConnectionOptions(

@@ -143,7 +143,7 @@ using ReconnectCallback = std::function<void(const std::string& address)>;
 // limits.script_batch_size kDefaultRedisScriptBatch. The driver and the stores keep these.
 RedisOptions WithDefaults(RedisOptions options);
 
-// The TLS context of `options` (tls.h MakeTlsContext), shared by every connection of a client;
+// The TLS context of `options` (tls.h MakeRedisTlsContext), shared by every connection of a client;
 // nullptr when options.tls.enabled is false. InvalidArgument naming the field and the file that
 // cannot be loaded: the factories of the driver and the stores return it.
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options);

@@ -50,11 +50,15 @@
 #include "boost/asio/ssl/context.hpp"
 #include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/compression.h"
 #include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
+
+// How TLS errors name the options that fix them.
+inline constexpr net::TlsOptionNames kNsqTlsNames{.field = "NsqOptions.tls", .url = "nsq://"};
 
 enum class Codec { kNone, kSnappy, kDeflate };
 
@@ -78,7 +82,7 @@ struct ConnectionOptions {
   bool tls_required = true;
   // SNI and the name checked against nsqd's certificate; empty: the address's host.
   std::string tls_server_name{};
-  // Check nsqd's certificate chain and name (off only with NsqTls::insecure_skip_verify).
+  // Check nsqd's certificate chain and name (off only with NsqOptions.tls.insecure_skip_verify).
   bool tls_verify = true;
   Codec codec = Codec::kNone;
   int deflate_level = 6;
