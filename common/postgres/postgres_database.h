@@ -23,10 +23,10 @@
 // migrate one after another. A schema already at the version needs no privilege beyond using its
 // tables; a schema written by a newer library is refused (FailedPrecondition).
 //
-// Every call is bounded: timeouts.request is the statement_timeout of each connection's session (the server
-// cancels a statement that runs longer: DeadlineExceeded), and the client gives up on a server
-// that does not answer at all. A serialization failure or deadlock (SQLSTATE 40001, 40P01) is
-// retried inside the library with backoff, up to max_retries times (then Aborted). A connection
+// Every call is bounded: timeouts.request is the statement_timeout of each connection's session
+// (the server cancels a statement that runs longer: DeadlineExceeded), and the client gives up on a
+// server that does not answer at all. A serialization failure or deadlock (SQLSTATE 40001, 40P01)
+// is retried inside the library with backoff, up to max_retries times (then Aborted). A connection
 // that broke (the server restarted, the network failed) is closed and replaced by a new one on a
 // later call; the call that found it broken fails with Unavailable, and an idle connection that
 // the server closed meanwhile is noticed before use and replaced without failing anything.

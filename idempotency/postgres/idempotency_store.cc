@@ -164,7 +164,8 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
 
 absl::Status ValidatePostgresIdempotencyOptions(const PostgresIdempotencyOptions& options) {
   if (options.cleanup_batch_size < 1) {
-    return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_batch_size: must be >= 1");
+    return absl::InvalidArgumentError(
+        "PostgresIdempotencyOptions.cleanup_batch_size: must be >= 1");
   }
   if (options.cleanup_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_interval: must be > 0");

@@ -396,43 +396,43 @@ void PostgresInbox::RunAndMarkDone(
   std::vector<int> published(n, 0);
   int runs = 0;
   // Aborted (a serialization failure or deadlock) makes the database layer run this again.
-  const absl::Status s = pg_internal::Engine(*db_).WithConnection([&](Connection& c)
-                                                                      -> absl::Status {
-    if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
-    local.assign(n, absl::OkStatus());
-    published.assign(n, 0);
-    // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
-    // A batch of one needs no savepoint: its message's failure rolls the transaction back.
-    const bool savepoints = n > 1;
-    InboxBatch batch(*db_, c, n, savepoints);
-    batch.Queue({&begin_});
-    for (size_t i = 0; i < n; ++i) {
-      const Entry& e = entries[i];
-      const bool keyed = !e.key.empty();
-      if (savepoints) batch.Queue({&Tx().savepoint});
-      if (keyed) {
-        batch.Queue(
-            {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
-            InboxBatch::Role::kLock, i);
-      }
-      PostgresTransaction tx(*db_, batch, append_);
-      absl::Status st = effect(i, tx);
-      if (!batch.fatal().ok()) return Abandon(*db_, c, batch.fatal());
-      if (st.ok() && !tx.failed_.ok()) st = tx.failed_;
-      // A lock that already ran and found no live lease; when it has not run yet, the
-      // mark-done fails on the server instead.
-      if (st.ok() && keyed && batch.owned(i) == false) st = LeaseLost(e);
-      if (st.ok()) {
-        if (keyed) QueueMarkDone(batch, mark_done_, e, retention, i);
-        published[i] = tx.published_;
-      } else {
-        local[i] = st;
-        if (savepoints) batch.Queue({&Tx().rollback_to});
-      }
-      if (savepoints) batch.Queue({&Tx().release});
-    }
-    return EndBatch(*db_, batch, entries, savepoints, notify_, channel_, local, published);
-  });
+  const absl::Status s =
+      pg_internal::Engine(*db_).WithConnection([&](Connection& c) -> absl::Status {
+        if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
+        local.assign(n, absl::OkStatus());
+        published.assign(n, 0);
+        // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
+        // A batch of one needs no savepoint: its message's failure rolls the transaction back.
+        const bool savepoints = n > 1;
+        InboxBatch batch(*db_, c, n, savepoints);
+        batch.Queue({&begin_});
+        for (size_t i = 0; i < n; ++i) {
+          const Entry& e = entries[i];
+          const bool keyed = !e.key.empty();
+          if (savepoints) batch.Queue({&Tx().savepoint});
+          if (keyed) {
+            batch.Queue({&lock_key_,
+                         {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
+                        InboxBatch::Role::kLock, i);
+          }
+          PostgresTransaction tx(*db_, batch, append_);
+          absl::Status st = effect(i, tx);
+          if (!batch.fatal().ok()) return Abandon(*db_, c, batch.fatal());
+          if (st.ok() && !tx.failed_.ok()) st = tx.failed_;
+          // A lock that already ran and found no live lease; when it has not run yet, the
+          // mark-done fails on the server instead.
+          if (st.ok() && keyed && batch.owned(i) == false) st = LeaseLost(e);
+          if (st.ok()) {
+            if (keyed) QueueMarkDone(batch, mark_done_, e, retention, i);
+            published[i] = tx.published_;
+          } else {
+            local[i] = st;
+            if (savepoints) batch.Queue({&Tx().rollback_to});
+          }
+          if (savepoints) batch.Queue({&Tx().release});
+        }
+        return EndBatch(*db_, batch, entries, savepoints, notify_, channel_, local, published);
+      });
   uint64_t ok = 0, rows = 0;
   for (size_t i = 0; i < n; ++i) {
     results[i] = s.ok() ? local[i] : s;

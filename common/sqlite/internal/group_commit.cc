@@ -160,9 +160,9 @@ void Database::RunBatch() {
   // operation that failed after a change of its own shows as a change in the count: then the
   // batch is run again with a savepoint per operation, which can undo exactly that operation.
   //
-  // Callers that queue while the batch runs join it, up to commit_batch_size. Those that the previous
-  // batch has just finished are likely to write again at once; when they wait for a CPU (more
-  // threads than cores), yielding (at most kMaxYields times) lets them queue up and join this
+  // Callers that queue while the batch runs join it, up to commit_batch_size. Those that the
+  // previous batch has just finished are likely to write again at once; when they wait for a CPU
+  // (more threads than cores), yielding (at most kMaxYields times) lets them queue up and join this
   // transaction instead of the next, which they would otherwise have to themselves. The leader
   // runs the operations it has meanwhile, so their return overlaps with its work.
   bool intact = true;

@@ -214,8 +214,9 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 )lua";
 
-// KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's limits.script_batch_size).
-// Acks each delivery whose lease is held; returns one 1 (acked) or 0 (lease lost) per pair.
+// KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's
+// limits.script_batch_size). Acks each delivery whose lease is held; returns one 1 (acked) or 0
+// (lease lost) per pair.
 inline constexpr char kAckMany[] = BUS_REDIS_NOW R"lua(
 local now = now_ms()
 local asked = {}
