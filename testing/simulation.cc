@@ -21,7 +21,7 @@ absl::Status Validate(const SimulationOptions& o) {
   if (o.seeds < 1) return invalid("seeds", "must be >= 1");
   if (o.workload.empty()) return invalid("workload", "must not be empty");
   if (o.max_faults < 0) return invalid("max_faults", "must be >= 0");
-  if (o.max_batch < 1) return invalid("max_batch", "must be >= 1");
+  if (o.max_batch_size < 1) return invalid("max_batch_size", "must be >= 1");
   if (o.max_steps < 1) return invalid("max_steps", "must be >= 1");
   for (int k = 0; k <= static_cast<int>(FaultKind::kCrashHoldingBatch); ++k) {
     const double rate = o.faults.Of(static_cast<FaultKind>(k));

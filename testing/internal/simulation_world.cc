@@ -391,7 +391,7 @@ Ensure World::CallEnsure(const EnsureFn& ensure, const Message& msg) {
 }
 
 void World::RunSecondWorker(const std::string& during) {
-  std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+  std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
   if (batch.empty()) {
     Trace(absl::StrCat("second worker: nothing ready while handle ", during, " runs"));
     return;
@@ -476,7 +476,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
         for (std::function<void()>& fn : tasks) fn();
       }
     }
-    std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+    std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
     if (batch.empty()) {
       if (!later_.empty()) continue;
       const absl::Time next = broker_->NextDue();
