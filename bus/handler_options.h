@@ -136,7 +136,7 @@ struct HandlerOptions {
     // handler that runs longer than this loses exclusive use of the key (mark-done then fails
     // and is logged); the delivery itself stays leased while the handler runs.
     absl::Duration idempotency_lease = absl::ZeroDuration();
-    // How long a handled key keeps later copies out; > 0.
+    // How long a handled key keeps later copies out; > 0. Default 24 h.
     absl::Duration idempotency_retention = absl::Hours(24);
   };
   Stores stores{};
@@ -152,16 +152,16 @@ struct HandlerOptions {
 
   // What Run() sets up before consuming.
   struct Setup {
-    // Per-queue delivery delay given to CreateQueue; >= 0.
+    // Per-queue delivery delay given to CreateQueue; >= 0. Default 0: none.
     absl::Duration queue_delay = absl::ZeroDuration();
-    // Optional: bind the queue to a topic.
+    // Optional: bind the queue to a topic. Default nullopt: no binding.
     std::optional<Subscription> subscribe{};
   };
   Setup setup{};
 
   // How much work is in progress at once, and for how long.
   struct Flow {
-    // Handlers running at once; >= 1.
+    // Handlers running at once; >= 1. Default 1.
     int concurrency = 1;
     // Deliveries held at once (prefetch); 0 (the default): chosen by the library,
     // kAutoInFlightPerWorker (64) per worker (64 x concurrency); else >= concurrency.
@@ -178,9 +178,9 @@ struct HandlerOptions {
     // stores.idempotency_lease holds at the handle time measured so far (a moving average; 1
     // until the first message was handled).
     int batch_size = 0;
-    // Delivery lease (ConsumerOptions::lease); > 0. Renewed while a handler runs.
+    // Delivery lease (ConsumerOptions::lease); > 0. Default 30 s. Renewed while a handler runs.
     absl::Duration delivery_lease = absl::Seconds(30);
-    // How long Stop() lets in-flight handlers finish; > 0.
+    // How long Stop() lets in-flight handlers finish; > 0. Default 30 s.
     absl::Duration shutdown_timeout = absl::Seconds(30);
     // Envelopes larger than this are poison (dead-lettered as malformed); >= 64. Default
     // kDefaultMaxMessageBytes (1 MiB), the default of every driver's limit too.
@@ -219,16 +219,17 @@ struct HandlerOptions {
 
   // Step 7: the periodic replay of exhausted dead letters.
   struct Replay {
-    // How often; zero disables; else >= 1ms.
+    // How often; zero disables; else >= 1ms. Default 1 min.
     absl::Duration interval = absl::Minutes(1);
-    // Dead letters fetched per store call of a replay pass; >= 1.
-    int batch = 100;
+    // Dead letters fetched per store call of a replay pass; >= 1. Default 100.
+    int batch_size = 100;
   };
   Replay replay{};
 
   // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
   // back with this backoff's delay (growing per consecutive failure, with the policy's jitter)
-  // so a broken store does not spin. initial zero: given back at once.
+  // so a broken store does not spin. Default 100 ms doubling to 30 s, no jitter; initial zero:
+  // given back at once.
   BackoffPolicy infra_backoff{.initial = absl::Milliseconds(100), .max = absl::Seconds(30)};
 
   struct Observability {
@@ -240,7 +241,7 @@ struct HandlerOptions {
     // behind, events are dropped and counted in Stats().events_dropped; the pipeline never waits
     // for it.
     EventObserverFn observer{};
-    // Events waiting for the observer; >= 1.
+    // Events waiting for the observer; >= 1. Default 4096.
     int observer_queue = 4096;
     // Optional: records a CONSUMER span per handle attempt (bus/tracing.h, docs/tracing.md)
     // and gives it to this exporter, e.g. bus::otlp::NewOtlpHttpExporter

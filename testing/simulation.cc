@@ -55,7 +55,7 @@ absl::Status Validate(const SimulationOptions& o) {
   if (o.seeds < 1) return invalid("seeds", "must be >= 1");
   if (o.workload.empty()) return invalid("workload", "must not be empty");
   if (o.max_faults < 0) return invalid("max_faults", "must be >= 0");
-  if (o.max_batch < 1) return invalid("max_batch", "must be >= 1");
+  if (o.max_batch_size < 1) return invalid("max_batch_size", "must be >= 1");
   if (o.max_steps < 1) return invalid("max_steps", "must be >= 1");
   if (o.max_steps_per_handle < 1) return invalid("max_steps_per_handle", "must be >= 1");
   for (size_t k = 0; k < sim::kFaultKinds; ++k) {

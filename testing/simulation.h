@@ -158,8 +158,8 @@ struct SimulationOptions {
   FaultRates faults{};
   // At most this many faults fire in one run (>= 0); later chances pass.
   int max_faults = 10;
-  // Each batch takes 1 to max_batch ready deliveries (drawn from the seed; >= 1).
-  int max_batch = 3;
+  // Each batch takes 1 to max_batch_size ready deliveries (drawn from the seed; >= 1). Default 3.
+  int max_batch_size = 3;
   // A run that has not quiesced after this many batches fails (a message that loops).
   int max_steps = 100000;
   // A handle call that passes more steps than this (Step calls and waits) ends the run: it does

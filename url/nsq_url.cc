@@ -17,38 +17,43 @@ using url_internal::Params;
 using url_internal::ParseHost;
 using url_internal::Prefixed;
 
-absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  NsqOptions o;
-  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
-  Params p(url);
-  // An HTTP address may name its scheme (http://, https://); the port defaults by server.
-  auto http_address = [](absl::string_view a, int default_port) -> absl::StatusOr<std::string> {
-    absl::string_view scheme;
-    for (absl::string_view s : {"http://", "https://"}) {
-      if (absl::StartsWithIgnoreCase(a, s)) {
-        scheme = s;
-        a.remove_prefix(s.size());
-      }
+namespace {
+
+// An HTTP address that may name its scheme (http://, https://); the port defaults by server.
+absl::StatusOr<std::string> HttpAddress(absl::string_view a, int default_port) {
+  absl::string_view scheme;
+  for (absl::string_view s : {"http://", "https://"}) {
+    if (absl::StartsWithIgnoreCase(a, s)) {
+      scheme = s;
+      a.remove_prefix(s.size());
     }
-    absl::StatusOr<UrlHost> h = ParseHost(a);
-    if (!h.ok()) return h.status();
-    return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
-  };
+  }
+  absl::StatusOr<UrlHost> h = ParseHost(a);
+  if (!h.ok()) return h.status();
+  return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
+}
+
+// The nsqd and nsqlookupd addresses: the URL's hosts, `lookupd` and `nsqd_http`.
+absl::Status ReadNsqAddresses(const ParsedUrl& url, Params& p, NsqOptions& o) {
+  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
   for (const std::string& a : p.TakeList("lookupd")) {
-    absl::StatusOr<std::string> h = http_address(a, 4161);
+    absl::StatusOr<std::string> h = HttpAddress(a, 4161);
     if (!h.ok()) return Bad("parameter lookupd", h.status().message());
     o.lookupd_http_addresses.push_back(*std::move(h));
   }
   for (const std::string& a : p.TakeList("nsqd_http")) {
-    absl::StatusOr<std::string> h = http_address(a, 4151);
+    absl::StatusOr<std::string> h = HttpAddress(a, 4151);
     if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
     o.discovery.nsqd_http_addresses.push_back(*std::move(h));
   }
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
   }
+  return absl::OkStatus();
+}
+
+// auth, TLS, compression and the publish policy.
+absl::Status ReadNsqConnection(const GetEnv& env, Params& p, NsqOptions& o) {
   if (auto secret = p.Take("auth_secret")) {
     o.auth.secret = *secret;
   } else if (env) {
@@ -59,13 +64,8 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
   p.String("queue_channel", &o.queue_channel);
   p.Bool("tls", &o.tls.enabled);
-  p.Bool("tls_required", &o.tls.required);
-  p.String("tls_ca_file", &o.tls.ca_file);
-  p.String("tls_cert_file", &o.tls.cert_file);
-  p.String("tls_key_file", &o.tls.key_file);
-  p.String("tls_key_password", &o.tls.key_password);
-  p.String("tls_server_name", &o.tls.server_name);
-  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
+  p.Bool("tls_required", &o.connection.tls_required);
+  p.Tls(&o.tls);
   if (auto codec = p.Take("compression")) {
     absl::StatusOr<NsqCompression> parsed = ParseNsqCompression(*codec);
     if (!parsed.ok()) return Bad("parameter compression", parsed.status().message());
@@ -77,8 +77,12 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
     if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
     o.publishing.policy = *parsed;
   }
-  // The parameters keep the flat names shared with redis:// (connect_timeout,
-  // reconnect_backoff_base, ...); each sets one field of NsqOptions' groups.
+  return absl::OkStatus();
+}
+
+// Flow, discovery, timeouts, limits, backoff and threads. The parameters keep flat names
+// (connect_timeout for timeouts.connect), as for redis://.
+void ReadNsqTuning(Params& p, NsqOptions& o) {
   p.Duration("publish_timeout", &o.publishing.timeout);
   p.Bool("publish_discovery", &o.publishing.use_lookupd);
   p.Integer("publish_connections", &o.publishing.connections);
@@ -90,13 +94,25 @@ absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv&
   p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
   p.Duration("connect_timeout", &o.timeouts.connect);
   p.Duration("request_timeout", &o.timeouts.request);
-  p.Duration("heartbeat_interval", &o.timeouts.heartbeat_interval);
+  p.Duration("heartbeat_interval", &o.connection.heartbeat_interval);
   p.Integer("max_message_bytes", &o.limits.max_message_bytes);
   p.Integer("max_batch_bytes", &o.limits.max_batch_bytes);
   p.Duration("max_defer", &o.limits.max_defer);
   p.Duration("reconnect_backoff_base", &o.reconnect_backoff.initial);
   p.Duration("reconnect_backoff_max", &o.reconnect_backoff.max);
   p.Integer("io_threads", &o.io_threads);
+}
+
+}  // namespace
+
+absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
+  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
+  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
+  NsqOptions o;
+  Params p(url);
+  if (absl::Status st = ReadNsqAddresses(url, p, o); !st.ok()) return st;
+  if (absl::Status st = ReadNsqConnection(env, p, o); !st.ok()) return st;
+  ReadNsqTuning(p, o);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
   return o;

@@ -4,8 +4,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/const_init.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nats/nats_driver.h"
@@ -33,6 +37,28 @@ namespace bus {
 namespace {
 
 GetEnv EnvOf(const OpenOverrides& o) { return o.env ? o.env : ProcessEnv(); }
+
+// Logs each DeprecatedUrlParameters warning of `url` once per process, through the overrides'
+// logger (else the default logger).
+void WarnDeprecated(absl::string_view url, const OpenOverrides& o) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const logged = new absl::flat_hash_set<std::string>();
+  for (const std::string& warning : DeprecatedUrlParameters(url)) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!logged->insert(warning).second) continue;
+    }
+    const std::shared_ptr<Logger> logger =
+        o.logger != nullptr ? o.logger : DefaultLogger(LogLevel::kWarning);
+    LogRecord r;
+    r.level = LogLevel::kWarning;
+    r.time = absl::Now();
+    r.component = "url";
+    r.event = "deprecated_url_parameter";
+    r.text = warning;
+    logger->Write(r);
+  }
+}
 
 absl::Status NoParams(const ParsedUrl& url) {
   if (!url.hosts.empty() || !url.path.empty() || !url.user.empty()) {
@@ -225,12 +251,14 @@ absl::StatusOr<const Opener*> Find(absl::string_view text, bool want_driver) {
 absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<const Opener*> op = Find(text, /*want_driver=*/true);
   if (!op.ok()) return op.status();
+  WarnDeprecated(text, o);
   return (*op)->driver(text, o);
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<const Opener*> op = Find(text, /*want_driver=*/false);
   if (!op.ok()) return op.status();
+  WarnDeprecated(text, o);
   return (*op)->stores(text, o);
 }
 

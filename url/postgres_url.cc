@@ -28,11 +28,17 @@ absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url)
   if (!IsPostgresUrl(url)) return Bad("scheme", "want postgres:// or postgresql://");
   // Only the query is split here, and only to take the library's own parameters out: libpq
   // parses the URL (and refuses parameters it does not know).
-  static const std::set<std::string>* const kOurs = new std::set<std::string>{
-      "schema",      "max_connections", "pool_timeout",  "statement_timeout",
-      "max_retries", "purge_batch",     "cleanup_batch", "cleanup_interval"};
+  static const std::set<std::string>* const kOurs = [] {
+    auto* ours = new std::set<std::string>{
+        "schema",      "max_connections",  "pool_timeout",       "request_timeout",
+        "max_retries", "purge_batch_size", "cleanup_batch_size", "cleanup_interval"};
+    for (const url_internal::RenamedParameter& r : url_internal::RenamedParameters("postgres")) {
+      ours->insert(std::string(r.old_name));
+    }
+    return ours;
+  }();
   const size_t q = url.find('?');
-  ParsedUrl ours;
+  ParsedUrl ours{.scheme = "postgres"};
   std::vector<absl::string_view> theirs;
   if (q != absl::string_view::npos) {
     for (absl::string_view piece : absl::StrSplit(url.substr(q + 1), '&', absl::SkipEmpty())) {
@@ -57,10 +63,10 @@ absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url)
   p.String("schema", &o.db.schema);
   p.Integer("max_connections", &o.db.max_connections);
   p.Duration("pool_timeout", &o.db.pool_timeout);
-  p.Duration("statement_timeout", &o.db.statement_timeout);
+  p.Duration("request_timeout", &o.db.timeouts.request);
   p.Integer("max_retries", &o.db.max_retries);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
+  p.Integer("purge_batch_size", &o.dead_letters.purge_batch_size);
+  p.Integer("cleanup_batch_size", &o.idempotency.cleanup_batch_size);
   p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidatePostgresOptions(o.db); !st.ok()) return Prefixed(st);

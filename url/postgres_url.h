@@ -26,10 +26,11 @@ struct PostgresUrlOptions {
 // which libpq parses (hosts, user, password, database and libpq's parameters such as sslmode,
 // sslrootcert, connect_timeout, target_session_attrs; PGPASSWORD and the passfile when the URL
 // has no password). The library's parameters are taken out of its query before libpq sees it:
-// schema, max_connections, pool_timeout, statement_timeout, max_retries for the database;
-// purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for the idempotency
-// store. Validated (ValidatePostgresOptions, which has libpq parse the rest, and the stores'
-// Validate*).
+// schema, max_connections, pool_timeout, request_timeout (timeouts.request), max_retries for
+// the database; purge_batch_size for the dead-letter store; cleanup_batch_size,
+// cleanup_interval for the idempotency store (0.7's statement_timeout, purge_batch and
+// cleanup_batch still work until 0.9: DeprecatedUrlParameters in url.h). Validated
+// (ValidatePostgresOptions, which has libpq parse the rest, and the stores' Validate*).
 absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url);
 
 // True when `url` starts with postgres:// or postgresql:// (any case).

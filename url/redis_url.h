@@ -16,7 +16,8 @@ namespace bus {
 // redis:// → RedisOptions. Port default 6379, db from the path ("/2"), password from the URL
 // or else from REDIS_PASSWORD in `env`. Parameters: key_prefix, db, connect_timeout and
 // request_timeout (timeouts.connect, timeouts.request), timeout (both), reconnect_backoff_base
-// and reconnect_backoff_max (backoff.initial, backoff.max), script_batch, max_reply_bytes,
+// and reconnect_backoff_max (backoff.initial, backoff.max), script_batch_size (0.7's
+// script_batch still works until 0.9), max_reply_bytes,
 // max_reply_elements (limits.*), wait_replicas, wait_timeout (replication.*), and for TLS
 // tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, tls_server_name,
 // tls_insecure_skip_verify, tls_min_version (1.2 or 1.3) (tls.*).

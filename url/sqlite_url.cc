@@ -29,13 +29,13 @@ absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
       return Bad("parameter synchronous", "want normal or full");
     }
   }
-  p.Integer("max_batch", &o.db.max_batch);
+  p.Integer("commit_batch_size", &o.db.commit_batch_size);
   p.Integer("max_idle_readers", &o.db.max_idle_readers);
   p.Duration("spin_wait", &o.db.spin_wait);
   p.Bool("background_checkpoints", &o.db.background_checkpoints);
   p.Bool("read_only", &o.db.read_only);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
+  p.Integer("purge_batch_size", &o.dead_letters.purge_batch_size);
+  p.Integer("cleanup_batch_size", &o.idempotency.cleanup_batch_size);
   p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
   if (absl::Status st = p.Finish(); !st.ok()) return st;
   if (absl::Status st = ValidateSqliteOptions(o.db); !st.ok()) return Prefixed(st);

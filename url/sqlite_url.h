@@ -23,9 +23,11 @@ struct SqliteUrlOptions {
 
 // sqlite:// → SqliteUrlOptions. "sqlite:///abs.db" is the absolute path /abs.db,
 // "sqlite://rel/x.db" the relative path rel/x.db. Parameters: busy_timeout, synchronous
-// (normal, full), max_batch, max_idle_readers, spin_wait, background_checkpoints (true, false)
-// for the database; purge_batch for the dead-letter store; cleanup_batch, cleanup_interval for
-// the idempotency store. Validated (ValidateSqliteOptions and the stores' Validate*).
+// (normal, full), commit_batch_size, max_idle_readers, spin_wait, background_checkpoints (true,
+// false), read_only for the database; purge_batch_size for the dead-letter store;
+// cleanup_batch_size, cleanup_interval for the idempotency store (0.7's max_batch, purge_batch
+// and cleanup_batch still work until 0.9: DeprecatedUrlParameters in url.h). Validated
+// (ValidateSqliteOptions and the stores' Validate*).
 absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url);
 
 }  // namespace bus

@@ -119,34 +119,52 @@ absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
   return absl::OkStatus();
 }
 
+absl::Span<const RenamedParameter> RenamedParameters(absl::string_view scheme) {
+  static constexpr RenamedParameter kRedis[] = {{"script_batch", "script_batch_size"}};
+  static constexpr RenamedParameter kSqlite[] = {{"max_batch", "commit_batch_size"},
+                                                 {"purge_batch", "purge_batch_size"},
+                                                 {"cleanup_batch", "cleanup_batch_size"}};
+  static constexpr RenamedParameter kPostgres[] = {{"statement_timeout", "request_timeout"},
+                                                   {"purge_batch", "purge_batch_size"},
+                                                   {"cleanup_batch", "cleanup_batch_size"}};
+  if (absl::StartsWith(scheme, "redis")) return kRedis;
+  if (scheme == "sqlite") return kSqlite;
+  if (scheme == "postgres" || scheme == "postgresql") return kPostgres;
+  return {};
+}
+
 }  // namespace url_internal
 
 using url_internal::Bad;
 using url_internal::Decode;
 using url_internal::Encode;
 using url_internal::ParseHost;
+using url_internal::RenamedParameter;
+using url_internal::RenamedParameters;
 
-absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
-  ParsedUrl url;
+namespace {
+
+// The scheme, lower-cased, of "scheme://..."; `*rest` is what follows "://".
+absl::StatusOr<std::string> ParseScheme(absl::string_view text, absl::string_view* rest) {
   const size_t sep = text.find("://");
   if (sep == absl::string_view::npos || sep == 0) {
     return Bad("scheme", "missing (want memory://, redis://, nsq://, sqlite:// or postgres://)");
   }
-  url.scheme = absl::AsciiStrToLower(text.substr(0, sep));
-  for (char c : url.scheme) {
+  std::string scheme = absl::AsciiStrToLower(text.substr(0, sep));
+  for (char c : scheme) {
     if (!absl::ascii_isalnum(c) && c != '+' && c != '-' && c != '.') {
       return Bad("scheme", "bad character");
     }
   }
-  absl::string_view rest = text.substr(sep + 3);
-  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
-    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
-  }
-  // A user or password may hold an unencoded '/' (base64 passwords do): the user information
-  // runs to the last '@' before the query, and the host, path and query start after it.
+  *rest = text.substr(sep + 3);
+  return scheme;
+}
+
+// Where the host starts in `rest` (after the user information, which runs to the last '@'
+// before the query: a user or password may hold an unencoded '/', as base64 passwords do).
+absl::StatusOr<size_t> HostStart(absl::string_view rest, bool sqlite) {
   const size_t first_query = rest.find('?');
-  const size_t at =
-      url.scheme == "sqlite" ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
+  const size_t at = sqlite ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
   if (at == absl::string_view::npos && first_query != absl::string_view::npos) {
     // "u:pa?ss@h": an '@' after the '?' with no parameter before it is a password's '?'. Its
     // text is never echoed.
@@ -157,27 +175,11 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       return Bad("password", "an unencoded '?' in the user or password (percent-encode it as %3F)");
     }
   }
-  const size_t host_start = at == absl::string_view::npos ? 0 : at + 1;
-  absl::string_view query;
-  if (const size_t q = rest.find('?', host_start); q != absl::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  // sqlite://rel/x.db: everything is the path, there is no authority.
-  absl::string_view authority;
-  if (url.scheme == "sqlite") {
-    absl::StatusOr<std::string> path = Decode(rest, "path");
-    if (!path.ok()) return path.status();
-    url.path = *std::move(path);
-  } else {
-    const size_t slash = rest.find('/', host_start);
-    authority = rest.substr(0, slash);
-    if (slash != absl::string_view::npos) {
-      absl::StatusOr<std::string> path = Decode(rest.substr(slash + 1), "path");
-      if (!path.ok()) return path.status();
-      url.path = *std::move(path);
-    }
-  }
+  return at == absl::string_view::npos ? 0 : at + 1;
+}
+
+// "user[:password]@hosts" into url.user, url.password and url.hosts.
+absl::Status ParseAuthority(absl::string_view authority, ParsedUrl& url) {
   if (const size_t at = authority.rfind('@'); at != absl::string_view::npos) {
     absl::string_view userinfo = authority.substr(0, at);
     authority = authority.substr(at + 1);
@@ -196,25 +198,62 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       url.password = *std::move(p);
     }
   }
-  if (!authority.empty()) {
-    for (absl::string_view h : absl::StrSplit(authority, ',')) {
-      absl::StatusOr<UrlHost> host = ParseHost(h);
-      if (!host.ok()) return host.status();
-      url.hosts.push_back(*std::move(host));
-    }
+  if (authority.empty()) return absl::OkStatus();
+  for (absl::string_view h : absl::StrSplit(authority, ',')) {
+    absl::StatusOr<UrlHost> host = ParseHost(h);
+    if (!host.ok()) return host.status();
+    url.hosts.push_back(*std::move(host));
   }
-  if (!query.empty()) {
-    for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
-      std::pair<absl::string_view, absl::string_view> p =
-          absl::StrSplit(kv, absl::MaxSplits('=', 1));
-      absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
-      if (!k.ok()) return k.status();
-      absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
-      if (!v.ok()) return v.status();
-      if (k->empty()) return Bad("parameter", "empty name");
-      url.params.emplace_back(*std::move(k), *std::move(v));
-    }
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuery(absl::string_view query, ParsedUrl& url) {
+  for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
+    if (!k.ok()) return k.status();
+    absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
+    if (!v.ok()) return v.status();
+    if (k->empty()) return Bad("parameter", "empty name");
+    url.params.emplace_back(*std::move(k), *std::move(v));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
+  ParsedUrl url;
+  absl::string_view rest;
+  absl::StatusOr<std::string> scheme = ParseScheme(text, &rest);
+  if (!scheme.ok()) return scheme.status();
+  url.scheme = *std::move(scheme);
+  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
+    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
+  }
+  const bool sqlite = url.scheme == "sqlite";
+  absl::StatusOr<size_t> host_start = HostStart(rest, sqlite);
+  if (!host_start.ok()) return host_start.status();
+  absl::string_view query;
+  if (const size_t q = rest.find('?', *host_start); q != absl::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  // sqlite://rel/x.db: everything is the path, there is no authority.
+  absl::string_view authority;
+  absl::string_view path = rest;
+  if (!sqlite) {
+    const size_t slash = rest.find('/', *host_start);
+    authority = rest.substr(0, slash);
+    path = slash == absl::string_view::npos ? "" : rest.substr(slash + 1);
+  }
+  if (!path.empty()) {
+    absl::StatusOr<std::string> decoded = Decode(path, "path");
+    if (!decoded.ok()) return decoded.status();
+    url.path = *std::move(decoded);
+  }
+  if (absl::Status st = ParseAuthority(authority, url); !st.ok()) return st;
+  if (absl::Status st = ParseQuery(query, url); !st.ok()) return st;
   return url;
 }
 
@@ -259,6 +298,24 @@ std::string RedactedUrl(absl::string_view text) {
   const size_t sep = text.find("://");
   return sep == absl::string_view::npos ? "<not a URL>"
                                         : absl::StrCat(text.substr(0, sep), "://<unparsed>");
+}
+
+std::vector<std::string> DeprecatedUrlParameters(absl::string_view url) {
+  std::vector<std::string> warnings;
+  const size_t query = url.find('?');
+  const std::string scheme = UrlScheme(url);
+  if (scheme.empty() || query == absl::string_view::npos) return warnings;
+  for (absl::string_view piece : absl::StrSplit(url.substr(query + 1), '&', absl::SkipEmpty())) {
+    absl::StatusOr<std::string> name = Decode(piece.substr(0, piece.find('=')), "parameter");
+    if (!name.ok()) continue;
+    for (const RenamedParameter& r : RenamedParameters(scheme)) {
+      if (*name != r.old_name) continue;
+      warnings.push_back(absl::StrCat("URL parameter ", r.old_name, " of ", scheme,
+                                      ":// is deprecated and will be removed in 0.9: use ",
+                                      r.new_name));
+    }
+  }
+  return warnings;
 }
 
 std::string UrlScheme(absl::string_view url) {

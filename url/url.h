@@ -79,6 +79,14 @@ GetEnv ProcessEnv();
 // when it has no "scheme://".
 std::string UrlScheme(absl::string_view url);
 
+// One warning for each parameter of `url` spelt as in 0.7 whose name changed in 0.8 ("URL
+// parameter statement_timeout of postgres:// is deprecated and will be removed in 0.9: use
+// request_timeout"); empty when none. The old spellings are still accepted until 0.9
+// (docs/compatibility.md): script_batch (redis), max_batch, purge_batch, cleanup_batch
+// (sqlite), statement_timeout, purge_batch, cleanup_batch (postgres). OpenDriver and
+// OpenStores (url/open.h) log each warning once per process.
+std::vector<std::string> DeprecatedUrlParameters(absl::string_view url);
+
 }  // namespace bus
 
 #endif  // URL_URL_H_

@@ -196,8 +196,8 @@ TEST_F(PostgresDatabaseTest, BadOptionsNameTheirField) {
   o.max_connections = 0;
   EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("max_connections"));
   o = Options();
-  o.statement_timeout = absl::ZeroDuration();
-  EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("statement_timeout"));
+  o.timeouts.request = absl::ZeroDuration();
+  EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("timeouts.request"));
 }
 
 TEST_F(PostgresDatabaseTest, SqlstatesMapToStatusCodes) {
@@ -231,7 +231,7 @@ TEST_F(PostgresDatabaseTest, SqlstatesMapToStatusCodes) {
 
 TEST_F(PostgresDatabaseTest, TheStatementTimeoutBoundsEveryCall) {
   PostgresOptions o = Options();
-  o.statement_timeout = absl::Milliseconds(200);
+  o.timeouts.request = absl::Milliseconds(200);
   std::shared_ptr<PostgresDatabase> db = Open(o);
   ASSERT_TRUE(db->Migrate().ok());
   absl::Status st = Column(*db, "SELECT pg_sleep(30)::text").status();

@@ -104,8 +104,8 @@ absl::Status ValidatePostgresDriverOptions(const PostgresDriverOptions& o) {
   if (o.max_message_bytes < 1) {
     return absl::InvalidArgumentError("PostgresDriverOptions.max_message_bytes: must be >= 1");
   }
-  if (o.reserve_batch < 1) {
-    return absl::InvalidArgumentError("PostgresDriverOptions.reserve_batch: must be >= 1");
+  if (o.reserve_batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresDriverOptions.reserve_batch_size: must be >= 1");
   }
   return absl::OkStatus();
 }

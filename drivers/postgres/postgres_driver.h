@@ -69,12 +69,13 @@ struct QueueCore;
 struct PostgresDriverOptions {
   // The longest a waiting consumer goes without looking at its queue when no notification came
   // (a notification lost with a connection, or a send by a program that does not notify); > 0.
+  // Default 2 s.
   absl::Duration fallback_poll = absl::Seconds(2);
   // Largest message accepted by a send; larger ones are InvalidArgument. Default
   // kDefaultMaxMessageBytes (1 MiB), as the Handler's.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
-  // Most messages one reserve statement leases; >= 1.
-  int reserve_batch = 256;
+  // Most messages one reserve statement leases; >= 1. Default 256.
+  int reserve_batch_size = 256;
 };
 
 // InvalidArgument naming the first bad field.
@@ -119,7 +120,8 @@ class PostgresDriver final : public Driver {
 
   // The same on a libpq connection of the user's, idle, in a transaction the user began and
   // will commit or roll back (outside one, each call commits on its own). The statements run
-  // in libpq's blocking calls, bounded by the session's statement_timeout.
+  // in libpq's blocking calls, bounded by the session's statement_timeout
+  // (PostgresOptions.timeouts.request).
   absl::StatusOr<std::string> SendToQueue(PGconn* conn, absl::string_view queue, Outgoing out,
                                           absl::Duration delay = absl::ZeroDuration());
   absl::StatusOr<std::string> PublishToTopic(PGconn* conn, absl::string_view topic,

@@ -206,7 +206,7 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     const absl::Time now = options_.clock->Now();
     Shard& s = ShardOf(key);
     absl::MutexLock lock(&s.mu);
-    s.Sweep(now, options_.sweep_batch);
+    s.Sweep(now, options_.sweep_batch_size);
     return s.AcquireLocked(key, owner, lease, now);
   }
 
@@ -232,7 +232,7 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     if (valid.empty()) return;
     const absl::Time now = options_.clock->Now();
     ForEachShard(keys, valid, [&](Shard& s, absl::Span<const size_t> mine) {
-      s.Sweep(now, options_.sweep_batch);
+      s.Sweep(now, options_.sweep_batch_size);
       for (size_t i : mine) results[i] = s.AcquireLocked(keys[i], owners[i], lease, now);
     });
   }

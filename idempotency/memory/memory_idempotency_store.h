@@ -17,10 +17,11 @@
 namespace bus {
 
 struct MemoryIdempotencyOptions {
-  // Default: RealClock().
+  // Default (nullptr): RealClock().
   std::shared_ptr<Clock> clock{};
-  // Expired entries removed per operation, at most.
-  int sweep_batch = 16;
+  // Expired entries removed per operation, at most; >= 0 (0: none, expired entries are
+  // removed only when their key is used again). Default 16.
+  int sweep_batch_size = 16;
 };
 
 class MemoryIdempotencyStore : public IdempotencyStore {

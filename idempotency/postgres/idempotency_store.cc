@@ -164,10 +164,11 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       if (cleaning_ || clock.Now() < next_cleanup_) return;
       cleaning_ = true;
     }
-    const Statement s{&cleanup_,
-                      {Param::Int(options_.cleanup_batch), Param::Int(Micros(kLapsedLeaseRecord))}};
+    const Statement s{
+        &cleanup_,
+        {Param::Int(options_.cleanup_batch_size), Param::Int(Micros(kLapsedLeaseRecord))}};
     absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
-    const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch;
+    const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch_size;
     absl::MutexLock lock(&mu_);
     cleaning_ = false;
     next_cleanup_ = more ? clock.Now() : clock.Now() + options_.cleanup_interval;
@@ -184,8 +185,9 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
 }  // namespace
 
 absl::Status ValidatePostgresIdempotencyOptions(const PostgresIdempotencyOptions& options) {
-  if (options.cleanup_batch < 1) {
-    return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_batch: must be >= 1");
+  if (options.cleanup_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        "PostgresIdempotencyOptions.cleanup_batch_size: must be >= 1");
   }
   if (options.cleanup_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_interval: must be > 0");

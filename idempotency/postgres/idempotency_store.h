@@ -41,10 +41,11 @@
 namespace bus {
 
 struct PostgresIdempotencyOptions {
-  // Expired keys deleted per cleanup step (one statement, one transaction); >= 1. A step that
+  // Expired keys deleted per cleanup step (one statement, one transaction); >= 1. Default
+  // 1000. A step that
   // finds a full batch lets the next call run another at once.
-  int cleanup_batch = 1000;
-  // How often a call looks for expired keys; > 0.
+  int cleanup_batch_size = 1000;
+  // How often a call looks for expired keys; > 0. Default 10 s.
   absl::Duration cleanup_interval = absl::Seconds(10);
 };
 

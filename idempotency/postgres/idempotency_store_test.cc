@@ -81,8 +81,8 @@ TEST_F(PostgresIdempotencyStoreTest, CleanupDeletesExpiredKeysInStepsAndKeepsLiv
   ASSERT_TRUE(*writer->Acquire("live", "o", absl::Hours(1)));
   const int64_t expired = Rows() - 2;
   ASSERT_EQ(expired, 5);
-  absl::StatusOr<std::shared_ptr<IdempotencyStore>> cleaner =
-      NewPostgresIdempotencyStore(db_, {.cleanup_batch = 2, .cleanup_interval = absl::Hours(1)});
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> cleaner = NewPostgresIdempotencyStore(
+      db_, {.cleanup_batch_size = 2, .cleanup_interval = absl::Hours(1)});
   ASSERT_TRUE(cleaner.ok());
   // The first call finds cleanup due; a step that deletes a full batch of two makes the next
   // call run another, until a step finds less.
@@ -102,9 +102,9 @@ TEST_F(PostgresIdempotencyStoreTest, CleanupDeletesExpiredKeysInStepsAndKeepsLiv
 
 TEST_F(PostgresIdempotencyStoreTest, BadOptionsNameTheirField) {
   Open();
-  absl::Status st = NewPostgresIdempotencyStore(db_, {.cleanup_batch = 0}).status();
+  absl::Status st = NewPostgresIdempotencyStore(db_, {.cleanup_batch_size = 0}).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st));
-  EXPECT_NE(st.message().find("cleanup_batch"), absl::string_view::npos);
+  EXPECT_NE(st.message().find("cleanup_batch_size"), absl::string_view::npos);
   st = NewPostgresIdempotencyStore(db_, {.cleanup_interval = absl::ZeroDuration()}).status();
   EXPECT_NE(st.message().find("cleanup_interval"), absl::string_view::npos);
 }

@@ -240,10 +240,10 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     const redis::Durability durability =
         replicated() ? redis::Durability::kReplicated : redis::Durability::kDefault;
     if (!client_->clustered() && sent.size() > 1) {
-      // One server: one script run per script_batch keys, pipelined (a script run costs the
+      // One server: one script run per script_batch_size keys, pipelined (a script run costs the
       // server far more than the GET and SET in it).
       std::vector<std::vector<std::string>> calls;
-      const size_t per_call = static_cast<size_t>(options_.limits.script_batch);
+      const size_t per_call = static_cast<size_t>(options_.limits.script_batch_size);
       for (size_t from = 0; from < sent.size(); from += per_call) {
         const size_t to = std::min(sent.size(), from + per_call);
         std::vector<std::string> call = {absl::StrCat(2 * (to - from))};

@@ -187,8 +187,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
 }  // namespace
 
 absl::Status ValidateSqliteIdempotencyOptions(const SqliteIdempotencyOptions& options) {
-  if (options.cleanup_batch < 1) {
-    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch must be >= 1");
+  if (options.cleanup_batch_size < 1) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch_size must be >= 1");
   }
   if (options.cleanup_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_interval must be > 0");
@@ -208,11 +208,11 @@ absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
     std::shared_ptr<SqliteDatabase> db, const SqliteIdempotencyOptions& options) {
   if (absl::Status s = ValidateSqliteIdempotencyOptions(options); !s.ok()) return s;
   // Cleanup rides along with the database's writes (Database::AddHousekeeping): expired
-  // rows, oldest first, cleanup_batch per transaction, so it never holds the lock for long.
+  // rows, oldest first, cleanup_batch_size per transaction, so it never holds the lock for long.
   sqlite_internal::Engine(db)->AddHousekeeping(
       options.cleanup_interval,
       [clock = db->clock(),
-       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
+       batch = options.cleanup_batch_size](Connection& conn) -> absl::StatusOr<bool> {
         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCleanupKeysSql);
         if (!stmt.ok()) return stmt.status();
         const absl::Time now = clock->Now();

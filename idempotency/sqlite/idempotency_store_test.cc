@@ -110,7 +110,7 @@ TEST_F(SqliteIdempotencyStoreTest, BadOptionsAreInvalidArgumentNamingTheField) {
     SqliteIdempotencyOptions options;
     const char* field;
   } cases[] = {
-      {{.cleanup_batch = 0}, "cleanup_batch"},
+      {{.cleanup_batch_size = 0}, "cleanup_batch_size"},
       {{.cleanup_interval = absl::ZeroDuration()}, "cleanup_interval"},
   };
   for (const auto& c : cases) {
@@ -128,8 +128,8 @@ TEST_F(SqliteIdempotencyStoreTest, ExpiredEntriesAreCleanedUpInBoundedBatches) {
   options_.clock = clock;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  absl::StatusOr<std::shared_ptr<IdempotencyStore>> opened =
-      NewSqliteIdempotencyStore(*db, {.cleanup_batch = 100, .cleanup_interval = absl::Minutes(1)});
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> opened = NewSqliteIdempotencyStore(
+      *db, {.cleanup_batch_size = 100, .cleanup_interval = absl::Minutes(1)});
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<IdempotencyStore> store = *opened;
   // 300 done keys whose retention runs out, 50 abandoned leases (kept as records of a lapsed

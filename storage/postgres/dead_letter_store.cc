@@ -128,11 +128,11 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
     if (highest == 0) return absl::OkStatus();
     const Statement step{&purge_,
                          {Param::Text(std::string(queue)), Param::Int(highest),
-                          Param::Text(KindsArray(kinds)), Param::Int(options_.purge_batch)}};
+                          Param::Text(KindsArray(kinds)), Param::Int(options_.purge_batch_size)}};
     while (true) {
       absl::StatusOr<std::vector<Result>> d = pg_internal::Engine(*db_).Run({&step, 1});
       if (!d.ok()) return d.status();
-      if ((*d)[0].affected() < options_.purge_batch) return absl::OkStatus();
+      if ((*d)[0].affected() < options_.purge_batch_size) return absl::OkStatus();
     }
   }
 
@@ -147,8 +147,8 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
 }  // namespace
 
 absl::Status ValidatePostgresDeadLetterOptions(const PostgresDeadLetterOptions& options) {
-  if (options.purge_batch < 1) {
-    return absl::InvalidArgumentError("PostgresDeadLetterOptions.purge_batch: must be >= 1");
+  if (options.purge_batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresDeadLetterOptions.purge_batch_size: must be >= 1");
   }
   return absl::OkStatus();
 }

@@ -10,7 +10,7 @@
 // within a queue a later letter has a higher id. Letters stored concurrently by several
 // processes become visible in commit order, which may differ from id order by the few letters
 // in flight at that moment. Purge() deletes in bounded batches of
-// PostgresDeadLetterOptions::purge_batch letters per transaction; letters stored while it runs
+// PostgresDeadLetterOptions::purge_batch_size letters per transaction; letters stored while it runs
 // stay. Every call is one round trip (Store: one statement, INSERT ... ON CONFLICT DO NOTHING
 // with the lookup of an existing letter of the same message and attempts).
 //
@@ -33,8 +33,8 @@
 namespace bus {
 
 struct PostgresDeadLetterOptions {
-  // Letters Purge() deletes per transaction; >= 1.
-  int purge_batch = 1000;
+  // Letters Purge() deletes per transaction; >= 1. Default 1000.
+  int purge_batch_size = 1000;
 };
 
 // InvalidArgument naming the first bad field.

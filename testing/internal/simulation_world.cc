@@ -286,7 +286,7 @@ Ensure World::CallEnsure(const EnsureFn& ensure, const Message& msg) {
 }
 
 void World::RunSecondWorker(const std::string& during) {
-  std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+  std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
   if (batch.empty()) {
     Trace(absl::StrCat("second worker: nothing ready while handle ", during, " runs"));
     return;
@@ -375,7 +375,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
         for (std::function<void()>& fn : tasks) fn();
       }
     }
-    std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+    std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
     if (batch.empty()) {
       if (!primary_->later.empty()) continue;
       const absl::Time next = broker_->NextDue();

@@ -20,8 +20,8 @@ using pg_internal::Result;
 using pg_internal::Statement;
 
 absl::Status ValidatePostgresRelayOptions(const PostgresRelayOptions& options) {
-  if (options.batch < 1) {
-    return absl::InvalidArgumentError("PostgresRelayOptions.batch: must be >= 1");
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresRelayOptions.batch_size: must be >= 1");
   }
   if (options.poll_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresRelayOptions.poll_interval: must be > 0");
@@ -112,7 +112,7 @@ absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Bac
     absl::StatusOr<int> sent = Pass(c);
     if (!sent.ok()) return sent.status();
     backoff.Reset();
-    if (*sent >= options_.batch) continue;
+    if (*sent >= options_.batch_size) continue;
     // Real time: the wait for a commit's notification, bounded by the slow poll.
     absl::StatusOr<bool> woken = c.AwaitNotification(absl::Now() + options_.poll_interval, wake_fd);
     if (!woken.ok()) return woken.status();
@@ -121,7 +121,7 @@ absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Bac
 }
 
 absl::StatusOr<int> PostgresOutboxRelay::Pass(Connection& conn) {
-  const Statement read{&read_, {Param::Int(options_.batch)}};
+  const Statement read{&read_, {Param::Int(options_.batch_size)}};
   absl::StatusOr<std::vector<Result>> r =
       conn.Pipeline({&read, 1}, pg_internal::Engine(*db_).Deadline(1));
   if (!r.ok()) return r.status();

@@ -46,7 +46,7 @@ class Engine {
   // after the schema is migrated.
   absl::StatusOr<std::unique_ptr<Connection>> OpenSession() { return db_.OpenSession(); }
 
-  // The client's deadline for `statements` statements sent now (see statement_timeout).
+  // The client's deadline for `statements` statements sent now (see timeouts.request).
   absl::Time Deadline(size_t statements) const { return db_.Deadline(statements); }
 
  private:

@@ -27,7 +27,8 @@ RedisOptions WithDefaults(RedisOptions options) {
   if (options.clock == nullptr) options.clock = RealClock();
   if (options.logger == nullptr) options.logger = DefaultLogger(LogLevel::kWarning);
   if (options.random == nullptr) options.random = DefaultRandom();
-  if (options.limits.script_batch == 0) options.limits.script_batch = kDefaultRedisScriptBatch;
+  if (options.limits.script_batch_size == 0)
+    options.limits.script_batch_size = kDefaultRedisScriptBatch;
   return options;
 }
 

@@ -140,7 +140,7 @@ using ReconnectCallback = std::function<void(const std::string& address)>;
 
 // `options` (valid: ValidateRedisOptions) with every default the library chooses filled in:
 // clock RealClock(), logger StderrLogger(kWarning), random DefaultRandom(),
-// limits.script_batch kDefaultRedisScriptBatch. The driver and the stores keep these.
+// limits.script_batch_size kDefaultRedisScriptBatch. The driver and the stores keep these.
 RedisOptions WithDefaults(RedisOptions options);
 
 // The TLS context of `options` (tls.h MakeRedisTlsContext), shared by every connection of a client;

@@ -45,20 +45,8 @@ absl::string_view VerifyHint(long result) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ssl::context>> MakeRedisTlsContext(const RedisOptions::Tls& tls) {
-  const TlsOptions::Version min = tls.min_version == RedisOptions::Tls::Version::kTls13
-                                      ? TlsOptions::Version::kTls13
-                                      : TlsOptions::Version::kTls12;
-  return net::MakeTlsContext(TlsOptions{.enabled = tls.enabled,
-                                        .ca_file = tls.ca_file,
-                                        .ca_dir = tls.ca_dir,
-                                        .cert_file = tls.cert_file,
-                                        .key_file = tls.key_file,
-                                        .key_password = tls.key_password,
-                                        .server_name = tls.server_name,
-                                        .insecure_skip_verify = tls.insecure_skip_verify,
-                                        .min_version = min},
-                             {.field = "RedisOptions.tls", .url = "URL:"});
+absl::StatusOr<std::shared_ptr<ssl::context>> MakeRedisTlsContext(const TlsOptions& tls) {
+  return net::MakeTlsContext(tls, {.field = "RedisOptions.tls", .url = "URL:"});
 }
 
 absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify,

@@ -27,7 +27,7 @@ namespace bus::redis {
 // The client context for RedisOptions::tls (common/net/tls_context.h MakeTlsContext, errors
 // naming RedisOptions.tls and the URL's parameters).
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> MakeRedisTlsContext(
-    const RedisOptions::Tls& tls);
+    const TlsOptions& tls);
 
 // Sets up one connection's SSL before its handshake: verification of the server's certificate
 // for `server_name` (a DNS name or an IP address) unless `verify` is false, and SNI for a name.

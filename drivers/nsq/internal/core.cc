@@ -27,16 +27,9 @@ bool UsesHttps(const NsqOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqOptions& options) {
-  const NsqTls& tls = options.tls;
+  const TlsOptions& tls = options.tls;
   if (!tls.enabled && !UsesHttps(options)) return nullptr;
-  return net::MakeTlsContext(TlsOptions{.enabled = tls.enabled,
-                                        .ca_file = tls.ca_file,
-                                        .cert_file = tls.cert_file,
-                                        .key_file = tls.key_file,
-                                        .key_password = tls.key_password,
-                                        .server_name = tls.server_name,
-                                        .insecure_skip_verify = tls.insecure_skip_verify},
-                             kNsqTlsNames);
+  return net::MakeTlsContext(tls, kNsqTlsNames);
 }
 
 Core::Core(NsqOptions options, std::shared_ptr<asio::ssl::context> tls_context)
@@ -87,7 +80,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.identify.client_id = options_.auth.client_id;
   c.identify.hostname = options_.auth.client_id;
   c.identify.user_agent = options_.auth.user_agent;
-  c.identify.heartbeat_interval_ms = ToMs(options_.timeouts.heartbeat_interval);
+  c.identify.heartbeat_interval_ms = ToMs(options_.connection.heartbeat_interval);
   c.identify.msg_timeout_ms = ToMs(msg_timeout);
   c.identify.output_buffer_timeout_ms = ToMs(options_.consuming.output_buffer_timeout);
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
@@ -96,7 +89,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.open_count = open_connections_;
   // The context may be there for https:// HTTP addresses alone.
   if (options_.tls.enabled) c.tls_context = tls_context_;
-  c.tls_required = options_.tls.required;
+  c.tls_required = options_.connection.tls_required;
   c.tls_server_name = options_.tls.server_name;
   c.tls_verify = !options_.tls.insecure_skip_verify;
   switch (options_.compression.codec) {

@@ -93,7 +93,8 @@ class PostgresConsumer final : public Consumer {
       [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof(one));
     });
     while (!stop.stop_requested()) {
-      const int room = intake_.AwaitRoom(clock, max, core_->options.reserve_batch, deadline, stop);
+      const int room =
+          intake_.AwaitRoom(clock, max, core_->options.reserve_batch_size, deadline, stop);
       if (room < 0) return absl::OkStatus();
       if (room == 0) continue;
       if (absl::Status st = EnsureSession(); !st.ok()) return st;

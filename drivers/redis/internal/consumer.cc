@@ -81,9 +81,9 @@ class RedisConsumer final : public Consumer {
     absl::MutexLock receive_lock(&receive_mu_);
     std::stop_callback wake(stop, [this] { intake_.Stop(); });
     while (!stop.stop_requested()) {
-      // One reserve moves at most script_batch messages, like every other script call.
+      // One reserve moves at most script_batch_size messages, like every other script call.
       const int room =
-          intake_.AwaitRoom(clock, max, core_->options().limits.script_batch, deadline, stop);
+          intake_.AwaitRoom(clock, max, core_->options().limits.script_batch_size, deadline, stop);
       if (room < 0) return absl::OkStatus();
       if (room == 0) continue;
       int64_t next_ms = -1;
@@ -109,8 +109,8 @@ class RedisConsumer final : public Consumer {
 
   void AckMany(absl::Span<const absl::string_view> receipts,
                absl::Span<absl::Status> results) override {
-    // One script call per script_batch deliveries, all calls pipelined in one round trip.
-    const size_t chunk = static_cast<size_t>(core_->options().limits.script_batch);
+    // One script call per script_batch_size deliveries, all calls pipelined in one round trip.
+    const size_t chunk = static_cast<size_t>(core_->options().limits.script_batch_size);
     std::vector<std::vector<std::string>> calls;
     std::vector<size_t> sent;  // positions in `receipts`, in call order
     for (size_t i = 0; i < receipts.size(); ++i) {
@@ -195,7 +195,7 @@ class RedisConsumer final : public Consumer {
         ReserveScript(),
         {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs, keys_.attempts,
           absl::StrCat(room), absl::StrCat(Millis(options_.lease)),
-          absl::StrCat(o.limits.script_batch)}},
+          absl::StrCat(o.limits.script_batch_size)}},
         o.timeouts.request);
     if (!replies.ok()) return replies.status();
     const Reply& r = (*replies)[0];
