@@ -93,7 +93,7 @@ enum class FaultKind {
                           // and settles it (a copy whose lease ran out comes back to it)
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
   kCrashHoldingBatch,     // it dies before handling a message of a batch of several, holding
-                          // the batch and up to max_batch more ready messages (its prefetch)
+                          // the batch and up to max_batch_size more ready messages (its prefetch)
   kCrashAtStep,           // it dies at a step of handle (HandleContext::Step, a wait): the
                           // handler's effects before the step are done, none after it
   kSecondProcessAtStep,   // at a step of handle, the process stalls past its lease and a second

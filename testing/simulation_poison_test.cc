@@ -58,7 +58,7 @@ TEST(SimulationPoison, OnlyTheCulpritIsPoisonWhenTheProcessDiesHoldingBatches) {
   SimulationOptions sim;
   for (int i = 1; i <= 20; ++i) sim.workload.push_back({.biz_uid = absl::StrCat("order-", i)});
   sim.seeds = 1000;
-  sim.max_batch = 4;
+  sim.max_batch_size = 4;
   sim.faults = FaultRates::None();
   sim.faults.crash_holding_batch = 0.05;
   sim.faults.duplicate = 0.01;
@@ -77,7 +77,7 @@ TEST(SimulationPoison, TheFaultHoldsTheBatchAndThePrefetch) {
   // a count of 2 and is handled alone; nothing is poison.
   SimulationOptions sim;
   for (int i = 1; i <= 6; ++i) sim.workload.push_back({.biz_uid = absl::StrCat("order-", i)});
-  sim.max_batch = 4;
+  sim.max_batch_size = 4;
   sim.faults = FaultRates::None();
   auto setup = [](SimulationContext&) {
     SimulatedSystem s;

@@ -52,10 +52,10 @@ class ModelBroker final : public Driver {
     entries_.emplace(next_seq_++, std::move(e));
   }
 
-  // Leases the next batch of ready entries (1 to max_batch of them, from the oldest, or from a
+  // Leases the next batch of ready entries (1 to max_batch_size of them, from the oldest, or from a
   // random one under a kReorder fault, or from the oldest ready entry of message `first` when
   // there is one). Empty when nothing is ready.
-  std::vector<Delivery> Take(int max_batch, absl::string_view first = "") {
+  std::vector<Delivery> Take(int max_batch_size, absl::string_view first = "") {
     const absl::Time now = clock_->Now();
     std::vector<uint64_t> ready;
     size_t start = 0;
@@ -70,7 +70,7 @@ class ModelBroker final : public Driver {
     }
     std::vector<Delivery> out;
     if (ready.empty()) return out;
-    const size_t n = std::min<size_t>(ready.size(), 1 + world_->Draw(max_batch));
+    const size_t n = std::min<size_t>(ready.size(), 1 + world_->Draw(max_batch_size));
     if (!found && world_->Chance(FaultKind::kReorder, "")) start = world_->Draw(ready.size());
     // As the receive loop: a suspect goes alone; else the batch takes no suspect.
     bool alone = false;

@@ -97,7 +97,7 @@ bool World::Wait(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadli
 void World::StartSecondProcess(const std::string& during) {
   Trace(absl::StrCat("second process: handle ", during, " stalls past its lease"));
   Advance(options_.flow.delivery_lease + absl::Seconds(1));
-  std::vector<Delivery> batch = broker_->Take(sim_.max_batch, during);
+  std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size, during);
   if (batch.empty()) {
     Trace("second process: nothing ready");
     return;

@@ -214,7 +214,7 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
     if (p.crashed) return absl::UnavailableError("simulation: the process crashed");
   }
   if (!p.second && batch_size_ > 1 && Chance(FaultKind::kCrashHoldingBatch, msg.id)) {
-    broker_->Hold(sim_.max_batch);
+    broker_->Hold(sim_.max_batch_size);
     Crash();
     return absl::UnavailableError("simulation: the process crashed");
   }
@@ -253,7 +253,7 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
   }
   if (p.crashed) {
     // The handler killed its process (SimulationContext::Crash), which held its prefetch too.
-    broker_->Hold(sim_.max_batch);
+    broker_->Hold(sim_.max_batch_size);
     return absl::UnavailableError("simulation: the process crashed");
   }
   Trace(absl::StrCat("handle ", msg.id, " -> ", st.ToString()));
