@@ -126,6 +126,8 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
   // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
   auto after_lease = [&](Settlement s) {
     if (!released && !s.done) {
+      // Given back, not held: a probe must not run it again before then.
+      s.hold = false;
       s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
     }
     return s;
@@ -231,10 +233,33 @@ void Pipeline::ResetInfraBackoff() {
   absl::MutexLock lock(&infra_mu);
   infra_backoff.Reset();
   infra_failing.store(false, std::memory_order_relaxed);
+  infra_causes.store(0, std::memory_order_relaxed);
+}
+
+bool Pipeline::ProbeHeld() {
+  if (!infra_failing.load(std::memory_order_relaxed)) return true;
+  const uint32_t causes = infra_causes.load(std::memory_order_relaxed);
+  if ((causes & kInfraCallback) != 0) return false;
+  // A Ping is one cheap round trip; one that does not answer within this is down.
+  constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
+  if ((causes & kInfraStores) != 0 &&
+      (!options.stores.idempotency->Ping(kProbeTimeout).ok() ||
+       !options.stores.dead_letters->Ping(kProbeTimeout).ok())) {
+    return false;
+  }
+  if ((causes & kInfraBroker) != 0 && !options.driver->Ping(kProbeTimeout).ok()) return false;
+  Log(LogLevel::kInfo, "infra_recovered",
+      "what failed answers again: the deliveries held after the failure run now");
+  ResetInfraBackoff();
+  return true;
 }
 
 Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
                                   const absl::Status& error) {
+  const uint32_t cause = why == "resend_failed"    ? kInfraBroker
+                         : why == "callback_error" ? kInfraCallback
+                                                   : kInfraStores;
+  infra_causes.fetch_or(cause, std::memory_order_relaxed);
   if (!batch_infra.failed) {
     batch_infra.failed = true;
     absl::MutexLock lock(&infra_mu);
@@ -245,7 +270,7 @@ Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
   if (events != nullptr) {
     Emit(EventType::kRedelivered, msg, 0, error.ToString(), why, StatusCodeName(error));
   }
-  return Settlement::Redeliver(batch_infra.delay);
+  return Settlement::Hold(batch_infra.delay);
 }
 
 Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg,

@@ -33,6 +33,12 @@ struct Held {
   absl::Time renewed_at;
 };
 
+// A delivery the sink held (Settlement::hold): it runs again at `due`, or when ProbeHeld says so.
+struct Parked {
+  Held held;
+  absl::Time due;
+};
+
 // One worker: the batch it is running. The callback reads `deliveries` without the lock while
 // the keeper reads them (and updates `renewed_at`) under it; the vectors change only under the
 // lock.
@@ -83,6 +89,9 @@ struct Loop : std::enable_shared_from_this<Loop> {
   absl::Mutex mu;
   ReceiveControl::Limits limits ABSL_GUARDED_BY(mu);
   std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
+  std::vector<Parked> parked ABSL_GUARDED_BY(mu);  // held by the sink (counted in `held`)
+  absl::Time probe_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();  // next ProbeHeld
+  bool probing ABSL_GUARDED_BY(mu) = false;
   // One per worker; std::list: a worker keeps a pointer to its slot while others come and go.
   std::list<Slot> slots ABSL_GUARDED_BY(mu);
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // every worker ever started
@@ -126,11 +135,24 @@ struct Loop : std::enable_shared_from_this<Loop> {
                       std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void EnterBackoff(std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Moves the parked deliveries that are due (all of them with `all`) to the front of the
+  // buffer.
+  void Unpark(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Asks the sink's ProbeHeld (unlocking meanwhile) when a probe is due; true when it ran.
+  bool ProbeParked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Parks the deliveries of the slot's batch that the sink held (settlements `ss`, moved out of
+  // the slot); returns how many.
+  size_t Park(Slot& slot, absl::Span<const Settlement> ss) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes every parked delivery out, as the receipts and delays to give them back with.
+  void TakeParked(std::vector<Held>* out, std::vector<absl::Duration>* delays)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   void Worker(Slot* slot);
   void Keeper();
   // Acks or nacks one delivery as `s` says; the broker's answer (also counted and reported).
   absl::Status SettleOne(absl::string_view receipt, const Settlement& s);
-  // Settles a batch (its acks in one AckMany), then tells the sink (OnSettled).
+  // Settles a batch (its acks in one AckMany; a held delivery is left alone), then tells the
+  // sink (OnSettled).
   void SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
                    SettleScratch* scratch);
   void Settled(const absl::Status& st, bool ack);

@@ -109,7 +109,7 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
                        SettleScratch* scratch) {
   scratch->settled.assign(ds.size(), absl::OkStatus());
   if (ds.size() == 1) {
-    scratch->settled[0] = SettleOne(ds[0].receipt, ss[0]);
+    if (!ss[0].hold || ss[0].done) scratch->settled[0] = SettleOne(ds[0].receipt, ss[0]);
   } else {
     scratch->acks.clear();
     scratch->ack_positions.clear();
@@ -117,7 +117,7 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
       if (ss[i].done) {
         scratch->acks.push_back(ds[i].receipt);
         scratch->ack_positions.push_back(i);
-      } else {
+      } else if (!ss[i].hold) {
         scratch->settled[i] = SettleOne(ds[i].receipt, ss[i]);
       }
     }
@@ -133,12 +133,64 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
   sink->OnSettled(ss, scratch->settled);
 }
 
+void Loop::Unpark(bool all) {
+  if (parked.empty()) return;
+  const absl::Time now = clock->Now();
+  auto it = std::stable_partition(parked.begin(), parked.end(),
+                                  [&](const Parked& p) { return !all && p.due > now; });
+  // Before what is buffered: they were received first.
+  const size_t first = static_cast<size_t>(it - parked.begin());
+  for (size_t i = parked.size(); i > first; --i) buffer.push_front(std::move(parked[i - 1].held));
+  parked.erase(it, parked.end());
+}
+
+bool Loop::ProbeParked() {
+  if (parked.empty() || probing || clock->Now() < probe_at) return false;
+  probing = true;
+  mu.Unlock();
+  bool answered = false;
+  try {
+    answered = sink->ProbeHeld();
+  } catch (...) {
+    answered = false;
+  }
+  mu.Lock();
+  probing = false;
+  probe_at = clock->Now() + kHoldProbeInterval;
+  if (answered) Unpark(true);
+  return true;
+}
+
+size_t Loop::Park(Slot& slot, absl::Span<const Settlement> ss) {
+  size_t kept = 0;
+  const absl::Time now = clock->Now();
+  for (size_t i = 0; i < ss.size(); ++i) {
+    if (ss[i].done || !ss[i].hold) continue;
+    // The first probe waits a probe interval: the failure was just seen.
+    if (parked.empty()) probe_at = now + kHoldProbeInterval;
+    parked.push_back(
+        {Held{std::move(slot.deliveries[i]), slot.renewed_at[i]}, now + ss[i].redeliver_after});
+    ++kept;
+  }
+  return kept;
+}
+
+void Loop::TakeParked(std::vector<Held>* out, std::vector<absl::Duration>* delays) {
+  const absl::Time now = clock->Now();
+  for (Parked& p : parked) {
+    out->push_back(std::move(p.held));
+    delays->push_back(std::max(absl::ZeroDuration(), p.due - now));
+  }
+  parked.clear();
+}
+
 void Loop::Worker(Slot* slot_ptr) {
   std::vector<Delivery> fetched;
   std::vector<Delivery> settling;
   std::vector<Settlement> settlements;
   std::vector<BackoffChange> changes;
   std::vector<Held> giving_back;
+  std::vector<absl::Duration> delays;
   SettleScratch scratch;
   absl::MutexLock lock(&mu);
   Slot& slot = *slot_ptr;
@@ -147,22 +199,27 @@ void Loop::Worker(Slot* slot_ptr) {
       phase = Phase::kProbe;
       UpdateIntake();
     }
-    if (limits.paused && !buffer.empty()) {
-      // Paused: what is buffered goes back to the broker (for other consumers, or for us after
-      // Resume) rather than staying leased for as long as the pause lasts.
+    if (limits.paused && (!buffer.empty() || !parked.empty())) {
+      // Paused: what is buffered or held goes back to the broker (for other consumers, or for
+      // us after Resume) rather than staying leased for as long as the pause lasts; a held one
+      // with what is left of its delay.
       giving_back.assign(std::make_move_iterator(buffer.begin()),
                          std::make_move_iterator(buffer.end()));
+      delays.assign(buffer.size(), absl::ZeroDuration());
       buffer.clear();
+      TakeParked(&giving_back, &delays);
       mu.Unlock();
-      for (const Held& h : giving_back) {
+      for (size_t i = 0; i < giving_back.size(); ++i) {
         // A refused nack is reported by SettleOne; the delivery comes back when its lease ends.
-        SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+        SettleOne(giving_back[i].delivery.receipt, Settlement::Redeliver(delays[i])).IgnoreError();
       }
       mu.Lock();
       SetHeld(held - static_cast<int>(giving_back.size()));
       giving_back.clear();
       continue;
     }
+    if (ProbeParked()) continue;
+    Unpark(false);
     if (Admitting() && !buffer.empty()) {
       size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
       const int sink_limit = sink->BatchLimit();
@@ -202,6 +259,7 @@ void Loop::Worker(Slot* slot_ptr) {
       // Before the settle, so that a backoff's intake change reaches the consumer before the
       // ack makes room (NSQ: RDY 0 goes out before the FIN).
       RecordOutcomes(settlements, probe, &changes);
+      const size_t kept = abandoned ? 0 : Park(slot, settlements);
       if (!abandoned) {
         // Settling outside the lock would race the keeper extending a settled delivery, which
         // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
@@ -218,7 +276,7 @@ void Loop::Worker(Slot* slot_ptr) {
         slot.renewed_at.clear();
         changes.clear();
       }
-      SetHeld(held - static_cast<int>(n));
+      SetHeld(held - static_cast<int>(n - kept));
       continue;
     }
     const int room = Room();
@@ -227,18 +285,20 @@ void Loop::Worker(Slot* slot_ptr) {
       // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
       // prefetch window has room, or a pause (backoff or broker failure) ends.
       auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-        if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
+        if (stopping || slot.retire) return true;
+        if (limits.paused && (!buffer.empty() || !parked.empty())) return true;
         if (!Admitting()) return false;
         return !buffer.empty() || (!fetching && Room() > 0);
       };
       absl::Time deadline = absl::InfiniteFuture();
       if (phase == Phase::kWaiting) deadline = backoff_until;
       if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
+      for (const Parked& p : parked) deadline = std::min({deadline, p.due, probe_at});
       if (deadline == absl::InfiniteFuture()) {
         mu.Await(absl::Condition(&cond));
       } else if (now < deadline) {
         // A pause for a broker failure waits it out even if the condition holds.
-        if (now < fetch_paused_until && deadline == fetch_paused_until) {
+        if (now < fetch_paused_until && deadline <= fetch_paused_until) {
           auto stopped = [this, &slot]()
                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
           clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
@@ -304,6 +364,12 @@ void Loop::Keeper() {
       if (now - h.renewed_at >= half) {
         receipts.push_back(h.delivery.receipt);
         h.renewed_at = now;
+      }
+    }
+    for (Parked& p : parked) {
+      if (now - p.held.renewed_at >= half) {
+        receipts.push_back(p.held.delivery.receipt);
+        p.held.renewed_at = now;
       }
     }
     for (Slot& slot : slots) {

@@ -159,7 +159,7 @@ awaitable<absl::Status> Connection::Handshake() {
     if (options_.auth_secret.empty()) {
       co_return fail(absl::FailedPreconditionError(absl::StrCat(
           "nsqd ", options_.address,
-          " requires AUTH and no auth secret is configured (NsqOptions.auth_secret)")));
+          " requires AUTH and no auth secret is configured (NsqOptions.auth.secret)")));
     }
     std::string auth;
     AppendAuth(options_.auth_secret, &auth);
