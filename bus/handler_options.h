@@ -227,9 +227,11 @@ struct HandlerOptions {
   };
   Replay replay{};
 
-  // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
-  // back with this backoff's delay (growing per consecutive failure, with the policy's jitter)
-  // so a broken store does not spin. initial zero: given back at once.
+  // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is held
+  // (leased, not given back) for this backoff's delay (growing per consecutive failing batch,
+  // with the policy's jitter) so a broken store does not spin; a probe of what failed (its
+  // Ping, every 500 ms) runs every held delivery again as soon as it answers
+  // (docs/flow-control.md, "Recovery after an outage"). initial zero: run again at once.
   BackoffPolicy infra_backoff{.initial = absl::Milliseconds(100), .max = absl::Seconds(30)};
 
   struct Observability {

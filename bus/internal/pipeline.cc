@@ -306,12 +306,11 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
 void Pipeline::CountGiveBacks(absl::Span<const Input> in, absl::Span<const Message> msgs,
                               absl::Span<const size_t> decoded, absl::Span<const Settlement> out) {
   bool any_back = false;
-  // A held delivery (Settlement::hold) is not given back: the broker does not count it again.
-  for (size_t i : decoded) any_back |= in[i].replays < 0 && !out[i].done && !out[i].hold;
+  for (size_t i : decoded) any_back |= in[i].replays < 0 && !out[i].done;
   if (!any_back && !gave_back_any.load(std::memory_order_relaxed)) return;
   absl::MutexLock lock(&gave_back_mu);
   for (size_t i : decoded) {
-    if (in[i].replays >= 0 || (!out[i].done && out[i].hold)) continue;
+    if (in[i].replays >= 0) continue;
     if (out[i].done) {
       gave_back.erase(msgs[i].id);
     } else if (auto it = gave_back.find(msgs[i].id); it != gave_back.end()) {

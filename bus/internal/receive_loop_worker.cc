@@ -293,7 +293,8 @@ void Loop::Worker(Slot* slot_ptr) {
       absl::Time deadline = absl::InfiniteFuture();
       if (phase == Phase::kWaiting) deadline = backoff_until;
       if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
-      for (const Parked& p : parked) deadline = std::min({deadline, p.due, probe_at});
+      for (const Parked& p : parked) deadline = std::min(deadline, p.due);
+      if (!parked.empty() && !probing) deadline = std::min(deadline, probe_at);
       if (deadline == absl::InfiniteFuture()) {
         mu.Await(absl::Condition(&cond));
       } else if (now < deadline) {

@@ -89,10 +89,11 @@ absl::Status ValidateRedisOptions(const RedisOptions& o) {
   if (o.timeouts.connect <= absl::ZeroDuration()) return bad("timeouts.connect", "must be > 0");
   if (o.timeouts.request <= absl::ZeroDuration()) return bad("timeouts.request", "must be > 0");
   const RedisOptions::Replication& r = o.replication;
-  if (r.wait_replicas < 0 || r.wait_replicas > 16) {
-    return bad("replication.wait_replicas", "must be 0 to 16");
+  if ((r.wait_replicas < 0 && r.wait_replicas != kWaitReplicasUnset) || r.wait_replicas > 16) {
+    return bad("replication.wait_replicas", "must be 0 to 16, or kWaitReplicasUnset (-1)");
   }
-  if (r.wait_replicas > 0 && r.wait_timeout <= absl::ZeroDuration()) {
+  // Unset, a store may follow a driver that waits.
+  if (r.wait_replicas != 0 && r.wait_timeout <= absl::ZeroDuration()) {
     return bad("replication.wait_timeout", "must be > 0");
   }
   const RedisOptions::Limits& l = o.limits;
@@ -152,7 +153,10 @@ std::string ToString(const RedisOptions& o) {
                       " key_prefix=\"", o.key_prefix,
                       "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
                       " timeouts.request=", absl::FormatDuration(o.timeouts.request),
-                      " replication.wait_replicas=", o.replication.wait_replicas,
+                      " replication.wait_replicas=",
+                      o.replication.wait_replicas == kWaitReplicasUnset
+                          ? std::string("unset")
+                          : absl::StrCat(o.replication.wait_replicas),
                       " limits.script_batch=", o.limits.script_batch,
                       " limits.max_reply_bytes=", o.limits.max_reply_bytes,
                       " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
