@@ -242,9 +242,8 @@ bool Pipeline::ProbeHeld() {
   if ((causes & kInfraCallback) != 0) return false;
   // A Ping is one cheap round trip; one that does not answer within this is down.
   constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
-  if ((causes & kInfraStores) != 0 &&
-      (!options.stores.idempotency->Ping(kProbeTimeout).ok() ||
-       !options.stores.dead_letters->Ping(kProbeTimeout).ok())) {
+  if ((causes & kInfraStores) != 0 && (!options.stores.idempotency->Ping(kProbeTimeout).ok() ||
+                                       !options.stores.dead_letters->Ping(kProbeTimeout).ok())) {
     return false;
   }
   if ((causes & kInfraBroker) != 0 && !options.driver->Ping(kProbeTimeout).ok()) return false;

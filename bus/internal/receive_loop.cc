@@ -63,6 +63,7 @@ ReceiveControl::View ReceiveControl::Read() const {
   }
   v.in_backoff = in_backoff.load(std::memory_order_relaxed);
   v.held = held.load(std::memory_order_relaxed);
+  v.parked = parked.load(std::memory_order_relaxed);
   v.backoffs = backoffs.load(std::memory_order_relaxed);
   v.acknowledged = acknowledged.load(std::memory_order_relaxed);
   v.lease_lost = lease_lost.load(std::memory_order_relaxed);

@@ -104,6 +104,7 @@ class ReceiveControl {
     bool in_backoff = false;
     bool starved = false;
     int held = 0;
+    int parked = 0;  // of `held`, held by the sink for a retry (Settlement::hold)
     uint64_t backoffs = 0;
     uint64_t acknowledged = 0;
     uint64_t lease_lost = 0;
@@ -131,6 +132,7 @@ class ReceiveControl {
 
   std::atomic<bool> in_backoff{false};
   std::atomic<int> held{0};
+  std::atomic<int> parked{0};
   std::atomic<uint64_t> backoffs{0};
   std::atomic<uint64_t> acknowledged{0};
   std::atomic<uint64_t> lease_lost{0};

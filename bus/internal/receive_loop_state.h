@@ -88,7 +88,7 @@ struct Loop : std::enable_shared_from_this<Loop> {
 
   absl::Mutex mu;
   ReceiveControl::Limits limits ABSL_GUARDED_BY(mu);
-  std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
+  std::deque<Held> buffer ABSL_GUARDED_BY(mu);     // received, not yet started
   std::vector<Parked> parked ABSL_GUARDED_BY(mu);  // held by the sink (counted in `held`)
   absl::Time probe_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();  // next ProbeHeld
   bool probing ABSL_GUARDED_BY(mu) = false;

@@ -142,6 +142,7 @@ void Loop::Unpark(bool all) {
   const size_t first = static_cast<size_t>(it - parked.begin());
   for (size_t i = parked.size(); i > first; --i) buffer.push_front(std::move(parked[i - 1].held));
   parked.erase(it, parked.end());
+  control->parked.store(static_cast<int>(parked.size()), std::memory_order_relaxed);
 }
 
 bool Loop::ProbeParked() {
@@ -172,6 +173,7 @@ size_t Loop::Park(Slot& slot, absl::Span<const Settlement> ss) {
         {Held{std::move(slot.deliveries[i]), slot.renewed_at[i]}, now + ss[i].redeliver_after});
     ++kept;
   }
+  control->parked.store(static_cast<int>(parked.size()), std::memory_order_relaxed);
   return kept;
 }
 
@@ -182,6 +184,7 @@ void Loop::TakeParked(std::vector<Held>* out, std::vector<absl::Duration>* delay
     delays->push_back(std::max(absl::ZeroDuration(), p.due - now));
   }
   parked.clear();
+  control->parked.store(0, std::memory_order_relaxed);
 }
 
 void Loop::Worker(Slot* slot_ptr) {

@@ -247,10 +247,10 @@ class RedisConsumer final : public Consumer {
         // The script reset the count to 1, so this delivery holds a valid lease; the Handler
         // dead-letters the message (a foreign program wrote into the queue's keys: a person
         // looks before it is handled), and a replay sends it anew with a count of its own.
-        d.corrupt = absl::StrCat("redis: attempts field of message \"", Printable(id),
-                                 "\" on queue ", queue_, " is not a number: \"",
-                                 absl::CHexEscape(bad.str),
-                                 "\"; the message was not handled (replay it to handle it)");
+        d.corrupt =
+            absl::StrCat("redis: attempts field of message \"", Printable(id), "\" on queue ",
+                         queue_, " is not a number: \"", absl::CHexEscape(bad.str),
+                         "\"; the message was not handled (replay it to handle it)");
       }
       held_.insert(d.receipt);
       out->push_back(std::move(d));

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"

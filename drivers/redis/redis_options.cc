@@ -148,18 +148,16 @@ std::string ToString(const RedisOptions& o) {
   } else {
     where = absl::StrCat("host=", o.host, " port=", o.port);
   }
-  return absl::StrCat("redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
-                      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
-                      " key_prefix=\"", o.key_prefix,
-                      "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
-                      " timeouts.request=", absl::FormatDuration(o.timeouts.request),
-                      " replication.wait_replicas=",
-                      o.replication.wait_replicas == kWaitReplicasUnset
-                          ? std::string("unset")
-                          : absl::StrCat(o.replication.wait_replicas),
-                      " limits.script_batch=", o.limits.script_batch,
-                      " limits.max_reply_bytes=", o.limits.max_reply_bytes,
-                      " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
+  return absl::StrCat(
+      "redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
+      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db, " key_prefix=\"",
+      o.key_prefix, "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
+      " timeouts.request=", absl::FormatDuration(o.timeouts.request), " replication.wait_replicas=",
+      o.replication.wait_replicas == kWaitReplicasUnset ? std::string("unset")
+                                                        : absl::StrCat(o.replication.wait_replicas),
+      " limits.script_batch=", o.limits.script_batch,
+      " limits.max_reply_bytes=", o.limits.max_reply_bytes,
+      " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
 }
 
 }  // namespace bus

@@ -116,10 +116,10 @@ absl::Status CheckWaitReply(int replicas, const RedisOptions& options, const Rep
   if (r.is_error()) return ReplyStatus(r);
   if (r.type != Reply::Type::kInteger) return absl::InternalError("redis: bad WAIT reply");
   if (r.integer >= replicas) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      "redis WAIT on ", where, ": ", r.integer, " of ", replicas,
-      " replicas acknowledged the write within ", absl::FormatDuration(want.wait_timeout),
-      " (it may be lost if the master fails)"));
+  return absl::UnavailableError(absl::StrCat("redis WAIT on ", where, ": ", r.integer, " of ",
+                                             replicas, " replicas acknowledged the write within ",
+                                             absl::FormatDuration(want.wait_timeout),
+                                             " (it may be lost if the master fails)"));
 }
 
 namespace {

@@ -448,7 +448,8 @@ void ClusterClient::Collect(Call& call, Sent& s, Next* next) {
     done_here.push_back(i);
   }
   if (call.wait && !done_here.empty() && call.failed.ok() && !replies.empty()) {
-    if (absl::Status st = CheckWaitReply(wait_replicas(), options_, replies.back(), s.address); !st.ok()) {
+    if (absl::Status st = CheckWaitReply(wait_replicas(), options_, replies.back(), s.address);
+        !st.ok()) {
       call.Fail(done_here, st);
     }
   }
