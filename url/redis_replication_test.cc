@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -42,7 +43,7 @@ class RedisReplicationUrlTest : public ::testing::Test {
 
   std::unique_ptr<RedisServer> server_;
   std::string base_;
-  std::shared_ptr<CapturingLogger> logger_ = std::make_shared<CapturingLogger>();
+  std::shared_ptr<CapturingRecordLogger> logger_ = std::make_shared<CapturingRecordLogger>();
 };
 
 TEST_F(RedisReplicationUrlTest, StoresWithoutTheParameterFollowTheHandlersDriver) {
@@ -67,7 +68,7 @@ TEST_F(RedisReplicationUrlTest, StoresWithoutTheParameterFollowTheHandlersDriver
   absl::StatusOr<std::string> stored =
       stores->dead_letters->Store(DeadLetter{.queue = "orders", .data = "x"});
   EXPECT_TRUE(absl::IsUnavailable(stored.status())) << stored.status();
-  EXPECT_EQ(logger_->Count("replication_mismatch"), 0);
+  EXPECT_TRUE(logger_->WithEvent("replication_mismatch").empty());
 }
 
 TEST_F(RedisReplicationUrlTest, AStoreSetOtherwiseKeepsItsSettingAndTheHandlerWarns) {
@@ -79,10 +80,16 @@ TEST_F(RedisReplicationUrlTest, AStoreSetOtherwiseKeepsItsSettingAndTheHandlerWa
   ASSERT_NE(handler, nullptr);
   EXPECT_EQ(stores->idempotency->ReplicasAwaited(), 0);
   EXPECT_TRUE(stores->idempotency->Acquire("k", "o", absl::Seconds(30)).ok());
-  EXPECT_EQ(logger_->Count("replication_mismatch"), 2);  // the idempotency and dead-letter stores
-  EXPECT_EQ(logger_->Count("the driver waits for 1 replica(s) after each send but the "
-                           "idempotency store waits for 0"),
-            1);
+  // One warning for each store: the idempotency store, then the dead-letter store.
+  const std::vector<CapturedRecord> warnings = logger_->WithEvent("replication_mismatch");
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_EQ(warnings[0].level, LogLevel::kWarning);
+  EXPECT_TRUE(absl::StrContains(warnings[0].text,
+                                "the driver waits for 1 replica(s) after each send but the "
+                                "idempotency store waits for 0"))
+      << warnings[0].text;
+  EXPECT_TRUE(absl::StrContains(warnings[1].text, "dead-letter store waits for 0"))
+      << warnings[1].text;
 }
 
 TEST_F(RedisReplicationUrlTest, OneUrlForTheDriverAndTheStoresAgrees) {
@@ -95,7 +102,7 @@ TEST_F(RedisReplicationUrlTest, OneUrlForTheDriverAndTheStoresAgrees) {
   EXPECT_EQ(stores->dead_letters->ReplicasAwaited(), 1);
   std::unique_ptr<Handler> handler = Join(*driver, *stores);
   ASSERT_NE(handler, nullptr);
-  EXPECT_EQ(logger_->Count("replication_mismatch"), 0);
+  EXPECT_TRUE(logger_->WithEvent("replication_mismatch").empty());
 }
 
 }  // namespace

@@ -123,12 +123,13 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
   failed.fetch_add(1, std::memory_order_relaxed);
   const bool released = !acquired || Release(key, owner);
   // A key the store could not release stays leased until its lease runs out: the message must
-  // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
+  // not reach another consumer before (as a retry or a redelivery), or it would be taken for a
+  // duplicate. Held here, it may run again sooner (a probe found the store answering): its
+  // owner is remembered as a lost acquire's, so that run releases the key first (Resolve).
   auto after_lease = [&](Settlement s) {
     if (!released && !s.done) {
-      // Given back, not held: a probe must not run it again before then.
-      s.hold = false;
       s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
+      if (s.hold) RememberGhost(key, owner);
     }
     return s;
   };
