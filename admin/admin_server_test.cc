@@ -241,7 +241,7 @@ HandlerOptions BaseOptions(std::shared_ptr<Driver> driver, std::shared_ptr<DeadL
 }
 
 std::unique_ptr<AdminServer> StartAdmin(std::shared_ptr<MetricsRegistry> metrics,
-                                        std::vector<const Handler*> handlers) {
+                                        std::vector<Handler*> handlers) {
   AdminServerOptions ao;
   ao.metrics = std::move(metrics);
   ao.handlers = std::move(handlers);

@@ -257,6 +257,54 @@ class IdempotencyStore {
   virtual void FollowReplicas(int replicas) { static_cast<void>(replicas); }
 };
 
+// An IdempotencyStore that forwards every call to `target` (LevelDB's EnvWrapper): derive from it
+// and override only what differs. An inbox forwards the keys to its database's idempotency
+// store; a test store fails one call. `Base` is IdempotencyStore or an interface derived from
+// it (TransactionalStore, bus/transactional.h):
+//
+//   class SqliteInbox final : public ForwardingIdempotencyStoreOf<TransactionalStore> { ... };
+//
+// Thread-safety: as the target's.
+template <typename Base>
+class ForwardingIdempotencyStoreOf : public Base {
+ public:
+  // `target` must not be null.
+  explicit ForwardingIdempotencyStoreOf(std::shared_ptr<IdempotencyStore> target)
+      : target_(std::move(target)) {}
+
+  const std::shared_ptr<IdempotencyStore>& target() const { return target_; }
+
+  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
+                               absl::Duration lease) override {
+    return target_->Acquire(key, owner, lease);
+  }
+  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
+                        absl::Duration retention) override {
+    return target_->MarkDone(key, owner, retention);
+  }
+  absl::Status Release(absl::string_view key, absl::string_view owner) override {
+    return target_->Release(key, owner);
+  }
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    target_->AcquireMany(keys, owners, lease, results);
+  }
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    target_->MarkDoneMany(keys, owners, retention, results);
+  }
+  absl::Status Ping(absl::Duration timeout) override { return target_->Ping(timeout); }
+  std::optional<int> ReplicasAwaited() const override { return target_->ReplicasAwaited(); }
+  void FollowReplicas(int replicas) override { target_->FollowReplicas(replicas); }
+
+ private:
+  const std::shared_ptr<IdempotencyStore> target_;
+};
+
+using ForwardingIdempotencyStore = ForwardingIdempotencyStoreOf<IdempotencyStore>;
+
 // The defaults the Handler uses when none is configured (as the seed does): a dead-letter store
 // that keeps nothing (Store() succeeds and the letter is dropped; Fetch() returns nothing), and
 // an idempotency store that grants every key and remembers nothing (no deduplication).

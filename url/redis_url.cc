@@ -1,6 +1,8 @@
 // redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel:// and
 // rediss+sentinel:// URLs (url.h says their form and parameters).
 
+#include "url/redis_url.h"
+
 #include <optional>
 #include <string>
 
@@ -8,7 +10,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "url/internal/url_parts.h"
-#include "url/url.h"
 
 namespace bus {
 

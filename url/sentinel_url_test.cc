@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "url/open.h"
+#include "url/redis_url.h"
 #include "url/url.h"
 
 namespace bus {

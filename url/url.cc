@@ -71,16 +71,6 @@ absl::Status Prefixed(const absl::Status& st) {
   return absl::Status(st.code(), absl::StrCat("URL: ", st.message()));
 }
 
-}  // namespace url_internal
-
-namespace {
-
-using url_internal::Bad;
-using url_internal::JoinHost;
-using url_internal::Params;
-using url_internal::ParseHost;
-using url_internal::Prefixed;
-
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -129,7 +119,12 @@ absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace url_internal
+
+using url_internal::Bad;
+using url_internal::Decode;
+using url_internal::Encode;
+using url_internal::ParseHost;
 
 absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
   ParsedUrl url;
@@ -264,202 +259,18 @@ std::string RedactedUrl(absl::string_view text) {
                                         : absl::StrCat(text.substr(0, sep), "://<unparsed>");
 }
 
+std::string UrlScheme(absl::string_view url) {
+  const size_t sep = url.find("://");
+  if (sep == absl::string_view::npos) return "";
+  return absl::AsciiStrToLower(url.substr(0, sep));
+}
+
 GetEnv ProcessEnv() {
   return [](absl::string_view name) -> std::optional<std::string> {
     const char* v = std::getenv(std::string(name).c_str());
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   };
-}
-
-absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  NsqOptions o;
-  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
-  Params p(url);
-  // An HTTP address may name its scheme (http://, https://); the port defaults by server.
-  auto http_address = [](absl::string_view a, int default_port) -> absl::StatusOr<std::string> {
-    absl::string_view scheme;
-    for (absl::string_view s : {"http://", "https://"}) {
-      if (absl::StartsWithIgnoreCase(a, s)) {
-        scheme = s;
-        a.remove_prefix(s.size());
-      }
-    }
-    absl::StatusOr<UrlHost> h = ParseHost(a);
-    if (!h.ok()) return h.status();
-    return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
-  };
-  for (const std::string& a : p.TakeList("lookupd")) {
-    absl::StatusOr<std::string> h = http_address(a, 4161);
-    if (!h.ok()) return Bad("parameter lookupd", h.status().message());
-    o.lookupd_http_addresses.push_back(*std::move(h));
-  }
-  for (const std::string& a : p.TakeList("nsqd_http")) {
-    absl::StatusOr<std::string> h = http_address(a, 4151);
-    if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
-    o.discovery.nsqd_http_addresses.push_back(*std::move(h));
-  }
-  if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
-    return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
-  }
-  if (auto secret = p.Take("auth_secret")) {
-    o.auth.secret = *secret;
-  } else if (env) {
-    if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth.secret = *s;
-  }
-  p.String("client_id", &o.auth.client_id);
-  p.String("user_agent", &o.auth.user_agent);
-  p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
-  p.String("queue_channel", &o.queue_channel);
-  p.Bool("tls", &o.tls.enabled);
-  p.Bool("tls_required", &o.tls.required);
-  p.String("tls_ca_file", &o.tls.ca_file);
-  p.String("tls_cert_file", &o.tls.cert_file);
-  p.String("tls_key_file", &o.tls.key_file);
-  p.String("tls_key_password", &o.tls.key_password);
-  p.String("tls_server_name", &o.tls.server_name);
-  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
-  if (auto codec = p.Take("compression")) {
-    absl::StatusOr<NsqCompression> parsed = ParseNsqCompression(*codec);
-    if (!parsed.ok()) return Bad("parameter compression", parsed.status().message());
-    o.compression.codec = *parsed;
-  }
-  p.Integer("deflate_level", &o.compression.deflate_level);
-  if (auto policy = p.Take("publish_policy")) {
-    absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
-    if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
-    o.publishing.policy = *parsed;
-  }
-  // The parameters keep the flat names shared with redis:// (connect_timeout,
-  // reconnect_backoff_base, ...); each sets one field of NsqOptions' groups.
-  p.Duration("publish_timeout", &o.publishing.timeout);
-  p.Bool("publish_discovery", &o.publishing.use_lookupd);
-  p.Integer("publish_connections", &o.publishing.connections);
-  p.Duration("rdy_redistribute_interval", &o.consuming.rdy_redistribute_interval);
-  p.Duration("close_timeout", &o.consuming.close_timeout);
-  p.Duration("output_buffer_timeout", &o.consuming.output_buffer_timeout);
-  p.Integer("output_buffer_size", &o.consuming.output_buffer_size);
-  p.Integer("sample_rate", &o.consuming.sample_rate);
-  p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
-  p.Duration("connect_timeout", &o.timeouts.connect);
-  p.Duration("request_timeout", &o.timeouts.request);
-  p.Duration("heartbeat_interval", &o.timeouts.heartbeat_interval);
-  p.Integer("max_message_bytes", &o.limits.max_message_bytes);
-  p.Integer("max_batch_bytes", &o.limits.max_batch_bytes);
-  p.Duration("max_defer", &o.limits.max_defer);
-  p.Duration("reconnect_backoff_base", &o.reconnect_backoff.initial);
-  p.Duration("reconnect_backoff_max", &o.reconnect_backoff.max);
-  p.Integer("io_threads", &o.io_threads);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
-  return o;
-}
-
-absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
-  if (url.scheme != "sqlite") {
-    return Bad("scheme", absl::StrCat("want sqlite://, got ", url.scheme));
-  }
-  if (url.path.empty()) return Bad("path", "sqlite:// needs a file (sqlite:///abs/path.db)");
-  SqliteUrlOptions o;
-  o.db.path = url.path;
-  Params p(url);
-  p.Duration("busy_timeout", &o.db.busy_timeout);
-  if (auto s = p.Take("synchronous")) {
-    if (*s == "normal") {
-      o.db.synchronous = SqliteSynchronous::kNormal;
-    } else if (*s == "full") {
-      o.db.synchronous = SqliteSynchronous::kFull;
-    } else {
-      return Bad("parameter synchronous", "want normal or full");
-    }
-  }
-  p.Integer("max_batch", &o.db.max_batch);
-  p.Integer("max_idle_readers", &o.db.max_idle_readers);
-  p.Duration("spin_wait", &o.db.spin_wait);
-  p.Bool("background_checkpoints", &o.db.background_checkpoints);
-  p.Bool("read_only", &o.db.read_only);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
-  p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateSqliteOptions(o.db); !st.ok()) return Prefixed(st);
-  if (absl::Status st = ValidateSqliteDeadLetterOptions(o.dead_letters); !st.ok()) {
-    return Prefixed(st);
-  }
-  if (absl::Status st = ValidateSqliteIdempotencyOptions(o.idempotency); !st.ok()) {
-    return Prefixed(st);
-  }
-  return o;
-}
-
-bool IsPostgresUrl(absl::string_view url) {
-  return absl::StartsWithIgnoreCase(url, "postgres://") ||
-         absl::StartsWithIgnoreCase(url, "postgresql://");
-}
-
-absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url) {
-  if (!IsPostgresUrl(url)) return Bad("scheme", "want postgres:// or postgresql://");
-  // Only the query is split here, and only to take the library's own parameters out: libpq
-  // parses the URL (and refuses parameters it does not know).
-  static const std::set<std::string>* const kOurs = new std::set<std::string>{
-      "schema",      "max_connections", "pool_timeout",  "statement_timeout",
-      "max_retries", "purge_batch",     "cleanup_batch", "cleanup_interval"};
-  const size_t q = url.find('?');
-  ParsedUrl ours;
-  std::vector<absl::string_view> theirs;
-  if (q != absl::string_view::npos) {
-    for (absl::string_view piece : absl::StrSplit(url.substr(q + 1), '&', absl::SkipEmpty())) {
-      const size_t eq = piece.find('=');
-      absl::StatusOr<std::string> key = Decode(piece.substr(0, eq), "parameter name");
-      if (!key.ok()) return key.status();
-      if (kOurs->count(*key) == 0) {
-        theirs.push_back(piece);
-        continue;
-      }
-      absl::StatusOr<std::string> value =
-          Decode(eq == absl::string_view::npos ? "" : piece.substr(eq + 1),
-                 absl::StrCat("parameter ", *key));
-      if (!value.ok()) return value.status();
-      ours.params.emplace_back(*std::move(key), *std::move(value));
-    }
-  }
-  PostgresUrlOptions o;
-  o.db.conninfo = std::string(url.substr(0, q));
-  if (!theirs.empty()) absl::StrAppend(&o.db.conninfo, "?", absl::StrJoin(theirs, "&"));
-  Params p(ours);
-  p.String("schema", &o.db.schema);
-  p.Integer("max_connections", &o.db.max_connections);
-  p.Duration("pool_timeout", &o.db.pool_timeout);
-  p.Duration("statement_timeout", &o.db.statement_timeout);
-  p.Integer("max_retries", &o.db.max_retries);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
-  p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidatePostgresOptions(o.db); !st.ok()) return Prefixed(st);
-  if (absl::Status st = ValidatePostgresDeadLetterOptions(o.dead_letters); !st.ok()) {
-    return Prefixed(st);
-  }
-  if (absl::Status st = ValidatePostgresIdempotencyOptions(o.idempotency); !st.ok()) {
-    return Prefixed(st);
-  }
-  return o;
-}
-
-absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url) {
-  if (url.scheme != "memory") {
-    return Bad("scheme", absl::StrCat("want memory://, got ", url.scheme));
-  }
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  if (!url.hosts.empty()) return Bad("host", "memory:// takes no host");
-  MemoryUrlOptions o;
-  Params p(url);
-  p.Integer("max_message_bytes", &o.max_message_bytes);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (o.max_message_bytes == 0) return Bad("parameter max_message_bytes", "must be > 0");
-  return o;
 }
 
 }  // namespace bus

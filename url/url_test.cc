@@ -7,7 +7,12 @@
 #include "bus/handler_options.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "url/memory_url.h"
+#include "url/nsq_url.h"
 #include "url/open.h"
+#include "url/postgres_url.h"
+#include "url/redis_url.h"
+#include "url/sqlite_url.h"
 
 namespace bus {
 namespace {

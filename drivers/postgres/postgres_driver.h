@@ -29,12 +29,12 @@
 //    that found it and is replaced by the next one (reconnects are counted in Stats()).
 //
 // Transactional enqueue: SendToQueue and PublishToTopic also take a transaction of the user's,
-// either the PostgresTransaction a PostgresInbox hands to a handler (the handler's effect, the
-// key's mark-done and its outgoing messages are then one commit, without an outbox relay) or a
-// libpq connection inside a transaction the user began. The driver's tables must be in the
-// database of that transaction (the driver's PostgresDatabase is opened on it).
+// a PostgresStatements: either the PostgresTransaction a PostgresInbox hands to a handler (the
+// handler's effect, the key's mark-done and its outgoing messages are then one commit, without an
+// outbox relay) or a libpq connection inside a transaction the user began. The driver's tables must
+// be in the database of that transaction (the driver's PostgresDatabase is opened on it).
 //
-// Errors as bus/driver.h; PostgreSQL's mapped by the database layer (postgres_db.h).
+// Errors as bus/driver.h; PostgreSQL's mapped by the database layer (postgres_database.h).
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes; a
 // transaction or connection passed in is used only during the call.
@@ -56,8 +56,8 @@
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/publisher.h"
-#include "storage/postgres/db/postgres_db.h"
-#include "transactional/postgres/inbox.h"
+#include "common/postgres/postgres_database.h"
+#include "common/postgres/postgres_statements.h"
 
 typedef struct pg_conn PGconn;
 
@@ -111,10 +111,10 @@ class PostgresDriver final : public Driver {
   // effect and the key's mark-done, or not at all. Returns the message id. InvalidArgument for
   // a bad name or route key, a negative delay or a message over max_message_bytes; a database
   // error is also the transaction's (the inbox rolls the message's work back).
-  absl::StatusOr<std::string> SendToQueue(PostgresTransaction& tx, absl::string_view queue,
+  absl::StatusOr<std::string> SendToQueue(PostgresStatements& tx, absl::string_view queue,
                                           Outgoing out,
                                           absl::Duration delay = absl::ZeroDuration());
-  absl::StatusOr<std::string> PublishToTopic(PostgresTransaction& tx, absl::string_view topic,
+  absl::StatusOr<std::string> PublishToTopic(PostgresStatements& tx, absl::string_view topic,
                                              absl::string_view route_key, Outgoing out);
 
   // The same on a libpq connection of the user's, idle, in a transaction the user began and

@@ -8,8 +8,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "idempotency/postgres/idempotency_sql.h"
-#include "storage/postgres/db/connection.h"
+#include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
+#include "common/postgres/internal/idempotency_sql.h"
 
 namespace bus {
 namespace {
@@ -43,7 +44,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       return st;
     }
     const Statement s = AcquireStatement(key, owner, lease);
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     MaybeCleanup();
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1;
@@ -56,7 +57,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       return st;
     }
     const Statement s = MarkDoneStatement(key, owner, retention);
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     MaybeCleanup();
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : NotOwner("MarkDone");
@@ -69,7 +70,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     }
     const Statement s{&release_,
                       {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner))}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : NotOwner("Release");
   }
@@ -83,7 +84,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     std::vector<Statement> batch;
     batch.reserve(valid.size());
     for (size_t i : valid) batch.push_back(AcquireStatement(keys[i], owners[i], lease));
-    absl::StatusOr<std::vector<Result>> r = db_->Run(batch);
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run(batch);
     MaybeCleanup();
     for (size_t j = 0; j < valid.size(); ++j) {
       if (r.ok()) {
@@ -103,7 +104,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     std::vector<Statement> batch;
     batch.reserve(valid.size());
     for (size_t i : valid) batch.push_back(MarkDoneStatement(keys[i], owners[i], retention));
-    absl::StatusOr<std::vector<Result>> r = db_->Run(batch);
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run(batch);
     MaybeCleanup();
     for (size_t j = 0; j < valid.size(); ++j) {
       if (!r.ok()) {
@@ -144,7 +145,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       cleaning_ = true;
     }
     const Statement s{&cleanup_, {Param::Int(options_.cleanup_batch)}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch;
     absl::MutexLock lock(&mu_);
     cleaning_ = false;

@@ -1,5 +1,5 @@
 // The PostgreSQL IdempotencyStore: idempotency leases in the table idempotency_keys of a
-// PostgreSQL database (storage/postgres/db/postgres_db.h), shared by every process that opens
+// PostgreSQL database (common/postgres/postgres_database.h), shared by every process that opens
 // it.
 //
 //   absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(
@@ -23,7 +23,7 @@
 // Lease and retention are counted in whole microseconds; a positive duration under 1us counts
 // as 1us.
 //
-// Outcomes: as bus/stores.h, and the database layer's errors (postgres_db.h).
+// Outcomes: as bus/stores.h, and the database layer's errors (postgres_database.h).
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "bus/stores.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 
 namespace bus {
 

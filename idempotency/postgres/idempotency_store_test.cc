@@ -7,8 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "gtest/gtest.h"
-#include "storage/postgres/db/connection.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/postgres_store_harness.h"
 #include "tests/testing/wait.h"
@@ -37,7 +38,7 @@ class PostgresIdempotencyStoreTest : public ::testing::Test {
   int64_t Rows() {
     const std::string sql = db_->Sql("SELECT count(*) FROM {schema}.idempotency_keys");
     const pg_internal::Statement s{&sql};
-    absl::StatusOr<std::vector<pg_internal::Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<pg_internal::Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? (*r)[0].Int(0, 0) : -1;
   }

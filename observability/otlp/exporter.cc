@@ -1,6 +1,7 @@
 #include "observability/otlp/exporter.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <stop_token>
@@ -14,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "observability/otlp/http_post.h"
+#include "common/net/http_client.h"
 
 namespace bus::otlp {
 
@@ -71,7 +72,7 @@ absl::Status ParseKeyValues(const char* variable, absl::string_view text,
 
 class OtlpHttpExporter::Impl {
  public:
-  Impl(OtlpHttpExporterOptions options, HttpUrl url)
+  Impl(OtlpHttpExporterOptions options, net::HttpUrl url)
       : options_(std::move(options)), url_(std::move(url)) {
     thread_ = std::jthread([this] { Loop(); });
   }
@@ -174,7 +175,16 @@ class OtlpHttpExporter::Impl {
         if (stopping_) timeout = std::min(timeout, shutdown_deadline_ - options_.clock->Now());
       }
       if (timeout <= absl::ZeroDuration()) return false;
-      absl::StatusOr<HttpAnswer> answer = PostOnce(url_, options_.headers, body, timeout);
+      // A collector answers with a small ExportTraceServiceResponse (or an error text); more
+      // is not read, and a longer answer still counts by its status.
+      const net::HttpClientOptions client{.server = "OTLP collector",
+                                          .user_agent = "msgbus-otlp",
+                                          .headers = options_.headers,
+                                          .timeouts = {.connect = timeout, .request = timeout},
+                                          .max_body_bytes = uint64_t{64} << 10,
+                                          .cut_body_over_limit = true};
+      absl::StatusOr<net::HttpResponse> answer =
+          net::HttpCallSync(client, url_, {.method = "POST", .body = body});
       if (answer.ok() && answer->status >= 200 && answer->status < 300) return true;
       {
         absl::MutexLock lock(&mu_);
@@ -195,7 +205,7 @@ class OtlpHttpExporter::Impl {
   }
 
   const OtlpHttpExporterOptions options_;
-  const HttpUrl url_;
+  const net::HttpUrl url_;
   std::stop_source stop_;
 
   mutable absl::Mutex mu_;
@@ -230,8 +240,9 @@ absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> NewOtlpHttpExporter(
     if (options.endpoint.empty()) return Invalid("endpoint", "required");
     url = absl::StrCat(absl::StripSuffix(options.endpoint, "/"), "/v1/traces");
   }
-  absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
+  absl::StatusOr<net::HttpUrl> parsed = net::ParseHttpUrl(url);
   if (!parsed.ok()) return Invalid(field, parsed.status().message());
+  if (parsed->tls) return Invalid(field, absl::StrCat("\"", url, "\": https:// is not supported"));
   if (options.max_queue < 1) return Invalid("max_queue", "must be >= 1");
   if (options.max_batch < 1 || options.max_batch > options.max_queue) {
     return Invalid("max_batch", "must be in [1, max_queue]");

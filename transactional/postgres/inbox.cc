@@ -10,9 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
-#include "idempotency/postgres/idempotency_sql.h"
-#include "storage/postgres/db/connection.h"
-#include "transactional/postgres/outbox_sql.h"
+#include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
+#include "common/postgres/internal/idempotency_sql.h"
+#include "transactional/postgres/internal/outbox_sql.h"
 
 namespace bus {
 
@@ -31,7 +32,7 @@ constexpr char kLockKeySql[] =
 
 // The key's mark-done ($1 key, $2 owner, $3 retention in microseconds): the idempotency
 // store's UPDATE, in a function that fails the transaction (SQLSTATE 55000) when it changed no
-// row (storage/postgres/db/schema.h, version 4).
+// row (common/postgres/internal/schema.h, version 4).
 constexpr char kMarkDoneOrRaiseSql[] = "SELECT {schema}.mark_done_or_raise($1, $2, $3::bigint)";
 
 // The transaction statements, which name no table.
@@ -101,7 +102,7 @@ class InboxBatch {
       if (user != nullptr) list.push_back(*user);
       size_t failed_at = list.size();
       absl::StatusOr<std::vector<Result>> r =
-          c_.Pipeline(list, db_.Deadline(list.size()), &failed_at);
+          c_.Pipeline(list, pg_internal::Engine(db_).Deadline(list.size()), &failed_at);
       if (r.ok()) {
         for (size_t k = 0; k < queued_.size(); ++k) {
           if (queued_[k].role != Role::kLock) continue;
@@ -196,20 +197,6 @@ absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
   return rows;
 }
 
-absl::StatusOr<int64_t> PostgresTransaction::Execute(absl::string_view sql,
-                                                     std::vector<Value> params) {
-  int64_t affected = 0;
-  absl::StatusOr<std::vector<Row>> rows = Run(sql, std::move(params), &affected);
-  if (!rows.ok()) return rows.status();
-  return affected;
-}
-
-absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Query(
-    absl::string_view sql, std::vector<Value> params) {
-  int64_t affected = 0;
-  return Run(sql, std::move(params), &affected);
-}
-
 PGconn* PostgresTransaction::raw() {
   // What the inbox queued (the savepoint, the key lock) runs before the caller's statements.
   if (absl::StatusOr<std::optional<Result>> r = batch_.Flush(nullptr); !r.ok() && failed_.ok()) {
@@ -284,8 +271,8 @@ std::string BeginSql(PostgresInboxOptions::Isolation isolation) {
 
 PostgresInbox::PostgresInbox(std::shared_ptr<PostgresDatabase> db,
                              std::shared_ptr<IdempotencyStore> keys, PostgresInboxOptions options)
-    : db_(std::move(db)),
-      keys_(std::move(keys)),
+    : ForwardingIdempotencyStoreOf(std::move(keys)),
+      db_(std::move(db)),
       options_(std::move(options)),
       begin_(BeginSql(options_.isolation)),
       lock_key_(db_->Sql(kLockKeySql)),
@@ -330,29 +317,6 @@ PostgresInbox::Stats PostgresInbox::stats() const {
           published_.load(std::memory_order_relaxed)};
 }
 
-absl::StatusOr<bool> PostgresInbox::Acquire(absl::string_view key, absl::string_view owner,
-                                            absl::Duration lease) {
-  return keys_->Acquire(key, owner, lease);
-}
-absl::Status PostgresInbox::MarkDone(absl::string_view key, absl::string_view owner,
-                                     absl::Duration retention) {
-  return keys_->MarkDone(key, owner, retention);
-}
-absl::Status PostgresInbox::Release(absl::string_view key, absl::string_view owner) {
-  return keys_->Release(key, owner);
-}
-void PostgresInbox::AcquireMany(absl::Span<const absl::string_view> keys,
-                                absl::Span<const absl::string_view> owners, absl::Duration lease,
-                                absl::Span<absl::StatusOr<bool>> results) {
-  keys_->AcquireMany(keys, owners, lease, results);
-}
-void PostgresInbox::MarkDoneMany(absl::Span<const absl::string_view> keys,
-                                 absl::Span<const absl::string_view> owners,
-                                 absl::Duration retention, absl::Span<absl::Status> results) {
-  keys_->MarkDoneMany(keys, owners, retention, results);
-}
-absl::Status PostgresInbox::Ping(absl::Duration timeout) { return keys_->Ping(timeout); }
-
 void PostgresInbox::RunAndMarkDone(
     absl::Span<const Entry> entries, absl::Duration retention,
     absl::FunctionRef<absl::Status(size_t i, Transaction& tx)> effect,
@@ -372,7 +336,8 @@ void PostgresInbox::RunAndMarkDone(
                      "' (it ran out or another owner holds it)"));
   };
   // Aborted (a serialization failure or deadlock) makes the database layer run this again.
-  const absl::Status s = db_->WithConnection([&](Connection& c) -> absl::Status {
+  const absl::Status s = pg_internal::Engine(*db_).WithConnection([&](Connection& c)
+                                                                      -> absl::Status {
     if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
     local.assign(n, absl::OkStatus());
     published.assign(n, 0);
@@ -380,7 +345,7 @@ void PostgresInbox::RunAndMarkDone(
     const auto abandon = [&](absl::Status why) {
       if (!c.broken()) {
         const Statement rollback{&Tx().rollback};
-        c.Pipeline({&rollback, 1}, db_->Deadline(1)).IgnoreError();
+        c.Pipeline({&rollback, 1}, pg_internal::Engine(*db_).Deadline(1)).IgnoreError();
       }
       if (pg_internal::IsSerializationFailure(why)) {
         return absl::AbortedError(absl::StrCat(

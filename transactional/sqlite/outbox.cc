@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "bus/backoff.h"
 #include "bus/publisher.h"
-#include "storage/sqlite/db/database.h"
-#include "storage/sqlite/db/outbox_sql.h"
+#include "common/sqlite/internal/database.h"
+#include "common/sqlite/internal/outbox_sql.h"
 
 namespace bus {
 
@@ -64,19 +64,19 @@ absl::StatusOr<std::shared_ptr<SqliteOutbox>> SqliteOutbox::Create(
 }
 
 SqliteOutbox::SqliteOutbox(std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options)
-    : db_(sqlite_internal::Engine(db)), options_(std::move(options)), owner_(NewMessageId()) {}
+    : db_(std::move(db)), options_(std::move(options)), owner_(NewMessageId()) {}
 
 absl::Status SqliteOutbox::Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn) {
   int runs = 0;
   absl::Status result;
   int published = 0;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     // The database layer may run an operation again (docs/exactly-once.md, "Decisions"); the
     // application's function runs once, so a second run commits nothing.
     if (++runs > 1) {
       return absl::AbortedError("outbox transaction retried by the database layer; not rerun");
     }
-    SqliteTransaction tx(conn, *db_->clock(), options_.max_message_bytes);
+    SqliteTransaction tx(conn, *sqlite_internal::Engine(db_)->clock(), options_.max_message_bytes);
     absl::Status lost = sqlite_internal::RunInSavepoint(
         conn,
         [&]() -> absl::Status {
@@ -113,11 +113,11 @@ void SqliteOutbox::RolledBack(uint64_t transactions) {
 }
 
 absl::StatusOr<bool> SqliteOutbox::HoldLease() {
-  const absl::Time now = db_->clock()->Now();
+  const absl::Time now = sqlite_internal::Engine(db_)->clock()->Now();
   if (now + options_.relay_lease / 2 < lease_until_) return true;
   const absl::Time until = now + options_.relay_lease;
   bool held = false;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kTakeRelayLeaseSql);
     if (!stmt.ok()) return stmt.status();
     stmt->BindText(1, owner_);
@@ -138,24 +138,25 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
   if (!held.ok()) return held.status();
   if (!*held) return 0;
   std::vector<Row> rows;
-  const absl::Status read = db_->Read([&](Connection& conn) -> absl::Status {
-    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchOutboxSql);
-    if (!stmt.ok()) return stmt.status();
-    stmt->BindInt64(1, options_.relay_batch);
-    while (true) {
-      absl::StatusOr<bool> more = stmt->Step();
-      if (!more.ok()) return more.status();
-      if (!*more) return absl::OkStatus();
-      Row& r = rows.emplace_back();
-      r.seq = stmt->ColumnInt64(0);
-      r.kind = static_cast<int>(stmt->ColumnInt64(1));
-      r.destination = std::string(stmt->ColumnText(2));
-      r.route_key = std::string(stmt->ColumnText(3));
-      r.delay_ms = stmt->ColumnInt64(4);
-      r.data = std::string(stmt->ColumnBlob(6));
-      r.created_at_us = stmt->ColumnInt64(7);
-    }
-  });
+  const absl::Status read =
+      sqlite_internal::Engine(db_)->Read([&](Connection& conn) -> absl::Status {
+        absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchOutboxSql);
+        if (!stmt.ok()) return stmt.status();
+        stmt->BindInt64(1, options_.relay_batch);
+        while (true) {
+          absl::StatusOr<bool> more = stmt->Step();
+          if (!more.ok()) return more.status();
+          if (!*more) return absl::OkStatus();
+          Row& r = rows.emplace_back();
+          r.seq = stmt->ColumnInt64(0);
+          r.kind = static_cast<int>(stmt->ColumnInt64(1));
+          r.destination = std::string(stmt->ColumnText(2));
+          r.route_key = std::string(stmt->ColumnText(3));
+          r.delay_ms = stmt->ColumnInt64(4);
+          r.data = std::string(stmt->ColumnBlob(6));
+          r.created_at_us = stmt->ColumnInt64(7);
+        }
+      });
   if (!read.ok()) {
     relay_errors_.fetch_add(1, std::memory_order_relaxed);
     return read;
@@ -164,7 +165,7 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
 
   // Send in order: runs of rows to one queue with no delay left go out in one batched call
   // (which keeps their order), the others one at a time. The first failure ends the pass.
-  const absl::Time now = db_->clock()->Now();
+  const absl::Time now = sqlite_internal::Engine(db_)->clock()->Now();
   auto delay_left = [&](const Row& r) {
     const absl::Time due = absl::FromUnixMicros(r.created_at_us) + absl::Milliseconds(r.delay_ms);
     return std::max(due - now, absl::ZeroDuration());
@@ -204,12 +205,14 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
     i = end;
   }
   if (sent_upto >= 0) {
-    const absl::Status del = db_->Write([&](Connection& conn) -> absl::Status {
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
-      if (!stmt.ok()) return stmt.status();
-      stmt->BindInt64(1, sent_upto);
-      return stmt->Run();
-    });
+    const absl::Status del =
+        sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt =
+              conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindInt64(1, sent_upto);
+          return stmt->Run();
+        });
     if (!del.ok()) {
       // Sent but still in the outbox: sent again by the next pass (same ids).
       relay_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -237,7 +240,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     r.text = text;
     r.error = error;
     try {
-      r.time = db_->clock()->Now();
+      r.time = sqlite_internal::Engine(db_)->clock()->Now();
       logger.Write(r);
     } catch (...) {
     }
@@ -251,7 +254,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     absl::MutexLock lock(&wake_mu_);
     stopping_ = true;
   });
-  const Clock& clock = *db_->clock();
+  const Clock& clock = *sqlite_internal::Engine(db_)->clock();
   Backoff backoff({.initial = options_.backoff_base,
                    .max = options_.backoff_max,
                    .jitter = BackoffPolicy::Jitter::kFull},
@@ -286,12 +289,13 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
   // A clean stop gives the lease up, so another process's relay need not wait for it.
   absl::MutexLock lock(&relay_mu_);
   if (lease_until_ != absl::InfinitePast()) {
-    db_->Write([&](Connection& conn) -> absl::Status {
-         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
-         if (!stmt.ok()) return stmt.status();
-         stmt->BindText(1, owner_);
-         return stmt->Run();
-       })
+    sqlite_internal::Engine(db_)
+        ->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindText(1, owner_);
+          return stmt->Run();
+        })
         .IgnoreError();
     lease_until_ = absl::InfinitePast();
   }
@@ -313,7 +317,7 @@ std::unique_ptr<SqliteOutbox::Relay> SqliteOutbox::StartRelay(std::shared_ptr<Dr
 
 absl::StatusOr<int64_t> SqliteOutbox::Pending() {
   int64_t n = 0;
-  const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Read([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountOutboxSql);
     if (!stmt.ok()) return stmt.status();
     absl::StatusOr<bool> row = stmt->Step();

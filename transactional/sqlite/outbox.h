@@ -47,7 +47,7 @@
 #include "bus/logger.h"
 #include "bus/random.h"
 #include "bus/transactional.h"
-#include "storage/sqlite/sqlite_database.h"
+#include "common/sqlite/sqlite_database.h"
 #include "transactional/sqlite/transaction.h"
 
 namespace bus {
@@ -157,7 +157,7 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   absl::StatusOr<bool> HoldLease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relay_mu_);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_ || stopping_; }
 
-  const std::shared_ptr<sqlite_internal::Database> db_;
+  const std::shared_ptr<SqliteDatabase> db_;
   const SqliteOutboxOptions options_;
   // This object's relay owner token.
   const std::string owner_;

@@ -38,6 +38,14 @@ std::string JoinHost(const UrlHost& h, int default_port);
 // `st` (an options validation error) with "URL: " in front.
 absl::Status Prefixed(const absl::Status& st);
 
+// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
+// password).
+absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part);
+// Percent-encodes all but the unreserved characters.
+std::string Encode(absl::string_view in);
+// InvalidArgument when `url` has a user or password, or (unless allow_path) a path.
+absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path);
+
 // The query parameters, consumed one by one; what is left at the end is unknown.
 class Params {
  public:

@@ -50,11 +50,15 @@
 #include "boost/asio/ssl/context.hpp"
 #include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/compression.h"
 #include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
+
+// How TLS errors name the options that fix them.
+inline constexpr net::TlsOptionNames kNsqTlsNames{.field = "NsqOptions.tls", .url = "nsq://"};
 
 enum class Codec { kNone, kSnappy, kDeflate };
 

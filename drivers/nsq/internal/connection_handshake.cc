@@ -11,8 +11,9 @@
 #include "boost/asio/detached.hpp"
 #include "boost/asio/redirect_error.hpp"
 #include "boost/asio/use_awaitable.hpp"
+#include "common/net/duration.h"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/connection.h"
-#include "drivers/nsq/internal/tls_client.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;
@@ -30,17 +31,17 @@ absl::Status IoError(absl::string_view address, absl::string_view what, const er
 
 absl::Status Connection::TransportError(absl::string_view what, const error_code& ec) {
   if (tls_ == nullptr) return IoError(options_.address, what, ec);
-  return TlsFailure(tls_->native_handle(), options_.tls_verify, ec,
-                    absl::StrCat("nsqd ", options_.address), what,
-                    "NsqOptions.tls.server_name (nsq:// tls_server_name)");
+  return net::TlsFailure(tls_->native_handle(), options_.tls_verify, ec,
+                         absl::StrCat("nsqd ", options_.address), what, kNsqTlsNames,
+                         "NsqOptions.tls.server_name (nsq:// tls_server_name)");
 }
 
 awaitable<absl::Status> Connection::UpgradeTls(const std::string& host) {
   tls_ =
       std::make_unique<asio::ssl::stream<asio::ip::tcp::socket&>>(socket_, *options_.tls_context);
   const std::string& name = options_.tls_server_name.empty() ? host : options_.tls_server_name;
-  if (absl::Status s = PrepareTlsClient(tls_->native_handle(), name, options_.tls_verify,
-                                        absl::StrCat("nsqd ", options_.address));
+  if (absl::Status s = net::PrepareTlsClient(tls_->native_handle(), name, options_.tls_verify,
+                                             absl::StrCat("nsqd ", options_.address));
       !s.ok()) {
     co_return s;
   }
@@ -60,7 +61,7 @@ awaitable<absl::Status> Connection::Handshake() {
   // fails whatever operation is outstanding.
   bool timed_out = false;
   asio::steady_timer deadline(io_);
-  deadline.expires_after(absl::ToChronoNanoseconds(options_.connect_timeout));
+  deadline.expires_after(net::ToChrono(options_.connect_timeout));
   deadline.async_wait([this, self, &timed_out](const error_code& ec) {
     if (!ec) {
       timed_out = true;
