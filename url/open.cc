@@ -8,8 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/nats/nats_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
+#include "drivers/rabbitmq/rabbitmq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/postgres/idempotency_store.h"
@@ -20,8 +22,10 @@
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "url/memory_url.h"
+#include "url/nats_url.h"
 #include "url/nsq_url.h"
 #include "url/postgres_url.h"
+#include "url/rabbitmq_url.h"
 #include "url/redis_url.h"
 #include "url/sqlite_url.h"
 
@@ -94,6 +98,26 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenNsq(absl::string_view text, const Op
   return NewNsqDriver(*std::move(nsq));
 }
 
+absl::StatusOr<std::shared_ptr<Driver>> OpenNats(absl::string_view text, const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  absl::StatusOr<NatsOptions> nats = NatsOptionsFromUrl(*url, EnvOf(o));
+  if (!nats.ok()) return nats.status();
+  if (o.clock != nullptr) nats->clock = o.clock;
+  return NewNatsDriver(*std::move(nats));
+}
+
+absl::StatusOr<std::shared_ptr<Driver>> OpenRabbitMq(absl::string_view text,
+                                                     const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  absl::StatusOr<RabbitMqOptions> rabbit = RabbitMqOptionsFromUrl(*url, EnvOf(o));
+  if (!rabbit.ok()) return rabbit.status();
+  if (o.clock != nullptr) rabbit->clock = o.clock;
+  if (o.logger != nullptr) rabbit->logger = o.logger;
+  return NewRabbitMqDriver(*std::move(rabbit));
+}
+
 absl::StatusOr<Stores> OpenSqliteStores(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
@@ -162,6 +186,10 @@ constexpr Opener kOpeners[] = {
     {"redis+unix", OpenRedis, OpenRedisStores},
     {"unix", OpenRedis, OpenRedisStores},
     {"nsq", OpenNsq, nullptr},
+    {"nats", OpenNats, nullptr},
+    {"tls", OpenNats, nullptr},
+    {"amqp", OpenRabbitMq, nullptr},
+    {"amqps", OpenRabbitMq, nullptr},
     {"sqlite", nullptr, OpenSqliteStores},
     {"postgres", OpenPostgres, OpenPostgresStores},
     {"postgresql", OpenPostgres, OpenPostgresStores},

@@ -221,7 +221,9 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
 std::string RedactedUrl(const ParsedUrl& url) {
   std::string out = absl::StrCat(url.scheme, "://");
   if (!url.user.empty() || url.password.has_value()) {
-    absl::StrAppend(&out, Encode(url.user));
+    // nats://token@host: a user without a password is a token there (url/nats_url.h).
+    const bool token = (url.scheme == "nats" || url.scheme == "tls") && !url.password.has_value();
+    absl::StrAppend(&out, token ? "<redacted>" : Encode(url.user));
     if (url.password.has_value()) absl::StrAppend(&out, ":<redacted>");
     absl::StrAppend(&out, "@");
   }

@@ -1,7 +1,7 @@
 // Connection URLs: one string that says which driver or store to open and how. This header is
 // the URI parser every backend's mapping shares; each backend maps a parsed URL to its option
-// structs in a header of its own (url/redis_url.h, nsq_url.h, sqlite_url.h, postgres_url.h,
-// memory_url.h); url/open.h opens them (no I/O here).
+// structs in a header of its own (url/redis_url.h, nsq_url.h, rabbitmq_url.h, sqlite_url.h,
+// postgres_url.h, memory_url.h); url/open.h opens them (no I/O here).
 //
 //   memory://
 //   redis://[user[:password]@]host[:port][/db][?key_prefix=..&request_timeout=..]
@@ -9,6 +9,8 @@
 //   redis+sentinel://[user[:password]@]sentinel1[:26379][,sentinel2...]/master-name[?...]
 //   rediss://...   rediss+cluster://...   rediss+sentinel://...   (the same over TLS)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
+//   amqp://[user[:password]@]host[:5672][/vhost][?heartbeat=..&queue_type=..]   (RabbitMQ)
+//   amqps://...   (the same over TLS, port 5671)
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
 //   postgresql://...   (the same)
