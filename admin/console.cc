@@ -19,6 +19,7 @@
 #include "bus/backoff.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
+#include "common/json/bounded_json.h"
 
 namespace bus {
 
@@ -35,13 +36,11 @@ using console_internal::HandlerState;
 using console_internal::IntParam;
 using console_internal::json;
 using console_internal::Json;
-using console_internal::JsonDepth;
 using console_internal::kContentSecurityPolicy;
 using console_internal::kDefaultPageLimit;
 using console_internal::kFetchBatch;
 using console_internal::KindNames;
 using console_internal::KindsFromJson;
-using console_internal::kMaxJsonDepth;
 using console_internal::kMaxPageLimit;
 using console_internal::kMaxPoints;
 using console_internal::kMaxScanForIds;
@@ -307,10 +306,11 @@ struct Console::Impl {
   }
 
   absl::StatusOr<json> Body(const ConsoleRequest& req) const {
-    if (JsonDepth(req.body) > kMaxJsonDepth) return absl::InvalidArgumentError("body too deep");
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      return absl::InvalidArgumentError("the body must be a JSON object");
+    absl::StatusOr<json> body = ParseJsonBounded(req.body);
+    if (!body.ok() || !body->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the body must be a JSON object",
+                       body.ok() ? "" : absl::StrCat(" (", body.status().message(), ")")));
     }
     return body;
   }

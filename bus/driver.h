@@ -219,6 +219,12 @@ class Driver {
 
   virtual DriverStats Stats() const { return {}; }
 
+  // How many replicas each send waits for before it is acknowledged (Redis:
+  // replication.wait_replicas); nullopt when the driver does not say (the default). A Handler
+  // gives it to its stores (IdempotencyStore::FollowReplicas), so that one setting covers the
+  // sends and the store writes the guarantee depends on (docs/redis-ha.md, "Replication").
+  virtual std::optional<int> ReplicasAwaited() const { return std::nullopt; }
+
   // Health check: one cheap round trip to the broker (Redis PING, an NSQ handshake with every
   // configured nsqd), bounded by `timeout` of real time. OK when the broker answered;
   // Unavailable or DeadlineExceeded when it did not. It does not wait behind the driver's

@@ -1,5 +1,6 @@
 #include "bus/handler.h"
 
+#include <optional>
 #include <stop_token>
 #include <thread>
 #include <utility>
@@ -19,6 +20,27 @@ namespace {
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("HandlerOptions.", field, ": ", what));
+}
+
+// One replication setting for the Handler (docs/redis-ha.md, "Replication"): the stores left to
+// follow wait for as many replicas as the driver; one set to another number is logged, since
+// the guarantee then holds for the sends but not for the store's writes (or the other way).
+void AlignReplication(internal::Pipeline& p) {
+  const HandlerOptions& o = p.options;
+  const std::optional<int> driver = o.driver->ReplicasAwaited();
+  if (!driver.has_value()) return;
+  o.stores.idempotency->FollowReplicas(*driver);
+  o.stores.dead_letters->FollowReplicas(*driver);
+  auto check = [&](absl::string_view which, std::optional<int> store) {
+    if (!store.has_value() || *store == *driver) return;
+    p.Log(LogLevel::kWarning, "replication_mismatch",
+          absl::StrCat("the driver waits for ", *driver, " replica(s) after each send but the ",
+                       which, " store waits for ", *store,
+                       ": a failover can lose what only one of them waited for; set both to the "
+                       "same number (or leave the store's unset to follow the driver)"));
+  };
+  check("idempotency", o.stores.idempotency->ReplicasAwaited());
+  check("dead-letter", o.stores.dead_letters->ReplicasAwaited());
 }
 
 }  // namespace
@@ -130,6 +152,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
                             "has no dead-letter store: messages that cannot be handled will be "
                             "dropped");
   }
+  AlignReplication(*handler->pipeline_);
   return handler;
 }
 

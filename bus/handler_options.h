@@ -226,10 +226,12 @@ struct HandlerOptions {
   };
   Replay replay{};
 
-  // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
-  // back with this backoff's delay (growing per consecutive failure, with the policy's jitter)
-  // so a broken store does not spin. Default 100 ms doubling to 30 s, no jitter; initial zero:
-  // given back at once.
+  // When a store or a re-send fails (or ensure / retry_delay throws), the delivery waits for
+  // this backoff's delay (growing per consecutive failing batch, with the policy's jitter) so a
+  // broken store does not spin. After a failure of the idempotency store or the broker it is
+  // held (leased, not given back), and a probe of what failed (its Ping, every 500 ms) runs
+  // every held delivery again as soon as it answers; otherwise it is given back with the delay
+  // (docs/flow-control.md, "Recovery after an outage"). initial zero: at once.
   BackoffPolicy infra_backoff{.initial = absl::Milliseconds(100), .max = absl::Seconds(30)};
 
   struct Observability {

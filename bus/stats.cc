@@ -56,14 +56,15 @@ std::string HandlerStats::ToString() const {
   return absl::StrFormat(
       "received=%d succeeded=%d failed=%d retried=%d dead_lettered=%d duplicates=%d "
       "malformed=%d replayed=%d redelivered=%d store_errors=%d callback_errors=%d in_flight=%d "
-      "reconnects=%d connections=%d events_dropped=%d running=%s consuming=%s acknowledged=%d "
+      "held_for_retry=%d reconnects=%d connections=%d events_dropped=%d running=%s consuming=%s "
+      "acknowledged=%d "
       "lease_lost=%d "
       "backoffs=%d in_backoff=%s paused=%s starved=%s concurrency=%d max_in_flight=%d "
       "poisoned=%d resetups=%d latency_p50=%s latency_p99=%s latency_max=%s",
       received, succeeded, failed, retried, dead_lettered, duplicates, malformed, replayed,
-      redelivered, store_errors, callback_errors, in_flight, reconnects, connections,
-      events_dropped, running ? "true" : "false", consuming ? "true" : "false", acknowledged,
-      lease_lost, backoffs, in_backoff ? "true" : "false", paused ? "true" : "false",
+      redelivered, store_errors, callback_errors, in_flight, held_for_retry, reconnects,
+      connections, events_dropped, running ? "true" : "false", consuming ? "true" : "false",
+      acknowledged, lease_lost, backoffs, in_backoff ? "true" : "false", paused ? "true" : "false",
       starved ? "true" : "false", concurrency, max_in_flight, poisoned, resetups,
       absl::FormatDuration(latency_p50), absl::FormatDuration(latency_p99),
       absl::FormatDuration(latency_max));

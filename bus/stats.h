@@ -27,17 +27,20 @@ struct HandlerStats {
   uint64_t duplicates = 0;       // skipped because ensure said already handled
   uint64_t malformed = 0;        // poison envelopes
   uint64_t replayed = 0;         // dead letters removed after the replay loop took them
-  uint64_t redelivered = 0;      // deliveries given back to the broker unsettled
+  uint64_t redelivered = 0;      // deliveries given back or held after an infrastructure failure
   uint64_t store_errors = 0;     // failed calls of the idempotency or dead-letter store
   uint64_t callback_errors = 0;  // exceptions thrown by ensure or retry_delay
   uint64_t poisoned = 0;         // dead-lettered as poison: delivered over flow.max_deliveries
   uint64_t resetups = 0;         // queue set-ups run again after a reconnect of the driver
   int64_t in_flight = 0;         // messages inside the pipeline right now
-  uint64_t reconnects = 0;       // the driver's reconnects
-  int64_t connections = 0;       // the driver's broker connections open now (DriverStats)
-  uint64_t events_dropped = 0;   // observer events dropped (its queue was full; bus/events.h)
-  bool running = false;          // Run() is in progress (setting up, consuming or draining)
-  bool consuming = false;        // Run() has set up the queue and its consumer is running
+  // Deliveries held after an infrastructure failure, waiting to run again (docs/flow-control.md,
+  // "Recovery after an outage").
+  int64_t held_for_retry = 0;
+  uint64_t reconnects = 0;      // the driver's reconnects
+  int64_t connections = 0;      // the driver's broker connections open now (DriverStats)
+  uint64_t events_dropped = 0;  // observer events dropped (its queue was full; bus/events.h)
+  bool running = false;         // Run() is in progress (setting up, consuming or draining)
+  bool consuming = false;       // Run() has set up the queue and its consumer is running
   // Intake (docs/flow-control.md, "Consumer backoff", "Pause and live limits"), from the receive
   // loop.
   uint64_t acknowledged = 0;  // acks the broker accepted (each ends a delivery as done)

@@ -24,6 +24,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,6 +166,10 @@ class DeadLetterStore {
   // DeadlineExceeded when it did not. The default is Unimplemented (never taken for ready);
   // every store in this repository implements it.
   virtual absl::Status Ping(absl::Duration timeout);
+
+  // Replication, as IdempotencyStore's.
+  virtual std::optional<int> ReplicasAwaited() const { return std::nullopt; }
+  virtual void FollowReplicas(int replicas) { static_cast<void>(replicas); }
 };
 
 // Checks the fields of a letter given to Store(); for the implementations.
@@ -267,6 +272,16 @@ class IdempotencyStore {
 
   // Health check, as DeadLetterStore::Ping.
   virtual absl::Status Ping(absl::Duration timeout);
+
+  // Replication (docs/redis-ha.md, "Replication"): how many replicas each write waits for
+  // before it is acknowledged; nullopt when the store does not say (the default).
+  virtual std::optional<int> ReplicasAwaited() const { return std::nullopt; }
+  // Told by a Handler when it is created: its driver waits for `replicas` replicas
+  // (Driver::ReplicasAwaited). A store whose own setting was left unset (Redis:
+  // replication.wait_replicas kWaitReplicasUnset) waits for as many from then on, the most it
+  // was told; one set explicitly keeps its setting (the Handler logs the difference). The
+  // default does nothing.
+  virtual void FollowReplicas(int replicas) { static_cast<void>(replicas); }
 };
 
 // An IdempotencyStore that forwards every call to `target` (LevelDB's EnvWrapper): derive from it
@@ -312,6 +327,8 @@ class ForwardingIdempotencyStoreOf : public Base {
     target_->MarkDoneMany(keys, owners, retention, results);
   }
   absl::Status Ping(absl::Duration timeout) override { return target_->Ping(timeout); }
+  std::optional<int> ReplicasAwaited() const override { return target_->ReplicasAwaited(); }
+  void FollowReplicas(int replicas) override { target_->FollowReplicas(replicas); }
 
  private:
   const std::shared_ptr<IdempotencyStore> target_;

@@ -95,16 +95,18 @@ absl::StatusOr<std::string> Harness::Publish(Outgoing msg, absl::Duration delay)
   return publisher_->SendToQueue(queue_, std::move(msg), delay);
 }
 
-absl::StatusOr<bool> Harness::Settled(QueueCounts* counts) const {
+absl::StatusOr<bool> Harness::Settled(QueueCounts* counts, int64_t* held) const {
   {
     absl::MutexLock lock(&record_->mu);
     if (record_->running > 0) return false;
   }
-  if (handler_->Stats().in_flight > 0) return false;
+  const HandlerStats s = handler_->Stats();
+  if (s.in_flight > 0) return false;
   absl::StatusOr<QueueCounts> c = driver_->InspectQueue(queue_);
   if (!c.ok()) return c.status();
   *counts = *c;
-  return c->ready == 0 && c->in_flight == 0;
+  *held = s.held_for_retry;
+  return c->ready == 0 && c->in_flight == s.held_for_retry;
 }
 
 absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration real_timeout) {
@@ -116,13 +118,14 @@ absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration re
     // Let the workers take and handle what is due now. Polling a condition, not sleeping for
     // one: each check is cheap, and the loop ends as soon as the state is reached.
     QueueCounts counts;
+    int64_t held = 0;
     while (true) {
       if (!handler_->Stats().consuming) {
         // Not consuming after Start: Run() has ended (or is ending); Wait() joins it.
         return absl::UnavailableError(
             absl::StrCat("Harness: the Handler stopped: ", handler_->Wait().ToString()));
       }
-      absl::StatusOr<bool> settled = Settled(&counts);
+      absl::StatusOr<bool> settled = Settled(&counts, &held);
       if (!settled.ok()) return settled.status();
       if (*settled) break;
       if (absl::Now() > real_deadline) {
@@ -133,7 +136,7 @@ absl::Status Harness::RunUntilIdle(absl::Duration max_advance, absl::Duration re
       }
       std::this_thread::yield();
     }
-    if (counts.delayed == 0) return absl::OkStatus();
+    if (counts.delayed == 0 && held == 0) return absl::OkStatus();
     // Messages wait for a delay: move time to when the next waiting thread wakes (the consumer
     // that waits for the earliest due message, at the latest). Before that, let every thread
     // that may still compute a deadline from Now() reach its wait.

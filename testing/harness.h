@@ -12,10 +12,10 @@
 //   EXPECT_EQ((*h)->Handled().size(), 1);
 //
 // RunUntilIdle() lets the Handler work until nothing is left to do: it waits until no message
-// is ready or in flight, and while messages wait for a delay (a retry's, or one sent with a
-// delay), moves the fake clock to the next moment a waiting thread wakes, until none waits.
-// Time moves only there, so a retry scheduled 5 minutes ahead is handled after exactly that
-// much fake time, and a test never sleeps for it.
+// is ready or in flight, and while messages wait for a delay (a retry's, one sent with a delay,
+// or the hold after a store failure), moves the fake clock to the next moment a waiting thread
+// wakes, until none waits. Time moves only there, so a retry scheduled 5 minutes ahead is handled
+// after exactly that much fake time, and a test never sleeps for it.
 //
 // The periodic replay of dead letters is off (HandlerOptions::replay.interval is set to zero: it
 // would replay letters at moments that depend on how far RunUntilIdle() moved time): a test
@@ -101,8 +101,9 @@ class Harness {
   struct Record;
   Harness() = default;
 
-  // True when no message is ready or leased and no handle call is running.
-  absl::StatusOr<bool> Settled(QueueCounts* counts) const;
+  // True when no message is ready or leased (but those the Handler holds after a store
+  // failure, `*held`, which wait for time like delayed ones) and no handle call is running.
+  absl::StatusOr<bool> Settled(QueueCounts* counts, int64_t* held) const;
 
   std::string queue_;
   std::shared_ptr<FakeClock> clock_;

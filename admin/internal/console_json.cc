@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "bus/envelope.h"
 #include "bus/trace.h"
+#include "common/json/bounded_json.h"
 
 namespace bus {
 
@@ -93,27 +94,6 @@ bool ValidUtf8(absl::string_view s) {
 }
 
 // The deepest nesting of brackets outside strings (a bound checked before parsing).
-int JsonDepth(absl::string_view s) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') in_string = true;
-    if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
-    if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
-}
-
 static std::string Prefix(absl::string_view s, size_t n) { return std::string(s.substr(0, n)); }
 
 std::string Rfc3339(absl::Time t) {
@@ -277,11 +257,9 @@ static json Payload(absl::string_view bytes) {
   const bool utf8 = ValidUtf8(bytes);
   p["text"] = utf8 ? json(std::string(bytes)) : json(nullptr);
   p["json"] = nullptr;
-  if (utf8 && JsonDepth(bytes) <= kMaxJsonDepth) {
-    json parsed = json::parse(bytes.begin(), bytes.end(), nullptr, false);
-    if (!parsed.is_discarded()) {
-      p["json"] = parsed.dump(2, ' ', false, json::error_handler_t::replace);
-    }
+  if (utf8) {
+    absl::StatusOr<json> parsed = ParseJsonBounded(bytes);
+    if (parsed.ok()) p["json"] = parsed->dump(2, ' ', false, json::error_handler_t::replace);
   }
   const absl::string_view shown = bytes.substr(0, kMaxHexBytes);
   p["hex"] = absl::BytesToHexString(shown);

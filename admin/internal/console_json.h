@@ -46,8 +46,6 @@ inline constexpr int kFetchBatch = 200;
 inline constexpr size_t kMaxHexBytes = 64 * 1024;
 inline constexpr size_t kPreviewBytes = 160;
 inline constexpr size_t kListReasonBytes = 300;
-// A JSON payload nested deeper than this is shown as text only (parsing and printing recurse).
-inline constexpr int kMaxJsonDepth = 64;
 inline constexpr char kPageTokenPrefix[] = "dl1:";
 
 // j as text; invalid UTF-8 from a message is replaced (U+FFFD), never sent raw, never thrown.
@@ -60,8 +58,6 @@ ConsoleResponse Error(int status, absl::string_view message);
 ConsoleResponse FromStatus(const absl::Status& st);
 
 bool ValidUtf8(absl::string_view s);
-// The deepest nesting of brackets outside strings (a bound checked before parsing).
-int JsonDepth(absl::string_view s);
 // RFC 3339 in UTC with milliseconds; "" for the Unix epoch (a time never set).
 std::string Rfc3339(absl::Time t);
 

@@ -28,7 +28,7 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
             "Dead letters removed after the replay took them back into the pipeline.", q,
             s.replayed);
   w.Counter("bus_messages_redelivered_total",
-            "Deliveries given back to the broker unsettled (infrastructure failures).", q,
+            "Deliveries held or given back unsettled after an infrastructure failure.", q,
             s.redelivered);
   w.Counter("bus_store_errors_total", "Failed calls of the idempotency or the dead-letter store.",
             q, s.store_errors);

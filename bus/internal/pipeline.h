@@ -128,6 +128,10 @@ struct Pipeline final : ReceiveSink {
   Backoff infra_backoff ABSL_GUARDED_BY(infra_mu);
   // Whether infra_backoff has a streak (read without the lock on the hot path).
   std::atomic<bool> infra_failing{false};
+  // What failed under the deliveries held during the streak (kInfra... bits), for ProbeHeld;
+  // cleared with the streak.
+  static constexpr uint32_t kInfraStores = 1, kInfraBroker = 2;
+  std::atomic<uint32_t> infra_causes{0};
   // Whether the idempotency store is failing (an acquire error not yet followed by a success),
   // so that a streak of errors is logged once.
   std::atomic<bool> acquire_failing{false};
@@ -216,6 +220,10 @@ struct Pipeline final : ReceiveSink {
   // stops the Handler (the drain follows).
   void OnBackoff(const BackoffChange& change) override;
   void OnFatal(const ReceiveError& error) override;
+  // Deliveries held after an infrastructure failure (InfraFailure): true when the streak has
+  // ended (a success, a reconnect) or what failed answers again (the stores' and the driver's
+  // Ping); it then ends the streak.
+  bool ProbeHeld() override;
   // A kAcknowledged event for each message of the batch whose ack the broker accepted.
   void OnSettled(absl::Span<const Settlement> settlements,
                  absl::Span<const absl::Status> results) override;
@@ -321,9 +329,15 @@ struct Pipeline final : ReceiveSink {
   Settlement Taken();
   // Ends the infrastructure streak (also when the driver reconnected: the broker is back).
   void ResetInfraBackoff();
-  // Gives the delivery (of `msg`, when it decoded) back to the broker with the infrastructure
-  // backoff; `why` and `error` go to the kRedelivered event.
-  Settlement InfraFailure(const Message* msg, absl::string_view why, const absl::Status& error);
+  // The delivery (of `msg`, when it decoded) waits for the infrastructure backoff's delay (a
+  // replayed letter stays in the store); `why` ("store_error", "resend_failed",
+  // "callback_error") and `error` go to the kRedelivered event. A failure that stops every
+  // message (the idempotency store, the broker) holds it, until ProbeHeld finds what failed
+  // answering again (Settlement::Hold); one that stops only some (`hold` false: the dead-letter
+  // store, a callback that threw) gives it back, so it cannot fill max_in_flight while others
+  // could be handled.
+  Settlement InfraFailure(const Message* msg, absl::string_view why, const absl::Status& error,
+                          bool hold = true);
   // Stores a dead letter (of `msg`, when it decoded); Done once stored, else the delivery goes
   // back with the backoff. `code`: the kDeadLettered event's (the failure's status code).
   Settlement StoreDeadLetter(DeadLetter letter, const Message* msg, absl::string_view code = {});

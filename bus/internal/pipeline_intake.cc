@@ -259,7 +259,7 @@ Settlement Pipeline::AcquireFailed(const Message& msg, absl::string_view key,
   if (!acquire_failing.exchange(true)) {
     Log(LogLevel::kError, "store_failed",
         absl::StrCat("idempotency acquire failed for ", key, ": ", error,
-                     "; deliveries are given back to the broker until the store answers"),
+                     "; deliveries are held until the store answers"),
         &msg, error);
   }
   return InfraFailure(&msg, "store_error", st);

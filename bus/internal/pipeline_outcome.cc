@@ -123,10 +123,16 @@ Settlement Pipeline::Failed(Message& msg, const std::string& key, absl::string_v
   failed.fetch_add(1, std::memory_order_relaxed);
   const bool released = !acquired || Release(key, owner);
   // A key the store could not release stays leased until its lease runs out: the message must
-  // not come back before (as a retry or a redelivery), or it would be taken for a duplicate.
+  // not reach another consumer before (as a retry or a redelivery), or it would be taken for a
+  // duplicate. It is held here (the idempotency store failed), and may run again sooner, once
+  // a probe finds the store answering: its owner is remembered as a lost acquire's, so that
+  // run releases the key first (Resolve).
   auto after_lease = [&](Settlement s) {
     if (!released && !s.done) {
+      s.hold = true;
       s.redeliver_after = std::max(s.redeliver_after, options.stores.idempotency_lease);
+      infra_causes.fetch_or(kInfraStores, std::memory_order_relaxed);
+      RememberGhost(key, owner);
     }
     return s;
   };
@@ -231,10 +237,32 @@ void Pipeline::ResetInfraBackoff() {
   absl::MutexLock lock(&infra_mu);
   infra_backoff.Reset();
   infra_failing.store(false, std::memory_order_relaxed);
+  infra_causes.store(0, std::memory_order_relaxed);
+}
+
+bool Pipeline::ProbeHeld() {
+  if (!infra_failing.load(std::memory_order_relaxed)) return true;
+  const uint32_t causes = infra_causes.load(std::memory_order_relaxed);
+  // A Ping is one cheap round trip; one that does not answer within this is down.
+  constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
+  if ((causes & kInfraStores) != 0 && (!options.stores.idempotency->Ping(kProbeTimeout).ok() ||
+                                       !options.stores.dead_letters->Ping(kProbeTimeout).ok())) {
+    return false;
+  }
+  if ((causes & kInfraBroker) != 0 && !options.driver->Ping(kProbeTimeout).ok()) return false;
+  Log(LogLevel::kInfo, "infra_recovered",
+      "what failed answers again: the deliveries held after the failure run now");
+  ResetInfraBackoff();
+  return true;
 }
 
 Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
-                                  const absl::Status& error) {
+                                  const absl::Status& error, bool hold) {
+  hold = hold && why != "callback_error";
+  if (hold) {
+    infra_causes.fetch_or(why == "resend_failed" ? kInfraBroker : kInfraStores,
+                          std::memory_order_relaxed);
+  }
   if (!batch_infra.failed) {
     batch_infra.failed = true;
     absl::MutexLock lock(&infra_mu);
@@ -245,7 +273,7 @@ Settlement Pipeline::InfraFailure(const Message* msg, absl::string_view why,
   if (events != nullptr) {
     Emit(EventType::kRedelivered, msg, 0, error.ToString(), why, StatusCodeName(error));
   }
-  return Settlement::Redeliver(batch_infra.delay);
+  return hold ? Settlement::Hold(batch_infra.delay) : Settlement::Redeliver(batch_infra.delay);
 }
 
 Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg,
@@ -257,7 +285,7 @@ Settlement Pipeline::StoreDeadLetter(DeadLetter letter, const Message* msg,
     Log(LogLevel::kError, "store_failed",
         absl::StrCat("dead-letter store failed (", DeadLetterKindName(letter.kind), "): ", error),
         msg, error, letter.attempts);
-    return InfraFailure(msg, "store_error", id.status());
+    return InfraFailure(msg, "store_error", id.status(), /*hold=*/false);
   }
   dead_lettered.fetch_add(1, std::memory_order_relaxed);
   Emit(EventType::kDeadLettered, msg, letter.attempts, letter.reason,

@@ -38,6 +38,7 @@ HandlerStats Pipeline::Stats() const {
   out.in_backoff = intake.in_backoff;
   out.paused = intake.limits.paused;
   out.starved = intake.starved;
+  out.held_for_retry = intake.parked;
   out.concurrency = intake.limits.concurrency;
   out.max_in_flight = intake.limits.max_in_flight;
   out.latency_p50 = latency.Quantile(0.5);

@@ -63,6 +63,7 @@ ReceiveControl::View ReceiveControl::Read() const {
   }
   v.in_backoff = in_backoff.load(std::memory_order_relaxed);
   v.held = held.load(std::memory_order_relaxed);
+  v.parked = parked.load(std::memory_order_relaxed);
   v.backoffs = backoffs.load(std::memory_order_relaxed);
   v.acknowledged = acknowledged.load(std::memory_order_relaxed);
   v.lease_lost = lease_lost.load(std::memory_order_relaxed);
@@ -274,6 +275,7 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   // Let in-flight callbacks finish within the shutdown timeout.
   bool timed_out = false;
   std::vector<Held> unstarted;
+  std::vector<absl::Duration> delays;
   {
     absl::MutexLock lock(&loop->mu);
     auto drained = [&loop]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop->mu) {
@@ -283,12 +285,15 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
     timed_out = !clk->AwaitWithDeadline(&loop->mu, absl::Condition(&drained), deadline);
     if (timed_out) loop->abandoned = true;
     for (Held& h : loop->buffer) unstarted.push_back(std::move(h));
+    delays.assign(loop->buffer.size(), absl::ZeroDuration());
     loop->buffer.clear();
+    loop->TakeParked(&unstarted, &delays);
   }
-  // Give back what was received and never started, so it is redelivered at once.
-  // (A refused nack is reported by SettleOne; the delivery comes back when its lease ends.)
-  for (const Held& h : unstarted) {
-    loop->SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+  // Give back what was received and never started, so it is redelivered at once, and what was
+  // held, with what is left of its delay. (A refused nack is reported by SettleOne; the delivery
+  // comes back when its lease ends.)
+  for (size_t i = 0; i < unstarted.size(); ++i) {
+    loop->SettleOne(unstarted[i].delivery.receipt, Settlement::Redeliver(delays[i])).IgnoreError();
   }
 
   int stuck = 0;

@@ -66,16 +66,26 @@ enum class Outcome {
 // What a callback decided about one delivery.
 struct Settlement {
   bool done = true;
-  // When !done: how long the broker should wait before delivering it again.
+  // When !done: how long the broker should wait before delivering it again (with `hold`: how
+  // long the loop holds it at most before it runs again).
   absl::Duration redeliver_after = absl::ZeroDuration();
   // Read only with ReceiveOptions::consumer_backoff.
   Outcome outcome = Outcome::kNone;
+  // When !done: instead of giving the delivery back, the loop keeps it (leased, extended, held
+  // against max_in_flight) and runs it again once `redeliver_after` has passed, or at once when
+  // ReceiveSink::ProbeHeld says that what failed answers again. A stop or a pause gives it back
+  // with what is left of its delay.
+  bool hold = false;
 
-  static Settlement Done() { return {true, absl::ZeroDuration(), Outcome::kNone}; }
+  static Settlement Done() { return {true, absl::ZeroDuration(), Outcome::kNone, false}; }
   static Settlement Redeliver(absl::Duration after = absl::ZeroDuration()) {
-    return {false, after, Outcome::kNone};
+    return {false, after, Outcome::kNone, false};
   }
+  static Settlement Hold(absl::Duration at_most) { return {false, at_most, Outcome::kNone, true}; }
 };
+
+// How often the loop asks ReceiveSink::ProbeHeld while it holds deliveries (Settlement::hold).
+inline constexpr absl::Duration kHoldProbeInterval = absl::Milliseconds(500);
 
 // The live limits of a receive loop, and what the loop reports about its intake: shared by the
 // loop and whoever changes or reads them (the Handler's Pause, Resume, SetConcurrency,
@@ -96,6 +106,7 @@ class ReceiveControl {
     bool in_backoff = false;
     bool starved = false;
     int held = 0;
+    int parked = 0;  // of `held`, held by the sink for a retry (Settlement::hold)
     uint64_t backoffs = 0;
     uint64_t acknowledged = 0;
     uint64_t lease_lost = 0;
@@ -123,6 +134,7 @@ class ReceiveControl {
 
   std::atomic<bool> in_backoff{false};
   std::atomic<int> held{0};
+  std::atomic<int> parked{0};
   std::atomic<uint64_t> backoffs{0};
   std::atomic<uint64_t> acknowledged{0};
   std::atomic<uint64_t> lease_lost{0};
@@ -256,6 +268,11 @@ class ReceiveSink {
                        absl::Span<Settlement> settlements) = 0;
   // As ReceiveErrorFn.
   virtual void OnError(const ReceiveError& error) { static_cast<void>(error); }
+  // While the loop holds deliveries (Settlement::hold): whether what made the sink hold them
+  // (a store, the broker) answers again; true: every held delivery runs again at once. Called
+  // by one worker at a time, outside the loop's lock, every kHoldProbeInterval while any is
+  // held. The default says false: a held delivery runs again when its hold ends.
+  virtual bool ProbeHeld() { return false; }
   // The consumer backoff started a pause of intake or ended (never under the loop's lock).
   virtual void OnBackoff(const BackoffChange& change) { static_cast<void>(change); }
   // Once, when `error` (a fatal one, not retried) ends the loop; the drain follows.

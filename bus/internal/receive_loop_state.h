@@ -35,6 +35,12 @@ struct Held {
   bool suspect = false;
 };
 
+// A delivery the sink held (Settlement::hold): it runs again at `due`, or when ProbeHeld says so.
+struct Parked {
+  Held held;
+  absl::Time due;
+};
+
 // One worker: the batch it is running. The callback reads `deliveries` without the lock while
 // the keeper reads them (and updates `renewed_at`) under it; the vectors change only under the
 // lock.
@@ -60,6 +66,7 @@ struct WorkerScratch {
   std::vector<Settlement> settlements;
   std::vector<BackoffChange> changes;
   std::vector<Held> giving_back;
+  std::vector<absl::Duration> delays;
   SettleScratch scratch;
 };
 
@@ -94,7 +101,10 @@ struct Loop : std::enable_shared_from_this<Loop> {
 
   absl::Mutex mu;
   ReceiveControl::Limits limits ABSL_GUARDED_BY(mu);
-  std::deque<Held> buffer ABSL_GUARDED_BY(mu);  // received, not yet started
+  std::deque<Held> buffer ABSL_GUARDED_BY(mu);     // received, not yet started
+  std::vector<Parked> parked ABSL_GUARDED_BY(mu);  // held by the sink (counted in `held`)
+  absl::Time probe_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();  // next ProbeHeld
+  bool probing ABSL_GUARDED_BY(mu) = false;
   // One per worker; std::list: a worker keeps a pointer to its slot while others come and go.
   std::list<Slot> slots ABSL_GUARDED_BY(mu);
   std::vector<std::thread> threads ABSL_GUARDED_BY(mu);  // every worker ever started
@@ -145,10 +155,24 @@ struct Loop : std::enable_shared_from_this<Loop> {
   // suspect is and none runs.
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Moves the parked deliveries that are due (all of them with `all`) to the front of the
+  // buffer.
+  void Unpark(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Asks the sink's ProbeHeld (unlocking meanwhile) when a probe is due; true when it ran.
+  bool ProbeParked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Parks the deliveries of the slot's batch that the sink held (settlements `ss`, moved out of
+  // the slot; `suspect`: the batch was a suspect's); returns how many.
+  size_t Park(Slot& slot, absl::Span<const Settlement> ss, bool suspect)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes every parked delivery out, as the receipts and delays to give them back with.
+  void TakeParked(std::vector<Held>* out, std::vector<absl::Duration>* delays)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   // A worker's loop, and its steps (each entered and left with the lock held).
   void Worker(Slot* slot);
-  // Paused: gives every buffered delivery back to the broker.
-  void GiveBackBuffered(std::vector<Held>* giving_back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Paused: gives every buffered and parked delivery back to the broker (a parked one with what
+  // is left of its delay).
+  void GiveBackBuffered(WorkerScratch* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // How many deliveries (none of them suspects) the next batch takes (batch_size, the sink's
   // limit, the worker's fair share).
   size_t BatchSize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -165,7 +189,8 @@ struct Loop : std::enable_shared_from_this<Loop> {
   void Keeper();
   // Acks or nacks one delivery as `s` says; the broker's answer (also counted and reported).
   absl::Status SettleOne(absl::string_view receipt, const Settlement& s);
-  // Settles a batch (its acks in one AckMany), then tells the sink (OnSettled).
+  // Settles a batch (its acks in one AckMany; a held delivery is left alone), then tells the
+  // sink (OnSettled).
   void SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlement> ss,
                    SettleScratch* scratch);
   void Settled(const absl::Status& st, bool ack);

@@ -309,5 +309,78 @@ TEST(ReceiveControlTest, MaxInFlightZeroPausesAndKeepsTheLimit) {
   EXPECT_FALSE(c.Read().starved);
 }
 
+// Settlement::Hold: the loop keeps the delivery leased (the broker does not see it given back),
+// asks the sink's ProbeHeld, and runs every held delivery again as soon as the probe says what
+// failed answers again, long before the hold's delay. A stop gives back what is still held
+// with what is left of its delay.
+class HoldingSink final : public ReceiveSink {
+ public:
+  void Process(absl::Span<const Delivery> ds, absl::Span<Settlement> out) override {
+    for (size_t i = 0; i < ds.size(); ++i) {
+      if (answers_.load()) {
+        out[i] = Settlement::Done();
+        handled_.fetch_add(1);
+      } else {
+        out[i] = Settlement::Hold(absl::Hours(1));
+        held_.fetch_add(1);
+      }
+    }
+  }
+  bool ProbeHeld() override {
+    probes_.fetch_add(1);
+    return answers_.load();
+  }
+  std::atomic<bool> answers_{false};
+  std::atomic<int> held_{0};
+  std::atomic<int> handled_{0};
+  std::atomic<int> probes_{0};
+};
+
+TEST(ReceiveLoopHoldTest, HeldDeliveriesRunAgainOnceTheProbeAnswers) {
+  std::shared_ptr<Driver> driver = NewMemoryDriver();
+  ASSERT_TRUE(driver->CreateQueue("q", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->SendBatchToQueue("q", {"a", "b", "c"}, absl::ZeroDuration()).ok());
+  auto sink = std::make_shared<HoldingSink>();
+  ReceiveOptions o;
+  o.concurrency = 2;
+  o.batch_size = 2;
+  o.max_in_flight = 8;
+  std::stop_source stop;
+  std::thread loop([&] { EXPECT_TRUE(ReceiveInto(*driver, "q", o, sink, stop.get_token()).ok()); });
+  ASSERT_TRUE(WaitUntil([&] { return sink->held_.load() >= 3 && sink->probes_.load() >= 2; }));
+  // Still held: leased to this consumer, not given back to the broker.
+  absl::StatusOr<QueueCounts> counts = driver->InspectQueue("q");
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->in_flight, 3);
+  EXPECT_EQ(counts->delayed, 0);
+  EXPECT_EQ(sink->held_.load(), 3);  // not run again before the probe answers
+  sink->answers_.store(true);
+  EXPECT_TRUE(WaitUntil([&] { return sink->handled_.load() == 3; }));
+  stop.request_stop();
+  loop.join();
+  counts = driver->InspectQueue("q");
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->ready + counts->delayed + counts->in_flight, 0);
+}
+
+TEST(ReceiveLoopHoldTest, AStopGivesBackWhatIsHeldWithItsDelayLeft) {
+  std::shared_ptr<Driver> driver = NewMemoryDriver();
+  ASSERT_TRUE(driver->CreateQueue("q", absl::ZeroDuration()).ok());
+  ASSERT_TRUE(driver->SendBatchToQueue("q", {"a", "b"}, absl::ZeroDuration()).ok());
+  auto sink = std::make_shared<HoldingSink>();
+  ReceiveOptions o;
+  o.batch_size = 2;
+  o.max_in_flight = 2;
+  std::stop_source stop;
+  std::thread loop([&] { EXPECT_TRUE(ReceiveInto(*driver, "q", o, sink, stop.get_token()).ok()); });
+  ASSERT_TRUE(WaitUntil([&] { return sink->held_.load() == 2; }));
+  stop.request_stop();
+  loop.join();
+  absl::StatusOr<QueueCounts> counts = driver->InspectQueue("q");
+  ASSERT_TRUE(counts.ok());
+  EXPECT_EQ(counts->delayed, 2);
+  EXPECT_EQ(counts->ready + counts->in_flight, 0);
+}
+
 }  // namespace
 }  // namespace bus

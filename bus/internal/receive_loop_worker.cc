@@ -109,7 +109,7 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
                        SettleScratch* scratch) {
   scratch->settled.assign(ds.size(), absl::OkStatus());
   if (ds.size() == 1) {
-    scratch->settled[0] = SettleOne(ds[0].receipt, ss[0]);
+    if (!ss[0].hold || ss[0].done) scratch->settled[0] = SettleOne(ds[0].receipt, ss[0]);
   } else {
     scratch->acks.clear();
     scratch->ack_positions.clear();
@@ -117,7 +117,7 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
       if (ss[i].done) {
         scratch->acks.push_back(ds[i].receipt);
         scratch->ack_positions.push_back(i);
-      } else {
+      } else if (!ss[i].hold) {
         scratch->settled[i] = SettleOne(ds[i].receipt, ss[i]);
       }
     }
@@ -133,26 +133,87 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
   sink->OnSettled(ss, scratch->settled);
 }
 
+void Loop::Unpark(bool all) {
+  if (parked.empty()) return;
+  const absl::Time now = clock->Now();
+  auto it = std::stable_partition(parked.begin(), parked.end(),
+                                  [&](const Parked& p) { return !all && p.due > now; });
+  // Before what is buffered: they were received first.
+  const size_t first = static_cast<size_t>(it - parked.begin());
+  for (size_t i = parked.size(); i > first; --i) {
+    suspects_buffered += parked[i - 1].held.suspect ? 1 : 0;
+    buffer.push_front(std::move(parked[i - 1].held));
+  }
+  parked.erase(it, parked.end());
+  control->parked.store(static_cast<int>(parked.size()), std::memory_order_relaxed);
+}
+
+bool Loop::ProbeParked() {
+  if (parked.empty() || probing || clock->Now() < probe_at) return false;
+  probing = true;
+  mu.Unlock();
+  bool answered = false;
+  try {
+    answered = sink->ProbeHeld();
+  } catch (...) {
+    answered = false;
+  }
+  mu.Lock();
+  probing = false;
+  probe_at = clock->Now() + kHoldProbeInterval;
+  if (answered) Unpark(true);
+  return true;
+}
+
+size_t Loop::Park(Slot& slot, absl::Span<const Settlement> ss, bool suspect) {
+  size_t kept = 0;
+  const absl::Time now = clock->Now();
+  for (size_t i = 0; i < ss.size(); ++i) {
+    if (ss[i].done || !ss[i].hold) continue;
+    // The first probe waits a probe interval: the failure was just seen.
+    if (parked.empty()) probe_at = now + kHoldProbeInterval;
+    parked.push_back({Held{std::move(slot.deliveries[i]), slot.renewed_at[i], suspect},
+                      now + ss[i].redeliver_after});
+    ++kept;
+  }
+  control->parked.store(static_cast<int>(parked.size()), std::memory_order_relaxed);
+  return kept;
+}
+
+void Loop::TakeParked(std::vector<Held>* out, std::vector<absl::Duration>* delays) {
+  const absl::Time now = clock->Now();
+  for (Parked& p : parked) {
+    out->push_back(std::move(p.held));
+    delays->push_back(std::max(absl::ZeroDuration(), p.due - now));
+  }
+  parked.clear();
+  control->parked.store(0, std::memory_order_relaxed);
+}
+
 bool Loop::HasWork() const {
   return buffer.size() > static_cast<size_t>(suspects_buffered) ||
          (suspects_buffered > 0 && !suspect_running);
 }
 
-void Loop::GiveBackBuffered(std::vector<Held>* giving_back) {
-  // Paused: what is buffered goes back to the broker (for other consumers, or for us after
-  // Resume) rather than staying leased for as long as the pause lasts.
-  giving_back->assign(std::make_move_iterator(buffer.begin()),
-                      std::make_move_iterator(buffer.end()));
+void Loop::GiveBackBuffered(WorkerScratch* w) {
+  // Paused: what is buffered or held goes back to the broker (for other consumers, or for us
+  // after Resume) rather than staying leased for as long as the pause lasts; a held one with what
+  // is left of its delay.
+  w->giving_back.assign(std::make_move_iterator(buffer.begin()),
+                        std::make_move_iterator(buffer.end()));
+  w->delays.assign(buffer.size(), absl::ZeroDuration());
   buffer.clear();
   suspects_buffered = 0;
+  TakeParked(&w->giving_back, &w->delays);
   mu.Unlock();
-  for (const Held& h : *giving_back) {
+  for (size_t i = 0; i < w->giving_back.size(); ++i) {
     // A refused nack is reported by SettleOne; the delivery comes back when its lease ends.
-    SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+    SettleOne(w->giving_back[i].delivery.receipt, Settlement::Redeliver(w->delays[i]))
+        .IgnoreError();
   }
   mu.Lock();
-  SetHeld(held - static_cast<int>(giving_back->size()));
-  giving_back->clear();
+  SetHeld(held - static_cast<int>(w->giving_back.size()));
+  w->giving_back.clear();
 }
 
 size_t Loop::BatchSize() {
@@ -219,6 +280,7 @@ void Loop::RunBatch(Slot& slot, WorkerScratch* w) {
   // Before the settle, so that a backoff's intake change reaches the consumer before the
   // ack makes room (NSQ: RDY 0 goes out before the FIN).
   RecordOutcomes(w->settlements, probe, &w->changes);
+  const size_t kept = abandoned ? 0 : Park(slot, w->settlements, suspect);
   if (!abandoned) {
     // Settling outside the lock would race the keeper extending a settled delivery, which
     // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
@@ -235,25 +297,28 @@ void Loop::RunBatch(Slot& slot, WorkerScratch* w) {
     slot.renewed_at.clear();
     w->changes.clear();
   }
-  SetHeld(held - static_cast<int>(n));
+  SetHeld(held - static_cast<int>(n - kept));
 }
 
 void Loop::WaitForWork(Slot& slot, absl::Time now) {
   // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
   // prefetch window has room, or a pause (backoff or broker failure) ends.
   auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
+    if (stopping || slot.retire) return true;
+    if (limits.paused && (!buffer.empty() || !parked.empty())) return true;
     if (!Admitting()) return false;
     return HasWork() || (!fetching && Room() > 0);
   };
   absl::Time deadline = absl::InfiniteFuture();
   if (phase == Phase::kWaiting) deadline = backoff_until;
   if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
+  for (const Parked& p : parked) deadline = std::min(deadline, p.due);
+  if (!parked.empty() && !probing) deadline = std::min(deadline, probe_at);
   if (deadline == absl::InfiniteFuture()) {
     mu.Await(absl::Condition(&cond));
   } else if (now < deadline) {
     // A pause for a broker failure waits it out even if the condition holds.
-    if (now < fetch_paused_until && deadline == fetch_paused_until) {
+    if (now < fetch_paused_until && deadline <= fetch_paused_until) {
       auto stopped = [this, &slot]()
                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
       clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
@@ -309,9 +374,13 @@ void Loop::Worker(Slot* slot_ptr) {
       phase = Phase::kProbe;
       UpdateIntake();
     }
-    if (limits.paused && !buffer.empty()) {
-      GiveBackBuffered(&w.giving_back);
-    } else if (Admitting() && HasWork()) {
+    if (limits.paused && (!buffer.empty() || !parked.empty())) {
+      GiveBackBuffered(&w);
+      continue;
+    }
+    if (ProbeParked()) continue;
+    Unpark(false);
+    if (Admitting() && HasWork()) {
       RunBatch(slot, &w);
     } else {
       const int room = Room();
@@ -350,6 +419,12 @@ void Loop::Keeper() {
       if (now - h.renewed_at >= half) {
         receipts.push_back(h.delivery.receipt);
         h.renewed_at = now;
+      }
+    }
+    for (Parked& p : parked) {
+      if (now - p.held.renewed_at >= half) {
+        receipts.push_back(p.held.delivery.receipt);
+        p.held.renewed_at = now;
       }
     }
     for (Slot& slot : slots) {

@@ -111,10 +111,11 @@ absl::Status ValidateTuning(const RedisOptions& o) {
   if (o.timeouts.connect <= absl::ZeroDuration()) return Invalid("timeouts.connect", "must be > 0");
   if (o.timeouts.request <= absl::ZeroDuration()) return Invalid("timeouts.request", "must be > 0");
   const RedisOptions::Replication& r = o.replication;
-  if (r.wait_replicas < 0 || r.wait_replicas > 16) {
-    return Invalid("replication.wait_replicas", "must be 0 to 16");
+  if ((r.wait_replicas < 0 && r.wait_replicas != kWaitReplicasUnset) || r.wait_replicas > 16) {
+    return Invalid("replication.wait_replicas", "must be 0 to 16, or kWaitReplicasUnset (-1)");
   }
-  if (r.wait_replicas > 0 && r.wait_timeout <= absl::ZeroDuration()) {
+  // Unset, a store may follow a driver that waits.
+  if (r.wait_replicas != 0 && r.wait_timeout <= absl::ZeroDuration()) {
     return Invalid("replication.wait_timeout", "must be > 0");
   }
   const RedisOptions::Limits& l = o.limits;
@@ -177,15 +178,16 @@ std::string ToString(const RedisOptions& o) {
   } else {
     where = absl::StrCat("host=", o.host, " port=", o.port);
   }
-  return absl::StrCat("redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
-                      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db,
-                      " key_prefix=\"", o.key_prefix,
-                      "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
-                      " timeouts.request=", absl::FormatDuration(o.timeouts.request),
-                      " replication.wait_replicas=", o.replication.wait_replicas,
-                      " limits.script_batch_size=", o.limits.script_batch_size,
-                      " limits.max_reply_bytes=", o.limits.max_reply_bytes,
-                      " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
+  return absl::StrCat(
+      "redis{", where, " username=", o.username.empty() ? "<default>" : o.username,
+      " password=", o.password.empty() ? "<none>" : "<redacted>", " db=", o.db, " key_prefix=\"",
+      o.key_prefix, "\" timeouts.connect=", absl::FormatDuration(o.timeouts.connect),
+      " timeouts.request=", absl::FormatDuration(o.timeouts.request), " replication.wait_replicas=",
+      o.replication.wait_replicas == kWaitReplicasUnset ? std::string("unset")
+                                                        : absl::StrCat(o.replication.wait_replicas),
+      " limits.script_batch_size=", o.limits.script_batch_size,
+      " limits.max_reply_bytes=", o.limits.max_reply_bytes,
+      " limits.max_reply_elements=", o.limits.max_reply_elements, Tls(o.tls), "}");
 }
 
 }  // namespace bus

@@ -38,6 +38,10 @@ namespace bus {
 // an announced array up front (8 bytes an element: 128 MiB here) before any element arrives.
 inline constexpr int64_t kMaxRedisReplyElements = int64_t{1} << 24;
 
+// RedisOptions::replication.wait_replicas left to follow: a driver waits for no replica, a store
+// for as many as its Handler's driver.
+inline constexpr int kWaitReplicasUnset = -1;
+
 // RedisOptions::limits.script_batch_size 0: script calls move at most this many messages.
 inline constexpr int kDefaultRedisScriptBatch = 500;
 
@@ -105,11 +109,16 @@ struct RedisOptions {
   // acknowledged in time fails with Unavailable (a send is retried within timeouts.request,
   // without duplicates). Replication is
   // asynchronous otherwise: a master lost right after acknowledging a send can lose it when a
-  // replica takes over.
+  // replica takes over. One setting for a Handler: stores left unset wait for as many replicas
+  // as the Handler's driver (docs/redis-ha.md, "Replication").
   struct Replication {
-    // Default 0: no WAIT. 0 to 16.
-    int wait_replicas = 0;
-    // Default 1 s; > 0 when wait_replicas is set.
+    // Replicas to wait for, 0 to 16; 0: no WAIT. Default kWaitReplicasUnset (-1): the driver
+    // waits for none; a store waits for as many as the driver of the Handler it serves
+    // (Driver::ReplicasAwaited, given to it at the Handler's start: the most of any of its
+    // Handlers), none until then or when that driver does not wait. A Handler whose driver and
+    // stores were set to different numbers logs a warning at start.
+    int wait_replicas = kWaitReplicasUnset;
+    // Default 1 s; > 0 unless wait_replicas is 0.
     absl::Duration wait_timeout = absl::Seconds(1);
   };
   Replication replication{};

@@ -57,7 +57,7 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
          o.seeds = {"h:7000"};
          o.db = 1;
        }},
-      {"replication.wait_replicas", [](RedisOptions& o) { o.replication.wait_replicas = -1; }},
+      {"replication.wait_replicas", [](RedisOptions& o) { o.replication.wait_replicas = -2; }},
       {"replication.wait_replicas", [](RedisOptions& o) { o.replication.wait_replicas = 17; }},
       {"replication.wait_timeout",
        [](RedisOptions& o) {

@@ -584,6 +584,8 @@ TEST(NsqDriverTest, AuthWithTheRightSecretWorksAndAWrongOneFailsClearlyWithoutAS
   auto none = MakeDriver({.nsqd_tcp_addresses = {nsqd->tcp_address()}});
   absl::Status st = none->SendToQueue("authq", "x", absl::ZeroDuration());
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  // The error names the option to set, as it is spelled.
+  EXPECT_TRUE(absl::StrContains(st.message(), "(NsqOptions.auth.secret)")) << st;
 
   // The wrong secret on a driver whose clock does not move unless told: the failed connect
   // starts the nsqd's backoff (50ms initial, equal jitter pinned at 0.5: 37.5ms), so 50

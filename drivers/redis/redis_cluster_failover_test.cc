@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,8 @@ class TracingIdempotencyStore final : public IdempotencyStore {
       Note(keys[i], absl::StrCat("mark-done* ", owners[i], " -> ", results[i].ToString()));
     }
   }
+  std::optional<int> ReplicasAwaited() const override { return base_->ReplicasAwaited(); }
+  void FollowReplicas(int replicas) override { base_->FollowReplicas(replicas); }
   std::vector<std::string> Of(absl::string_view key) {
     absl::MutexLock lock(&mu_);
     return calls_[key];
@@ -253,8 +256,9 @@ TEST(RedisClusterLaggingReplicaTest, NoDoneMarkReportedOkIsLost) {
   EXPECT_EQ(*letters, 1);
 }
 
-// A Handler consumes 2,000 messages through the cluster (driver and both stores at
-// wait_replicas = 1, an effect counted per message); mid-stream the queue's master loses its
+// A Handler consumes 2,000 messages through the cluster (the driver at wait_replicas = 1, both
+// stores at the documented settings: wait_replicas left unset, so they follow the Handler's
+// driver; an effect counted per message); mid-stream the queue's master loses its
 // replica (stopped, link dropped), takes writes only it has, is SIGKILLed and its stale replica
 // promoted. Every message is handled or dead-lettered and no effect repeats, although mark-dones
 // fail (Unavailable: the key's master had no replica to acknowledge them) and acks are lost: the
@@ -272,8 +276,14 @@ TEST(RedisClusterLaggingReplicaTest, AHandlerRepeatsNoEffectThroughTheFailover) 
   o.timeouts.request = absl::Seconds(5);
   std::shared_ptr<Driver> producer_driver = *NewRedisDriver(o);
   std::shared_ptr<Driver> consumer_driver = *NewRedisDriver(o);
-  std::shared_ptr<DeadLetterStore> dead_letters = *NewRedisDeadLetterStore(o);
-  auto idempotency = std::make_shared<TracingIdempotencyStore>(*NewRedisIdempotencyStore(o));
+  // The stores at their defaults: one replication setting, the driver's, once the Handler joins
+  // them (docs/redis-ha.md, "Replication").
+  RedisOptions store_options = o;
+  store_options.replication.wait_replicas = kWaitReplicasUnset;
+  std::shared_ptr<DeadLetterStore> dead_letters = *NewRedisDeadLetterStore(store_options);
+  auto idempotency =
+      std::make_shared<TracingIdempotencyStore>(*NewRedisIdempotencyStore(store_options));
+  EXPECT_EQ(idempotency->ReplicasAwaited(), 0);
   const std::string queue = "stream";
   absl::StatusOr<int> slot = c.KeySlot(queue);
   ASSERT_TRUE(slot.ok()) << slot.status();
@@ -321,6 +331,8 @@ TEST(RedisClusterLaggingReplicaTest, AHandlerRepeatsNoEffectThroughTheFailover) 
   };
   absl::StatusOr<std::unique_ptr<Handler>> handler = Handler::Create(h);
   ASSERT_TRUE(handler.ok()) << handler.status();
+  EXPECT_EQ(idempotency->ReplicasAwaited(), 1);
+  EXPECT_EQ(dead_letters->ReplicasAwaited(), 1);
   ASSERT_TRUE((*handler)->Start().ok());
   auto handled = [&] {
     absl::MutexLock lock(&mu);

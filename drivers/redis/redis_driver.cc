@@ -167,6 +167,8 @@ class RedisDriver final : public Driver {
 
   absl::Status Ping(absl::Duration timeout) override { return core_->client().Ping(timeout); }
 
+  std::optional<int> ReplicasAwaited() const override { return core_->client().wait_replicas(); }
+
   // The names in the queue set whose meta hash exists (DeleteQueue removes the hash and leaves
   // the name): a few commands per 1,000 queues, whatever else the server holds. Queues written
   // before the set existed are added to it once, by the first listing (ScanOldQueues).

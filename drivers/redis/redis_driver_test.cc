@@ -839,6 +839,7 @@ TEST(RedisDriverTest, ACorruptAttemptsFieldMakesOneCorruptDeliveryAndLosesNothin
     if (d.data == "body1" || d.data == "body3" || d.data == "body5") {
       EXPECT_THAT(d.corrupt, ::testing::HasSubstr("attempts field of message"));
       EXPECT_THAT(d.corrupt, ::testing::HasSubstr("is not a number"));
+      EXPECT_THAT(d.corrupt, ::testing::HasSubstr("the message was not handled"));
       EXPECT_EQ(d.attempts, 1);
       corrupt.insert(d.data);
     } else {

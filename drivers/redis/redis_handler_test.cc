@@ -11,12 +11,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "drivers/redis/redis_driver.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
@@ -202,6 +204,67 @@ TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCounterBecomesAMalformedLette
   // All three were settled: nothing is left in the queue's keys.
   EXPECT_EQ(*(*server)->Cli({"HLEN", "bus:q:{orders}:msgs"}), "0\n");
   EXPECT_EQ(*(*server)->Cli({"ZCARD", "bus:q:{orders}:inflight"}), "0\n");
+}
+
+// A message whose delivery count a foreign program overwrote with something that is not a
+// number is not handled: it is dead-lettered as malformed with a reason that says so, the other
+// messages are handled, and a replay of the letter handles it.
+TEST(RedisHandlerTest, AMessageWithACorruptDeliveryCountIsDeadLetteredUnhandled) {
+  absl::StatusOr<std::unique_ptr<RedisServer>> server = RedisServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RedisOptions options;
+  options.port = (*server)->port();
+  options.logger = NullLogger();
+  auto driver = NewRedisDriver(options);
+  auto dead_letters = NewRedisDeadLetterStore(options);
+  ASSERT_TRUE(driver.ok() && dead_letters.ok());
+  Publisher publisher = *Publisher::Create(*driver);
+  ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = "bad"}).ok());
+  absl::StatusOr<std::string> ids = (*server)->Cli({"HKEYS", "bus:q:{orders}:msgs"});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  const std::string id(absl::StripAsciiWhitespace(*ids));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE((*server)->Cli({"HSET", "bus:q:{orders}:attempts", id, "not a number"}).ok());
+  ASSERT_TRUE(publisher.SendToQueue("orders", Outgoing{.biz_uid = "good"}).ok());
+
+  absl::Mutex mu;
+  std::set<std::string> handled;
+  HandlerOptions h;
+  h.queue = "orders";
+  h.driver = *driver;
+  h.stores.dead_letters = *dead_letters;
+  h.observability.logger = NullLogger();
+  h.replay.interval = absl::ZeroDuration();
+  h.handle = [&](const Message& m) {
+    absl::MutexLock lock(&mu);
+    handled.insert(m.biz_uid);
+    return absl::OkStatus();
+  };
+  auto handler = Handler::Create(h);
+  ASSERT_TRUE(handler.ok()) << handler.status();
+  std::thread runner([&] { EXPECT_TRUE((*handler)->Run().ok()); });
+  auto seen = [&] {
+    absl::MutexLock lock(&mu);
+    return handled;
+  };
+  ASSERT_TRUE(WaitUntil([&] {
+    return (*handler)->Stats().malformed == 1 && seen() == std::set<std::string>{"good"};
+  })) << (*handler)->Stats().ToString();
+  absl::StatusOr<std::vector<DeadLetter>> letters = (*dead_letters)->Fetch("orders", 10);
+  ASSERT_TRUE(letters.ok()) << letters.status();
+  ASSERT_EQ(letters->size(), 1u);
+  EXPECT_EQ((*letters)[0].kind, DeadLetterKind::kMalformed);
+  EXPECT_THAT((*letters)[0].reason, ::testing::HasSubstr("is not a number: \"not a number\""));
+  EXPECT_THAT((*letters)[0].reason, ::testing::HasSubstr("the message was not handled"));
+  EXPECT_EQ(seen(), std::set<std::string>{"good"});
+
+  absl::StatusOr<int> replayed =
+      (*handler)->ReplayDeadLetters({.kinds = {DeadLetterKind::kMalformed}});
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(*replayed, 1);
+  EXPECT_TRUE(WaitUntil([&] { return seen() == std::set<std::string>{"bad", "good"}; }));
+  (*handler)->Stop();
+  runner.join();
 }
 
 }  // namespace

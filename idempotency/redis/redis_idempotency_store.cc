@@ -303,13 +303,21 @@ class RedisIdempotencyStore final : public IdempotencyStore {
 
   absl::Status Ping(absl::Duration timeout) override { return client_->Ping(timeout); }
 
+  std::optional<int> ReplicasAwaited() const override { return client_->wait_replicas(); }
+  // Left unset, the store waits for as many replicas as its Handlers' drivers (the most).
+  void FollowReplicas(int replicas) override {
+    if (options_.replication.wait_replicas == kWaitReplicasUnset) {
+      client_->RaiseWaitReplicas(replicas);
+    }
+  }
+
  private:
   static absl::Status NotOwner(absl::string_view op, absl::string_view key) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, ": caller does not hold a live lease on \"", key, "\""));
   }
 
-  bool replicated() const { return options_.replication.wait_replicas > 0; }
+  bool replicated() const { return client_->wait_replicas() > 0; }
 
   std::string KeyOf(absl::string_view key) const {
     return absl::StrCat(options_.key_prefix, "idem:{", key, "}");

@@ -273,6 +273,14 @@ class RedisDeadLetterStore final : public DeadLetterStore {
 
   absl::Status Ping(absl::Duration timeout) override { return client_->Ping(timeout); }
 
+  std::optional<int> ReplicasAwaited() const override { return client_->wait_replicas(); }
+  // Left unset, the store waits for as many replicas as its Handlers' drivers (the most).
+  void FollowReplicas(int replicas) override {
+    if (options_.replication.wait_replicas == kWaitReplicasUnset) {
+      client_->RaiseWaitReplicas(replicas);
+    }
+  }
+
  private:
   struct Keys {
     std::string seq, ids, data, reason, time, meta, msg, bymsg;

@@ -105,21 +105,22 @@ std::vector<absl::StatusOr<Reply>> Client::EvalEach(const Script& script,
   return Each(Eval(script, std::move(calls), timeout, durability), n);
 }
 
-std::vector<std::string> WaitCommand(const RedisOptions& options) {
+std::vector<std::string> WaitCommand(int replicas, const RedisOptions& options) {
   const RedisOptions::Replication& r = options.replication;
-  return {"WAIT", absl::StrCat(r.wait_replicas),
+  return {"WAIT", absl::StrCat(replicas),
           absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(r.wait_timeout)))};
 }
 
-absl::Status CheckWaitReply(const RedisOptions& options, const Reply& r, absl::string_view where) {
+absl::Status CheckWaitReply(int replicas, const RedisOptions& options, const Reply& r,
+                            absl::string_view where) {
   const RedisOptions::Replication& want = options.replication;
   if (r.is_error()) return ReplyStatus(r);
   if (r.type != Reply::Type::kInteger) return absl::InternalError("redis: bad WAIT reply");
-  if (r.integer >= want.wait_replicas) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      "redis WAIT on ", where, ": ", r.integer, " of ", want.wait_replicas,
-      " replicas acknowledged the write within ", absl::FormatDuration(want.wait_timeout),
-      " (it may be lost if the master fails)"));
+  if (r.integer >= replicas) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("redis WAIT on ", where, ": ", r.integer, " of ",
+                                             replicas, " replicas acknowledged the write within ",
+                                             absl::FormatDuration(want.wait_timeout),
+                                             " (it may be lost if the master fails)"));
 }
 
 namespace {
@@ -159,14 +160,14 @@ class SingleClient final : public Client, public std::enable_shared_from_this<Si
   absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
                                           std::vector<std::vector<std::string>> calls,
                                           absl::Duration timeout, Durability durability) override {
-    const bool wait =
-        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
+    const int replicas = wait_replicas();
+    const bool wait = durability == Durability::kReplicated && replicas > 0;
     if (!wait) return conn_->Eval(script, std::move(calls), timeout);
     absl::StatusOr<std::vector<Reply>> r =
-        conn_->Eval(script, std::move(calls), timeout, WaitCommand(options_));
+        conn_->Eval(script, std::move(calls), timeout, WaitCommand(replicas, options_));
     if (!r.ok()) return r;
-    if (absl::Status st =
-            CheckWaitReply(options_, r->back(), absl::StrCat(options_.host, ":", options_.port));
+    if (absl::Status st = CheckWaitReply(replicas, options_, r->back(),
+                                         absl::StrCat(options_.host, ":", options_.port));
         !st.ok()) {
       return st;
     }
@@ -235,14 +236,17 @@ absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::s
 
 std::shared_ptr<Client> NewClient(const RedisOptions& options, ReconnectCallback on_reconnect,
                                   std::string component) {
+  std::shared_ptr<Client> client;
   if (!options.seeds.empty()) {
-    return NewClusterClient(options, std::move(on_reconnect), std::move(component));
+    client = NewClusterClient(options, std::move(on_reconnect), std::move(component));
+  } else if (!options.sentinel.addresses.empty()) {
+    client = NewSentinelClient(options, std::move(on_reconnect), std::move(component));
+  } else {
+    client = std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect),
+                                            std::move(component));
   }
-  if (!options.sentinel.addresses.empty()) {
-    return NewSentinelClient(options, std::move(on_reconnect), std::move(component));
-  }
-  return std::make_shared<SingleClient>(WithDefaults(options), std::move(on_reconnect),
-                                        std::move(component));
+  client->RaiseWaitReplicas(options.replication.wait_replicas);
+  return client;
 }
 
 }  // namespace redis

@@ -36,8 +36,8 @@
 // it looked up again (sentinel_client.h).
 //
 // Durable writes: Eval(..., Durability::kReplicated) pipelines `WAIT wait_replicas
-// wait_timeout` after the calls on each node when RedisOptions::replication.wait_replicas > 0
-// and fails the call with Unavailable when fewer replicas acknowledged in time.
+// wait_timeout` after the calls on each node when wait_replicas() > 0 and fails the call with
+// Unavailable when fewer replicas acknowledged in time.
 //
 // Errors: as Connection (connection.h): Unavailable, DeadlineExceeded, Cancelled,
 // Unauthenticated, Internal; a Redis error reply is a Reply of type kError in an OK result.
@@ -49,6 +49,7 @@
 #ifndef COMMON_REDIS_INTERNAL_CLIENT_H_
 #define COMMON_REDIS_INTERNAL_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -133,6 +134,20 @@ class Client {
   // True for a cluster: a script call may then only touch keys of one slot. On one server a
   // caller may put keys of any slot into one call (one script run instead of one per key).
   virtual bool clustered() const = 0;
+
+  // The replicas a kReplicated write waits for (0: no WAIT): RedisOptions::replication's
+  // wait_replicas (unset: 0) until RaiseWaitReplicas raises it (a store that follows its
+  // Handler's driver, IdempotencyStore::FollowReplicas).
+  int wait_replicas() const { return wait_replicas_.load(std::memory_order_relaxed); }
+  // Raises wait_replicas() to `replicas` (never lowers it).
+  void RaiseWaitReplicas(int replicas) {
+    int now = wait_replicas_.load(std::memory_order_relaxed);
+    while (now < replicas && !wait_replicas_.compare_exchange_weak(now, replicas)) {
+    }
+  }
+
+ private:
+  std::atomic<int> wait_replicas_{0};
 };
 
 // Called with "host:port" each time a lost connection is re-established.

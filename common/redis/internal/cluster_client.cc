@@ -101,8 +101,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
                                           std::vector<std::vector<std::string>> calls,
                                           absl::Duration timeout, Durability durability) override {
     std::vector<Item> items = CallItems(std::move(calls));
-    const bool wait =
-        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
+    const bool wait = durability == Durability::kReplicated && wait_replicas() > 0;
     return Replies(Run(items, &script, timeout, {}, wait, false, PipelinedFor()), items);
   }
 
@@ -118,8 +117,7 @@ class ClusterClient final : public Client, public std::enable_shared_from_this<C
                                               absl::Duration timeout,
                                               Durability durability) override {
     std::vector<Item> items = CallItems(std::move(calls));
-    const bool wait =
-        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
+    const bool wait = durability == Durability::kReplicated && wait_replicas() > 0;
     Run(items, &script, timeout, {}, wait, true, PipelinedFor()).IgnoreError();
     return EachReply(items);
   }
@@ -385,7 +383,7 @@ std::vector<Sent> ClusterClient::SendAll(const Call& call, const Groups& groups,
       cmd.insert(cmd.end(), it.args.begin(), it.args.end());
       cmds.push_back(std::move(cmd));
     }
-    if (call.wait) cmds.push_back(WaitCommand(options_));
+    if (call.wait) cmds.push_back(WaitCommand(wait_replicas(), options_));
     Sent s{address, idx, {}, std::vector<Reply>{}};
     std::shared_ptr<Connection> conn = call.conn_for(address);
     const absl::Duration left = call.deadline - options_.clock->Now();
@@ -450,7 +448,8 @@ void ClusterClient::Collect(Call& call, Sent& s, Next* next) {
     done_here.push_back(i);
   }
   if (call.wait && !done_here.empty() && call.failed.ok() && !replies.empty()) {
-    if (absl::Status st = CheckWaitReply(options_, replies.back(), s.address); !st.ok()) {
+    if (absl::Status st = CheckWaitReply(wait_replicas(), options_, replies.back(), s.address);
+        !st.ok()) {
       call.Fail(done_here, st);
     }
   }

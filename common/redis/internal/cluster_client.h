@@ -27,9 +27,11 @@ std::shared_ptr<Client> NewClusterClient(const RedisOptions& options,
 // Shared with the single-server client.
 absl::StatusOr<std::vector<std::string>> ScanNode(Connection& conn, const std::string& pattern,
                                                   absl::Duration timeout);
-std::vector<std::string> WaitCommand(const RedisOptions& options);
-// OK when the WAIT reply `r` counts at least replication.wait_replicas; else Unavailable.
-absl::Status CheckWaitReply(const RedisOptions& options, const Reply& r, absl::string_view where);
+std::vector<std::string> WaitCommand(int replicas, const RedisOptions& options);
+// `WAIT replicas wait_timeout`; OK when the WAIT reply `r` counts at least `replicas`, else
+// Unavailable.
+absl::Status CheckWaitReply(int replicas, const RedisOptions& options, const Reply& r,
+                            absl::string_view where);
 
 }  // namespace bus::redis
 

@@ -125,14 +125,14 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
   absl::StatusOr<std::vector<Reply>> Eval(const Script& script,
                                           std::vector<std::vector<std::string>> calls,
                                           absl::Duration timeout, Durability durability) override {
-    const bool wait =
-        durability == Durability::kReplicated && options_.replication.wait_replicas > 0;
+    const int replicas = wait_replicas();
+    const bool wait = durability == Durability::kReplicated && replicas > 0;
     const size_t n = calls.size();
     std::string where;
     absl::StatusOr<std::vector<Reply>> r =
         Run(timeout, {}, n, &where, [&](Connection& c, absl::Duration left) {
           return c.Eval(script, calls, left,
-                        wait ? WaitCommand(options_) : std::vector<std::string>{});
+                        wait ? WaitCommand(replicas, options_) : std::vector<std::string>{});
         });
     if (!r.ok() || !wait) return r;
     for (size_t i = 0; i < n && i < r->size(); ++i) {
@@ -140,7 +140,7 @@ class SentinelClient final : public Client, public std::enable_shared_from_this<
       if (ReadOnly((*r)[i])) return ReplyStatus((*r)[i]);
     }
     if (r->size() != n + 1) return absl::InternalError("redis: missing WAIT reply");
-    if (absl::Status st = CheckWaitReply(options_, r->back(), where); !st.ok()) return st;
+    if (absl::Status st = CheckWaitReply(replicas, options_, r->back(), where); !st.ok()) return st;
     r->pop_back();
     return r;
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bus/backoff.h"
+#include "common/json/bounded_json.h"
 
 namespace bus::nats {
 namespace {
@@ -44,12 +45,14 @@ absl::Status ReadPubAck(natsMsg* reply, absl::string_view subject) {
     return absl::FailedPreconditionError(
         absl::StrCat("no JetStream stream owns ", subject, " (was the stream deleted?)"));
   }
-  nlohmann::json ack = nlohmann::json::parse(
-      absl::string_view(natsMsg_GetData(reply), natsMsg_GetDataLength(reply)), nullptr, false);
-  if (ack.is_discarded() || !ack.is_object()) {
+  absl::StatusOr<nlohmann::json> ack =
+      ParseJsonBounded(absl::string_view(natsMsg_GetData(reply), natsMsg_GetDataLength(reply)));
+  if (!ack.ok() || !ack->is_object()) {
     return absl::InternalError(absl::StrCat("unreadable publish acknowledgement for ", subject));
   }
-  if (ack.contains("error")) return FromApiError(ack["error"], absl::StrCat("publish ", subject));
+  if (ack->contains("error")) {
+    return FromApiError((*ack)["error"], absl::StrCat("publish ", subject));
+  }
   return absl::OkStatus();
 }
 
@@ -217,12 +220,14 @@ absl::StatusOr<nlohmann::json> Client::Api(absl::string_view api, const nlohmann
   }
   if (s != NATS_OK) return FromNats(s, absl::StrCat("JetStream API ", api));
   MsgPtr reply(raw);
-  nlohmann::json j = nlohmann::json::parse(
-      absl::string_view(natsMsg_GetData(raw), natsMsg_GetDataLength(raw)), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+  absl::StatusOr<nlohmann::json> j =
+      ParseJsonBounded(absl::string_view(natsMsg_GetData(raw), natsMsg_GetDataLength(raw)));
+  if (!j.ok() || !j->is_object()) {
     return absl::InternalError(absl::StrCat("unreadable JetStream reply to ", api));
   }
-  if (j.contains("error")) return FromApiError(j["error"], absl::StrCat("JetStream API ", api));
+  if (j->contains("error")) {
+    return FromApiError((*j)["error"], absl::StrCat("JetStream API ", api));
+  }
   return j;
 }
 

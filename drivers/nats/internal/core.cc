@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/json/bounded_json.h"
 
 namespace bus::nats {
 namespace {
@@ -72,9 +73,9 @@ absl::StatusOr<QueueState> Core::ReadQueue(const std::string& queue) {
   if (absl::SimpleAtoi(metadata.value(kLeaseKey, std::string("0")), &ms)) {
     state.lease = absl::Milliseconds(ms);
   }
-  json bindings = json::parse(metadata.value(kBindingsKey, std::string("[]")), nullptr, false);
-  if (bindings.is_array()) {
-    for (const json& b : bindings) {
+  absl::StatusOr<json> bindings = ParseJsonBounded(metadata.value(kBindingsKey, std::string("[]")));
+  if (bindings.ok() && bindings->is_array()) {
+    for (const json& b : *bindings) {
       if (b.is_array() && b.size() == 2) state.bindings.emplace(b[0], b[1]);
     }
   }

@@ -9,10 +9,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/json/bounded_json.h"
 #include "nlohmann/json.hpp"
 
 namespace bus::nsq {
 namespace {
+
+// What ParseJson refused, as the end of an error message ("" when it parsed, as something that
+// is not an object).
+std::string WhyNotJson(const absl::StatusOr<nlohmann::json>& parsed) {
+  return parsed.ok() ? std::string() : absl::StrCat(" (", parsed.status().message(), ")");
+}
 
 void AppendU32(uint32_t v, std::string* out) {
   char b[4];
@@ -214,12 +221,13 @@ std::string IdentifyBody(const IdentifyRequest& r) {
 absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data) {
   IdentifyResponse r;
   if (data == kOk) return r;
-  nlohmann::json j = nlohmann::json::parse(data.begin(), data.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonBounded(data);
+  if (!parsed.ok() || !parsed->is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("IDENTIFY response is neither OK nor a JSON object: \"",
-                     absl::CHexEscape(data.substr(0, 64)), "\""));
+                     absl::CHexEscape(data.substr(0, 64)), "\"", WhyNotJson(parsed)));
   }
+  const nlohmann::json& j = *parsed;
   auto get_int = [&](const char* key, int64_t* out) {
     auto it = j.find(key);
     if (it != j.end() && it->is_number_integer()) *out = it->get<int64_t>();
@@ -249,10 +257,12 @@ absl::StatusOr<IdentifyResponse> ParseIdentifyResponse(absl::string_view data) {
 }
 
 absl::StatusOr<std::vector<std::string>> ParseLookupResponse(absl::string_view body) {
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError("nsqlookupd /lookup response is not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonBounded(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nsqlookupd /lookup response is not a JSON object", WhyNotJson(parsed)));
   }
+  const nlohmann::json& j = *parsed;
   const nlohmann::json* root = &j;
   if (auto it = j.find("data"); it != j.end() && it->is_object()) root = &*it;
   std::vector<std::string> out;
@@ -302,10 +312,12 @@ std::string StringField(const nlohmann::json& j, const char* name) {
 }  // namespace
 
 absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view body) {
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError("nsqlookupd /nodes response is not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonBounded(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nsqlookupd /nodes response is not a JSON object", WhyNotJson(parsed)));
   }
+  const nlohmann::json& j = *parsed;
   const nlohmann::json* root = &j;
   if (auto it = j.find("data"); it != j.end() && it->is_object()) root = &*it;
   std::vector<LookupNode> out;
@@ -326,10 +338,12 @@ absl::StatusOr<std::vector<LookupNode>> ParseNodesResponse(absl::string_view bod
 }
 
 absl::StatusOr<std::vector<ChannelStats>> ParseStatsResponse(absl::string_view body) {
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError("nsqd /stats response is not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = ParseJsonBounded(body);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nsqd /stats response is not a JSON object", WhyNotJson(parsed)));
   }
+  const nlohmann::json& j = *parsed;
   const nlohmann::json* root = &j;
   if (auto it = j.find("data"); it != j.end() && it->is_object()) root = &*it;
   std::vector<ChannelStats> out;

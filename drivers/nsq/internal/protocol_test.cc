@@ -1,9 +1,11 @@
 #include "drivers/nsq/internal/protocol.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/base/internal/endian.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace bus::nsq {
@@ -170,6 +172,25 @@ TEST(LookupTest, ParsesV1AndLegacyResponses) {
   EXPECT_EQ(*legacy, (std::vector<std::string>{"h:1"}));
   EXPECT_FALSE(ParseLookupResponse("[]").ok());
   EXPECT_FALSE(ParseLookupResponse(R"({"producers":7})").ok());
+}
+
+// Every document read from nsqd or nsqlookupd has its nesting bounded (common/json): the
+// report's nsqlookupd answer, 4 MB of 2 million nested arrays, is refused without being built,
+// and so is one just past the bound inside an otherwise valid answer.
+TEST(LookupTest, DeeplyNestedAnswersAreRefused) {
+  const std::string deep = std::string(2'000'000, '[') + std::string(2'000'000, ']');
+  for (const absl::StatusOr<std::vector<std::string>>& r :
+       {ParseLookupResponse(deep),
+        ParseLookupResponse(
+            absl::StrCat(R"({"producers":)", std::string(64, '['), std::string(64, ']'), "}"))}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "nested deeper than 64 levels"))
+        << r.status();
+  }
+  EXPECT_FALSE(ParseNodesResponse(deep).ok());
+  EXPECT_FALSE(ParseStatsResponse(deep).ok());
+  absl::StatusOr<IdentifyResponse> identify = ParseIdentifyResponse(deep);
+  EXPECT_TRUE(absl::StrContains(identify.status().message(), "nested deeper")) << identify.status();
 }
 
 TEST(WrapperTest, RoundTripsAndTreatsForeignBodiesAsPayload) {

@@ -9,6 +9,7 @@
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/core/tcp_stream.hpp"
 #include "boost/beast/http.hpp"
+#include "common/json/bounded_json.h"
 #include "nlohmann/json.hpp"
 
 namespace bus::rabbitmq {
@@ -82,14 +83,16 @@ absl::StatusOr<std::vector<ManagedQueue>> ManagementQueues(const RabbitMqOptions
   if (a->status != 200) {
     return absl::UnavailableError(absl::StrCat("RabbitMQ management API: HTTP ", a->status));
   }
-  nlohmann::json j = nlohmann::json::parse(a->body, nullptr, false);
-  if (!j.is_array()) return absl::InternalError("RabbitMQ management API: not a JSON array");
+  absl::StatusOr<nlohmann::json> j = ParseJsonBounded(a->body);
+  if (!j.ok() || !j->is_array()) {
+    return absl::InternalError("RabbitMQ management API: not a JSON array");
+  }
   auto count = [](const nlohmann::json& q, const char* key) -> int64_t {
     auto it = q.find(key);
     return it != q.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
   };
   std::vector<ManagedQueue> out;
-  for (const auto& q : j) {
+  for (const auto& q : *j) {
     auto it = q.find("name");
     if (it == q.end() || !it->is_string()) continue;
     out.push_back(ManagedQueue{it->get<std::string>(), count(q, "messages_ready"),

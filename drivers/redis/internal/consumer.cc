@@ -211,10 +211,13 @@ class RedisConsumer final : public Consumer {
       d.receipt = MakeReceipt(r.elements[i + 1].integer, id);
       d.data = r.elements[i + 2].str;
       if (const Reply& bad = r.elements[i + 3]; !bad.is_nil()) {
-        // The script reset the count to 1, so this delivery holds a valid lease.
-        d.corrupt = absl::StrCat("redis: attempts field of message \"", Printable(id),
-                                 "\" on queue ", queue_, " is not a number: \"",
-                                 absl::CHexEscape(bad.str), "\" (reset to 1)");
+        // The script reset the count to 1, so this delivery holds a valid lease; the Handler
+        // dead-letters the message (a foreign program wrote into the queue's keys: a person
+        // looks before it is handled), and a replay sends it anew with a count of its own.
+        d.corrupt =
+            absl::StrCat("redis: attempts field of message \"", Printable(id), "\" on queue ",
+                         queue_, " is not a number: \"", absl::CHexEscape(bad.str),
+                         "\"; the message was not handled (replay it to handle it)");
       }
       intake_.Hold(d.receipt);
       out->push_back(std::move(d));
