@@ -60,6 +60,7 @@ class KafkaDriver final : public Driver {
 
  private:
   absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("kafka: delay < 0");
     const std::string q(queue);
     if (absl::Status st = core_->EnsureTopic(core_->names().Queue(q)); !st.ok()) return st;
     if (core_->meta().DelayOf(q) == delay) return absl::OkStatus();
@@ -110,12 +111,14 @@ class KafkaDriver final : public Driver {
 
   absl::Status DoSendToQueue(absl::string_view queue, absl::string_view data,
                              absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("kafka: delay < 0");
     const std::string d(data);
     return core_->SendToQueue(std::string(queue), {&d, 1}, delay);
   }
 
   absl::Status DoSendBatchToQueue(absl::string_view queue, absl::Span<const std::string> data,
                                   absl::Duration delay) override {
+    if (delay < absl::ZeroDuration()) return absl::InvalidArgumentError("kafka: delay < 0");
     return core_->SendToQueue(std::string(queue), data, delay);
   }
 

@@ -18,20 +18,10 @@
 
 namespace bus::testing {
 
-// The binary's one Kafka node; nullptr (with a test failure) when it cannot start.
-inline KafkaServer* SharedKafka() {
-  static KafkaServer* server = [] {
-    absl::StatusOr<std::unique_ptr<KafkaServer>> s = KafkaServer::Start({});
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? s->release() : nullptr;
-  }();
-  return server;
-}
-
 class KafkaHarness final : public DriverHarness {
  public:
   std::shared_ptr<Driver> NewDriver() override {
-    KafkaServer* server = SharedKafka();
+    KafkaServer* server = SharedKafkaServer();
     if (server == nullptr) return nullptr;
     KafkaOptions options;
     options.brokers = {server->bootstrap()};

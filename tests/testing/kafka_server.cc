@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -35,6 +36,7 @@ std::vector<std::string> JavaArgs(const std::string& log4j) {
   return {"java",
           "-Xmx384m",
           "-XX:+UseSerialGC",
+          "-XX:TieredStopAtLevel=1",
           "-Djava.awt.headless=true",
           absl::StrCat("-Dlog4j2.configurationFile=", log4j),
           "-cp",
@@ -55,6 +57,15 @@ std::string ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+KafkaServer* SharedKafkaServer() {
+  static KafkaServer* server = [] {
+    absl::StatusOr<std::unique_ptr<KafkaServer>> s = KafkaServer::Start({});
+    if (!s.ok()) std::fprintf(stderr, "cannot start Kafka: %s\n", s.status().ToString().c_str());
+    return s.ok() ? s->release() : nullptr;
+  }();
+  return server;
+}
 
 std::string KafkaLibs() {
   const char* env = std::getenv("BUS_KAFKA_LIBS");
@@ -103,7 +114,7 @@ absl::StatusOr<std::unique_ptr<KafkaServer>> KafkaServer::Start(KafkaServerOptio
     if (absl::Status st = server->WriteFiles(i, cluster_id); !st.ok()) return st;
     const std::string props = server->nodes_[static_cast<size_t>(i)].dir + "/server.properties";
     absl::StatusOr<std::string> formatted = RunKafkaTool(
-        {"kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", props}, absl::Seconds(60));
+        {"kafka.tools.StorageTool", "format", "--cluster-id=" + cluster_id, "-c", props}, absl::Seconds(60));
     if (!formatted.ok()) return formatted.status();
   }
   for (int i = 0; i < options.nodes; ++i) {

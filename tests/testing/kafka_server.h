@@ -72,6 +72,10 @@ class KafkaServer {
   std::vector<Node> nodes_;
 };
 
+// The test binary's one Kafka node (one node, default options), started on first use and killed
+// when the binary exits; nullptr, with the reason on stderr, when it cannot start.
+KafkaServer* SharedKafkaServer();
+
 // The directory of the Kafka jars: $BUS_KAFKA_LIBS, else /usr/local/lib/bus-kafka/libs.
 std::string KafkaLibs();
 

@@ -1,8 +1,10 @@
 #include "drivers/kafka/internal/admin.h"
 
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "drivers/kafka/internal/client.h"
 
 namespace bus::kafka {
@@ -80,6 +82,30 @@ absl::Status Admin::CreateTopics(const std::vector<TopicSpec>& specs) {
   return absl::OkStatus();
 }
 
+absl::Status Admin::AwaitLeaders(const std::string& topic) {
+  const absl::Time deadline = absl::Now() + timeout_;
+  rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_, topic.c_str(), nullptr);
+  absl::Status result = absl::UnavailableError(
+      absl::StrCat("Kafka topic ", topic, " has no leader yet"));
+  while (absl::Now() < deadline) {
+    const rd_kafka_metadata_t* md = nullptr;
+    if (rd_kafka_metadata(rk_, 0, rkt, &md, TimeoutMs()) != RD_KAFKA_RESP_ERR_NO_ERROR) break;
+    bool ready = md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+                 md->topics[0].partition_cnt > 0;
+    for (int p = 0; ready && p < md->topics[0].partition_cnt; ++p) {
+      ready = md->topics[0].partitions[p].leader >= 0;
+    }
+    rd_kafka_metadata_destroy(md);
+    if (ready) {
+      result = absl::OkStatus();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  rd_kafka_topic_destroy(rkt);
+  return result;
+}
+
 absl::Status Admin::DeleteTopics(const std::vector<std::string>& names) {
   if (names.empty()) return absl::OkStatus();
   std::vector<rd_kafka_DeleteTopic_t*> topics;
@@ -102,6 +128,19 @@ absl::Status Admin::DeleteTopics(const std::vector<std::string>& names) {
 }
 
 absl::Status Admin::DeleteGroup(const std::string& group) {
+  return Retry([&] { return DeleteGroupOnce(group); });
+}
+
+absl::Status Admin::Retry(const std::function<absl::Status()>& fn) const {
+  const absl::Time deadline = absl::Now() + timeout_;
+  for (;;) {
+    absl::Status st = fn();
+    if (!absl::IsUnavailable(st) || absl::Now() >= deadline) return st;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::Status Admin::DeleteGroupOnce(const std::string& group) {
   rd_kafka_DeleteGroup_t* g = rd_kafka_DeleteGroup_new(group.c_str());
   Queue q(rd_kafka_queue_new(rk_));
   AdminOptions opts = NewOptions(rk_, RD_KAFKA_ADMIN_OP_DELETEGROUPS, TimeoutMs());
@@ -115,6 +154,9 @@ absl::Status Admin::DeleteGroup(const std::string& group) {
   for (size_t i = 0; i < n; ++i) {
     const rd_kafka_error_t* e = rd_kafka_group_result_error(results[i]);
     if (e == nullptr) continue;
+    if (rd_kafka_error_is_retriable(e)) {
+      return ErrorStatus(RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS, "delete Kafka group");
+    }
     const rd_kafka_resp_err_t code = rd_kafka_error_code(e);
     if (code == RD_KAFKA_RESP_ERR_GROUP_ID_NOT_FOUND || code == RD_KAFKA_RESP_ERR_NON_EMPTY_GROUP) {
       continue;
@@ -146,17 +188,36 @@ absl::StatusOr<std::map<std::string, int>> Admin::Topics(bool all, const std::st
 
 absl::Status Admin::Watermarks(const std::string& topic, int partition, int64_t* low,
                                int64_t* high) {
-  const rd_kafka_resp_err_t err =
-      rd_kafka_query_watermark_offsets(rk_, topic.c_str(), partition, low, high, TimeoutMs());
-  if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-    return ErrorStatus(err, absl::StrCat("watermarks of Kafka topic ", topic));
+  // A topic made a moment ago may have no leader yet: asked again until the timeout.
+  const absl::Time deadline = absl::Now() + timeout_;
+  for (;;) {
+    const rd_kafka_resp_err_t err =
+        rd_kafka_query_watermark_offsets(rk_, topic.c_str(), partition, low, high, TimeoutMs());
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return absl::OkStatus();
+    const bool transient = err == RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE ||
+                           err == RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION ||
+                           err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+    if (!transient || absl::Now() >= deadline) {
+      return ErrorStatus(err, absl::StrCat("watermarks of Kafka topic ", topic));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<Committed>> Admin::CommittedOffsets(const std::string& group,
                                                                const std::string& topic,
                                                                int partitions) {
+  absl::StatusOr<std::vector<Committed>> out;
+  Retry([&] {
+    out = CommittedOffsetsOnce(group, topic, partitions);
+    return out.status();
+  }).IgnoreError();
+  return out;
+}
+
+absl::StatusOr<std::vector<Committed>> Admin::CommittedOffsetsOnce(const std::string& group,
+                                                                   const std::string& topic,
+                                                                   int partitions) {
   PartitionList list(rd_kafka_topic_partition_list_new(partitions));
   for (int p = 0; p < partitions; ++p) rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), p);
   rd_kafka_ListConsumerGroupOffsets_t* req =
@@ -172,6 +233,9 @@ absl::StatusOr<std::vector<Committed>> Admin::CommittedOffsets(const std::string
       rd_kafka_event_ListConsumerGroupOffsets_result(ev->get()), &n);
   std::vector<Committed> out(static_cast<size_t>(partitions));
   for (size_t i = 0; i < n; ++i) {
+    if (const rd_kafka_error_t* e = rd_kafka_group_result_error(groups[i])) {
+      return ErrorStatus(rd_kafka_error_code(e), absl::StrCat("offsets of Kafka group ", group));
+    }
     const rd_kafka_topic_partition_list_t* parts = rd_kafka_group_result_partitions(groups[i]);
     for (int j = 0; parts != nullptr && j < parts->cnt; ++j) {
       const rd_kafka_topic_partition_t& tp = parts->elems[j];

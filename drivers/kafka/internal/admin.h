@@ -10,6 +10,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ class Admin {
   // Creates the topics that do not exist. A topic that exists with fewer partitions than
   // asked for is FailedPrecondition naming it.
   absl::Status CreateTopics(const std::vector<TopicSpec>& specs);
+  // Waits until every partition of `topic` has a leader in this client's view (a topic made a
+  // moment ago), so that the first send to it does not wait for metadata.
+  absl::Status AwaitLeaders(const std::string& topic);
   // Deletes the topics that exist.
   absl::Status DeleteTopics(const std::vector<std::string>& names);
   // Deletes a consumer group; a group that does not exist or has members is left (OK).
@@ -58,6 +62,12 @@ class Admin {
   absl::Status Ping(absl::Duration timeout);
 
  private:
+  // Calls fn again while it is Unavailable, until the timeout.
+  absl::Status Retry(const std::function<absl::Status()>& fn) const;
+  absl::Status DeleteGroupOnce(const std::string& group);
+  absl::StatusOr<std::vector<Committed>> CommittedOffsetsOnce(const std::string& group,
+                                                              const std::string& topic,
+                                                              int partitions);
   int TimeoutMs() const { return static_cast<int>(absl::ToInt64Milliseconds(timeout_)); }
 
   rd_kafka_t* rk_;

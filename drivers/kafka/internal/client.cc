@@ -125,6 +125,7 @@ absl::Status ErrorStatus(rd_kafka_resp_err_t err, absl::string_view what) {
     case RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION:
     case RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE:
     case RD_KAFKA_RESP_ERR_NOT_COORDINATOR:
+    case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
     case RD_KAFKA_RESP_ERR__QUEUE_FULL:
       return absl::UnavailableError(text);
     case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:

@@ -77,7 +77,11 @@ void Engine::Run() {
 void Engine::Resubscribe() {
   seen_version_ = core_->meta().version();
   std::vector<Binding> bindings = core_->meta().BindingsOf(queue_);
-  std::set<std::string> topics = {core_->names().Queue(queue_)};
+  // The set only grows while the engine runs: a bus topic whose last binding went stays read
+  // (its records then match nothing and are settled at once), which spares the group a
+  // rebalance per binding change.
+  std::set<std::string> topics(subscribed_.begin(), subscribed_.end());
+  topics.insert(core_->names().Queue(queue_));
   for (const std::string& d : core_->DelayTopics(queue_)) topics.insert(d);
   for (const Binding& b : bindings) topics.insert(core_->names().Topic(b.topic));
   {

@@ -9,6 +9,28 @@
 
 namespace bus::kafka {
 
+Inspector::Inspector(std::shared_ptr<Core> core) : core_(std::move(core)) {
+  // Connected now, so that the first inspection does not wait for it.
+  absl::MutexLock lock(&mu_);
+  StartReader().IgnoreError();
+}
+
+absl::Status Inspector::StartReader() {
+  absl::StatusOr<Conf> conf = NewConf(core_->options(), {{"group.id", core_->names().Reader()},
+                                                         {"enable.auto.commit", "false"},
+                                                         {"fetch.wait.max.ms", "10"},
+                                                         {"fetch.error.backoff.ms", "10"}});
+  if (!conf.ok()) return conf.status();
+  absl::StatusOr<Handle> rk = NewClient(std::move(*conf), RD_KAFKA_CONSUMER);
+  if (!rk.ok()) return rk.status();
+  reader_ = std::move(*rk);
+  const rd_kafka_metadata_t* md = nullptr;
+  if (rd_kafka_metadata(reader_.get(), 0, nullptr, &md, 1000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    rd_kafka_metadata_destroy(md);
+  }
+  return absl::OkStatus();
+}
+
 Inspector::~Inspector() {
   absl::MutexLock lock(&mu_);
   if (reader_ != nullptr) rd_kafka_consumer_close(reader_.get());
@@ -58,11 +80,7 @@ absl::Status Inspector::Scan(const Range& range,
   if (range.from >= range.to) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (reader_ == nullptr) {
-    absl::StatusOr<Conf> conf = NewConf(core_->options(), {{"enable.auto.commit", "false"}});
-    if (!conf.ok()) return conf.status();
-    absl::StatusOr<Handle> rk = NewClient(std::move(*conf), RD_KAFKA_CONSUMER);
-    if (!rk.ok()) return rk.status();
-    reader_ = std::move(*rk);
+    if (absl::Status st = StartReader(); !st.ok()) return st;
   }
   PartitionList list(rd_kafka_topic_partition_list_new(1));
   rd_kafka_topic_partition_list_add(list.get(), range.topic.c_str(), range.partition)->offset =

@@ -27,7 +27,7 @@ namespace bus::kafka {
 
 class Inspector {
  public:
-  explicit Inspector(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  explicit Inspector(std::shared_ptr<Core> core);
   ~Inspector();
 
   absl::StatusOr<std::vector<std::string>> ListQueues();
@@ -51,6 +51,8 @@ class Inspector {
   // Calls fn on each record of [from, to) until it returns false.
   absl::Status Scan(const Range& range,
                     const std::function<bool(const rd_kafka_message_t*)>& fn);
+
+  absl::Status StartReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<Core> core_;
   absl::Mutex mu_;

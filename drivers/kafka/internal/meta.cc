@@ -125,7 +125,8 @@ void MetaStore::ReadLoop() {
   Handle rk;
   while (!stop_.load()) {
     if (rk == nullptr) {
-      absl::StatusOr<Conf> conf = NewConf(options_, {{"enable.auto.commit", "false"}});
+      absl::StatusOr<Conf> conf = NewConf(options_, {{"group.id", names_.Reader()},
+                                                     {"enable.auto.commit", "false"}});
       absl::StatusOr<Handle> made =
           conf.ok() && EnsureTopic().ok() ? NewClient(std::move(*conf), RD_KAFKA_CONSUMER)
                                           : absl::StatusOr<Handle>(absl::UnavailableError(""));

@@ -32,6 +32,9 @@ class Names {
     return absl::StrCat(prefix_, "-d", absl::ToInt64Milliseconds(step), ".", queue);
   }
   std::string Meta() const { return absl::StrCat(prefix_, "-meta"); }
+  // The group.id of readers that only assign partitions (they never join it nor commit):
+  // librdkafka's consumer poll needs one.
+  std::string Reader() const { return absl::StrCat(prefix_, "-reader"); }
 
   // The queue whose topic `kafka_topic` is, if it is one.
   std::optional<std::string> QueueOf(absl::string_view kafka_topic) const {

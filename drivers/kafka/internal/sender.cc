@@ -29,6 +29,7 @@ absl::Status Core::EnsureTopic(const std::string& kafka_topic) {
     st = admin_.CreateTopics({TopicSpec{.name = kafka_topic,
                                         .partitions = options_.topics.partitions,
                                         .replication_factor = options_.topics.replication_factor}});
+    if (st.ok()) st = admin_.AwaitLeaders(kafka_topic);
   } else {
     st = admin_.Topics(false, kafka_topic).status();
     if (absl::IsNotFound(st)) {
@@ -63,6 +64,8 @@ absl::Status Core::SendToQueue(const std::string& queue, absl::Span<const std::s
   if (absl::Status st = EnsureTopic(topic); !st.ok()) return st;
   const absl::Duration total = meta_->DelayOf(queue) + delay;
   if (total > absl::ZeroDuration()) {
+    const std::string step = names_.Delay(queue, StepFor(total));
+    if (absl::Status st = EnsureTopic(step); !st.ok()) return st;
     const absl::Time due = options_.clock->Now() + total;
     for (const std::string& d : data) {
       if (absl::Status st = SendDelayed(queue, "", d, attempts, due); !st.ok()) return st;
