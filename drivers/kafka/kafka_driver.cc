@@ -11,6 +11,7 @@
 #include "bus/logger.h"
 #include "drivers/kafka/internal/engine.h"
 #include "drivers/kafka/internal/inspect.h"
+#include "drivers/kafka/internal/record_key.h"
 #include "drivers/kafka/internal/sender.h"
 
 namespace bus {
@@ -46,17 +47,14 @@ class KafkaConsumer final : public Consumer {
 
 class KafkaDriver final : public Driver {
  public:
-  explicit KafkaDriver(std::shared_ptr<Core> core)
-      : core_(std::move(core)), inspector_(core_) {}
+  explicit KafkaDriver(std::shared_ptr<Core> core) : core_(std::move(core)), inspector_(core_) {}
 
   absl::string_view name() const override { return "kafka"; }
   std::shared_ptr<Clock> clock() const override { return core_->options().clock; }
 
   absl::Status Ping(absl::Duration timeout) override { return core_->admin().Ping(timeout); }
 
-  absl::StatusOr<std::vector<std::string>> ListQueues() override {
-    return inspector_.ListQueues();
-  }
+  absl::StatusOr<std::vector<std::string>> ListQueues() override { return inspector_.ListQueues(); }
 
  private:
   absl::Status DoCreateQueue(absl::string_view queue, absl::Duration delay) override {
@@ -127,13 +125,16 @@ class KafkaDriver final : public Driver {
     if (absl::Status st = core_->CheckSize(data.size()); !st.ok()) return st;
     const std::string kafka_topic = core_->names().Topic(topic);
     if (absl::Status st = core_->EnsureTopic(kafka_topic); !st.ok()) return st;
-    kafka::OutRecord r{
-        .topic = kafka_topic, .value = data, .topic_send = true, .route_key = route_key};
+    kafka::OutRecord r{.topic = kafka_topic,
+                       .key = kafka::RecordKey(data),
+                       .value = data,
+                       .topic_send = true,
+                       .route_key = route_key};
     return core_->producer().Send({&r, 1});
   }
 
-  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(
-      absl::string_view queue, const ConsumerOptions& options) override {
+  absl::StatusOr<std::unique_ptr<Consumer>> DoNewConsumer(absl::string_view queue,
+                                                          const ConsumerOptions& options) override {
     const std::string q(queue);
     if (absl::Status st = core_->EnsureTopic(core_->names().Queue(q)); !st.ok()) return st;
     absl::StatusOr<std::shared_ptr<Engine>> engine = EngineOf(q, /*start=*/true);
@@ -185,8 +186,9 @@ absl::StatusOr<std::shared_ptr<Driver>> NewKafkaDriver(KafkaOptions options) {
                 .time = options.clock->Now(),
                 .component = "kafka",
                 .event = "weak_acks",
-                .text = "KafkaOptions.producer.acks is not \"all\": a send acknowledged by one "
-                        "broker can be lost when that broker fails"};
+                .text =
+                    "KafkaOptions.producer.acks is not \"all\": a send acknowledged by one "
+                    "broker can be lost when that broker fails"};
     options.logger->Write(r);
   }
   absl::StatusOr<std::shared_ptr<Core>> core = Core::Start(options);

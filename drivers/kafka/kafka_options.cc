@@ -102,8 +102,7 @@ std::string ToString(const KafkaOptions& o) {
                     " password=", o.sasl.password.empty() ? "" : "<redacted>");
   }
   absl::StrAppend(&out, " partitions=", o.topics.partitions,
-                  " replication_factor=", o.topics.replication_factor,
-                  " acks=", o.producer.acks);
+                  " replication_factor=", o.topics.replication_factor, " acks=", o.producer.acks);
   return out;
 }
 

@@ -91,8 +91,8 @@ struct KafkaOptions {
   // fixed delays, "<prefix>-d<ms>.<queue>", each read in order; a delay is made of steps down
   // the ladder. Default 1 s, 10 s, 1 min, 10 min, 1 h; strictly increasing, each >= 10 ms, at
   // most 16 steps.
-  std::vector<absl::Duration> delay_ladder = {absl::Seconds(1), absl::Seconds(10),
-                                              absl::Minutes(1), absl::Minutes(10), absl::Hours(1)};
+  std::vector<absl::Duration> delay_ladder = {absl::Seconds(1), absl::Seconds(10), absl::Minutes(1),
+                                              absl::Minutes(10), absl::Hours(1)};
 
   // connect: socket.connection.setup.timeout.ms; request: every admin request and every send
   // (message.timeout.ms: a send not acknowledged in this time is Unavailable). Defaults 5 s and

@@ -2,7 +2,9 @@
 
 #include "drivers/kafka/kafka_options.h"
 
+#include "bus/envelope.h"
 #include "drivers/kafka/internal/offsets.h"
+#include "drivers/kafka/internal/record_key.h"
 #include "gtest/gtest.h"
 
 namespace bus {
@@ -71,6 +73,19 @@ TEST(PartitionOffsetsTest, StatesOfACommitAreRead) {
   EXPECT_EQ(kafka::StateAt(".sh", 10, 12), kafka::PartitionOffsets::kHeld);
   EXPECT_EQ(kafka::StateAt(".sh", 10, 13), kafka::PartitionOffsets::kWaiting);
   EXPECT_EQ(kafka::StateAt("", -1, 0), kafka::PartitionOffsets::kWaiting);
+}
+
+TEST(RecordKeyTest, IsTheBizUidElseTheIdElseNone) {
+  Message m;
+  m.id = "0123456789abcdef0123456789abcdef";
+  m.biz_uid = "order-42";
+  m.payload = "x";
+  EXPECT_EQ(kafka::RecordKey(EncodeEnvelope(m)), "order-42");
+  m.biz_uid.clear();
+  EXPECT_EQ(kafka::RecordKey(EncodeEnvelope(m)), m.id);
+  EXPECT_EQ(kafka::RecordKey("not an envelope"), "");
+  const std::string wire = EncodeEnvelope(m);
+  EXPECT_EQ(kafka::RecordKey(wire.substr(0, 10)), "");  // truncated
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ absl::StatusOr<std::string> RunKafkaTool(const std::vector<std::string>& args,
   absl::StatusOr<int> status = (*child)->Wait(timeout);
   std::string out = ReadFile(out_path);
   RemoveTree(dir);
-  if (!status.ok()) return absl::DeadlineExceededError(absl::StrCat(args[0], " ran too long: ", out));
+  if (!status.ok())
+    return absl::DeadlineExceededError(absl::StrCat(args[0], " ran too long: ", out));
   if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
     return absl::InternalError(absl::StrCat(args[0], " failed: ", out));
   }
@@ -102,7 +103,7 @@ absl::StatusOr<std::unique_ptr<KafkaServer>> KafkaServer::Start(KafkaServerOptio
     absl::StatusOr<int> controller = PickFreePort();
     if (!port.ok()) return port.status();
     if (!controller.ok()) return controller.status();
-    n.port = *port;
+    n.port = options.port > 0 && options.nodes == 1 ? options.port : *port;
     n.controller_port = *controller;
     n.dir = absl::StrCat(server->dir_, "/node", i);
     if (mkdir(n.dir.c_str(), 0700) != 0) {
@@ -114,7 +115,8 @@ absl::StatusOr<std::unique_ptr<KafkaServer>> KafkaServer::Start(KafkaServerOptio
     if (absl::Status st = server->WriteFiles(i, cluster_id); !st.ok()) return st;
     const std::string props = server->nodes_[static_cast<size_t>(i)].dir + "/server.properties";
     absl::StatusOr<std::string> formatted = RunKafkaTool(
-        {"kafka.tools.StorageTool", "format", "--cluster-id=" + cluster_id, "-c", props}, absl::Seconds(60));
+        {"kafka.tools.StorageTool", "format", "--cluster-id=" + cluster_id, "-c", props},
+        absl::Seconds(60));
     if (!formatted.ok()) return formatted.status();
   }
   for (int i = 0; i < options.nodes; ++i) {
@@ -127,8 +129,8 @@ absl::Status KafkaServer::WriteFiles(int i, const std::string& cluster_id) const
   const Node& n = nodes_[static_cast<size_t>(i)];
   std::vector<std::string> voters;
   for (size_t j = 0; j < nodes_.size(); ++j) {
-    voters.push_back(absl::StrCat(node_id(static_cast<int>(j)), "@127.0.0.1:",
-                                  nodes_[j].controller_port));
+    voters.push_back(
+        absl::StrCat(node_id(static_cast<int>(j)), "@127.0.0.1:", nodes_[j].controller_port));
   }
   const int replicas = std::min(options_.nodes, 3);
   const int min_isr = std::max(1, replicas - 1);
@@ -140,11 +142,11 @@ absl::Status KafkaServer::WriteFiles(int i, const std::string& cluster_id) const
       "\n", "advertised.listeners=PLAINTEXT://127.0.0.1:", n.port, "\n",
       "controller.listener.names=CONTROLLER\n",
       "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n",
-      "inter.broker.listener.name=PLAINTEXT\n", "log.dirs=", n.dir, "/data\n",
-      "num.partitions=1\n", "default.replication.factor=", replicas, "\n",
-      "min.insync.replicas=", min_isr, "\n", "offsets.topic.replication.factor=", replicas, "\n",
-      "offsets.topic.num.partitions=1\n", "transaction.state.log.replication.factor=", replicas,
-      "\n", "transaction.state.log.min.isr=", min_isr, "\n",
+      "inter.broker.listener.name=PLAINTEXT\n", "log.dirs=", n.dir, "/data\n", "num.partitions=1\n",
+      "default.replication.factor=", replicas, "\n", "min.insync.replicas=", min_isr, "\n",
+      "offsets.topic.replication.factor=", replicas, "\n", "offsets.topic.num.partitions=1\n",
+      "transaction.state.log.replication.factor=", replicas, "\n",
+      "transaction.state.log.min.isr=", min_isr, "\n",
       "share.coordinator.state.topic.replication.factor=", replicas, "\n",
       "share.coordinator.state.topic.min.isr=", min_isr, "\n",
       "group.initial.rebalance.delay.ms=0\n", "auto.create.topics.enable=false\n",
@@ -165,8 +167,8 @@ absl::Status KafkaServer::Launch(int i) {
   if (!child.ok()) return child.status();
   n.process = std::move(*child);
   if (absl::Status st = WaitForPort(n.port, absl::Seconds(90)); !st.ok()) {
-    return absl::UnavailableError(absl::StrCat("Kafka node ", node_id(i), " did not start: ",
-                                               ReadFile(n.dir + "/kafka.log")));
+    return absl::UnavailableError(absl::StrCat("Kafka node ", node_id(i),
+                                               " did not start: ", ReadFile(n.dir + "/kafka.log")));
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,8 @@ struct KafkaServerOptions {
   // Nodes of the cluster (each a broker and a controller voter). Topics made by the broker
   // default to min(nodes, 3) replicas and min.insync.replicas of replicas - 1 (at least 1).
   int nodes = 1;
+  // The client port of a one-node cluster; 0: a free one.
+  int port = 0;
   // More server.properties lines ("name=value").
   std::vector<std::string> properties{};
 };

@@ -42,10 +42,9 @@ absl::Status Admin::CreateTopics(const std::vector<TopicSpec>& specs) {
   std::vector<rd_kafka_NewTopic_t*> topics;
   char err[512];
   for (const TopicSpec& s : specs) {
-    rd_kafka_NewTopic_t* t =
-        rd_kafka_NewTopic_new(s.name.c_str(), s.partitions > 0 ? s.partitions : -1,
-                              s.replication_factor > 0 ? s.replication_factor : -1, err,
-                              sizeof(err));
+    rd_kafka_NewTopic_t* t = rd_kafka_NewTopic_new(
+        s.name.c_str(), s.partitions > 0 ? s.partitions : -1,
+        s.replication_factor > 0 ? s.replication_factor : -1, err, sizeof(err));
     if (t == nullptr) {
       rd_kafka_NewTopic_destroy_array(topics.data(), topics.size());
       return absl::InvalidArgumentError(absl::StrCat("Kafka topic ", s.name, ": ", err));
@@ -85,8 +84,8 @@ absl::Status Admin::CreateTopics(const std::vector<TopicSpec>& specs) {
 absl::Status Admin::AwaitLeaders(const std::string& topic) {
   const absl::Time deadline = absl::Now() + timeout_;
   rd_kafka_topic_t* rkt = rd_kafka_topic_new(rk_, topic.c_str(), nullptr);
-  absl::Status result = absl::UnavailableError(
-      absl::StrCat("Kafka topic ", topic, " has no leader yet"));
+  absl::Status result =
+      absl::UnavailableError(absl::StrCat("Kafka topic ", topic, " has no leader yet"));
   while (absl::Now() < deadline) {
     const rd_kafka_metadata_t* md = nullptr;
     if (rd_kafka_metadata(rk_, 0, rkt, &md, TimeoutMs()) != RD_KAFKA_RESP_ERR_NO_ERROR) break;
@@ -122,7 +121,8 @@ absl::Status Admin::DeleteTopics(const std::vector<std::string>& names) {
   for (size_t i = 0; i < n; ++i) {
     const rd_kafka_resp_err_t e = rd_kafka_topic_result_error(results[i]);
     if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) continue;
-    return ErrorStatus(e, absl::StrCat("delete Kafka topic ", rd_kafka_topic_result_name(results[i])));
+    return ErrorStatus(e,
+                       absl::StrCat("delete Kafka topic ", rd_kafka_topic_result_name(results[i])));
   }
   return absl::OkStatus();
 }
@@ -219,7 +219,8 @@ absl::StatusOr<std::vector<Committed>> Admin::CommittedOffsetsOnce(const std::st
                                                                    const std::string& topic,
                                                                    int partitions) {
   PartitionList list(rd_kafka_topic_partition_list_new(partitions));
-  for (int p = 0; p < partitions; ++p) rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), p);
+  for (int p = 0; p < partitions; ++p)
+    rd_kafka_topic_partition_list_add(list.get(), topic.c_str(), p);
   rd_kafka_ListConsumerGroupOffsets_t* req =
       rd_kafka_ListConsumerGroupOffsets_new(group.c_str(), list.get());
   Queue q(rd_kafka_queue_new(rk_));
@@ -252,8 +253,8 @@ absl::StatusOr<std::vector<Committed>> Admin::CommittedOffsetsOnce(const std::st
 
 absl::Status Admin::Ping(absl::Duration timeout) {
   const rd_kafka_metadata_t* md = nullptr;
-  const rd_kafka_resp_err_t err = rd_kafka_metadata(
-      rk_, 0, nullptr, &md, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  const rd_kafka_resp_err_t err =
+      rd_kafka_metadata(rk_, 0, nullptr, &md, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) return ErrorStatus(err, "Kafka metadata request");
   rd_kafka_metadata_destroy(md);
   return absl::OkStatus();

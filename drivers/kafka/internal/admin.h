@@ -56,8 +56,7 @@ class Admin {
   absl::Status Watermarks(const std::string& topic, int partition, int64_t* low, int64_t* high);
   // The group's commits for partitions 0..partitions-1 of `topic`.
   absl::StatusOr<std::vector<Committed>> CommittedOffsets(const std::string& group,
-                                                          const std::string& topic,
-                                                          int partitions);
+                                                          const std::string& topic, int partitions);
   // A metadata round trip (Ping).
   absl::Status Ping(absl::Duration timeout);
 

@@ -109,8 +109,7 @@ class Producer {
   rd_kafka_t* handle() const { return rk_.get(); }
 
  private:
-  explicit Producer(Handle rk, absl::Duration timeout)
-      : rk_(std::move(rk)), timeout_(timeout) {}
+  explicit Producer(Handle rk, absl::Duration timeout) : rk_(std::move(rk)), timeout_(timeout) {}
   void PollLoop();
 
   Handle rk_;

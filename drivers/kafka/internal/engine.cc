@@ -32,14 +32,13 @@ absl::StatusOr<std::shared_ptr<Engine>> Engine::Start(std::shared_ptr<Core> core
                                                       std::string queue) {
   std::shared_ptr<Engine> e(new Engine(std::move(core), std::move(queue)));
   const KafkaOptions& o = e->core_->options();
-  absl::StatusOr<Conf> conf =
-      NewConf(o, {{"group.id", e->core_->names().Group(e->queue_)},
-                  {"partition.assignment.strategy", "cooperative-sticky"},
-                  {"enable.auto.commit", "false"},
-                  {"enable.auto.offset.store", "false"},
-                  {"auto.offset.reset", "earliest"},
-                  {"topic.metadata.refresh.interval.ms", "1000"},
-                  {"queued.min.messages", "10000"}});
+  absl::StatusOr<Conf> conf = NewConf(o, {{"group.id", e->core_->names().Group(e->queue_)},
+                                          {"partition.assignment.strategy", "cooperative-sticky"},
+                                          {"enable.auto.commit", "false"},
+                                          {"enable.auto.offset.store", "false"},
+                                          {"auto.offset.reset", "earliest"},
+                                          {"topic.metadata.refresh.interval.ms", "1000"},
+                                          {"queued.min.messages", "10000"}});
   if (!conf.ok()) return conf.status();
   rd_kafka_conf_set_rebalance_cb(conf->get(), &Engine::OnRebalance);
   rd_kafka_conf_set_opaque(conf->get(), e.get());
@@ -206,6 +205,9 @@ Engine::Entry Engine::MakeEntry(const rd_kafka_message_t* m, const Part& part) c
 }
 
 void Engine::OnMessage(const rd_kafka_message_t* m) {
+  // A binding changed while this record was fetched: match it against the bindings of now (a
+  // record sent after Unsubscribe returned must not match the removed binding).
+  if (core_->meta().version() != seen_version_) Resubscribe();
   const PartKey key{rd_kafka_topic_name(m->rkt), m->partition};
   std::string route_key;
   const bool has_route = FindHeader(m, kRouteKeyHeader, &route_key);
@@ -455,7 +457,8 @@ absl::Status Engine::Nack(int member, absl::string_view receipt, absl::Duration 
     }
   }
   const absl::Time due = core_->options().clock->Now() + delay;
-  absl::Status st = core_->SendDelayed(queue_, h->entry.key, h->entry.value, h->entry.attempts, due);
+  absl::Status st =
+      core_->SendDelayed(queue_, h->entry.key, h->entry.value, h->entry.attempts, due);
   absl::MutexLock lock(&mu_);
   if (st.ok()) {
     SetState(h->entry, PartitionOffsets::kSettled);

@@ -133,9 +133,9 @@ class Engine {
   Handle rk_;
   std::atomic<bool> stop_{false};
   std::thread poller_;
-  std::vector<std::string> subscribed_;  // poll thread only
-  uint64_t seen_version_ = ~uint64_t{0};  // poll thread only
-  absl::Time last_commit_ = absl::InfinitePast();    // poll thread only
+  std::vector<std::string> subscribed_;                 // poll thread only
+  uint64_t seen_version_ = ~uint64_t{0};                // poll thread only
+  absl::Time last_commit_ = absl::InfinitePast();       // poll thread only
   absl::Time last_full_commit_ = absl::InfinitePast();  // poll thread only
 
   mutable absl::Mutex mu_;

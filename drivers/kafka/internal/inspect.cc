@@ -90,9 +90,8 @@ absl::Status Inspector::Scan(const Range& range,
   absl::Status result = absl::UnavailableError("reading Kafka topic " + range.topic + " timed out");
   while (absl::Now() < deadline) {
     Message m(rd_kafka_consumer_poll(reader_.get(), 100));
-    if (m == nullptr || m->err != RD_KAFKA_RESP_ERR_NO_ERROR ||
-        m->partition != range.partition || range.topic != rd_kafka_topic_name(m->rkt) ||
-        m->offset < range.from) {
+    if (m == nullptr || m->err != RD_KAFKA_RESP_ERR_NO_ERROR || m->partition != range.partition ||
+        range.topic != rd_kafka_topic_name(m->rkt) || m->offset < range.from) {
       continue;
     }
     if (m->offset >= range.to || !fn(m.get()) || m->offset + 1 >= range.to) {
@@ -183,9 +182,8 @@ absl::StatusOr<std::optional<std::string>> Inspector::Peek(const std::string& qu
   for (const Range& r : *ranges) {
     absl::Status st = Scan(r, [&](const rd_kafka_message_t* m) {
       if (StateAt(r.states, r.from, m->offset) != PartitionOffsets::kWaiting) return true;
-      found = m->payload == nullptr
-                  ? std::string()
-                  : std::string(static_cast<const char*>(m->payload), m->len);
+      found = m->payload == nullptr ? std::string()
+                                    : std::string(static_cast<const char*>(m->payload), m->len);
       return false;
     });
     if (!st.ok()) return st;

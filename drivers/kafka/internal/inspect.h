@@ -49,8 +49,7 @@ class Inspector {
   absl::StatusOr<std::vector<Range>> Ranges(const std::string& topic, const std::string& group,
                                             Engine* engine);
   // Calls fn on each record of [from, to) until it returns false.
-  absl::Status Scan(const Range& range,
-                    const std::function<bool(const rd_kafka_message_t*)>& fn);
+  absl::Status Scan(const Range& range, const std::function<bool(const rd_kafka_message_t*)>& fn);
 
   absl::Status StartReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -16,8 +16,7 @@ namespace {
 
 constexpr char kSep = '\x1f';
 
-std::string BindingKey(const std::string& topic, const std::string& queue,
-                       const std::string& key) {
+std::string BindingKey(const std::string& topic, const std::string& queue, const std::string& key) {
   return absl::StrCat("b", std::string(1, kSep), topic, std::string(1, kSep), queue,
                       std::string(1, kSep), key);
 }
@@ -72,11 +71,11 @@ absl::Status MetaStore::EnsureTopic() {
     absl::MutexLock lock(&mu_);
     if (topic_made_) return absl::OkStatus();
   }
-  absl::Status st = admin_->CreateTopics({TopicSpec{.name = names_.Meta(),
-                                                    .partitions = 1,
-                                                    .replication_factor =
-                                                        options_.topics.replication_factor,
-                                                    .compacted = true}});
+  absl::Status st =
+      admin_->CreateTopics({TopicSpec{.name = names_.Meta(),
+                                      .partitions = 1,
+                                      .replication_factor = options_.topics.replication_factor,
+                                      .compacted = true}});
   if (!st.ok()) return st;
   absl::MutexLock lock(&mu_);
   topic_made_ = true;
@@ -125,11 +124,11 @@ void MetaStore::ReadLoop() {
   Handle rk;
   while (!stop_.load()) {
     if (rk == nullptr) {
-      absl::StatusOr<Conf> conf = NewConf(options_, {{"group.id", names_.Reader()},
-                                                     {"enable.auto.commit", "false"}});
-      absl::StatusOr<Handle> made =
-          conf.ok() && EnsureTopic().ok() ? NewClient(std::move(*conf), RD_KAFKA_CONSUMER)
-                                          : absl::StatusOr<Handle>(absl::UnavailableError(""));
+      absl::StatusOr<Conf> conf =
+          NewConf(options_, {{"group.id", names_.Reader()}, {"enable.auto.commit", "false"}});
+      absl::StatusOr<Handle> made = conf.ok() && EnsureTopic().ok()
+                                        ? NewClient(std::move(*conf), RD_KAFKA_CONSUMER)
+                                        : absl::StatusOr<Handle>(absl::UnavailableError(""));
       if (made.ok()) {
         PartitionList list(rd_kafka_topic_partition_list_new(1));
         rd_kafka_topic_partition_list_add(list.get(), names_.Meta().c_str(), 0)->offset =

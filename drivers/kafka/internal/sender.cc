@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "drivers/kafka/internal/record_key.h"
 
 namespace bus::kafka {
 
@@ -50,9 +51,10 @@ void Core::Forget(const std::vector<std::string>& kafka_topics) {
 
 absl::Status Core::CheckSize(size_t size) const {
   if (size <= options_.producer.max_message_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("a message of ", size, " bytes is larger than KafkaOptions.producer."
-                   "max_message_bytes (", options_.producer.max_message_bytes, ")"));
+  return absl::InvalidArgumentError(absl::StrCat("a message of ", size,
+                                                 " bytes is larger than KafkaOptions.producer."
+                                                 "max_message_bytes (",
+                                                 options_.producer.max_message_bytes, ")"));
 }
 
 absl::Status Core::SendToQueue(const std::string& queue, absl::Span<const std::string> data,
@@ -68,14 +70,17 @@ absl::Status Core::SendToQueue(const std::string& queue, absl::Span<const std::s
     if (absl::Status st = EnsureTopic(step); !st.ok()) return st;
     const absl::Time due = options_.clock->Now() + total;
     for (const std::string& d : data) {
-      if (absl::Status st = SendDelayed(queue, "", d, attempts, due); !st.ok()) return st;
+      if (absl::Status st = SendDelayed(queue, RecordKey(d), d, attempts, due); !st.ok()) {
+        return st;
+      }
     }
     return absl::OkStatus();
   }
   std::vector<OutRecord> records;
   records.reserve(data.size());
   for (const std::string& d : data) {
-    records.push_back(OutRecord{.topic = topic, .value = d, .attempts = attempts});
+    records.push_back(
+        OutRecord{.topic = topic, .key = RecordKey(d), .value = d, .attempts = attempts});
   }
   return producer_->Send(records);
 }

@@ -51,8 +51,8 @@ class Core {
                            absl::Duration delay, int attempts = 0);
   // Sends one record (key, value) to the delay step of `queue` that suits `due`, to reach the
   // queue's topic at `due`.
-  absl::Status SendDelayed(const std::string& queue, absl::string_view key,
-                           absl::string_view value, int attempts, absl::Time due);
+  absl::Status SendDelayed(const std::string& queue, absl::string_view key, absl::string_view value,
+                           int attempts, absl::Time due);
   // The step of the ladder a delay of `remaining` waits in: the longest one not above it, else
   // the shortest.
   absl::Duration StepFor(absl::Duration remaining) const;
