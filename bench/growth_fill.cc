@@ -17,7 +17,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "bench/redis_server_stats.h"
-#include "storage/sqlite/db/dead_letter_sql.h"
+#include "common/sqlite/internal/dead_letter_sql.h"
 
 namespace bus::growth {
 namespace {

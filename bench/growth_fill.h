@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bus/stores.h"
-#include "drivers/redis/client/client.h"
+#include "common/redis/internal/client.h"
 
 namespace bus::growth {
 
@@ -32,12 +32,12 @@ int64_t RssBytes();
 int64_t SqliteFileBytes(const std::string& path);
 
 // Inserts keys [from, from + n) of `series` into idempotency_keys of the SQLite file at `path`
-// as done markers kept 24 h (the table of storage/sqlite/db/schema.h, as MarkDone leaves them),
-// in one transaction, and checkpoints the WAL into the file.
+// as done markers kept 24 h (the table of common/sqlite/internal/schema.h, as MarkDone leaves
+// them), in one transaction, and checkpoints the WAL into the file.
 absl::Status FillSqliteKeys(const std::string& path, uint64_t series, uint64_t from, uint64_t n);
 
 // Stores letters [0, n) of `queue` into dead_letters of the SQLite file at `path` with the dead
-// letter store's own statement (storage/sqlite/db/dead_letter_sql.h), in one transaction.
+// letter store's own statement (common/sqlite/internal/dead_letter_sql.h), in one transaction.
 absl::Status FillSqliteLetters(const std::string& path, const std::string& queue, uint64_t n,
                                int payload);
 

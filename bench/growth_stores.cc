@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "bench/growth_compare.h"
 #include "bench/growth_fill.h"
-#include "drivers/redis/client/client.h"
+#include "common/redis/internal/client.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/redis/redis_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"

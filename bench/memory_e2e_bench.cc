@@ -44,13 +44,13 @@
 #include "bus/logger.h"
 #include "bus/metrics.h"
 #include "bus/publisher.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "observability/otlp/exporter.h"
 #include "storage/memory/memory_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 
 ABSL_FLAG(int, messages, 1000000, "messages per run");
 ABSL_FLAG(std::string, concurrency, "1,2", "comma-separated concurrency levels");

@@ -40,10 +40,10 @@
 #include "absl/time/clock.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
+#include "common/postgres/postgres_database.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "idempotency/postgres/idempotency_store.h"
 #include "postgresql/libpq-fe.h"
-#include "storage/postgres/db/postgres_db.h"
 #include "tests/testing/postgres_server.h"
 
 ABSL_FLAG(std::string, postgres_url, "",

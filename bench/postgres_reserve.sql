@@ -1,4 +1,4 @@
--- pgbench's script of the PostgreSQL driver's reserve (drivers/postgres/queue_sql.h: kReserveSql
+-- pgbench's script of the PostgreSQL driver's reserve (drivers/postgres/internal/queue_sql.h: kReserveSql
 -- and kNextDueSql, in one round trip as the consumer sends them), on the queue `pgbench` of the
 -- schema `pgbench_reserve` that `postgres_bench --mode=fill` filled. The lease is 0 µs, so the
 -- leased rows are due again at once, behind the others: the queue never drains, and every

@@ -3,7 +3,7 @@
 //
 //   auto metrics = std::make_shared<bus::MetricsRegistry>();
 //   options.observability.metrics = metrics;      // a Handler adds its metrics (HandlerOptions)
-//   bus::AddSqliteMetrics(*metrics, db, "main");  // storage/sqlite/sqlite_metrics.h
+//   bus::AddSqliteMetrics(*metrics, db, "main");  // common/sqlite/sqlite_metrics.h
 //   absl::StatusOr<std::shared_ptr<bus::Counter>> orders =
 //       metrics->NewCounter("shop_orders_total", "Orders taken.", {{"region", "eu"}});
 //   (*orders)->Add(1);

@@ -48,13 +48,14 @@ step() {
 }
 
 # 1. The same sources as Bazel: every source file in srcs/hdrs of the non-test cc_library
-# targets in the library packages, of the users' test harness and simulator (//bus/testing,
-# //bus/testing:simulation) and of busctl, against the list CMake writes at configure time.
+# targets in the library packages, of the users' test harness and simulator (//testing,
+# //testing:simulation) and of busctl, against the list CMake writes at configure time.
 compare_with_bazel() {
-  local pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //transactional/...'
+  local pkgs='//bus/... + //common/... + //drivers/... + //storage/... + //idempotency/...'
+  pkgs+=' + //transactional/...'
   pkgs+=' + //url/... + //admin/... + //observability/...'
-  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //bus/testing"
-  libs+=" + //bus/testing:simulation + //busctl"
+  local libs="attr(testonly, 0, kind(cc_library, $pkgs)) + //testing"
+  libs+=" + //testing:simulation + //busctl"
   bazel query "kind('source file', labels(srcs, $libs) + labels(hdrs, $libs))" --output=label \
     2>"$work/query.err" |
     sed -e 's|^//||' -e 's|:|/|' | sort >"$work/bazel_files.txt" ||
@@ -73,7 +74,7 @@ check_installed_tree() {
     echo "test or benchmark files installed (above)"
     return 1
   fi
-  for h in bus/handler.h bus/testing/harness.h; do
+  for h in bus/handler.h testing/harness.h; do
     [ -f "$prefix/include/msgbus/$h" ] || { echo "no include/msgbus/$h"; return 1; }
   done
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/postgres/postgres_driver.h"
@@ -15,7 +16,6 @@
 #include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 
 namespace bus {
 namespace {

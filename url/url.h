@@ -40,13 +40,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "bus/driver.h"
+#include "common/sqlite/sqlite_options.h"
 #include "drivers/nsq/nsq_options.h"
 #include "drivers/redis/redis_driver.h"              // RedisOptions
 #include "idempotency/postgres/idempotency_store.h"  // PostgresIdempotencyOptions
 #include "idempotency/sqlite/idempotency_store.h"    // SqliteIdempotencyOptions
 #include "storage/postgres/dead_letter_store.h"      // PostgresOptions, PostgresDeadLetterOptions
 #include "storage/sqlite/dead_letter_store.h"        // SqliteDeadLetterOptions
-#include "storage/sqlite/sqlite_options.h"
 
 namespace bus {
 

@@ -1,5 +1,6 @@
 // Benchmark: the SQLite stores against a raw sqlite3 loop that runs the same statements
-// (storage/sqlite/db/schema.h) with the same open flags and pragmas, one transaction per operation.
+// (common/sqlite/internal/schema.h) with the same open flags and pragmas, one transaction per
+// operation.
 //
 //   bazel run --config=opt //bench/sqlite_bench -- --pairs=40000 --chunk=1000
 //
@@ -34,12 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/sqlite/internal/dead_letter_sql.h"
+#include "common/sqlite/internal/idempotency_sql.h"
+#include "common/sqlite/internal/schema.h"
+#include "common/sqlite/sqlite_database.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/db/dead_letter_sql.h"
-#include "storage/sqlite/db/idempotency_sql.h"
-#include "storage/sqlite/db/schema.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 
 ABSL_FLAG(int, pairs, 40000, "acquire+done pairs (or letter cycles) per side");
 ABSL_FLAG(int, chunk, 1000, "operations a side runs before the next side takes its turn");
@@ -94,7 +95,7 @@ void RemoveDatabase(const SqliteOptions& options) {
   for (const char* suffix : {"", "-wal", "-shm"}) std::remove((options.path + suffix).c_str());
 }
 
-// ---- The raw loop: sqlite3 calls only, the statements of storage/sqlite/db/schema.h ----
+// ---- The raw loop: sqlite3 calls only, the statements of common/sqlite/internal/schema.h ----
 
 class Raw {
  public:

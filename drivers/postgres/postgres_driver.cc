@@ -6,10 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bus/route_key.h"
-#include "drivers/postgres/consumer.h"
-#include "drivers/postgres/core.h"
-#include "drivers/postgres/queue_sql.h"
-#include "storage/postgres/db/connection.h"
+#include "common/postgres/internal/connection.h"
+#include "drivers/postgres/internal/consumer.h"
+#include "drivers/postgres/internal/core.h"
+#include "drivers/postgres/internal/queue_sql.h"
 
 namespace bus {
 

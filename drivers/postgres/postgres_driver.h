@@ -56,7 +56,7 @@
 #include "bus/clock.h"
 #include "bus/driver.h"
 #include "bus/publisher.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 #include "transactional/postgres/inbox.h"
 
 typedef struct pg_conn PGconn;

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "drivers/postgres/internal/queue_sql.h"
 #include "drivers/postgres/postgres_driver.h"
-#include "drivers/postgres/queue_sql.h"
 #include "gtest/gtest.h"
 #include "tests/testing/postgres_server.h"
 

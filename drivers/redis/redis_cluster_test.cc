@@ -15,7 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "drivers/redis/client/slot.h"
+#include "common/redis/internal/slot.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/wait.h"

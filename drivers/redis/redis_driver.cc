@@ -15,10 +15,10 @@
 #include "bus/logger.h"
 #include "bus/names.h"
 #include "bus/route_key.h"
-#include "drivers/redis/client/client.h"
-#include "drivers/redis/consumer.h"
-#include "drivers/redis/core.h"
-#include "drivers/redis/send_coalescer.h"
+#include "common/redis/internal/client.h"
+#include "drivers/redis/internal/consumer.h"
+#include "drivers/redis/internal/core.h"
+#include "drivers/redis/internal/send_coalescer.h"
 
 namespace bus {
 namespace {

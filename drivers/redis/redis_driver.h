@@ -11,8 +11,8 @@
 // Design (docs/redis.md has the details):
 //  - Each queue is a ready list, a delayed sorted set (by due time), an in-flight sorted set (by
 //    lease deadline) and a hash of message bodies, under one hash tag
-//    (drivers/redis/queue_scripts.h). Every multi-step change is one bounded Lua script; times
-//    come from the server's TIME, never from the client.
+//    (drivers/redis/internal/queue_scripts.h). Every multi-step change is one bounded Lua script;
+//    times come from the server's TIME, never from the client.
 //  - A receipt is "<delivery number>:<message id>" (the id may hold any bytes, ':' included): an
 //    Ack, Nack or Extend whose delivery is no longer the current lease of the message gets
 //    FailedPrecondition and changes nothing.
@@ -21,7 +21,7 @@
 //  - Idle consumers block in BLPOP on the queue's notification list, on a connection of their
 //    own, for at most the time until the next delayed message falls due or lease runs out.
 //  - On a Redis Cluster (RedisOptions::seeds) each queue is one slot on one master; the client
-//    routes by slot and follows MOVED/ASK (drivers/redis/client/client.h, docs/redis.md).
+//    routes by slot and follows MOVED/ASK (common/redis/internal/client.h, docs/redis.md).
 //  - Topic bindings are a set in Redis; SendToTopic matches them with bus::RouteKeyMatches and
 //    enqueues one copy per matching queue, with the publish's id remembered per queue for 10
 //    minutes so a retried publish does not add a second copy.
@@ -40,7 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "bus/driver.h"
-#include "drivers/redis/redis_options.h"
+#include "common/redis/redis_options.h"
 
 namespace bus {
 

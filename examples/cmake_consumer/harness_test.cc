@@ -1,8 +1,8 @@
-// A test built against the installed package's test harness (msgbus::bus_testing or
+// A test built against the installed package's test harness (msgbus::testing or
 // msgbus-testing.pc, docs/testing.md) and GoogleTest: a retry after a fixed delay, handled
 // after exactly that much fake time, without sleeping.
 
-#include "bus/testing/harness.h"
+#include "testing/harness.h"
 
 #include <memory>
 #include <string>

@@ -18,10 +18,10 @@
 #include "bus/handler.h"
 #include "bus/publisher.h"
 #include "bus/version.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -2,8 +2,8 @@
 
 #include "orders.h"
 
-#include "bus/testing/harness.h"
 #include "gtest/gtest.h"
+#include "testing/harness.h"
 
 namespace {
 

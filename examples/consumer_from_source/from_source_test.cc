@@ -10,11 +10,11 @@
 #include "absl/synchronization/notification.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
-#include "bus/testing/harness.h"
 #include "drivers/memory/memory_driver.h"
 #include "gtest/gtest.h"
 #include "idempotency/memory/memory_idempotency_store.h"
 #include "storage/memory/memory_dead_letter_store.h"
+#include "testing/harness.h"
 
 namespace {
 

@@ -20,9 +20,9 @@
 #include "bus/message.h"
 #include "bus/stores.h"
 #include "bus/transactional.h"
+#include "common/postgres/postgres_database.h"
+#include "common/sqlite/sqlite_database.h"
 #include "idempotency/postgres/idempotency_store.h"
-#include "storage/postgres/db/postgres_db.h"
-#include "storage/sqlite/sqlite_database.h"
 
 namespace quickstart {
 

@@ -62,6 +62,7 @@
 #include "absl/time/clock.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
@@ -73,7 +74,6 @@
 #include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "url/open.h"
 #include "url/url.h"
 

@@ -5,8 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "bus/testing/simulation.h"
 #include "gtest/gtest.h"
+#include "testing/simulation.h"
 
 bus::testing::SimulationSetup Shop(bool idempotent) {
   return [idempotent](bus::testing::SimulationContext&) {

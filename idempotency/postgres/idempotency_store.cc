@@ -8,8 +8,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "idempotency/postgres/idempotency_sql.h"
-#include "storage/postgres/db/connection.h"
+#include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/idempotency_sql.h"
 
 namespace bus {
 namespace {

@@ -1,5 +1,5 @@
 // The PostgreSQL IdempotencyStore: idempotency leases in the table idempotency_keys of a
-// PostgreSQL database (storage/postgres/db/postgres_db.h), shared by every process that opens
+// PostgreSQL database (common/postgres/postgres_database.h), shared by every process that opens
 // it.
 //
 //   absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(
@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "bus/stores.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 
 namespace bus {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/postgres/internal/connection.h"
 #include "gtest/gtest.h"
-#include "storage/postgres/db/connection.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/postgres_store_harness.h"
 #include "tests/testing/wait.h"

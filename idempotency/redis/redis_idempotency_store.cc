@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "drivers/redis/client/client.h"
+#include "common/redis/internal/client.h"
 
 namespace bus {
 namespace {

@@ -14,7 +14,7 @@
 // does not grow without bound.
 //
 // The store runs its statements through the database layer behind SqliteDatabase
-// (storage/sqlite/sqlite_database.h), which owns the file, its group commit and its schema.
+// (common/sqlite/sqlite_database.h), which owns the file, its group commit and its schema.
 //
 // Lease and retention are counted in whole milliseconds; a positive duration under 1ms counts
 // as 1ms.
@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "bus/stores.h"
-#include "storage/sqlite/sqlite_database.h"
+#include "common/sqlite/sqlite_database.h"
 
 namespace bus {
 

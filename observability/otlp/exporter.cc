@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "observability/otlp/http_post.h"
+#include "common/net/http_client.h"
 
 namespace bus::otlp {
 

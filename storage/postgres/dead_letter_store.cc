@@ -6,8 +6,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "storage/postgres/db/connection.h"
-#include "storage/postgres/dead_letter_sql.h"
+#include "common/postgres/internal/connection.h"
+#include "storage/postgres/internal/dead_letter_sql.h"
 
 namespace bus {
 namespace {

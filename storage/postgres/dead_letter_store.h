@@ -1,5 +1,5 @@
 // The PostgreSQL DeadLetterStore: dead letters in the table dead_letters of a PostgreSQL
-// database (storage/postgres/db/postgres_db.h), shared by every process that opens it.
+// database (common/postgres/postgres_database.h), shared by every process that opens it.
 //
 //   absl::StatusOr<std::shared_ptr<bus::PostgresDatabase>> db = bus::PostgresDatabase::Open(
 //       {.conninfo = "postgres://orders@db.internal/orders"});
@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bus/stores.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 
 namespace bus {
 

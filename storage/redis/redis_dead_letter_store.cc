@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "drivers/redis/client/client.h"
+#include "common/redis/internal/client.h"
 
 namespace bus {
 namespace {

@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "bus/stores.h"
-#include "drivers/redis/redis_options.h"
+#include "common/redis/redis_options.h"
 
 namespace bus {
 

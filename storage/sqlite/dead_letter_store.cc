@@ -5,8 +5,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/db/database.h"
-#include "storage/sqlite/db/dead_letter_sql.h"
+#include "common/sqlite/internal/database.h"
+#include "common/sqlite/internal/dead_letter_sql.h"
 
 namespace bus {
 namespace {

@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bus/stores.h"
-#include "storage/sqlite/sqlite_database.h"
+#include "common/sqlite/sqlite_database.h"
 
 namespace bus {
 

@@ -15,12 +15,12 @@
 #include "bus/envelope.h"
 #include "bus/handler.h"
 #include "bus/publisher.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/process.h"
 #include "tests/testing/wait.h"
 

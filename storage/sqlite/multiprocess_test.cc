@@ -19,10 +19,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sqlite/sqlite_database.h"
 #include "gtest/gtest.h"
 #include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/letters.h"
 #include "tests/testing/process.h"
 

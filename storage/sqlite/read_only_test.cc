@@ -12,10 +12,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/sqlite/sqlite_database.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "tests/testing/letters.h"
 #include "tests/testing/process.h"
 

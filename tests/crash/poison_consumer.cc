@@ -20,10 +20,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bus/handler.h"
+#include "common/sqlite/sqlite_database.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "storage/sqlite/dead_letter_store.h"
-#include "storage/sqlite/sqlite_database.h"
 
 ABSL_FLAG(std::string, driver, "redis", "redis or nsq");
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1 (--driver=redis)");

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/postgres_server.h"
 

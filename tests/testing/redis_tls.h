@@ -11,7 +11,7 @@
 #define TESTS_TESTING_REDIS_TLS_H_
 
 #include "absl/status/statusor.h"
-#include "drivers/redis/redis_options.h"
+#include "common/redis/redis_options.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/tls_certs.h"
 

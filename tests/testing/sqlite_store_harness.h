@@ -10,7 +10,7 @@
 #include <string>
 
 #include "bus/clock.h"
-#include "storage/sqlite/sqlite_database.h"
+#include "common/sqlite/sqlite_database.h"
 #include "tests/store_conformance.h"
 
 namespace bus::testing {

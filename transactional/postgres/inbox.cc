@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
-#include "idempotency/postgres/idempotency_sql.h"
-#include "storage/postgres/db/connection.h"
-#include "transactional/postgres/outbox_sql.h"
+#include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/idempotency_sql.h"
+#include "transactional/postgres/internal/outbox_sql.h"
 
 namespace bus {
 
@@ -31,7 +31,7 @@ constexpr char kLockKeySql[] =
 
 // The key's mark-done ($1 key, $2 owner, $3 retention in microseconds): the idempotency
 // store's UPDATE, in a function that fails the transaction (SQLSTATE 55000) when it changed no
-// row (storage/postgres/db/schema.h, version 4).
+// row (common/postgres/internal/schema.h, version 4).
 constexpr char kMarkDoneOrRaiseSql[] = "SELECT {schema}.mark_done_or_raise($1, $2, $3::bigint)";
 
 // The transaction statements, which name no table.

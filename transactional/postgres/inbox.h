@@ -53,8 +53,8 @@
 #include "bus/publisher.h"
 #include "bus/stores.h"
 #include "bus/transactional.h"
+#include "common/postgres/postgres_database.h"
 #include "idempotency/postgres/idempotency_store.h"
-#include "storage/postgres/db/postgres_db.h"
 #include "transactional/postgres/outbox_relay.h"
 
 typedef struct pg_conn PGconn;

@@ -25,7 +25,7 @@
 #include <string>
 
 #include "bus/metrics.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 #include "transactional/postgres/inbox.h"
 #include "transactional/postgres/outbox_relay.h"
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "storage/postgres/db/connection.h"
-#include "transactional/postgres/outbox_sql.h"
+#include "common/postgres/internal/connection.h"
+#include "transactional/postgres/internal/outbox_sql.h"
 
 namespace bus {
 

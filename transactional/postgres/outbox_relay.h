@@ -35,7 +35,7 @@
 #include "bus/driver.h"
 #include "bus/logger.h"
 #include "bus/transactional.h"
-#include "storage/postgres/db/postgres_db.h"
+#include "common/postgres/postgres_database.h"
 
 namespace bus {
 

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "storage/sqlite/db/database.h"
-#include "storage/sqlite/db/idempotency_sql.h"
+#include "common/sqlite/internal/database.h"
+#include "common/sqlite/internal/idempotency_sql.h"
 
 namespace bus {
 

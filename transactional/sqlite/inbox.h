@@ -48,8 +48,8 @@
 #include "bus/message.h"
 #include "bus/stores.h"
 #include "bus/transactional.h"
+#include "common/sqlite/sqlite_database.h"
 #include "idempotency/sqlite/idempotency_store.h"
-#include "storage/sqlite/sqlite_database.h"
 #include "transactional/sqlite/outbox.h"
 #include "transactional/sqlite/transaction.h"
 

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "bus/backoff.h"
 #include "bus/publisher.h"
-#include "storage/sqlite/db/database.h"
-#include "storage/sqlite/db/outbox_sql.h"
+#include "common/sqlite/internal/database.h"
+#include "common/sqlite/internal/outbox_sql.h"
 
 namespace bus {
 

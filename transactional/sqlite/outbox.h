@@ -47,7 +47,7 @@
 #include "bus/logger.h"
 #include "bus/random.h"
 #include "bus/transactional.h"
-#include "storage/sqlite/sqlite_database.h"
+#include "common/sqlite/sqlite_database.h"
 #include "transactional/sqlite/transaction.h"
 
 namespace bus {

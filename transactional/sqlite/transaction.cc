@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
-#include "storage/sqlite/db/connection.h"
-#include "storage/sqlite/db/outbox_sql.h"
+#include "common/sqlite/internal/connection.h"
+#include "common/sqlite/internal/outbox_sql.h"
 
 namespace bus {
 

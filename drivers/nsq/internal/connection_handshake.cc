@@ -11,8 +11,8 @@
 #include "boost/asio/detached.hpp"
 #include "boost/asio/redirect_error.hpp"
 #include "boost/asio/use_awaitable.hpp"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/connection.h"
-#include "drivers/nsq/internal/tls_client.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;

@@ -16,10 +16,10 @@
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/beast/core/flat_buffer.hpp"
 #include "boost/beast/http.hpp"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/connection.h"
 #include "drivers/nsq/internal/protocol.h"
-#include "drivers/nsq/internal/tls_client.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;

@@ -43,7 +43,7 @@ struct HttpResponse {
 // "https://host:port"); `what` names the server in errors ("nsqlookupd", "nsqd"). Any HTTP
 // status is a response. Unavailable when the server cannot be reached or takes longer than
 // `timeout`; InvalidArgument for a malformed address (or https:// without a TLS context);
-// TLS failures as TlsFailure (drivers/nsq/internal/tls_client.h). Bodies above 16 MiB are
+// TLS failures as TlsFailure (common/net/tls_context.h). Bodies above 16 MiB are
 // Unavailable.
 boost::asio::awaitable<absl::StatusOr<HttpResponse>> HttpGet(boost::asio::io_context& io,
                                                              HttpClient client, std::string address,
