@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/memory/memory_driver.h"
+#include "drivers/kafka/kafka_driver.h"
 #include "drivers/nsq/nsq_driver.h"
+#include "url/kafka_url.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/memory/memory_idempotency_store.h"
@@ -83,7 +85,14 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenDriver(absl::string_view text, const
     if (o.logger != nullptr) nsq->logger = o.logger;
     return NewNsqDriver(*std::move(nsq));
   }
-  return UnknownScheme(*url, "memory, redis, nsq, postgres");
+  if (url->scheme == "kafka") {
+    absl::StatusOr<KafkaOptions> kafka = KafkaOptionsFromUrl(*url, EnvOf(o));
+    if (!kafka.ok()) return kafka.status();
+    if (o.clock != nullptr) kafka->clock = o.clock;
+    if (o.logger != nullptr) kafka->logger = o.logger;
+    return NewKafkaDriver(*std::move(kafka));
+  }
+  return UnknownScheme(*url, "memory, redis, nsq, postgres, kafka");
 }
 
 absl::StatusOr<Stores> OpenStores(absl::string_view text, const OpenOverrides& o) {

@@ -135,7 +135,7 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
   ParsedUrl url;
   const size_t sep = text.find("://");
   if (sep == absl::string_view::npos || sep == 0) {
-    return Bad("scheme", "missing (want memory://, redis://, nsq://, sqlite:// or postgres://)");
+    return Bad("scheme", "missing (want memory://, redis://, nsq://, kafka://, sqlite:// or postgres://)");
   }
   url.scheme = absl::AsciiStrToLower(text.substr(0, sep));
   for (char c : url.scheme) {

@@ -7,6 +7,7 @@
 //   redis+sentinel://[user[:password]@]sentinel1[:26379][,sentinel2...]/master-name[?...]
 //   rediss://...   rediss+cluster://...   rediss+sentinel://...   (the same over TLS)
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
+//   kafka://[user[:password]@]broker1[:9092][,broker2...][?partitions=..]   (url/kafka_url.h)
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
 //   postgresql://...   (the same)

@@ -10,7 +10,7 @@
 namespace bus::kafka {
 
 Inspector::Inspector(std::shared_ptr<Core> core) : core_(std::move(core)) {
-  // Connected now, so that the first inspection does not wait for it.
+  // Made now (it connects in the background), so that the first inspection does not wait.
   absl::MutexLock lock(&mu_);
   StartReader().IgnoreError();
 }
@@ -24,10 +24,6 @@ absl::Status Inspector::StartReader() {
   absl::StatusOr<Handle> rk = NewClient(std::move(*conf), RD_KAFKA_CONSUMER);
   if (!rk.ok()) return rk.status();
   reader_ = std::move(*rk);
-  const rd_kafka_metadata_t* md = nullptr;
-  if (rd_kafka_metadata(reader_.get(), 0, nullptr, &md, 1000) == RD_KAFKA_RESP_ERR_NO_ERROR) {
-    rd_kafka_metadata_destroy(md);
-  }
   return absl::OkStatus();
 }
 

@@ -126,9 +126,9 @@ void MetaStore::ReadLoop() {
     if (rk == nullptr) {
       absl::StatusOr<Conf> conf =
           NewConf(options_, {{"group.id", names_.Reader()}, {"enable.auto.commit", "false"}});
-      absl::StatusOr<Handle> made = conf.ok() && EnsureTopic().ok()
-                                        ? NewClient(std::move(*conf), RD_KAFKA_CONSUMER)
-                                        : absl::StatusOr<Handle>(absl::UnavailableError(""));
+      // The topic need not exist yet: the reader waits for it (the first write makes it).
+      absl::StatusOr<Handle> made =
+          conf.ok() ? NewClient(std::move(*conf), RD_KAFKA_CONSUMER) : conf.status();
       if (made.ok()) {
         PartitionList list(rd_kafka_topic_partition_list_new(1));
         rd_kafka_topic_partition_list_add(list.get(), names_.Meta().c_str(), 0)->offset =
