@@ -32,15 +32,14 @@ std::string RandomClusterId() {
   return absl::WebSafeBase64Escape(bytes);  // 22 characters, as Kafka's Uuid
 }
 
-std::vector<std::string> JavaArgs(const std::string& log4j) {
-  return {"java",
-          "-Xmx384m",
-          "-XX:+UseSerialGC",
-          "-XX:TieredStopAtLevel=1",
-          "-Djava.awt.headless=true",
-          absl::StrCat("-Dlog4j2.configurationFile=", log4j),
-          "-cp",
-          absl::StrCat(KafkaLibs(), "/*")};
+std::vector<std::string> JavaArgs(const std::string& log4j, bool fast_start) {
+  std::vector<std::string> args = {"java", "-Xmx384m", "-XX:+UseSerialGC"};
+  if (fast_start) args.push_back("-XX:TieredStopAtLevel=1");
+  args.push_back("-Djava.awt.headless=true");
+  args.push_back(absl::StrCat("-Dlog4j2.configurationFile=", log4j));
+  args.push_back("-cp");
+  args.push_back(absl::StrCat(KafkaLibs(), "/*"));
+  return args;
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& text) {
@@ -77,7 +76,7 @@ absl::StatusOr<std::string> RunKafkaTool(const std::vector<std::string>& args,
   const std::string dir = MakeTempDir("kafka-tool");
   const std::string log4j = dir + "/log4j2.properties";
   if (absl::Status st = WriteFile(log4j, kLog4j); !st.ok()) return st;
-  std::vector<std::string> argv = JavaArgs(log4j);
+  std::vector<std::string> argv = JavaArgs(log4j, /*fast_start=*/true);
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string out_path = dir + "/out.log";
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(argv, out_path);
@@ -159,7 +158,7 @@ absl::Status KafkaServer::WriteFiles(int i, const std::string& cluster_id) const
 
 absl::Status KafkaServer::Launch(int i) {
   Node& n = nodes_[static_cast<size_t>(i)];
-  std::vector<std::string> argv = JavaArgs(n.dir + "/log4j2.properties");
+  std::vector<std::string> argv = JavaArgs(n.dir + "/log4j2.properties", options_.fast_start);
   argv.push_back("kafka.Kafka");
   argv.push_back(n.dir + "/server.properties");
   absl::StatusOr<std::unique_ptr<ChildProcess>> child =

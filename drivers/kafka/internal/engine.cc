@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "bus/route_key.h"
 
 namespace bus::kafka {
@@ -65,11 +66,12 @@ void Engine::Run() {
     if (m != nullptr && m->err == RD_KAFKA_RESP_ERR_NO_ERROR) OnMessage(m.get());
     Tick();
   }
+  PartitionList commits;
   {
     absl::MutexLock lock(&mu_);
-    PartitionList commits = Commits(true);
-    if (commits->cnt > 0) rd_kafka_commit(rk_.get(), commits.get(), 0);
+    commits = Commits(true);
   }
+  CommitSync(commits.get());
   rd_kafka_consumer_close(rk_.get());
 }
 
@@ -176,7 +178,23 @@ void Engine::Revoked(rd_kafka_topic_partition_list_t* parts) {
     }
     ++wakeups_;
   }
-  if (commits->cnt > 0) rd_kafka_commit(rk_.get(), commits.get(), 0);
+  CommitSync(commits.get());
+}
+
+void Engine::CommitSync(rd_kafka_topic_partition_list_t* commits) {
+  if (commits == nullptr || commits->cnt == 0) return;
+  // A rebalance under way refuses commits for a moment: asked again, within a bound.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const rd_kafka_resp_err_t err = rd_kafka_commit(rk_.get(), commits, 0);
+    if (err != RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS &&
+        err != RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS &&
+        err != RD_KAFKA_RESP_ERR_NOT_COORDINATOR &&
+        err != RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE &&
+        err != RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT && err != RD_KAFKA_RESP_ERR__TRANSPORT) {
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 Engine::Entry Engine::MakeEntry(const rd_kafka_message_t* m, const Part& part) const {

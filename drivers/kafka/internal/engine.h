@@ -119,6 +119,8 @@ class Engine {
   void ApplyFlow() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PartitionList Commits(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forward(Entry entry);
+  // Commits synchronously, asking again while a rebalance or the coordinator refuses.
+  void CommitSync(rd_kafka_topic_partition_list_t* commits);
   void Requeue(Entry entry, bool front) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetState(const Entry& entry, PartitionOffsets::State state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
