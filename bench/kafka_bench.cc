@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -43,6 +44,9 @@ ABSL_FLAG(int, payload, 100, "Payload bytes per message");
 ABSL_FLAG(int, batch, 1000, "Messages per SendBatchToQueue call");
 ABSL_FLAG(int, producers, 4, "Producer threads");
 ABSL_FLAG(int, concurrency, 8, "Handler concurrency for the e2e step");
+ABSL_FLAG(std::string, watermill, "",
+          "Path of bench/peers/kafka's binary (Watermill's Kafka Pub/Sub): run against the same "
+          "broker after the other steps (empty: not run)");
 
 namespace {
 
@@ -173,5 +177,20 @@ int main(int argc, char** argv) {
   End("ProducerPerformance", p, broker, messages);
 
   EndToEnd(driver, broker, messages);
+
+  if (const std::string peer = absl::GetFlag(FLAGS_watermill); !peer.empty()) {
+    const std::string dir = bus::testing::MakeTempDir("kafka-bench-peer");
+    p = Begin(broker);
+    absl::StatusOr<std::unique_ptr<bus::testing::ChildProcess>> child =
+        bus::testing::ChildProcess::Start(
+            {peer, "-brokers", (*kafka)->bootstrap(), "-msgs", absl::StrCat(messages), "-payload",
+             absl::StrCat(payload)},
+            dir + "/out");
+    if (child.ok()) (void)(*child)->Wait(absl::Minutes(20));
+    std::ifstream in(dir + "/out");
+    std::printf("%s", std::string(std::istreambuf_iterator<char>(in), {}).c_str());
+    End("watermill-kafka (publish + e2e)", p, broker, 2 * messages);
+    bus::testing::RemoveTree(dir);
+  }
   return 0;
 }

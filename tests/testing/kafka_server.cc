@@ -118,8 +118,12 @@ absl::StatusOr<std::unique_ptr<KafkaServer>> KafkaServer::Start(KafkaServerOptio
         absl::Seconds(60));
     if (!formatted.ok()) return formatted.status();
   }
+  // Every node first: a node's client listener opens once the controllers have a quorum.
   for (int i = 0; i < options.nodes; ++i) {
     if (absl::Status st = server->Launch(i); !st.ok()) return st;
+  }
+  for (int i = 0; i < options.nodes; ++i) {
+    if (absl::Status st = server->AwaitNode(i); !st.ok()) return st;
   }
   return server;
 }
@@ -165,7 +169,12 @@ absl::Status KafkaServer::Launch(int i) {
       ChildProcess::Start(argv, n.dir + "/kafka.log");
   if (!child.ok()) return child.status();
   n.process = std::move(*child);
-  if (absl::Status st = WaitForPort(n.port, absl::Seconds(90)); !st.ok()) {
+  return absl::OkStatus();
+}
+
+absl::Status KafkaServer::AwaitNode(int i) {
+  const Node& n = nodes_[static_cast<size_t>(i)];
+  if (absl::Status st = WaitForPort(n.port, absl::Seconds(120)); !st.ok()) {
     return absl::UnavailableError(absl::StrCat("Kafka node ", node_id(i),
                                                " did not start: ", ReadFile(n.dir + "/kafka.log")));
   }
@@ -197,7 +206,8 @@ void KafkaServer::Stop(int i, int signal) {
 
 absl::Status KafkaServer::Restart(int i) {
   Stop(i);
-  return Launch(i);
+  if (absl::Status st = Launch(i); !st.ok()) return st;
+  return AwaitNode(i);
 }
 
 }  // namespace bus::testing

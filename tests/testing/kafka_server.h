@@ -70,7 +70,9 @@ class KafkaServer {
   KafkaServer(KafkaServerOptions options, std::string dir)
       : options_(std::move(options)), dir_(std::move(dir)) {}
   absl::Status WriteFiles(int i, const std::string& cluster_id) const;
+  // Starts node i; AwaitNode waits until its client listener accepts connections.
   absl::Status Launch(int i);
+  absl::Status AwaitNode(int i);
 
   KafkaServerOptions options_;
   std::string dir_;

@@ -265,7 +265,6 @@ void Engine::Tick() {
   PartitionList commits;
   {
     absl::MutexLock lock(&mu_);
-    ExpireLeases(now);
     forward = ReleaseDelayed(now);
     ApplyFlow();
     if (now - last_commit_ >= kCommitEvery) {
@@ -492,9 +491,7 @@ absl::Status Engine::Extend(int member, absl::string_view receipt) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find(id);
   const absl::Time now = core_->options().clock->Now();
-  if (it == held_.end() || it->second.member != member || it->second.deadline <= now) {
-    return Lost();
-  }
+  if (it == held_.end() || it->second.member != member) return Lost();
   it->second.deadline = now + members_[member].lease;
   return absl::OkStatus();
 }

@@ -6,7 +6,9 @@
 //    offsets make its commit (PartitionOffsets), written with the state of the offsets above it;
 //  - an expired lease, a Nack without delay or a closed consumer's delivery goes back to the
 //    buffer (its offset stays uncommitted); a Nack with a delay re-produces the record to a
-//    delay step and settles its offset;
+//    delay step and settles its offset. Expired leases are taken back when a consumer of the
+//    engine receives (as Redis recovers them at the next reserve): until then the holder's
+//    settle still counts;
 //  - a bus topic's record that no binding of the queue matches is settled at once;
 //  - a delay step's partition is paused while its head is not due; the queue's partitions are
 //    paused while the buffer holds as many records as the consumers may take (SetIntake);
