@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "drivers/kafka/kafka_driver.h"
@@ -51,7 +52,7 @@ TEST(KafkaFailoverTest, KillingThePartitionLeaderLosesNoAcknowledgedSend) {
   absl::StatusOr<std::unique_ptr<KafkaServer>> cluster = KafkaServer::Start({.nodes = 3});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   KafkaOptions options;
-  options.brokers = {(*cluster)->bootstrap()};
+  options.brokers = absl::StrSplit((*cluster)->bootstrap(), ',');
   options.topics.replication_factor = 3;
   options.timeouts.request = absl::Seconds(5);
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewKafkaDriver(options);
