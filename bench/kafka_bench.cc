@@ -142,7 +142,8 @@ void EndToEnd(const std::shared_ptr<bus::Driver>& driver, pid_t broker, int mess
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<std::unique_ptr<bus::testing::KafkaServer>> kafka =
-      bus::testing::KafkaServer::Start({.fast_start = false});
+      bus::testing::KafkaServer::Start(
+          {.fast_start = false, .properties = {"auto.create.topics.enable=true"}});
   if (!kafka.ok()) {
     std::fprintf(stderr, "kafka: %s\n", kafka.status().ToString().c_str());
     return 1;

@@ -327,7 +327,9 @@ void Engine::Forward(Entry e) {
 void Engine::ApplyFlow() {
   int cap = 0;
   for (const auto& [id, m] : members_) cap += m.max_held;
-  const bool full = static_cast<int>(ready_.size()) >= cap;
+  // Paused while no consumer may take anything (SetIntake(0)); else a prefetch of several
+  // consumers' worth, so that a resume (a new fetch) is rare.
+  const bool full = cap == 0 || static_cast<int>(ready_.size()) >= std::max(4 * cap, 2000);
   PartitionList pause(rd_kafka_topic_partition_list_new(4));
   PartitionList resume(rd_kafka_topic_partition_list_new(4));
   for (auto& [key, part] : parts_) {
