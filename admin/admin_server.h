@@ -47,8 +47,9 @@ struct AdminServerOptions {
   int port = 0;
   // Served at /metrics; null: /metrics answers 404.
   std::shared_ptr<MetricsRegistry> metrics{};
-  // Probed by /healthz and /readyz; not null. With none, both answer 200.
-  std::vector<const Handler*> handlers{};
+  // Probed by /healthz and /readyz; not null (the same type as ConsoleOptions::handlers). With
+  // none, both answer 200.
+  std::vector<Handler*> handlers{};
   // Bound on each Ping of /readyz; > 0. Default 1s.
   absl::Duration ping_timeout = absl::Seconds(1);
   // A connection must send a whole request and take the whole answer within this, or it is

@@ -241,7 +241,7 @@ HandlerOptions BaseOptions(std::shared_ptr<Driver> driver, std::shared_ptr<DeadL
 }
 
 std::unique_ptr<AdminServer> StartAdmin(std::shared_ptr<MetricsRegistry> metrics,
-                                        std::vector<const Handler*> handlers) {
+                                        std::vector<Handler*> handlers) {
   AdminServerOptions ao;
   ao.metrics = std::move(metrics);
   ao.handlers = std::move(handlers);
@@ -648,7 +648,7 @@ TEST(AdminServerPostgresTest, MetricsMatchStatsQueueGaugesAndReadyzFollowsTheSer
   ASSERT_TRUE(server.ok()) << server.status();
   PostgresOptions po;
   po.conninfo = (*server)->Url();
-  po.statement_timeout = absl::Seconds(5);
+  po.timeouts.request = absl::Seconds(5);
   absl::StatusOr<std::shared_ptr<PostgresDatabase>> db = PostgresDatabase::Open(po);
   ASSERT_TRUE(db.ok()) << db.status();
   absl::StatusOr<std::shared_ptr<PostgresDriver>> driver = NewPostgresDriver(*db);

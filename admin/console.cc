@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "admin/internal/console_health.h"
 #include "admin/internal/console_json.h"
+#include "admin/internal/console_sampler.h"
 #include "bus/backoff.h"
 #include "bus/envelope.h"
 #include "bus/names.h"
@@ -49,102 +50,26 @@ using console_internal::LetterDetail;
 using console_internal::LetterFilter;
 using console_internal::LetterSummary;
 using console_internal::Matches;
+using console_internal::MetricsSampler;
 using console_internal::ParseKinds;
 using console_internal::ParseTarget;
 using console_internal::Rfc3339;
 using console_internal::Target;
 
+// The HTTP route table over the options and the metrics sampler
+// (admin/internal/console_sampler.h).
 struct Console::Impl {
-  // One sample of a handler's counters and its queue's counts.
-  struct Sample {
-    absl::Time at;
-    uint64_t received = 0, handled = 0, failed = 0, dead_lettered = 0;
-    int64_t ready = 0, delayed = 0, broker_in_flight = 0;
-  };
-  struct Ring {
-    std::deque<Sample> samples;
-  };
+  explicit Impl(ConsoleOptions o)
+      : options(std::move(o)),
+        sampler(options.handlers, *options.clock, options.sample_interval, options.history) {}
 
-  explicit Impl(ConsoleOptions o) : options(std::move(o)) {}
-
-  ConsoleOptions options;
+  const ConsoleOptions options;
   std::string token;
-  size_t capacity = 0;
-  mutable absl::Mutex mu;
-  std::vector<Ring> rings ABSL_GUARDED_BY(mu);  // one per handler, in options.handlers' order
-  std::jthread sampler;
+  MetricsSampler sampler;
 
-  void SampleOnce() {
-    const absl::Time now = options.clock->Now();
-    std::vector<Sample> taken;
-    taken.reserve(options.handlers.size());
-    for (Handler* h : options.handlers) {
-      const HandlerStats s = h->Stats();
-      Sample x{now, s.received, s.succeeded, s.failed, s.dead_lettered};
-      if (absl::StatusOr<QueueCounts> c = h->options().driver->InspectQueue(h->options().queue);
-          c.ok()) {
-        x.ready = c->ready;
-        x.delayed = c->delayed;
-        x.broker_in_flight = c->in_flight;
-      }
-      taken.push_back(x);
-    }
-    absl::MutexLock lock(&mu);
-    for (size_t i = 0; i < taken.size(); ++i) {
-      rings[i].samples.push_back(taken[i]);
-      while (rings[i].samples.size() > capacity) rings[i].samples.pop_front();
-    }
-  }
-
-  void Loop(std::stop_token stop) {
-    for (;;) {
-      SampleOnce();
-      if (SleepUntil(*options.clock, options.clock->Now() + options.sample_interval, stop)) return;
-    }
-  }
-
-  // The rates per second between samples, in at most `points` buckets of consecutive samples,
-  // and the queue's counts at each bucket's end.
+  size_t SampleCount(size_t handler_index) const { return sampler.SampleCount(handler_index); }
   json Series(size_t handler_index, int points) const {
-    std::vector<Sample> s;
-    {
-      absl::MutexLock lock(&mu);
-      const std::deque<Sample>& d = rings[handler_index].samples;
-      s.assign(d.begin(), d.end());
-    }
-    json out = {
-        {"t", json::array()},       {"received", json::array()},      {"handled", json::array()},
-        {"failed", json::array()},  {"dead_lettered", json::array()}, {"ready", json::array()},
-        {"delayed", json::array()}, {"in_flight", json::array()}};
-    if (s.size() < 2) return out;
-    const size_t intervals = s.size() - 1;
-    const size_t per = (intervals + static_cast<size_t>(points) - 1) / static_cast<size_t>(points);
-    // Buckets end at the newest sample, so the last point is always the latest rate.
-    size_t first_end = intervals % per == 0 ? per : intervals % per;
-    size_t begin = 0;
-    for (size_t end = first_end; end <= intervals; end += per) {
-      const Sample& a = s[begin];
-      const Sample& b = s[end];
-      const double secs = absl::ToDoubleSeconds(b.at - a.at);
-      auto rate = [secs](uint64_t x, uint64_t y) {
-        return secs > 0 && y >= x ? static_cast<double>(y - x) / secs : 0.0;
-      };
-      out["t"].push_back(absl::ToUnixMillis(b.at) / 1000.0);
-      out["received"].push_back(rate(a.received, b.received));
-      out["handled"].push_back(rate(a.handled, b.handled));
-      out["failed"].push_back(rate(a.failed, b.failed));
-      out["dead_lettered"].push_back(rate(a.dead_lettered, b.dead_lettered));
-      out["ready"].push_back(b.ready);
-      out["delayed"].push_back(b.delayed);
-      out["in_flight"].push_back(b.broker_in_flight);
-      begin = end;
-    }
-    return out;
-  }
-
-  size_t SampleCount(size_t handler_index) const {
-    absl::MutexLock lock(&mu);
-    return rings[handler_index].samples.size();
+    return sampler.Series(handler_index, points);
   }
 
   // The handler consuming `queue` here, or -1.
@@ -522,10 +447,7 @@ struct Console::Impl {
 
 Console::Console(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Console::~Console() {
-  impl_->sampler.request_stop();
-  if (impl_->sampler.joinable()) impl_->sampler.join();
-}
+Console::~Console() = default;
 
 absl::StatusOr<std::unique_ptr<Console>> Console::Create(ConsoleOptions options) {
   auto invalid = [](absl::string_view field, absl::string_view what) {
@@ -554,13 +476,7 @@ absl::StatusOr<std::unique_ptr<Console>> Console::Create(ConsoleOptions options)
   if (impl->token.empty()) {
     if (const char* env = std::getenv(kConsoleWriteTokenEnv)) impl->token = env;
   }
-  impl->capacity = static_cast<size_t>(impl->options.history / impl->options.sample_interval) + 1;
-  {
-    absl::MutexLock lock(&impl->mu);
-    impl->rings.resize(impl->options.handlers.size());
-  }
-  Impl* raw = impl.get();
-  impl->sampler = std::jthread([raw](std::stop_token stop) { raw->Loop(std::move(stop)); });
+  impl->sampler.Start();
   return std::unique_ptr<Console>(new Console(std::move(impl)));
 }
 

@@ -373,7 +373,7 @@ std::pair<double, double> RelayRates(int n) {
     wire.push_back(
         bus::EncodeEnvelope(publisher.Build(bus::Outgoing{"", std::string(100, 'p'), {}})));
   }
-  const int chunk = outbox->options().relay_batch;
+  const int chunk = outbox->options().relay_batch_size;
   start = absl::Now();
   for (int i = 0; i < n; i += chunk) {
     std::vector<std::string> part(wire.begin() + i, wire.begin() + std::min(n, i + chunk));
@@ -439,8 +439,8 @@ std::pair<double, double> PostgresRelayRates(int n) {
         bus::EncodeEnvelope(publisher.Build(bus::Outgoing{"", std::string(100, 'p'), {}})));
   }
   start = absl::Now();
-  for (int i = 0; i < n; i += ro.batch) {
-    std::vector<std::string> part(wire.begin() + i, wire.begin() + std::min(n, i + ro.batch));
+  for (int i = 0; i < n; i += ro.batch_size) {
+    std::vector<std::string> part(wire.begin() + i, wire.begin() + std::min(n, i + ro.batch_size));
     if (!plain_driver->SendBatchToQueue("plain", part, absl::ZeroDuration()).ok()) std::abort();
   }
   const double plain = n / absl::ToDoubleSeconds(absl::Now() - start);
@@ -495,7 +495,9 @@ int main(int argc, char** argv) {
   std::printf(
       "outbox relay: %.0f msg/s; driver SendBatchToQueue (batches of %d): %.0f msg/s; ratio "
       "%.3f\n",
-      relay, postgres ? bus::PostgresRelayOptions{}.batch : bus::SqliteOutboxOptions{}.relay_batch,
+      relay,
+      postgres ? bus::PostgresRelayOptions{}.batch_size
+               : bus::SqliteOutboxOptions{}.relay_batch_size,
       plain, relay / plain);
   return 0;
 }

@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
       (o.replay.interval > absl::ZeroDuration() && o.replay.interval < absl::Milliseconds(1))) {
     return Invalid("replay.interval", "must be zero (disabled) or >= 1ms");
   }
-  if (o.replay.batch < 1) return Invalid("replay.batch", "must be >= 1");
+  if (o.replay.batch_size < 1) return Invalid("replay.batch_size", "must be >= 1");
   if (o.infra_backoff.initial < absl::ZeroDuration() ||
       o.infra_backoff.max < o.infra_backoff.initial) {
     return Invalid("infra_backoff", "initial must be >= 0 and <= max");

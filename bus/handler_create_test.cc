@@ -65,7 +65,7 @@ TEST_F(HandlerTest, CreateNamesEachMissingOrInvalidOption) {
        }},
       {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Seconds(-1); }},
       {"replay.interval", [](HandlerOptions& o) { o.replay.interval = absl::Microseconds(10); }},
-      {"replay.batch", [](HandlerOptions& o) { o.replay.batch = 0; }},
+      {"replay.batch_size", [](HandlerOptions& o) { o.replay.batch_size = 0; }},
       {"flow.shutdown_timeout",
        [](HandlerOptions& o) { o.flow.shutdown_timeout = absl::ZeroDuration(); }},
       {"flow.delivery_lease",

@@ -136,7 +136,7 @@ struct HandlerOptions {
     // handler that runs longer than this loses exclusive use of the key (mark-done then fails
     // and is logged); the delivery itself stays leased while the handler runs.
     absl::Duration idempotency_lease = absl::ZeroDuration();
-    // How long a handled key keeps later copies out; > 0.
+    // How long a handled key keeps later copies out; > 0. Default 24 h.
     absl::Duration idempotency_retention = absl::Hours(24);
   };
   Stores stores{};
@@ -152,16 +152,16 @@ struct HandlerOptions {
 
   // What Run() sets up before consuming.
   struct Setup {
-    // Per-queue delivery delay given to CreateQueue; >= 0.
+    // Per-queue delivery delay given to CreateQueue; >= 0. Default 0: none.
     absl::Duration queue_delay = absl::ZeroDuration();
-    // Optional: bind the queue to a topic.
+    // Optional: bind the queue to a topic. Default nullopt: no binding.
     std::optional<Subscription> subscribe{};
   };
   Setup setup{};
 
   // How much work is in progress at once, and for how long.
   struct Flow {
-    // Handlers running at once; >= 1.
+    // Handlers running at once; >= 1. Default 1.
     int concurrency = 1;
     // Deliveries held at once (prefetch); 0 (the default): chosen by the library,
     // kAutoInFlightPerWorker (64) per worker (64 x concurrency); else >= concurrency.
@@ -178,9 +178,9 @@ struct HandlerOptions {
     // stores.idempotency_lease holds at the handle time measured so far (a moving average; 1
     // until the first message was handled).
     int batch_size = 0;
-    // Delivery lease (ConsumerOptions::lease); > 0. Renewed while a handler runs.
+    // Delivery lease (ConsumerOptions::lease); > 0. Default 30 s. Renewed while a handler runs.
     absl::Duration delivery_lease = absl::Seconds(30);
-    // How long Stop() lets in-flight handlers finish; > 0.
+    // How long Stop() lets in-flight handlers finish; > 0. Default 30 s.
     absl::Duration shutdown_timeout = absl::Seconds(30);
     // Envelopes larger than this are poison (dead-lettered as malformed); >= 64. Default
     // kDefaultMaxMessageBytes (1 MiB), the default of every driver's limit too.
@@ -202,34 +202,34 @@ struct HandlerOptions {
     // after the drain, logged once with a kFatalError event. True: keep retrying with backoff
     // (Ready() shows it).
     bool retry_fatal_errors = false;
-    // Max deliveries: a message the broker has delivered more than this many times
-    // (Delivery::attempts) is dead-lettered as kPoison, with the count in its reason, without
-    // calling `ensure` or `handle`, then settled; >= 0, 0 (the default): no cap. Only
-    // deliveries that ended without the Handler settling them count: the process died while
-    // handling the message, or its lease ran out. A failure of `handle` never counts (it is
-    // settled by a re-send, which the broker counts from 1 again), nor do deliveries this
-    // process gave back itself (a store outage, a stop). Off by default because the broker's
-    // count also includes deliveries that were only buffered: when a message crashes the
-    // process, the others it held (up to max_in_flight) are delivered again too, and a small
-    // cap would dead-letter them beside it. To stop a crash loop, set it (5 is go-nsq's
-    // MaxAttempts) with a small max_in_flight. Drivers whose broker does not count deliveries
-    // report 0 and are never capped.
+    // Max deliveries (docs/flow-control.md, "Max deliveries"): a message whose handler died
+    // running alone this many times is dead-lettered as kPoison, without calling `ensure` or
+    // `handle`, then settled; >= 0, 0 (the default): no cap. A delivery that came back unsettled
+    // (Delivery::attempts more than one plus this process's own give-backs: the process died
+    // holding it, or its lease ran out) is a suspect, run alone, one at a time, while the others
+    // go on; only a suspect that dies alone counts, recorded by its idempotency key's owner
+    // (IdempotencyStore::AcquireReporting). Neighbours that were held or in a batch when the
+    // process died, failures of `handle` and give-backs never count, and a done key is a
+    // duplicate before the cap is looked at. With a store that does not report lapsed leases,
+    // the broker's count less this process's give-backs is capped instead. Drivers whose broker
+    // does not count deliveries report 0 and are never capped.
     int max_deliveries = 0;
   };
   Flow flow{};
 
   // Step 7: the periodic replay of exhausted dead letters.
   struct Replay {
-    // How often; zero disables; else >= 1ms.
+    // How often; zero disables; else >= 1ms. Default 1 min.
     absl::Duration interval = absl::Minutes(1);
-    // Dead letters fetched per store call of a replay pass; >= 1.
-    int batch = 100;
+    // Dead letters fetched per store call of a replay pass; >= 1. Default 100.
+    int batch_size = 100;
   };
   Replay replay{};
 
   // When a store or a re-send fails (or ensure / retry_delay throws), the delivery is given
   // back with this backoff's delay (growing per consecutive failure, with the policy's jitter)
-  // so a broken store does not spin. initial zero: given back at once.
+  // so a broken store does not spin. Default 100 ms doubling to 30 s, no jitter; initial zero:
+  // given back at once.
   BackoffPolicy infra_backoff{.initial = absl::Milliseconds(100), .max = absl::Seconds(30)};
 
   struct Observability {
@@ -241,7 +241,7 @@ struct HandlerOptions {
     // behind, events are dropped and counted in Stats().events_dropped; the pipeline never waits
     // for it.
     EventObserverFn observer{};
-    // Events waiting for the observer; >= 1.
+    // Events waiting for the observer; >= 1. Default 4096.
     int observer_queue = 4096;
     // Optional: records a CONSUMER span per handle attempt (bus/tracing.h, docs/tracing.md)
     // and gives it to this exporter, e.g. bus::otlp::NewOtlpHttpExporter

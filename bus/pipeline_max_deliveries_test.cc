@@ -1,16 +1,23 @@
-// Max deliveries (HandlerOptions::flow.max_deliveries, docs/pipeline.md): a message the broker
-// delivered more often than the cap is dead-lettered as poison without calling ensure or
-// handle; the pipeline's own give-backs do not count. On the memory driver (its own delivery
-// counter) with a fake clock (tests/testing/handler_fixture.h). The crash case (a handler that
-// kills its process) runs against Redis and NSQ in tests/crash/poison_test.cc.
+// Max deliveries (HandlerOptions::flow.max_deliveries, docs/flow-control.md "Max deliveries"): a
+// delivery that comes back unsettled is a suspect and runs alone; a message whose handler died
+// running alone as often as the cap is dead-lettered as poison without calling ensure or
+// handle; deliveries that were only held, or died in a batch, or that this process gave back
+// itself do not count; a done key is a duplicate, never poison. On the memory driver (its own
+// delivery counter) and the memory store (which keeps lapsed leases) with a fake clock
+// (tests/testing/handler_fixture.h). The crash case (a handler that kills its process) runs
+// against Redis and NSQ in tests/crash/poison_test.cc.
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "bus/handler.h"
+#include "bus/internal/pipeline.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fault_injection.h"
@@ -29,7 +36,7 @@ using ::testing::HasSubstr;
 class MaxDeliveriesTest : public HandlerTest {
  protected:
   // Leases "orders"' next message with a consumer of its own and drops it unsettled, as a
-  // consumer process that died would: the broker counts one more delivery.
+  // consumer process that died holding it would: the broker counts one more delivery.
   void DeliverAndDrop() {
     absl::StatusOr<std::unique_ptr<Consumer>> c =
         driver_->NewConsumer("orders", ConsumerOptions{1, absl::Seconds(30)});
@@ -39,12 +46,25 @@ class MaxDeliveriesTest : public HandlerTest {
     ASSERT_EQ(got.size(), 1u);
     // Destroying the consumer gives its deliveries back at once.
   }
+
+  // As a process that died while a handler ran on "crasher" under `owner`: delivered, its key
+  // taken and never released or marked done, the lease run out.
+  void DieHolding(const std::string& owner) {
+    DeliverAndDrop();
+    absl::StatusOr<bool> got = idempotency_->Acquire("orders.crasher", owner, absl::Seconds(1));
+    ASSERT_TRUE(got.ok() && *got);
+    clock_->Advance(absl::Seconds(2));
+  }
+  // Died running alone, as a suspect (`earlier` runs alone died before), or in a batch.
+  void DieAlone(int earlier) { DieHolding(internal::SuspectOwner(earlier)); }
+  void DieInABatch() { DieHolding(internal::NewOwnerToken()); }
 };
 
-TEST_F(MaxDeliveriesTest, AMessageDeliveredMoreThanTheCapIsPoisonAndNotHandled) {
+TEST_F(MaxDeliveriesTest, AMessageThatDiedAloneAsOftenAsTheCapIsPoisonAndNotHandled) {
   ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
   Publish("crasher", "boom");
-  for (int i = 0; i < 3; ++i) DeliverAndDrop();
+  DieInABatch();  // the first death: not counted, it only makes the message a suspect
+  for (int i = 0; i < 3; ++i) DieAlone(i);
   Publish("fine", "ok");
   Recorder rec;
   std::atomic<int> ensured{0};
@@ -66,21 +86,108 @@ TEST_F(MaxDeliveriesTest, AMessageDeliveredMoreThanTheCapIsPoisonAndNotHandled) 
   const std::vector<DeadLetter> letters = Letters();
   ASSERT_EQ(letters.size(), 1u);
   EXPECT_EQ(letters[0].kind, DeadLetterKind::kPoison);
-  EXPECT_THAT(letters[0].reason, HasSubstr("delivered 4 times"));
+  EXPECT_THAT(letters[0].reason, HasSubstr("died running alone 3 times (delivered 5 times)"));
   EXPECT_THAT(letters[0].reason, HasSubstr("flow.max_deliveries (3)"));
   EXPECT_FALSE(letters[0].message_id.empty());
   EXPECT_EQ(h->Stats().dead_lettered, 1u);
-  // Settled: nothing is left in the queue.
+  // Settled: nothing is left in the queue, and the key is free for a replay.
   absl::StatusOr<QueueCounts> counts = driver_->InspectQueue("orders");
   ASSERT_TRUE(counts.ok());
   EXPECT_EQ(counts->ready + counts->in_flight, 0);
+  absl::StatusOr<bool> free = idempotency_->Acquire("orders.crasher", "person", absl::Seconds(1));
+  EXPECT_TRUE(free.ok() && *free);
   EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
+}
+
+TEST_F(MaxDeliveriesTest, DeliveriesOnlyHeldOrInABatchWhenTheProcessDiedDoNotCount) {
+  // The neighbours of a culprit: prefetched (never started) five times, or in its batch five
+  // times. Each comes back a suspect, runs alone once and is handled.
+  ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
+  Publish("held", "x");
+  for (int i = 0; i < 5; ++i) DeliverAndDrop();
+  Recorder rec;
+  HandlerOptions o = Options([&](const Message& m) {
+    rec.Add(m);
+    return absl::OkStatus();
+  });
+  o.flow.max_deliveries = 3;
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
+  EXPECT_TRUE(StopAndWait().ok());
+  Publish("crasher", "y");
+  for (int i = 0; i < 5; ++i) DieInABatch();
+  Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return rec.size() == 2; }));
+  EXPECT_EQ(handler_->Stats().poisoned, 0u);
+  EXPECT_TRUE(Letters().empty());
+  EXPECT_TRUE(StopAndWait().ok());  // before `rec` goes
+}
+
+TEST_F(MaxDeliveriesTest, ADoneKeyOverTheCapIsADuplicateNotPoison) {
+  // Handled and marked done, then delivered again over the cap (its ack was lost with the
+  // process): settled as a duplicate before the cap is looked at.
+  ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
+  Publish("crasher", "boom");
+  for (int i = 0; i < 4; ++i) DieAlone(i);
+  ASSERT_TRUE(*idempotency_->Acquire("orders.crasher", "finisher", absl::Seconds(10)));
+  ASSERT_TRUE(idempotency_->MarkDone("orders.crasher", "finisher", absl::Hours(1)).ok());
+  std::atomic<int> handled{0};
+  HandlerOptions o = Options([&](const Message&) {
+    ++handled;
+    return absl::OkStatus();
+  });
+  o.flow.max_deliveries = 3;
+  Handler* h = Start(o);
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().duplicates == 1; }));
+  WaitUntilSettled();
+  EXPECT_EQ(handled.load(), 0);
+  EXPECT_EQ(h->Stats().poisoned, 0u);
+  EXPECT_TRUE(Letters().empty());
+  EXPECT_TRUE(StopAndWait().ok());  // before `handled` goes
+}
+
+TEST_F(MaxDeliveriesTest, ASuspectRunsAloneWhileTheOthersRunInBatches) {
+  ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
+  Publish("crasher", "boom");
+  DieInABatch();
+  for (int i = 0; i < 10; ++i) Publish("m-" + std::to_string(i), "x");
+  // With one worker, the messages inside the pipeline while a handler runs are its batch.
+  std::atomic<Handler*> handler{nullptr};
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, int64_t>> seen;
+  HandlerOptions o = Options([&](const Message& m) {
+    Handler* h = handler.load();
+    const int64_t batch = h != nullptr ? h->Stats().in_flight : -1;
+    absl::MutexLock lock(&mu);
+    seen.emplace_back(m.biz_uid, batch);
+    return absl::OkStatus();
+  });
+  o.flow.max_deliveries = 3;
+  o.flow.concurrency = 1;
+  o.flow.batch_size = 16;
+  o.flow.max_in_flight = 16;
+  o.flow.consumer_backoff.reset();
+  Handler* h = Start(o);
+  handler = h;
+  ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 11; }));
+  EXPECT_TRUE(StopAndWait().ok());  // before `seen` goes
+  absl::MutexLock lock(&mu);
+  int64_t largest_other = 0;
+  for (const auto& [biz_uid, batch] : seen) {
+    if (biz_uid == "crasher") {
+      EXPECT_EQ(batch, 1);
+    } else {
+      largest_other = std::max(largest_other, batch);
+    }
+  }
+  EXPECT_GT(largest_other, 1);
 }
 
 TEST_F(MaxDeliveriesTest, AtTheCapTheMessageIsStillHandled) {
   ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
   Publish("crasher", "boom");
-  for (int i = 0; i < 2; ++i) DeliverAndDrop();
+  DieInABatch();
+  for (int i = 0; i < 2; ++i) DieAlone(i);
   std::atomic<int> deliveries{0};
   HandlerOptions o = Options([&](const Message&, const HandleContext& ctx) {
     deliveries = ctx.deliveries();
@@ -89,7 +196,7 @@ TEST_F(MaxDeliveriesTest, AtTheCapTheMessageIsStillHandled) {
   o.flow.max_deliveries = 3;
   Handler* h = Start(o);
   ASSERT_TRUE(WaitUntil([&] { return h->Stats().succeeded == 1; }));
-  EXPECT_EQ(deliveries.load(), 3);  // the context reports the broker's count
+  EXPECT_EQ(deliveries.load(), 4);  // the context reports the broker's count
   EXPECT_EQ(h->Stats().poisoned, 0u);
   EXPECT_TRUE(Letters().empty());
 }
@@ -134,7 +241,7 @@ TEST_F(MaxDeliveriesTest, TheHandlersOwnGiveBacksDoNotCount) {
 TEST_F(MaxDeliveriesTest, APoisonLetterWaitsForAPersonAndCanBeReplayed) {
   ASSERT_TRUE(driver_->CreateQueue("orders", absl::ZeroDuration()).ok());
   Publish("crasher", "boom");
-  DeliverAndDrop();
+  DieAlone(0);
   Recorder rec;
   HandlerOptions o = Options([&](const Message& m) {
     rec.Add(m);

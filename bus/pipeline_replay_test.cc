@@ -46,7 +46,7 @@ TEST_F(HandlerTest, ReplayTakesDeadLettersBackThroughThePipeline) {
     return absl::OkStatus();
   });
   o.replay.interval = absl::Minutes(1);
-  o.replay.batch = 2;  // several batches per pass
+  o.replay.batch_size = 2;  // several batches per pass
   Handler* h = Start(o);
   for (int i = 0; i < 5; ++i) Publish(absl::StrCat("r", i), absl::StrCat(i));
   ASSERT_TRUE(driver_->SendToQueue("orders", "poison", absl::ZeroDuration()).ok());

@@ -44,6 +44,14 @@ void IdempotencyStore::AcquireMany(absl::Span<const absl::string_view> keys,
   for (size_t i = 0; i < keys.size(); ++i) results[i] = Acquire(keys[i], owners[i], lease);
 }
 
+absl::StatusOr<bool> IdempotencyStore::AcquireReporting(absl::string_view key,
+                                                        absl::string_view owner,
+                                                        absl::Duration lease,
+                                                        AcquireReport* report) {
+  *report = AcquireReport{};
+  return Acquire(key, owner, lease);
+}
+
 void IdempotencyStore::MarkDoneMany(absl::Span<const absl::string_view> keys,
                                     absl::Span<const absl::string_view> owners,
                                     absl::Duration retention, absl::Span<absl::Status> results) {

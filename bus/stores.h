@@ -46,9 +46,9 @@ enum class DeadLetterKind : int {
   kPermanent = 1,
   // The retry policy gave up (retry_delay returned a negative delay).
   kExhausted = 2,
-  // The broker delivered the message more often than HandlerOptions::flow.max_deliveries
-  // allows (each delivery ended without being settled: the process died while handling it, or
-  // its lease ran out); it was not handled again. The reason says how many deliveries.
+  // The message's handler died running alone (its process died, or its lease ran out) as often
+  // as HandlerOptions::flow.max_deliveries allows; it was not handled again. The reason says how
+  // many times, and how many deliveries.
   kPoison = 3,
 };
 
@@ -198,6 +198,20 @@ std::vector<size_t> ValidIdempotencyEntries(absl::string_view call, absl::string
   return valid;
 }
 
+// What IdempotencyStore::AcquireReporting found besides its answer.
+struct AcquireReport {
+  // Whether the store keeps lapsed leases (false: lapsed_owner means nothing).
+  bool reported = false;
+  // When the call took the key over from a lease that had run out without a MarkDone or a
+  // Release: that lease's owner. Empty when the key was free (never held, released, its record
+  // expired), done, or held by a live lease.
+  std::string lapsed_owner{};
+};
+
+// How long a store that reports lapsed leases (AcquireReporting) keeps the record of one after
+// it ran out: a process that died holding keys is usually restarted well within it.
+inline constexpr absl::Duration kLapsedLeaseRecord = absl::Hours(1);
+
 // An idempotency key is a lease, not a flag:
 //
 //  - Acquire(key, owner, lease) takes the key for `lease` when nobody holds it (or the previous
@@ -238,9 +252,72 @@ class IdempotencyStore {
                             absl::Span<const absl::string_view> owners, absl::Duration retention,
                             absl::Span<absl::Status> results);
 
+  // Acquire that also says whether it took `key` over from a lease that lapsed: one whose owner
+  // neither marked it done nor released it before the lease ran out (its process died or
+  // stalled). The Handler runs a suspect message (docs/flow-control.md, "Max deliveries") with
+  // this call, and learns from the lapsed owner whether the message's last handler died while it
+  // ran alone. A store that reports names at least the owners of leases taken with this call
+  // (the Redis store records only those; the others name any), and keeps the record of a lapsed
+  // lease for kLapsedLeaseRecord after it ran out (or until the key is acquired again). The
+  // default calls
+  // Acquire and reports nothing (AcquireReport::reported false); every store in this repository
+  // reports.
+  virtual absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                                absl::Duration lease, AcquireReport* report);
+
   // Health check, as DeadLetterStore::Ping.
   virtual absl::Status Ping(absl::Duration timeout);
 };
+
+// An IdempotencyStore that forwards every call to `target` (LevelDB's EnvWrapper): derive from it
+// and override only what differs. An inbox forwards the keys to its database's idempotency
+// store; a test store fails one call. `Base` is IdempotencyStore or an interface derived from
+// it (TransactionalStore, bus/transactional.h):
+//
+//   class SqliteInbox final : public ForwardingIdempotencyStoreOf<TransactionalStore> { ... };
+//
+// Thread-safety: as the target's.
+template <typename Base>
+class ForwardingIdempotencyStoreOf : public Base {
+ public:
+  // `target` must not be null.
+  explicit ForwardingIdempotencyStoreOf(std::shared_ptr<IdempotencyStore> target)
+      : target_(std::move(target)) {}
+
+  const std::shared_ptr<IdempotencyStore>& target() const { return target_; }
+
+  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
+                               absl::Duration lease) override {
+    return target_->Acquire(key, owner, lease);
+  }
+  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
+                        absl::Duration retention) override {
+    return target_->MarkDone(key, owner, retention);
+  }
+  absl::Status Release(absl::string_view key, absl::string_view owner) override {
+    return target_->Release(key, owner);
+  }
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    return target_->AcquireReporting(key, owner, lease, report);
+  }
+  void AcquireMany(absl::Span<const absl::string_view> keys,
+                   absl::Span<const absl::string_view> owners, absl::Duration lease,
+                   absl::Span<absl::StatusOr<bool>> results) override {
+    target_->AcquireMany(keys, owners, lease, results);
+  }
+  void MarkDoneMany(absl::Span<const absl::string_view> keys,
+                    absl::Span<const absl::string_view> owners, absl::Duration retention,
+                    absl::Span<absl::Status> results) override {
+    target_->MarkDoneMany(keys, owners, retention, results);
+  }
+  absl::Status Ping(absl::Duration timeout) override { return target_->Ping(timeout); }
+
+ private:
+  const std::shared_ptr<IdempotencyStore> target_;
+};
+
+using ForwardingIdempotencyStore = ForwardingIdempotencyStoreOf<IdempotencyStore>;
 
 // The defaults the Handler uses when none is configured (as the seed does): a dead-letter store
 // that keeps nothing (Store() succeeds and the letter is dropped; Fetch() returns nothing), and

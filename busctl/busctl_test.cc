@@ -25,11 +25,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/kafka_server.h"
 #include "tests/testing/letters.h"
+#include "tests/testing/kafka_server.h"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
+#include "tests/testing/rabbitmq_server.h"
 #include "tests/testing/redis_server.h"
 #include "tests/testing/wait.h"
 #include "url/open.h"
@@ -571,6 +572,36 @@ TEST(BusctlNsq, PublishStatsAndQueuesOverNsqdStats) {
     Result q = Busctl({via_lookupd, "stats", "jobs", "--json"});
     return q.exit == 0 && JsonLines(q.out).size() == 1 && JsonLines(q.out)[0]["ready"] == 1;
   }));
+}
+
+// busctl on RabbitMQ (amqp://, with the management port for in-flight counts and every queue):
+// publish to a queue, with a delay, and to a topic; stats and queues.
+TEST(BusctlRabbitMq, PublishStatsAndQueues) {
+  absl::StatusOr<std::unique_ptr<RabbitMqServer>> broker =
+      RabbitMqServer::Start({.management = true});
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  const std::string driver = absl::StrCat("--driver=amqp://127.0.0.1:", (*broker)->port(),
+                                          "?management_port=", (*broker)->management_port());
+  Result r = Busctl({driver, "publish", "jobs", "--data=one"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "publish", "jobs", "--data=two", "--delay=1h"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_TRUE(WaitUntil([&] {
+    r = Busctl({driver, "stats", "jobs", "--json"});
+    std::vector<nlohmann::json> lines = JsonLines(r.out);
+    return r.exit == 0 && lines.size() == 1 && lines[0]["ready"] == 1 && lines[0]["delayed"] == 1;
+  })) << r.out
+      << r.err;
+  EXPECT_TRUE(WaitUntil([&] {
+    r = Busctl({driver, "queues"});
+    return r.exit == 0 && r.out == "QUEUE  READY  DELAYED  IN_FLIGHT\njobs   1      1        0\n";
+  })) << r.out
+      << r.err;
+  r = Busctl({"--driver=amqp://guest:wrong-pw@127.0.0.1:" + std::to_string((*broker)->port()),
+              "stats", "jobs"});
+  EXPECT_EQ(r.exit, 1);
+  EXPECT_THAT(r.err, HasSubstr("guest"));
+  EXPECT_THAT(r.err, Not(HasSubstr("wrong-pw")));
 }
 
 TEST(BusctlKafka, PublishStatsAndQueues) {

@@ -21,9 +21,9 @@ absl::Status Validate(const SimulationOptions& o) {
   if (o.seeds < 1) return invalid("seeds", "must be >= 1");
   if (o.workload.empty()) return invalid("workload", "must not be empty");
   if (o.max_faults < 0) return invalid("max_faults", "must be >= 0");
-  if (o.max_batch < 1) return invalid("max_batch", "must be >= 1");
+  if (o.max_batch_size < 1) return invalid("max_batch_size", "must be >= 1");
   if (o.max_steps < 1) return invalid("max_steps", "must be >= 1");
-  for (int k = 0; k <= static_cast<int>(FaultKind::kCrashInTransaction); ++k) {
+  for (int k = 0; k <= static_cast<int>(FaultKind::kCrashHoldingBatch); ++k) {
     const double rate = o.faults.Of(static_cast<FaultKind>(k));
     if (!(rate >= 0 && rate <= 1)) {
       return invalid(absl::StrCat("faults (", FaultKindName(static_cast<FaultKind>(k)), ")"),
@@ -112,6 +112,8 @@ absl::string_view FaultKindName(FaultKind kind) {
       return "second worker during handle";
     case FaultKind::kCrashInTransaction:
       return "crash in transaction";
+    case FaultKind::kCrashHoldingBatch:
+      return "crash holding a batch";
   }
   return "unknown";
 }
@@ -136,7 +138,8 @@ FaultRates FaultRates::None() {
           .slow_store = 0,
           .time_jump = 0,
           .second_worker = 0,
-          .crash_in_transaction = 0};
+          .crash_in_transaction = 0,
+          .crash_holding_batch = 0};
 }
 
 double FaultRates::Of(FaultKind kind) const {
@@ -173,6 +176,8 @@ double FaultRates::Of(FaultKind kind) const {
       return second_worker;
     case FaultKind::kCrashInTransaction:
       return crash_in_transaction;
+    case FaultKind::kCrashHoldingBatch:
+      return crash_holding_batch;
   }
   return 0;
 }

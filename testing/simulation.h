@@ -25,7 +25,8 @@
 //   EXPECT_FALSE(r->failed) << r->ToString();  // fails: a crash before mark-done charges twice
 //
 // How a run goes: the simulator is the broker (a model queue with leases, delivery counts and
-// delays in fake time) and the receive loop. On one thread it takes a batch of ready deliveries,
+// delays in fake time) and the receive loop. On one thread it takes a batch of ready deliveries
+// (a suspect alone, as the receive loop does: docs/flow-control.md, "Max deliveries"),
 // passes it through the Handler's own pipeline (the steps of docs/pipeline.md, unchanged) with
 // the user's HandlerOptions (handle, ensure, retry_delay) on memory stores, and settles what the
 // pipeline decided. No thread, no wall clock, no sleep: time moves only when nothing is ready (to
@@ -86,6 +87,8 @@ enum class FaultKind {
   kSecondWorker,          // while handle runs, a second worker of the process takes a batch
                           // and settles it (a copy whose lease ran out comes back to it)
   kCrashInTransaction,    // with an inbox: it dies inside the batch's transaction (rolled back)
+  kCrashHoldingBatch,     // it dies before handling a message of a batch of several, holding
+                          // the batch and up to max_batch more ready messages (its prefetch)
 };
 
 // The kind's name in traces and schedules: "crash before mark-done".
@@ -123,6 +126,8 @@ struct FaultRates {
   double time_jump = 0.01;
   double second_worker = 0.003;
   double crash_in_transaction = 0.003;
+  // Off by default: it makes neighbours of a message suspects (flow.max_deliveries).
+  double crash_holding_batch = 0;
 
   // The rate of `kind`.
   double Of(FaultKind kind) const;
@@ -140,8 +145,8 @@ struct SimulationOptions {
   FaultRates faults{};
   // At most this many faults fire in one run (>= 0); later chances pass.
   int max_faults = 10;
-  // Each batch takes 1 to max_batch ready deliveries (drawn from the seed; >= 1).
-  int max_batch = 3;
+  // Each batch takes 1 to max_batch_size ready deliveries (drawn from the seed; >= 1). Default 3.
+  int max_batch_size = 3;
   // A run that has not quiesced after this many batches fails (a message that loops).
   int max_steps = 100000;
   // Simulate: stop at the first failing seed (else run them all and report the first).
@@ -159,6 +164,11 @@ class SimulationContext {
   // for (a write-behind cache, an asynchronous write). It is process-local: a crash before it
   // ran loses it.
   virtual void Later(std::function<void()> fn) = 0;
+
+  // The process dies now, as a handler that calls abort() makes it: nothing more of its batch
+  // reaches the stores or the broker, and its deliveries, with up to max_batch more ready ones
+  // (its prefetch), stay leased until their leases run out.
+  virtual void Crash() = 0;
 
   // The run's fake time.
   virtual absl::Time Now() const = 0;

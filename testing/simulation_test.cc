@@ -347,7 +347,7 @@ TEST(Simulation, ACrashInASecondWorkerEndsTheWholeProcess) {
   const std::vector<Fault> schedule = {{FaultKind::kSecondWorker, "m1", 1},
                                        {FaultKind::kCrashBeforeAck, "m2", 1}};
   SimulationOptions sim = Sim(2);
-  sim.max_batch = 1;
+  sim.max_batch_size = 1;
   absl::StatusOr<RunReport> run = SimulateRun(sim, CorrectShop, 1, schedule);
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_TRUE(run->status.ok()) << run->status << "\n" << run->trace;

@@ -38,7 +38,7 @@ INSTANTIATE_TEST_SUITE_P(Memory, IdempotencyStoreConformanceTest, ::testing::Val
 
 TEST(MemoryIdempotencyStoreTest, ExpiredEntriesAreSweptSoTheStoreDoesNotGrow) {
   auto clock = std::make_shared<FakeClock>();
-  auto store = NewMemoryIdempotencyStore({.clock = clock, .sweep_batch = 16});
+  auto store = NewMemoryIdempotencyStore({.clock = clock, .sweep_batch_size = 16});
   for (int i = 0; i < 1000; ++i) {
     const std::string key = "k" + std::to_string(i);
     ASSERT_TRUE(*store->Acquire(key, "o", absl::Seconds(1)));
@@ -78,7 +78,7 @@ TEST(MemoryIdempotencyStoreTest, KeysOfManyDurationsAndOfAClockThatWentBackAreSw
   // and an expiry earlier than the last of its duration (the clock went back), take another
   // path. Every key expires and is swept either way.
   auto clock = std::make_shared<SetClock>();
-  auto store = NewMemoryIdempotencyStore({.clock = clock, .sweep_batch = 16});
+  auto store = NewMemoryIdempotencyStore({.clock = clock, .sweep_batch_size = 16});
   for (int i = 0; i < 600; ++i) {
     const std::string key = "k" + std::to_string(i);
     // Back and forth by 5 s on every other key: half of the expiries arrive out of order.

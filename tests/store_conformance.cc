@@ -400,6 +400,39 @@ TEST_P(IdempotencyStoreConformanceTest, AnExpiredLeaseWithNoSuccessorIsRefusedTo
   EXPECT_TRUE(*store_->Acquire(key, "next", lease));
 }
 
+TEST_P(IdempotencyStoreConformanceTest, AcquireReportingNamesTheOwnerOfALeaseThatRanOut) {
+  const std::string key = Unique("k");
+  const absl::Duration lease = harness_->ShortLease();
+  AcquireReport report;
+  // A free key: nothing ran out.
+  ASSERT_TRUE(*store_->AcquireReporting(key, "first", lease, &report));
+  EXPECT_TRUE(report.reported);
+  EXPECT_EQ(report.lapsed_owner, "");
+  // Its lease runs out unreleased (the holder died): the next acquire takes it over from it.
+  harness_->Advance(lease * 2);
+  ASSERT_TRUE(*store_->AcquireReporting(key, "second", lease * 10, &report));
+  EXPECT_TRUE(report.reported);
+  EXPECT_EQ(report.lapsed_owner, "first");
+  // Held by a live lease: not acquired, nothing reported.
+  EXPECT_FALSE(*store_->AcquireReporting(key, "third", lease, &report));
+  EXPECT_EQ(report.lapsed_owner, "");
+  // Released: free, and nothing ran out.
+  ASSERT_TRUE(store_->Release(key, "second").ok());
+  ASSERT_TRUE(*store_->AcquireReporting(key, "fourth", lease * 10, &report));
+  EXPECT_EQ(report.lapsed_owner, "");
+  // Done: taken while retained; past the retention free again, and a done key never ran out.
+  ASSERT_TRUE(store_->MarkDone(key, "fourth", lease).ok());
+  EXPECT_FALSE(*store_->AcquireReporting(key, "fifth", lease, &report));
+  EXPECT_EQ(report.lapsed_owner, "");
+  harness_->Advance(lease * 2);
+  ASSERT_TRUE(*store_->AcquireReporting(key, "sixth", lease, &report));
+  EXPECT_EQ(report.lapsed_owner, "");
+  // A plain Acquire takes a lease that ran out over too, and the contract is the same.
+  harness_->Advance(lease * 2);
+  EXPECT_TRUE(*store_->Acquire(key, "seventh", lease));
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->AcquireReporting("", "a", lease, &report).status()));
+}
+
 TEST_P(IdempotencyStoreConformanceTest, NonOwnersCannotReleaseOrMarkDone) {
   const std::string key = Unique("k");
   const absl::Duration lease = harness_->ShortLease() * 10;

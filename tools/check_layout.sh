@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Checks the line between the public API and the engine (docs/development.md, "Layout"):
+# Checks the layout (docs/development.md, "Layout"):
+#  0. the include graph against the order of the rooms (tools/layout_graph.py, which also prints
+#     the longest product functions);
 #  1. every header a user can depend on (the hdrs of the library targets that a target outside
 #     the library, //examples/quickstart, may depend on) includes only project headers that are
 #     themselves such public headers: no public header exposes an engine header;
@@ -11,7 +13,7 @@ cd "$(dirname "$0")/.."
 pkgs='//bus/... + //drivers/... + //storage/... + //idempotency/... + //transactional/... + //url/... + //admin/...'
 # Packages that may not exist yet are dropped from the expression.
 expr=""
-for p in bus drivers storage idempotency transactional url admin observability; do
+for p in bus common drivers storage idempotency transactional testing url admin observability; do
   [ -d "$p" ] && expr="${expr:+$expr + }//$p/..."
 done
 user=//examples/quickstart:quickstart
@@ -21,10 +23,12 @@ public=$(bazel query "kind('source file', labels(hdrs, $libs))" --output=label 2
 [ -n "$public" ] || { echo "check_layout: bazel query listed no public headers"; exit 1; }
 
 status=0
+python3 tools/layout_graph.py || status=1
+
 while IFS= read -r h; do
   while IFS= read -r inc; do
     case "$inc" in
-      bus/* | drivers/* | storage/* | idempotency/* | transactional/* | url/* | admin/* | observability/*)
+      bus/* | common/* | drivers/* | storage/* | idempotency/* | transactional/* | url/* | admin/* | observability/*)
         if ! grep -qxF "$inc" <<<"$public"; then
           echo "check_layout: public header $h includes $inc, which is not a public header"
           status=1
@@ -45,7 +49,7 @@ while IFS= read -r f; do
       status=1
     fi
   fi
-done < <(find bus drivers storage idempotency transactional url admin observability busctl -name '*.cc' \
+done < <(find bus common drivers storage idempotency transactional testing url admin observability busctl -name '*.cc' \
   -not -name '*_test.cc' 2>/dev/null | sort)
 
 [ $status -eq 0 ] && echo "check_layout: $(wc -l <<<"$public") public headers, none exposes an engine header; no product .cc over 600 lines without a reason at its top"

@@ -128,5 +128,7 @@ if ! "$prom_venv/bin/python3" -c "import importlib.metadata as m, sys; \
   "${sudo_cmd[@]}" "$prom_venv/bin/pip" install -q "prometheus_client==$prom_client_version"
 fi
 # The brokers of the newer drivers, one script each.
+bash "$here/setup_nats.sh"
+bash "$here/setup_rabbitmq.sh"
 bash "$here/setup_kafka.sh"
 echo "setup_tests: ok"

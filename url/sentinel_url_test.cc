@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "url/open.h"
+#include "url/redis_url.h"
 #include "url/url.h"
 
 namespace bus {
@@ -82,7 +83,7 @@ TEST(SentinelUrl, RedissSentinelSetsTlsForSentinelsAndDataNodes) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->tls.enabled);
   EXPECT_EQ(o->tls.ca_file, "/ca.pem");
-  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls13);
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls13);
   EXPECT_THAT(o->sentinel.addresses, ElementsAre("s1:26379", "s2:26379"));
   ExpectBad(Redis("redis+sentinel://s1/m?tls_ca_file=/ca.pem").status(),
             "tls.enabled is false (rediss://)");

@@ -71,16 +71,6 @@ absl::Status Prefixed(const absl::Status& st) {
   return absl::Status(st.code(), absl::StrCat("URL: ", st.message()));
 }
 
-}  // namespace url_internal
-
-namespace {
-
-using url_internal::Bad;
-using url_internal::JoinHost;
-using url_internal::Params;
-using url_internal::ParseHost;
-using url_internal::Prefixed;
-
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -129,29 +119,52 @@ absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path) {
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Span<const RenamedParameter> RenamedParameters(absl::string_view scheme) {
+  static constexpr RenamedParameter kRedis[] = {{"script_batch", "script_batch_size"}};
+  static constexpr RenamedParameter kSqlite[] = {{"max_batch", "commit_batch_size"},
+                                                 {"purge_batch", "purge_batch_size"},
+                                                 {"cleanup_batch", "cleanup_batch_size"}};
+  static constexpr RenamedParameter kPostgres[] = {{"statement_timeout", "request_timeout"},
+                                                   {"purge_batch", "purge_batch_size"},
+                                                   {"cleanup_batch", "cleanup_batch_size"}};
+  if (absl::StartsWith(scheme, "redis")) return kRedis;
+  if (scheme == "sqlite") return kSqlite;
+  if (scheme == "postgres" || scheme == "postgresql") return kPostgres;
+  return {};
+}
 
-absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
-  ParsedUrl url;
+}  // namespace url_internal
+
+using url_internal::Bad;
+using url_internal::Decode;
+using url_internal::Encode;
+using url_internal::ParseHost;
+using url_internal::RenamedParameter;
+using url_internal::RenamedParameters;
+
+namespace {
+
+// The scheme, lower-cased, of "scheme://..."; `*rest` is what follows "://".
+absl::StatusOr<std::string> ParseScheme(absl::string_view text, absl::string_view* rest) {
   const size_t sep = text.find("://");
   if (sep == absl::string_view::npos || sep == 0) {
     return Bad("scheme", "missing (want memory://, redis://, nsq://, kafka://, sqlite:// or postgres://)");
   }
-  url.scheme = absl::AsciiStrToLower(text.substr(0, sep));
-  for (char c : url.scheme) {
+  std::string scheme = absl::AsciiStrToLower(text.substr(0, sep));
+  for (char c : scheme) {
     if (!absl::ascii_isalnum(c) && c != '+' && c != '-' && c != '.') {
       return Bad("scheme", "bad character");
     }
   }
-  absl::string_view rest = text.substr(sep + 3);
-  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
-    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
-  }
-  // A user or password may hold an unencoded '/' (base64 passwords do): the user information
-  // runs to the last '@' before the query, and the host, path and query start after it.
+  *rest = text.substr(sep + 3);
+  return scheme;
+}
+
+// Where the host starts in `rest` (after the user information, which runs to the last '@'
+// before the query: a user or password may hold an unencoded '/', as base64 passwords do).
+absl::StatusOr<size_t> HostStart(absl::string_view rest, bool sqlite) {
   const size_t first_query = rest.find('?');
-  const size_t at =
-      url.scheme == "sqlite" ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
+  const size_t at = sqlite ? absl::string_view::npos : rest.substr(0, first_query).rfind('@');
   if (at == absl::string_view::npos && first_query != absl::string_view::npos) {
     // "u:pa?ss@h": an '@' after the '?' with no parameter before it is a password's '?'. Its
     // text is never echoed.
@@ -162,27 +175,11 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       return Bad("password", "an unencoded '?' in the user or password (percent-encode it as %3F)");
     }
   }
-  const size_t host_start = at == absl::string_view::npos ? 0 : at + 1;
-  absl::string_view query;
-  if (const size_t q = rest.find('?', host_start); q != absl::string_view::npos) {
-    query = rest.substr(q + 1);
-    rest = rest.substr(0, q);
-  }
-  // sqlite://rel/x.db: everything is the path, there is no authority.
-  absl::string_view authority;
-  if (url.scheme == "sqlite") {
-    absl::StatusOr<std::string> path = Decode(rest, "path");
-    if (!path.ok()) return path.status();
-    url.path = *std::move(path);
-  } else {
-    const size_t slash = rest.find('/', host_start);
-    authority = rest.substr(0, slash);
-    if (slash != absl::string_view::npos) {
-      absl::StatusOr<std::string> path = Decode(rest.substr(slash + 1), "path");
-      if (!path.ok()) return path.status();
-      url.path = *std::move(path);
-    }
-  }
+  return at == absl::string_view::npos ? 0 : at + 1;
+}
+
+// "user[:password]@hosts" into url.user, url.password and url.hosts.
+absl::Status ParseAuthority(absl::string_view authority, ParsedUrl& url) {
   if (const size_t at = authority.rfind('@'); at != absl::string_view::npos) {
     absl::string_view userinfo = authority.substr(0, at);
     authority = authority.substr(at + 1);
@@ -201,32 +198,71 @@ absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
       url.password = *std::move(p);
     }
   }
-  if (!authority.empty()) {
-    for (absl::string_view h : absl::StrSplit(authority, ',')) {
-      absl::StatusOr<UrlHost> host = ParseHost(h);
-      if (!host.ok()) return host.status();
-      url.hosts.push_back(*std::move(host));
-    }
+  if (authority.empty()) return absl::OkStatus();
+  for (absl::string_view h : absl::StrSplit(authority, ',')) {
+    absl::StatusOr<UrlHost> host = ParseHost(h);
+    if (!host.ok()) return host.status();
+    url.hosts.push_back(*std::move(host));
   }
-  if (!query.empty()) {
-    for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
-      std::pair<absl::string_view, absl::string_view> p =
-          absl::StrSplit(kv, absl::MaxSplits('=', 1));
-      absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
-      if (!k.ok()) return k.status();
-      absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
-      if (!v.ok()) return v.status();
-      if (k->empty()) return Bad("parameter", "empty name");
-      url.params.emplace_back(*std::move(k), *std::move(v));
-    }
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuery(absl::string_view query, ParsedUrl& url) {
+  for (absl::string_view kv : absl::StrSplit(query, '&', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    absl::StatusOr<std::string> k = Decode(p.first, "parameter name");
+    if (!k.ok()) return k.status();
+    absl::StatusOr<std::string> v = Decode(p.second, absl::StrCat("parameter ", *k));
+    if (!v.ok()) return v.status();
+    if (k->empty()) return Bad("parameter", "empty name");
+    url.params.emplace_back(*std::move(k), *std::move(v));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedUrl> ParseUrl(absl::string_view text) {
+  ParsedUrl url;
+  absl::string_view rest;
+  absl::StatusOr<std::string> scheme = ParseScheme(text, &rest);
+  if (!scheme.ok()) return scheme.status();
+  url.scheme = *std::move(scheme);
+  if (const size_t hash = rest.find('#'); hash != absl::string_view::npos) {
+    return Bad("fragment", "'#' is not allowed (percent-encode it as %23)");
+  }
+  const bool sqlite = url.scheme == "sqlite";
+  absl::StatusOr<size_t> host_start = HostStart(rest, sqlite);
+  if (!host_start.ok()) return host_start.status();
+  absl::string_view query;
+  if (const size_t q = rest.find('?', *host_start); q != absl::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  // sqlite://rel/x.db: everything is the path, there is no authority.
+  absl::string_view authority;
+  absl::string_view path = rest;
+  if (!sqlite) {
+    const size_t slash = rest.find('/', *host_start);
+    authority = rest.substr(0, slash);
+    path = slash == absl::string_view::npos ? "" : rest.substr(slash + 1);
+  }
+  if (!path.empty()) {
+    absl::StatusOr<std::string> decoded = Decode(path, "path");
+    if (!decoded.ok()) return decoded.status();
+    url.path = *std::move(decoded);
+  }
+  if (absl::Status st = ParseAuthority(authority, url); !st.ok()) return st;
+  if (absl::Status st = ParseQuery(query, url); !st.ok()) return st;
   return url;
 }
 
 std::string RedactedUrl(const ParsedUrl& url) {
   std::string out = absl::StrCat(url.scheme, "://");
   if (!url.user.empty() || url.password.has_value()) {
-    absl::StrAppend(&out, Encode(url.user));
+    // nats://token@host: a user without a password is a token there (url/nats_url.h).
+    const bool token = (url.scheme == "nats" || url.scheme == "tls") && !url.password.has_value();
+    absl::StrAppend(&out, token ? "<redacted>" : Encode(url.user));
     if (url.password.has_value()) absl::StrAppend(&out, ":<redacted>");
     absl::StrAppend(&out, "@");
   }
@@ -264,202 +300,36 @@ std::string RedactedUrl(absl::string_view text) {
                                         : absl::StrCat(text.substr(0, sep), "://<unparsed>");
 }
 
+std::vector<std::string> DeprecatedUrlParameters(absl::string_view url) {
+  std::vector<std::string> warnings;
+  const size_t query = url.find('?');
+  const std::string scheme = UrlScheme(url);
+  if (scheme.empty() || query == absl::string_view::npos) return warnings;
+  for (absl::string_view piece : absl::StrSplit(url.substr(query + 1), '&', absl::SkipEmpty())) {
+    absl::StatusOr<std::string> name = Decode(piece.substr(0, piece.find('=')), "parameter");
+    if (!name.ok()) continue;
+    for (const RenamedParameter& r : RenamedParameters(scheme)) {
+      if (*name != r.old_name) continue;
+      warnings.push_back(absl::StrCat("URL parameter ", r.old_name, " of ", scheme,
+                                      ":// is deprecated and will be removed in 0.9: use ",
+                                      r.new_name));
+    }
+  }
+  return warnings;
+}
+
+std::string UrlScheme(absl::string_view url) {
+  const size_t sep = url.find("://");
+  if (sep == absl::string_view::npos) return "";
+  return absl::AsciiStrToLower(url.substr(0, sep));
+}
+
 GetEnv ProcessEnv() {
   return [](absl::string_view name) -> std::optional<std::string> {
     const char* v = std::getenv(std::string(name).c_str());
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   };
-}
-
-absl::StatusOr<NsqOptions> NsqOptionsFromUrl(const ParsedUrl& url, const GetEnv& env) {
-  if (url.scheme != "nsq") return Bad("scheme", absl::StrCat("want nsq://, got ", url.scheme));
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  NsqOptions o;
-  for (const UrlHost& h : url.hosts) o.nsqd_tcp_addresses.push_back(JoinHost(h, 4150));
-  Params p(url);
-  // An HTTP address may name its scheme (http://, https://); the port defaults by server.
-  auto http_address = [](absl::string_view a, int default_port) -> absl::StatusOr<std::string> {
-    absl::string_view scheme;
-    for (absl::string_view s : {"http://", "https://"}) {
-      if (absl::StartsWithIgnoreCase(a, s)) {
-        scheme = s;
-        a.remove_prefix(s.size());
-      }
-    }
-    absl::StatusOr<UrlHost> h = ParseHost(a);
-    if (!h.ok()) return h.status();
-    return absl::StrCat(scheme == "https://" ? "https://" : "", JoinHost(*h, default_port));
-  };
-  for (const std::string& a : p.TakeList("lookupd")) {
-    absl::StatusOr<std::string> h = http_address(a, 4161);
-    if (!h.ok()) return Bad("parameter lookupd", h.status().message());
-    o.lookupd_http_addresses.push_back(*std::move(h));
-  }
-  for (const std::string& a : p.TakeList("nsqd_http")) {
-    absl::StatusOr<std::string> h = http_address(a, 4151);
-    if (!h.ok()) return Bad("parameter nsqd_http", h.status().message());
-    o.discovery.nsqd_http_addresses.push_back(*std::move(h));
-  }
-  if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
-    return Bad("host", "nsq:// needs an nsqd host or a lookupd parameter");
-  }
-  if (auto secret = p.Take("auth_secret")) {
-    o.auth.secret = *secret;
-  } else if (env) {
-    if (std::optional<std::string> s = env("NSQ_AUTH_SECRET")) o.auth.secret = *s;
-  }
-  p.String("client_id", &o.auth.client_id);
-  p.String("user_agent", &o.auth.user_agent);
-  p.Bool("lookupd_authorization", &o.auth.lookupd_authorization);
-  p.String("queue_channel", &o.queue_channel);
-  p.Bool("tls", &o.tls.enabled);
-  p.Bool("tls_required", &o.tls.required);
-  p.String("tls_ca_file", &o.tls.ca_file);
-  p.String("tls_cert_file", &o.tls.cert_file);
-  p.String("tls_key_file", &o.tls.key_file);
-  p.String("tls_key_password", &o.tls.key_password);
-  p.String("tls_server_name", &o.tls.server_name);
-  p.Bool("tls_insecure_skip_verify", &o.tls.insecure_skip_verify);
-  if (auto codec = p.Take("compression")) {
-    absl::StatusOr<NsqCompression> parsed = ParseNsqCompression(*codec);
-    if (!parsed.ok()) return Bad("parameter compression", parsed.status().message());
-    o.compression.codec = *parsed;
-  }
-  p.Integer("deflate_level", &o.compression.deflate_level);
-  if (auto policy = p.Take("publish_policy")) {
-    absl::StatusOr<NsqPublishPolicy> parsed = ParseNsqPublishPolicy(*policy);
-    if (!parsed.ok()) return Bad("parameter publish_policy", parsed.status().message());
-    o.publishing.policy = *parsed;
-  }
-  // The parameters keep the flat names shared with redis:// (connect_timeout,
-  // reconnect_backoff_base, ...); each sets one field of NsqOptions' groups.
-  p.Duration("publish_timeout", &o.publishing.timeout);
-  p.Bool("publish_discovery", &o.publishing.use_lookupd);
-  p.Integer("publish_connections", &o.publishing.connections);
-  p.Duration("rdy_redistribute_interval", &o.consuming.rdy_redistribute_interval);
-  p.Duration("close_timeout", &o.consuming.close_timeout);
-  p.Duration("output_buffer_timeout", &o.consuming.output_buffer_timeout);
-  p.Integer("output_buffer_size", &o.consuming.output_buffer_size);
-  p.Integer("sample_rate", &o.consuming.sample_rate);
-  p.Duration("lookupd_poll_interval", &o.discovery.lookupd_poll_interval);
-  p.Duration("connect_timeout", &o.timeouts.connect);
-  p.Duration("request_timeout", &o.timeouts.request);
-  p.Duration("heartbeat_interval", &o.timeouts.heartbeat_interval);
-  p.Integer("max_message_bytes", &o.limits.max_message_bytes);
-  p.Integer("max_batch_bytes", &o.limits.max_batch_bytes);
-  p.Duration("max_defer", &o.limits.max_defer);
-  p.Duration("reconnect_backoff_base", &o.reconnect_backoff.initial);
-  p.Duration("reconnect_backoff_max", &o.reconnect_backoff.max);
-  p.Integer("io_threads", &o.io_threads);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateNsqOptions(o); !st.ok()) return Prefixed(st);
-  return o;
-}
-
-absl::StatusOr<SqliteUrlOptions> SqliteOptionsFromUrl(const ParsedUrl& url) {
-  if (url.scheme != "sqlite") {
-    return Bad("scheme", absl::StrCat("want sqlite://, got ", url.scheme));
-  }
-  if (url.path.empty()) return Bad("path", "sqlite:// needs a file (sqlite:///abs/path.db)");
-  SqliteUrlOptions o;
-  o.db.path = url.path;
-  Params p(url);
-  p.Duration("busy_timeout", &o.db.busy_timeout);
-  if (auto s = p.Take("synchronous")) {
-    if (*s == "normal") {
-      o.db.synchronous = SqliteSynchronous::kNormal;
-    } else if (*s == "full") {
-      o.db.synchronous = SqliteSynchronous::kFull;
-    } else {
-      return Bad("parameter synchronous", "want normal or full");
-    }
-  }
-  p.Integer("max_batch", &o.db.max_batch);
-  p.Integer("max_idle_readers", &o.db.max_idle_readers);
-  p.Duration("spin_wait", &o.db.spin_wait);
-  p.Bool("background_checkpoints", &o.db.background_checkpoints);
-  p.Bool("read_only", &o.db.read_only);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
-  p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidateSqliteOptions(o.db); !st.ok()) return Prefixed(st);
-  if (absl::Status st = ValidateSqliteDeadLetterOptions(o.dead_letters); !st.ok()) {
-    return Prefixed(st);
-  }
-  if (absl::Status st = ValidateSqliteIdempotencyOptions(o.idempotency); !st.ok()) {
-    return Prefixed(st);
-  }
-  return o;
-}
-
-bool IsPostgresUrl(absl::string_view url) {
-  return absl::StartsWithIgnoreCase(url, "postgres://") ||
-         absl::StartsWithIgnoreCase(url, "postgresql://");
-}
-
-absl::StatusOr<PostgresUrlOptions> PostgresOptionsFromUrl(absl::string_view url) {
-  if (!IsPostgresUrl(url)) return Bad("scheme", "want postgres:// or postgresql://");
-  // Only the query is split here, and only to take the library's own parameters out: libpq
-  // parses the URL (and refuses parameters it does not know).
-  static const std::set<std::string>* const kOurs = new std::set<std::string>{
-      "schema",      "max_connections", "pool_timeout",  "statement_timeout",
-      "max_retries", "purge_batch",     "cleanup_batch", "cleanup_interval"};
-  const size_t q = url.find('?');
-  ParsedUrl ours;
-  std::vector<absl::string_view> theirs;
-  if (q != absl::string_view::npos) {
-    for (absl::string_view piece : absl::StrSplit(url.substr(q + 1), '&', absl::SkipEmpty())) {
-      const size_t eq = piece.find('=');
-      absl::StatusOr<std::string> key = Decode(piece.substr(0, eq), "parameter name");
-      if (!key.ok()) return key.status();
-      if (kOurs->count(*key) == 0) {
-        theirs.push_back(piece);
-        continue;
-      }
-      absl::StatusOr<std::string> value =
-          Decode(eq == absl::string_view::npos ? "" : piece.substr(eq + 1),
-                 absl::StrCat("parameter ", *key));
-      if (!value.ok()) return value.status();
-      ours.params.emplace_back(*std::move(key), *std::move(value));
-    }
-  }
-  PostgresUrlOptions o;
-  o.db.conninfo = std::string(url.substr(0, q));
-  if (!theirs.empty()) absl::StrAppend(&o.db.conninfo, "?", absl::StrJoin(theirs, "&"));
-  Params p(ours);
-  p.String("schema", &o.db.schema);
-  p.Integer("max_connections", &o.db.max_connections);
-  p.Duration("pool_timeout", &o.db.pool_timeout);
-  p.Duration("statement_timeout", &o.db.statement_timeout);
-  p.Integer("max_retries", &o.db.max_retries);
-  p.Integer("purge_batch", &o.dead_letters.purge_batch);
-  p.Integer("cleanup_batch", &o.idempotency.cleanup_batch);
-  p.Duration("cleanup_interval", &o.idempotency.cleanup_interval);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (absl::Status st = ValidatePostgresOptions(o.db); !st.ok()) return Prefixed(st);
-  if (absl::Status st = ValidatePostgresDeadLetterOptions(o.dead_letters); !st.ok()) {
-    return Prefixed(st);
-  }
-  if (absl::Status st = ValidatePostgresIdempotencyOptions(o.idempotency); !st.ok()) {
-    return Prefixed(st);
-  }
-  return o;
-}
-
-absl::StatusOr<MemoryUrlOptions> MemoryOptionsFromUrl(const ParsedUrl& url) {
-  if (url.scheme != "memory") {
-    return Bad("scheme", absl::StrCat("want memory://, got ", url.scheme));
-  }
-  if (absl::Status st = NoUserOrPath(url, false); !st.ok()) return st;
-  if (!url.hosts.empty()) return Bad("host", "memory:// takes no host");
-  MemoryUrlOptions o;
-  Params p(url);
-  p.Integer("max_message_bytes", &o.max_message_bytes);
-  if (absl::Status st = p.Finish(); !st.ok()) return st;
-  if (o.max_message_bytes == 0) return Bad("parameter max_message_bytes", "must be > 0");
-  return o;
 }
 
 }  // namespace bus

@@ -4,10 +4,17 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "bus/handler_options.h"
+#include "bus/logger.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "url/memory_url.h"
+#include "url/nsq_url.h"
 #include "url/open.h"
+#include "url/postgres_url.h"
+#include "url/redis_url.h"
+#include "url/sqlite_url.h"
 
 namespace bus {
 namespace {
@@ -68,7 +75,8 @@ TEST(RedisUrl, Defaults) {
 TEST(RedisUrl, EveryPart) {
   absl::StatusOr<RedisOptions> o = Redis(
       "redis://alice:s3cret@cache.example:6380/3?key_prefix=app:&connect_timeout=250ms&"
-      "request_timeout=3s&reconnect_backoff_base=10ms&reconnect_backoff_max=1s&script_batch=100&"
+      "request_timeout=3s&reconnect_backoff_base=10ms&reconnect_backoff_max=1s&script_batch_size="
+      "100&"
       "max_reply_bytes=4096&max_reply_elements=10");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->username, "alice");
@@ -81,7 +89,7 @@ TEST(RedisUrl, EveryPart) {
   EXPECT_EQ(o->timeouts.request, absl::Seconds(3));
   EXPECT_EQ(o->backoff.initial, absl::Milliseconds(10));
   EXPECT_EQ(o->backoff.max, absl::Seconds(1));
-  EXPECT_EQ(o->limits.script_batch, 100);
+  EXPECT_EQ(o->limits.script_batch_size, 100);
   EXPECT_EQ(o->limits.max_reply_bytes, 4096);
   EXPECT_EQ(o->limits.max_reply_elements, 10);
 }
@@ -171,14 +179,14 @@ TEST(RedisUrl, RedissSetsTlsAndItsOptions) {
   EXPECT_EQ(o->tls.key_file, "/c.key");
   EXPECT_EQ(o->tls.server_name, "redis.internal");
   EXPECT_FALSE(o->tls.insecure_skip_verify);
-  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls13);
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls13);
 
   o = Redis("rediss+cluster://a:7000,b:7001?tls_insecure_skip_verify=true");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->tls.enabled);
   EXPECT_TRUE(o->tls.insecure_skip_verify);
   EXPECT_EQ(o->seeds, (std::vector<std::string>{"a:7000", "b:7001"}));
-  EXPECT_EQ(o->tls.min_version, RedisOptions::Tls::Version::kTls12);
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls12);
 
   o = Redis("redis://h");
   ASSERT_TRUE(o.ok()) << o.status();
@@ -230,15 +238,15 @@ TEST(RedisUrl, Errors) {
   ExpectBad(Redis("redis://u%g@h").status(), "user");
   ExpectBad(Redis("redis://h?timeout=soon").status(), "parameter timeout");
   ExpectBad(Redis("redis://h?request_timeout=5").status(), "parameter request_timeout");
-  ExpectBad(Redis("redis://h?script_batch=many").status(), "parameter script_batch");
+  ExpectBad(Redis("redis://h?script_batch_size=many").status(), "parameter script_batch_size");
   ExpectBad(Redis("redis://h?key_prefix=a&key_prefix=b").status(), "given twice");
   ExpectBad(Redis("redis://h?=x").status(), "parameter");
   ExpectBad(Redis("redis://h#frag").status(), "fragment");
   // Out of range: the option's own validation, named.
-  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch");
+  ExpectBad(Redis("redis://h?script_batch_size=5001").status(), "limits.script_batch_size");
   ExpectBad(Redis("redis://h?request_timeout=-1s").status(), "timeouts.request");
   // 0: the library's choice.
-  EXPECT_TRUE(Redis("redis://h?script_batch=0").ok());
+  EXPECT_TRUE(Redis("redis://h?script_batch_size=0").ok());
 }
 
 TEST(RedisUrl, APasswordWithSlashOrQuestionMarkIsNeverEchoed) {
@@ -298,7 +306,7 @@ TEST(NsqUrl, EveryParameter) {
   EXPECT_EQ(o->queue_channel, "ch");
   EXPECT_EQ(o->timeouts.connect, absl::Seconds(1));
   EXPECT_EQ(o->timeouts.request, absl::Seconds(2));
-  EXPECT_EQ(o->timeouts.heartbeat_interval, absl::Seconds(3));
+  EXPECT_EQ(o->connection.heartbeat_interval, absl::Seconds(3));
   EXPECT_EQ(o->consuming.output_buffer_timeout, absl::Milliseconds(50));
   EXPECT_EQ(o->consuming.output_buffer_size, 32768);
   EXPECT_EQ(o->discovery.lookupd_poll_interval, absl::Seconds(4));
@@ -378,7 +386,7 @@ TEST(NsqUrl, TlsAndCompression) {
           "compression=deflate&deflate_level=3");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->tls.enabled);
-  EXPECT_FALSE(o->tls.required);
+  EXPECT_FALSE(o->connection.tls_required);
   EXPECT_EQ(o->tls.ca_file, "/etc/ca.pem");
   EXPECT_EQ(o->tls.cert_file, "/c.pem");
   EXPECT_EQ(o->tls.key_file, "/k.pem");
@@ -390,12 +398,17 @@ TEST(NsqUrl, TlsAndCompression) {
   o = Nsq("nsq://n1?tls=1&tls_insecure_skip_verify=true&compression=snappy");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->tls.insecure_skip_verify);
-  EXPECT_TRUE(o->tls.required);
+  EXPECT_TRUE(o->connection.tls_required);
   EXPECT_EQ(o->compression.codec, NsqCompression::kSnappy);
   ExpectBad(Nsq("nsq://n1?compression=gzip").status(), "parameter compression");
   ExpectBad(Nsq("nsq://n1?compression=deflate&deflate_level=10").status(), "deflate_level");
   ExpectBad(Nsq("nsq://n1?tls_ca_file=/ca.pem").status(), "tls.enabled");
   ExpectBad(Nsq("nsq://n1?tls=true&tls_cert_file=/c.pem").status(), "key_file");
+  o = Nsq("nsq://n1?tls=true&tls_ca_dir=/etc/cas&tls_min_version=1.3");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->tls.ca_dir, "/etc/cas");
+  EXPECT_EQ(o->tls.min_version, TlsOptions::Version::kTls13);
+  ExpectBad(Nsq("nsq://n1?tls=true&tls_min_version=1.1").status(), "tls_min_version");
   EXPECT_EQ(RedactedUrl("nsq://n1?tls=true&tls_key_password=hunter2"),
             "nsq://n1?tls=true&tls_key_password=<redacted>");
 }
@@ -415,18 +428,19 @@ TEST(SqliteUrl, AbsoluteAndRelativePaths) {
 
 TEST(SqliteUrl, EveryParameter) {
   absl::StatusOr<SqliteUrlOptions> o = Sqlite(
-      "sqlite:///x.db?busy_timeout=1s&synchronous=full&cleanup_batch=5&cleanup_interval=2s&"
-      "max_batch=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false&purge_batch=9");
+      "sqlite:///x.db?busy_timeout=1s&synchronous=full&cleanup_batch_size=5&cleanup_interval=2s&"
+      "commit_batch_size=7&max_idle_readers=1&spin_wait=0s&background_checkpoints=false&"
+      "purge_batch_size=9");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->db.busy_timeout, absl::Seconds(1));
   EXPECT_EQ(o->db.synchronous, SqliteSynchronous::kFull);
-  EXPECT_EQ(o->idempotency.cleanup_batch, 5);
+  EXPECT_EQ(o->idempotency.cleanup_batch_size, 5);
   EXPECT_EQ(o->idempotency.cleanup_interval, absl::Seconds(2));
-  EXPECT_EQ(o->db.max_batch, 7);
+  EXPECT_EQ(o->db.commit_batch_size, 7);
   EXPECT_EQ(o->db.max_idle_readers, 1);
   EXPECT_EQ(o->db.spin_wait, absl::ZeroDuration());
   EXPECT_FALSE(o->db.background_checkpoints);
-  EXPECT_EQ(o->dead_letters.purge_batch, 9);
+  EXPECT_EQ(o->dead_letters.purge_batch_size, 9);
 }
 
 TEST(SqliteUrl, Errors) {
@@ -435,8 +449,8 @@ TEST(SqliteUrl, Errors) {
   ExpectBad(Sqlite("sqlite:///x.db?synchronous=off").status(), "parameter synchronous");
   ExpectBad(Sqlite("sqlite:///x.db?background_checkpoints=maybe").status(),
             "parameter background_checkpoints");
-  ExpectBad(Sqlite("sqlite:///x.db?max_batch=0").status(), "max_batch");
-  ExpectBad(Sqlite("sqlite:///x.db?purge_batch=0").status(), "purge_batch");
+  ExpectBad(Sqlite("sqlite:///x.db?commit_batch_size=0").status(), "commit_batch_size");
+  ExpectBad(Sqlite("sqlite:///x.db?purge_batch_size=0").status(), "purge_batch_size");
   ExpectBad(Sqlite("sqlite:///x.db?cleanup_interval=0s").status(), "cleanup_interval");
   ExpectBad(Sqlite("sqlite:///x.db?journal=wal").status(), "unknown: journal");
   ExpectBad(Sqlite("sqlite:///bad%zz.db").status(), "path");
@@ -482,18 +496,18 @@ TEST(Redaction, PasswordsAndSecretsNeverShow) {
 TEST(PostgresUrl, LibpqGetsTheUrlAndTheLibraryItsOwnParameters) {
   absl::StatusOr<PostgresUrlOptions> o = PostgresOptionsFromUrl(
       "postgres://orders:s3cr%40t@db1:5433,db2/orders?sslmode=require&schema=orders_bus&"
-      "max_connections=4&statement_timeout=2s&connect_timeout=3&purge_batch=10&"
-      "cleanup_batch=20&cleanup_interval=1m&pool_timeout=7s&max_retries=2");
+      "max_connections=4&request_timeout=2s&connect_timeout=3&purge_batch_size=10&"
+      "cleanup_batch_size=20&cleanup_interval=1m&pool_timeout=7s&max_retries=2");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->db.conninfo,
             "postgres://orders:s3cr%40t@db1:5433,db2/orders?sslmode=require&connect_timeout=3");
   EXPECT_EQ(o->db.schema, "orders_bus");
   EXPECT_EQ(o->db.max_connections, 4);
-  EXPECT_EQ(o->db.statement_timeout, absl::Seconds(2));
+  EXPECT_EQ(o->db.timeouts.request, absl::Seconds(2));
   EXPECT_EQ(o->db.pool_timeout, absl::Seconds(7));
   EXPECT_EQ(o->db.max_retries, 2);
-  EXPECT_EQ(o->dead_letters.purge_batch, 10);
-  EXPECT_EQ(o->idempotency.cleanup_batch, 20);
+  EXPECT_EQ(o->dead_letters.purge_batch_size, 10);
+  EXPECT_EQ(o->idempotency.cleanup_batch_size, 20);
   EXPECT_EQ(o->idempotency.cleanup_interval, absl::Minutes(1));
 
   o = PostgresOptionsFromUrl("postgresql:///orders");  // libpq's defaults for the host
@@ -510,13 +524,86 @@ TEST(PostgresUrl, BadPartsAreNamedWithoutThePassword) {
             "hunter2");
   ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?schema=Bad-Name").status(), "schema",
             "hunter2");
-  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?statement_timeout=soon").status(),
-            "statement_timeout", "hunter2");
-  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?cleanup_batch=0").status(),
-            "cleanup_batch", "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?request_timeout=soon").status(),
+            "request_timeout", "hunter2");
+  ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?cleanup_batch_size=0").status(),
+            "cleanup_batch_size", "hunter2");
   ExpectBad(PostgresOptionsFromUrl("postgres://u:hunter2@h/db?schema=a&schema=b").status(),
             "given twice", "hunter2");
   EXPECT_EQ(RedactedUrl("postgres://u:hunter2@h:5432/db"), "postgres://u:<redacted>@h:5432/db");
+}
+
+// 0.7's spellings are read as 0.8's until 0.9, each with a warning.
+TEST(DeprecatedParameters, OldSpellingsStillWorkWithAWarning) {
+  absl::StatusOr<RedisOptions> redis = Redis("redis://h?script_batch=100");
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  EXPECT_EQ(redis->limits.script_batch_size, 100);
+  ExpectBad(Redis("redis://h?script_batch=5001").status(), "limits.script_batch_size");
+
+  absl::StatusOr<SqliteUrlOptions> sqlite =
+      Sqlite("sqlite:///x.db?max_batch=7&purge_batch=9&cleanup_batch=5");
+  ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+  EXPECT_EQ(sqlite->db.commit_batch_size, 7);
+  EXPECT_EQ(sqlite->dead_letters.purge_batch_size, 9);
+  EXPECT_EQ(sqlite->idempotency.cleanup_batch_size, 5);
+
+  absl::StatusOr<PostgresUrlOptions> pg = PostgresOptionsFromUrl(
+      "postgres://h/db?statement_timeout=2s&purge_batch=10&cleanup_batch=20&sslmode=disable");
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  EXPECT_EQ(pg->db.timeouts.request, absl::Seconds(2));
+  EXPECT_EQ(pg->dead_letters.purge_batch_size, 10);
+  EXPECT_EQ(pg->idempotency.cleanup_batch_size, 20);
+  EXPECT_EQ(pg->db.conninfo, "postgres://h/db?sslmode=disable");
+
+  EXPECT_THAT(DeprecatedUrlParameters("postgresql://h/db?statement_timeout=2s&schema=s"),
+              ::testing::ElementsAre("URL parameter statement_timeout of postgresql:// is "
+                                     "deprecated and will be removed in 0.9: use "
+                                     "request_timeout"));
+  EXPECT_THAT(DeprecatedUrlParameters("rediss+cluster://h?script_batch=1&key_prefix=a"),
+              ::testing::ElementsAre(::testing::HasSubstr("use script_batch_size")));
+  EXPECT_EQ(DeprecatedUrlParameters("sqlite:///x.db?max_batch=1&purge_batch=2").size(), 2u);
+  EXPECT_TRUE(DeprecatedUrlParameters("sqlite:///x.db?commit_batch_size=1").empty());
+  EXPECT_TRUE(DeprecatedUrlParameters("nsq://h?max_batch=1").empty());  // not nsq's name
+  EXPECT_TRUE(DeprecatedUrlParameters("memory://").empty());
+}
+
+TEST(DeprecatedParameters, BothSpellingsAtOnceAreGivenTwice) {
+  ExpectBad(Redis("redis://h?script_batch=1&script_batch_size=2").status(), "given twice");
+  ExpectBad(Sqlite("sqlite:///x.db?max_batch=1&commit_batch_size=2").status(), "given twice");
+  ExpectBad(
+      PostgresOptionsFromUrl("postgres://h/db?statement_timeout=1s&request_timeout=2s").status(),
+      "given twice");
+}
+
+// Records what is logged.
+class RecordingLogger : public Logger {
+ public:
+  void Write(const LogRecord& r) override {
+    absl::MutexLock lock(&mu_);
+    lines_.push_back(std::string(r.text));
+  }
+  std::vector<std::string> lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+TEST(DeprecatedParameters, OpeningLogsEachWarningOncePerProcess) {
+  auto logger = std::make_shared<RecordingLogger>();
+  const std::string db = std::string(::testing::TempDir()) + "/deprecated_test.db";
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Stores> s =
+        OpenStores("sqlite://" + db + "?cleanup_batch=10", {.logger = logger});
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  ASSERT_TRUE(OpenDriver("redis://127.0.0.1:1?script_batch=10", {.logger = logger}).ok());
+  EXPECT_THAT(logger->lines(),
+              ::testing::ElementsAre(::testing::HasSubstr("cleanup_batch of sqlite://"),
+                                     ::testing::HasSubstr("script_batch of redis://")));
 }
 
 TEST(Open, EveryKindAndUnknownSchemes) {

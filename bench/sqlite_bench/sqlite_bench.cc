@@ -353,7 +353,7 @@ class StorePairsSide final : public Side {
         threads_(threads),
         shared_keys_(shared_keys),
         per_thread_(static_cast<size_t>(threads), 0) {
-    options_.max_batch = max_batch;
+    options_.commit_batch_size = max_batch;
     absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
     Check(db.status(), "open");
     db_ = *db;

@@ -12,20 +12,6 @@
 #include "bus/trace.h"
 
 namespace bus::internal {
-namespace {
-
-// Counts messages inside the pipeline for the in_flight gauge.
-class InFlight {
- public:
-  explicit InFlight(std::atomic<int64_t>* gauge, int64_t n) : gauge_(gauge), n_(n) {
-    gauge_->fetch_add(n_, std::memory_order_relaxed);
-  }
-  ~InFlight() { gauge_->fetch_sub(n_, std::memory_order_relaxed); }
-
- private:
-  std::atomic<int64_t>* gauge_;
-  const int64_t n_;
-};
 
 // One worker's reusable buffers for a batch (ProcessBatch).
 struct BatchScratch {
@@ -43,6 +29,28 @@ struct BatchScratch {
   // With an inbox: the messages to handle in the batch's transaction, and under their key or not.
   std::vector<size_t> pending;
   std::vector<char> pending_acquired;
+  // Whether a message starts only while its key has half its lease left, and until when.
+  bool check_lease = false;
+  absl::Time half_lease_at;
+  // A suspect's batch of one (SuspectAlone): how many times a handler of the message died
+  // running alone before (AcquireSuspect; -1: the store does not say).
+  bool suspect = false;
+  int deaths = -1;
+};
+
+namespace {
+
+// Counts messages inside the pipeline for the in_flight gauge.
+class InFlight {
+ public:
+  explicit InFlight(std::atomic<int64_t>* gauge, int64_t n) : gauge_(gauge), n_(n) {
+    gauge_->fetch_add(n_, std::memory_order_relaxed);
+  }
+  ~InFlight() { gauge_->fetch_sub(n_, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t>* gauge_;
+  const int64_t n_;
 };
 
 // This thread's batch buffers: ProcessBatch's, read again by OnSettled for the batch it just ran.
@@ -51,9 +59,8 @@ thread_local BatchScratch batch_scratch;
 // This thread's stage of observer events (EventQueue::Stage), set by Process; null elsewhere.
 thread_local EventQueue::Stage* staged_events = nullptr;
 
-// An idempotency owner token unique to one attempt, across threads and processes: 40 random
-// bits fixed per process (bus/ids.h) and a 50-bit counter, as 15 base64url characters, so it
-// fits the small-string buffer and costs no allocation on the hot path.
+}  // namespace
+
 std::string NewOwnerToken() {
   static const uint64_t prefix = RandomId64() & ((uint64_t{1} << 40) - 1);
   static std::atomic<uint64_t> counter{0};
@@ -67,8 +74,6 @@ std::string NewOwnerToken() {
   for (int i = 7; i < 15; ++i, hi >>= 6) out[14 - i] = kAlphabet[hi & 63];
   return out;
 }
-
-}  // namespace
 
 void SetHeader(Message& msg, const char* key, std::string value) {
   for (auto& [k, v] : msg.headers) {
@@ -188,106 +193,15 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   InFlight gauge(&in_flight, static_cast<int64_t>(n));
   StartBatchInfra();
   BatchScratch& b = batch_scratch;
-  if (b.msgs.size() < n) {
-    b.msgs.resize(n);
-    b.keys.resize(n);
-    b.owners.resize(n);
-  }
-
-  // 1. Decode every envelope.
-  b.decoded.clear();
-  b.key_views.clear();
-  b.owner_views.clear();
-  for (size_t i = 0; i < n; ++i) {
-    if (!Decode(in[i], &b.msgs[i], &out[i])) continue;
-    if (!WithinMaxDeliveries(in[i], b.msgs[i], &out[i])) continue;
-    if (in[i].replays >= 0) SetHeader(b.msgs[i], kReplaysHeader, absl::StrCat(in[i].replays + 1));
-    KeyOf(b.msgs[i], &b.keys[i]);
-    b.owners[i] = NewOwnerToken();
-    b.decoded.push_back(i);
-    b.key_views.push_back(b.keys[i]);
-    b.owner_views.push_back(b.owners[i]);
-  }
+  DecodeBatch(in, out, b);
   if (b.decoded.empty()) return;
-  // A message of the batch starts only while its key has half its lease left (the inbox handles
-  // its batch in one transaction after this loop, so it takes the batch whole).
-  const bool check_lease = b.decoded.size() > 1 && transactional == nullptr;
-  const absl::Time half_lease_at = check_lease
-                                       ? options.clock->Now() + options.stores.idempotency_lease / 2
-                                       : absl::InfiniteFuture();
-
-  // 2. Acquire the keys of those that decoded, in one call.
-  b.acquired.resize(b.decoded.size());
-  Acquire(b.key_views, b.owner_views, absl::MakeSpan(b.acquired));
-  b.held.clear();
-  for (size_t j = 0; j < b.decoded.size(); ++j) {
-    if (b.acquired[j].ok() && *b.acquired[j])
-      b.held.push_back(HeldHash(b.key_views[j], b.msgs[b.decoded[j]].id));
-  }
-  if (!b.held.empty()) HoldHere(b.held, +1);
-
-  // 3 to 6, message by message.
+  AcquireBatch(b);
   b.done_keys.clear();
   b.done_owners.clear();
   b.done_msgs.clear();
   b.pending.clear();
   b.pending_acquired.clear();
-  const std::stop_token token = stop.get_token();
-  for (size_t j = 0; j < b.decoded.size(); ++j) {
-    const size_t i = b.decoded[j];
-    Message& msg = b.msgs[i];
-    const bool late = check_lease && j > 0 && options.clock->Now() >= half_lease_at;
-    if ((token.stop_requested() && in[i].replays < 0) || late) {
-      // Not started: give the key back and let the broker deliver the message again (a
-      // replayed letter stays in the store for the next replay).
-      out[i] = Settlement::Redeliver();
-      if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
-      if (b.acquired[j].ok() && *b.acquired[j] && !Release(b.keys[i], b.owners[i])) {
-        out[i].redeliver_after = options.stores.idempotency_lease;
-      }
-      continue;
-    }
-    // 3.
-    const Resolution r = Resolve(msg, b.keys[i], b.owners[i], b.acquired[j]);
-    if (r.next == Resolution::Next::kSettled) {
-      out[i] = r.settlement;
-      continue;
-    }
-    const bool under_key = r.next == Resolution::Next::kHandleUnderKey;
-    if (under_key && !(b.acquired[j].ok() && *b.acquired[j])) {
-      // Taken anew by Resolve (from a lost acquire of ours).
-      const uint64_t hash = HeldHash(b.keys[i], msg.id);
-      HoldHere({&hash, 1}, +1);
-      b.held.push_back(hash);
-    }
-    if (transactional != nullptr) {
-      // 4 is deferred to the batch's transaction.
-      b.pending.push_back(i);
-      b.pending_acquired.push_back(under_key);
-      continue;
-    }
-    // 4.
-    EmitStarted(msg);
-    const absl::Status result = CallHandle(msg, in[i].deliveries, nullptr);
-    if (StoppedHandle(result)) {
-      out[i] = Abandoned(msg, b.keys[i], b.owners[i], under_key);
-      continue;
-    }
-    if (!result.ok()) {
-      // 6.
-      out[i] = Failed(msg, b.keys[i], b.owners[i], under_key, result);
-      out[i].outcome = Outcome::kFailed;  // for the consumer backoff
-      continue;
-    }
-    // 5.
-    out[i] = Succeeded(msg);
-    out[i].outcome = Outcome::kSucceeded;
-    if (under_key) {
-      b.done_keys.push_back(b.keys[i]);
-      b.done_owners.push_back(b.owners[i]);
-      b.done_msgs.push_back(&msg);
-    }
-  }
+  for (size_t j = 0; j < b.decoded.size(); ++j) RunOne(j, in, out, b);
   if (!b.pending.empty()) {
     // 4 and 5 (or 6) of every message to handle, in one transaction of the inbox.
     HandleInTransaction(b.pending, in, absl::MakeSpan(b.msgs.data(), n),
@@ -300,6 +214,113 @@ void Pipeline::ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> o
   if (!b.held.empty()) HoldHere(b.held, -1);
   if (options.flow.max_deliveries > 0) {
     CountGiveBacks(in, absl::MakeConstSpan(b.msgs.data(), n), b.decoded, out);
+  }
+}
+
+void Pipeline::DecodeBatch(absl::Span<const Input> in, absl::Span<Settlement> out,
+                           BatchScratch& b) {
+  const size_t n = in.size();
+  if (b.msgs.size() < n) {
+    b.msgs.resize(n);
+    b.keys.resize(n);
+    b.owners.resize(n);
+  }
+  b.decoded.clear();
+  b.key_views.clear();
+  b.owner_views.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (!Decode(in[i], &b.msgs[i], &out[i])) continue;
+    if (in[i].replays >= 0) SetHeader(b.msgs[i], kReplaysHeader, absl::StrCat(in[i].replays + 1));
+    KeyOf(b.msgs[i], &b.keys[i]);
+    b.owners[i] = NewOwnerToken();
+    b.decoded.push_back(i);
+  }
+  b.suspect = n == 1 && b.decoded.size() == 1 && SuspectAlone(in[0], b.msgs[0]);
+  b.deaths = -1;
+  // A message of the batch starts only while its key has half its lease left (the inbox handles
+  // its batch in one transaction after this loop, so it takes the batch whole).
+  b.check_lease = b.decoded.size() > 1 && transactional == nullptr;
+  b.half_lease_at = b.check_lease ? options.clock->Now() + options.stores.idempotency_lease / 2
+                                  : absl::InfiniteFuture();
+}
+
+void Pipeline::AcquireBatch(BatchScratch& b) {
+  b.acquired.resize(b.decoded.size());
+  if (b.suspect) {
+    b.acquired[0] = AcquireSuspect(b.keys[0], &b.owners[0], &b.deaths);
+  } else {
+    for (size_t i : b.decoded) {
+      b.key_views.push_back(b.keys[i]);
+      b.owner_views.push_back(b.owners[i]);
+    }
+    Acquire(b.key_views, b.owner_views, absl::MakeSpan(b.acquired));
+  }
+  b.held.clear();
+  for (size_t j = 0; j < b.decoded.size(); ++j) {
+    const size_t i = b.decoded[j];
+    if (b.acquired[j].ok() && *b.acquired[j]) b.held.push_back(HeldHash(b.keys[i], b.msgs[i].id));
+  }
+  if (!b.held.empty()) HoldHere(b.held, +1);
+}
+
+void Pipeline::RunOne(size_t j, absl::Span<const Input> in, absl::Span<Settlement> out,
+                      BatchScratch& b) {
+  const size_t i = b.decoded[j];
+  Message& msg = b.msgs[i];
+  const bool late = b.check_lease && j > 0 && options.clock->Now() >= b.half_lease_at;
+  const bool acquired = b.acquired[j].ok() && *b.acquired[j];
+  if ((stop.stop_requested() && in[i].replays < 0) || late) {
+    // Not started: give the key back and let the broker deliver the message again (a
+    // replayed letter stays in the store for the next replay).
+    out[i] = Settlement::Redeliver();
+    if (!b.acquired[j].ok()) RememberGhost(b.keys[i], b.owners[i]);
+    if (acquired && !Release(b.keys[i], b.owners[i])) {
+      out[i].redeliver_after = options.stores.idempotency_lease;
+    }
+    return;
+  }
+  // 3. A key already done is a duplicate here, before the cap is looked at.
+  const Resolution r = Resolve(msg, b.keys[i], b.owners[i], b.acquired[j]);
+  if (r.next == Resolution::Next::kSettled) {
+    out[i] = r.settlement;
+    return;
+  }
+  const bool under_key = r.next == Resolution::Next::kHandleUnderKey;
+  if (under_key && !acquired) {
+    // Taken anew by Resolve (from a lost acquire of ours).
+    const uint64_t hash = HeldHash(b.keys[i], msg.id);
+    HoldHere({&hash, 1}, +1);
+    b.held.push_back(hash);
+  }
+  // A suspect's count: its acquire's (a key taken otherwise, or not taken, counts no death).
+  const int deaths = b.deaths < 0 ? -1 : (under_key && acquired ? b.deaths : 0);
+  if (b.suspect && OverCap(in[i], msg, deaths, b.keys[i], b.owners[i], under_key, &out[i])) {
+    return;
+  }
+  if (transactional != nullptr) {
+    // 4 is deferred to the batch's transaction.
+    b.pending.push_back(i);
+    b.pending_acquired.push_back(under_key);
+    return;
+  }
+  // 4.
+  EmitStarted(msg);
+  const absl::Status result = CallHandle(msg, in[i].deliveries, nullptr);
+  if (StoppedHandle(result)) {
+    out[i] = Abandoned(msg, b.keys[i], b.owners[i], under_key);
+  } else if (!result.ok()) {
+    // 6.
+    out[i] = Failed(msg, b.keys[i], b.owners[i], under_key, result);
+    out[i].outcome = Outcome::kFailed;  // for the consumer backoff
+  } else {
+    // 5.
+    out[i] = Succeeded(msg);
+    out[i].outcome = Outcome::kSucceeded;
+    if (under_key) {
+      b.done_keys.push_back(b.keys[i]);
+      b.done_owners.push_back(b.owners[i]);
+      b.done_msgs.push_back(&msg);
+    }
   }
 }
 

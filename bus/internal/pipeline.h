@@ -74,6 +74,18 @@ void SetHeader(Message& msg, const char* key, std::string value);
 // Header `key` of `msg` as an integer; `fallback` when absent or not a number.
 int64_t HeaderInt(const Message& msg, const char* key, int64_t fallback);
 
+// An idempotency owner token unique to one attempt, across threads and processes: 40 random
+// bits fixed per process (bus/ids.h) and a 50-bit counter, as 15 base64url characters, so it
+// fits the small-string buffer and costs no allocation on the hot path.
+std::string NewOwnerToken();
+// The owner token of a suspect's run alone: "~<n>~" and a NewOwnerToken(), where n counts the
+// earlier runs alone of the message that died (docs/flow-control.md, "Max deliveries"). Other
+// owners never start with '~'.
+std::string SuspectOwner(int deaths);
+
+// One worker's reusable buffers for a batch (pipeline.cc).
+struct BatchScratch;
+
 // Everything the pipeline touches, shared (by shared_ptr) with the receive loop's workers, which
 // may outlive Run() and the Handler when abandoned after the shutdown timeout.
 // Event::code of `st`: its status code's canonical name ("UNAVAILABLE"), empty when OK.
@@ -218,13 +230,35 @@ struct Pipeline final : ReceiveSink {
   // give their keys back and are redelivered.
   void ProcessBatch(absl::Span<const Input> in, absl::Span<Settlement> out);
 
+  // ProcessBatch's steps: 1 for every message (and whether the batch is a suspect's);
+  // 2 for those that decoded; 3 to 6 (5 without the mark-done) for the j-th of them.
+  void DecodeBatch(absl::Span<const Input> in, absl::Span<Settlement> out, BatchScratch& b);
+  void AcquireBatch(BatchScratch& b);
+  void RunOne(size_t j, absl::Span<const Input> in, absl::Span<Settlement> out, BatchScratch& b);
+
   // 1. False when in.data does not decode (or the broker's record was corrupt); `*out` then says
   // how to settle it.
   bool Decode(const Input& in, Message* msg, Settlement* out);
-  // 1. After Decode: false when the broker has delivered `msg` more often than
-  // flow.max_deliveries allows; it is then dead-lettered as poison (not handled) and `*out`
-  // says how to settle it.
-  bool WithinMaxDeliveries(const Input& in, const Message& msg, Settlement* out);
+
+  // Max deliveries (docs/flow-control.md, "Max deliveries"). The receive loop's question: the
+  // broker delivered it more often than this process gave it back, so a delivery ended
+  // unsettled (a process died holding it, or its lease ran out).
+  bool Suspect(const Delivery& delivery) override;
+  // The same for the one message of a batch the loop took alone.
+  bool SuspectAlone(const Input& in, const Message& msg);
+  // 2 for a suspect: acquires `key` under a suspect's owner that counts the earlier runs alone
+  // that died (*deaths: learnt from the lapsed lease the key is taken over from; -1 when the
+  // store keeps none).
+  absl::StatusOr<bool> AcquireSuspect(const std::string& key, std::string* owner, int* deaths);
+  // After 3, for a suspect: true when it is over the cap (`deaths` >= flow.max_deliveries, or,
+  // with `deaths` -1, the broker's count less this process's give-backs over it); it is then
+  // dead-lettered as poison, not handled, and `*out` says how to settle it.
+  bool OverCap(const Input& in, const Message& msg, int deaths, const std::string& key,
+               absl::string_view owner, bool under_key, Settlement* out);
+  // The poison letter of `msg`, stored.
+  Settlement Poisoned(const Input& in, const Message& msg, std::string reason);
+  // How often this process gave `message_id` back to the broker (gave_back).
+  int GaveBack(absl::string_view message_id);
 
   // 2. The idempotency key of a decoded message.
   void KeyOf(const Message& msg, std::string* key) const;

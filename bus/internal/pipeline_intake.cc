@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/hash/hash.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/internal/pipeline.h"
@@ -41,23 +42,101 @@ bool Pipeline::Decode(const Input& in, Message* msg, Settlement* out) {
   return false;
 }
 
-bool Pipeline::WithinMaxDeliveries(const Input& in, const Message& msg, Settlement* out) {
-  const int cap = options.flow.max_deliveries;
-  if (cap == 0 || in.replays >= 0 || in.deliveries <= cap) return true;
-  int unsettled = in.deliveries;
-  if (gave_back_any.load(std::memory_order_relaxed)) {
-    absl::MutexLock lock(&gave_back_mu);
-    if (auto it = gave_back.find(msg.id); it != gave_back.end()) unsettled -= it->second;
+// ---- Max deliveries: suspects ----
+
+std::string SuspectOwner(int deaths) { return absl::StrCat("~", deaths, "~", NewOwnerToken()); }
+
+namespace {
+
+// How many runs alone of the message died, given the owner of the lease its key lapsed from:
+// one more than that owner counted when it ran alone itself, else 0.
+int DeathsBefore(absl::string_view lapsed_owner) {
+  if (lapsed_owner.size() < 3 || lapsed_owner[0] != '~') return 0;
+  const size_t end = lapsed_owner.find('~', 1);
+  int n = 0;
+  if (end == absl::string_view::npos || !absl::SimpleAtoi(lapsed_owner.substr(1, end - 1), &n)) {
+    return 0;
   }
-  if (unsettled <= cap) return true;
+  return n + 1;
+}
+
+}  // namespace
+
+int Pipeline::GaveBack(absl::string_view message_id) {
+  if (!gave_back_any.load(std::memory_order_relaxed)) return 0;
+  absl::MutexLock lock(&gave_back_mu);
+  auto it = gave_back.find(message_id);
+  return it == gave_back.end() ? 0 : it->second;
+}
+
+bool Pipeline::Suspect(const Delivery& delivery) {
+  if (options.flow.max_deliveries == 0 || delivery.attempts <= 1 || !delivery.corrupt.empty()) {
+    return false;
+  }
+  if (!gave_back_any.load(std::memory_order_relaxed)) return true;
+  Message msg;
+  if (!DecodeEnvelope(delivery.data, &msg, options.flow.max_message_bytes).ok()) return false;
+  return delivery.attempts > 1 + GaveBack(msg.id);
+}
+
+bool Pipeline::SuspectAlone(const Input& in, const Message& msg) {
+  if (options.flow.max_deliveries == 0 || in.replays >= 0 || in.deliveries <= 1) return false;
+  return in.deliveries > 1 + GaveBack(msg.id);
+}
+
+absl::StatusOr<bool> Pipeline::AcquireSuspect(const std::string& key, std::string* owner,
+                                              int* deaths) {
+  IdempotencyStore& store = *options.stores.idempotency;
+  const absl::Duration lease = options.stores.idempotency_lease;
+  *owner = SuspectOwner(0);
+  AcquireReport report;
+  absl::StatusOr<bool> got = store.AcquireReporting(key, *owner, lease, &report);
+  *deaths = report.reported ? 0 : -1;
+  if (!got.ok() || !*got || !report.reported) return got;
+  *deaths = DeathsBefore(report.lapsed_owner);
+  if (*deaths == 0) return got;
+  // The owner carries the count: the key is taken again under an owner that says it (two more
+  // calls, only for a message whose handler died alone before).
+  if (!Release(key, *owner)) return got;
+  *owner = SuspectOwner(*deaths);
+  AcquireReport again;
+  return store.AcquireReporting(key, *owner, lease, &again);
+}
+
+bool Pipeline::OverCap(const Input& in, const Message& msg, int deaths, const std::string& key,
+                       absl::string_view owner, bool under_key, Settlement* out) {
+  const int cap = options.flow.max_deliveries;
+  std::string reason;
+  if (deaths >= 0) {
+    if (deaths < cap) return false;
+    reason = absl::StrCat("poison: its handler died running alone ", deaths, " times (delivered ",
+                          in.deliveries, " times), reaching flow.max_deliveries (", cap, ")");
+  } else {
+    // The store keeps no lapsed leases: the broker's count less this process's give-backs.
+    const int unsettled = in.deliveries - GaveBack(msg.id);
+    if (unsettled <= cap) return false;
+    reason = absl::StrCat("poison: delivered ", in.deliveries, " times (", unsettled,
+                          " not settled), more than flow.max_deliveries (", cap, ")");
+  }
+  *out = Poisoned(in, msg, std::move(reason));
+  if (under_key && out->done) {
+    // A replay of the letter takes the key anew.
+    Release(key, owner);
+  } else if (under_key) {
+    // Not stored: the key stays leased under the count and lapses before the message is back.
+    out->redeliver_after = std::max(out->redeliver_after, options.stores.idempotency_lease);
+  }
+  return true;
+}
+
+Settlement Pipeline::Poisoned(const Input& in, const Message& msg, std::string reason) {
   poisoned.fetch_add(1, std::memory_order_relaxed);
   const absl::Time now = options.clock->Now();
   DeadLetter letter;
   letter.queue = options.queue;
   letter.data = std::string(in.data);
   letter.message_id = msg.id;
-  letter.reason = absl::StrCat("poison: delivered ", in.deliveries, " times (", unsettled,
-                               " not settled), more than flow.max_deliveries (", cap, ")");
+  letter.reason = std::move(reason);
   letter.kind = DeadLetterKind::kPoison;
   letter.attempts = msg.retried;
   letter.first_failed_at =
@@ -67,8 +146,7 @@ bool Pipeline::WithinMaxDeliveries(const Input& in, const Message& msg, Settleme
   Log(LogLevel::kWarning, "poison",
       absl::StrCat("message ", msg.id, " ", letter.reason, ": dead-lettered without handling"),
       &msg, letter.reason, msg.retried);
-  *out = StoreDeadLetter(std::move(letter), &msg);
-  return false;
+  return StoreDeadLetter(std::move(letter), &msg);
 }
 
 // ---- 2. Acquire ----

@@ -27,8 +27,8 @@ absl::StatusOr<int> Pipeline::Replay(const ReplayFilter& filter) {
   std::vector<Settlement> settlements;
   while (budget > 0 && !token.stop_requested() && (filter.limit == 0 || removed < filter.limit)) {
     absl::StatusOr<std::vector<DeadLetter>> batch = options.stores.dead_letters->Fetch(
-        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay.batch)), after,
-        filter.kinds);
+        options.queue, static_cast<int>(std::min<int64_t>(budget, options.replay.batch_size)),
+        after, filter.kinds);
     if (!batch.ok()) return batch.status();
     if (batch->empty()) break;
     budget -= static_cast<int64_t>(batch->size());

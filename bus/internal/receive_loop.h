@@ -12,6 +12,8 @@
 // `max_in_flight` held at once) into a prefetch buffer and run the callback on batches of up to
 // `batch_size`; a keeper thread extends the lease of every delivery still held once half of it
 // has passed; settling acks a batch together (Consumer::AckMany) and nacks the rest one by one.
+// A delivery the sink calls a suspect (ReceiveSink::Suspect) is run alone, in a batch of one,
+// and one suspect at a time, while the others go on.
 // While the broker cannot be reached, creating the consumer and fetching back off
 // (bus::Backoff with kReceiveBackoff: 100ms doubling to 5s) and report each failure to
 // `on_error` as a ReceiveError that says which operation failed. An error a retry cannot fix
@@ -242,6 +244,13 @@ class ReceiveSink {
   // The most deliveries a worker may take now (as ReceiveOptions::batch_limit; called under the
   // loop's lock, so it must be quick); 0: ReceiveOptions::batch_size alone decides.
   virtual int BatchLimit() { return 0; }
+  // Whether `delivery` is a suspect (docs/flow-control.md, "Max deliveries"): the loop then runs
+  // it alone, in a batch of one, and one suspect at a time, while other deliveries go on.
+  // Called once per delivery when it is fetched, on a worker, without the loop's lock.
+  virtual bool Suspect(const Delivery& delivery) {
+    static_cast<void>(delivery);
+    return false;
+  }
   // As ReceiveBatchFn.
   virtual void Process(absl::Span<const Delivery> deliveries,
                        absl::Span<Settlement> settlements) = 0;

@@ -31,6 +31,8 @@ namespace bus::receive_loop_internal {
 struct Held {
   Delivery delivery;
   absl::Time renewed_at;
+  // ReceiveSink::Suspect said so when it was fetched: it is taken alone, one at a time.
+  bool suspect = false;
 };
 
 // One worker: the batch it is running. The callback reads `deliveries` without the lock while
@@ -49,6 +51,16 @@ struct SettleScratch {
   std::vector<absl::Status> results;    // of the acks, in the order of `acks`
   std::vector<size_t> ack_positions;    // the batch position of each of `acks`
   std::vector<absl::Status> settled;    // the ack's or nack's result of each delivery
+};
+
+// A worker's reusable buffers.
+struct WorkerScratch {
+  std::vector<Delivery> fetched;
+  std::vector<Delivery> settling;
+  std::vector<Settlement> settlements;
+  std::vector<BackoffChange> changes;
+  std::vector<Held> giving_back;
+  SettleScratch scratch;
 };
 
 // Where the consumer backoff is (go-nsq's backoff, docs/flow-control.md "Consumer backoff").
@@ -101,6 +113,9 @@ struct Loop : std::enable_shared_from_this<Loop> {
   int backoff_level ABSL_GUARDED_BY(mu) = 0;
   absl::Time backoff_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   int intake_told ABSL_GUARDED_BY(mu) = -1;  // the last Consumer::SetIntake
+  // Suspects (Held::suspect) in the buffer, and whether a worker runs one now.
+  int suspects_buffered ABSL_GUARDED_BY(mu) = 0;
+  bool suspect_running ABSL_GUARDED_BY(mu) = false;
 
   void Report(ReceiveError::Kind kind, absl::Status st) { sink->OnError({kind, std::move(st)}); }
 
@@ -126,7 +141,27 @@ struct Loop : std::enable_shared_from_this<Loop> {
                       std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void EnterBackoff(std::vector<BackoffChange>* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // Whether a worker may take a batch now: a delivery that is no suspect is buffered, or a
+  // suspect is and none runs.
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // A worker's loop, and its steps (each entered and left with the lock held).
   void Worker(Slot* slot);
+  // Paused: gives every buffered delivery back to the broker.
+  void GiveBackBuffered(std::vector<Held>* giving_back) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // How many deliveries (none of them suspects) the next batch takes (batch_size, the sink's
+  // limit, the worker's fair share).
+  size_t BatchSize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Moves the next batch from the buffer into `slot`: a suspect alone when one is buffered and
+  // none runs, else up to BatchSize() of the others in buffer order (one for a probe). Returns
+  // whether it took a suspect; `*probe`: whether the batch is the consumer backoff's probe.
+  bool TakeBatch(Slot& slot, bool* probe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes a batch, runs the sink on it, follows the consumer backoff and settles it.
+  void RunBatch(Slot& slot, WorkerScratch* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Waits until there is something to do (or a pause ends).
+  void WaitForWork(Slot& slot, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Receives up to `room` deliveries into the buffer (or backs off after a failure).
+  void Fetch(int room, std::vector<Delivery>* fetched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Keeper();
   // Acks or nacks one delivery as `s` says; the broker's answer (also counted and reported).
   absl::Status SettleOne(absl::string_view receipt, const Settlement& s);

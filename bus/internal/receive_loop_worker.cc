@@ -133,13 +133,175 @@ void Loop::SettleBatch(absl::Span<const Delivery> ds, absl::Span<const Settlemen
   sink->OnSettled(ss, scratch->settled);
 }
 
+bool Loop::HasWork() const {
+  return buffer.size() > static_cast<size_t>(suspects_buffered) ||
+         (suspects_buffered > 0 && !suspect_running);
+}
+
+void Loop::GiveBackBuffered(std::vector<Held>* giving_back) {
+  // Paused: what is buffered goes back to the broker (for other consumers, or for us after
+  // Resume) rather than staying leased for as long as the pause lasts.
+  giving_back->assign(std::make_move_iterator(buffer.begin()),
+                      std::make_move_iterator(buffer.end()));
+  buffer.clear();
+  suspects_buffered = 0;
+  mu.Unlock();
+  for (const Held& h : *giving_back) {
+    // A refused nack is reported by SettleOne; the delivery comes back when its lease ends.
+    SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
+  }
+  mu.Lock();
+  SetHeld(held - static_cast<int>(giving_back->size()));
+  giving_back->clear();
+}
+
+size_t Loop::BatchSize() {
+  const size_t ready = buffer.size() - static_cast<size_t>(suspects_buffered);
+  size_t n = std::min(ready, static_cast<size_t>(options.batch_size));
+  const int sink_limit = sink->BatchLimit();
+  if (sink_limit > 0 || options.batch_size == 0) {
+    // A fair share of all that is held (buffered and running), not of the buffer alone:
+    // with the others busy, halving the buffer at each take would shrink every batch.
+    const size_t workers = static_cast<size_t>(std::max(1, limits.concurrency));
+    const size_t share = (static_cast<size_t>(held) + workers - 1) / workers;
+    const int limit = sink_limit > 0 ? sink_limit : kMaxAutoBatch;
+    n = std::min({ready, share, static_cast<size_t>(limit)});
+  }
+  return std::max<size_t>(n, 1);
+}
+
+bool Loop::TakeBatch(Slot& slot, bool* probe) {
+  *probe = phase == Phase::kProbe;
+  if (*probe) {
+    phase = Phase::kProbing;
+    UpdateIntake();
+  }
+  // A suspect goes alone, one at a time; the others are taken in buffer order around it.
+  const bool suspect = suspects_buffered > 0 && !suspect_running;
+  const size_t n = suspect || *probe ? 1 : BatchSize();
+  size_t taken = 0;
+  for (auto it = buffer.begin(); it != buffer.end() && taken < n;) {
+    if (it->suspect != suspect) {
+      ++it;
+      continue;
+    }
+    slot.deliveries.push_back(std::move(it->delivery));
+    slot.renewed_at.push_back(it->renewed_at);
+    it = buffer.erase(it);
+    ++taken;
+  }
+  if (suspect) {
+    --suspects_buffered;
+    suspect_running = true;
+  }
+  return suspect;
+}
+
+void Loop::RunBatch(Slot& slot, WorkerScratch* w) {
+  bool probe = false;
+  const bool suspect = TakeBatch(slot, &probe);
+  const size_t n = slot.deliveries.size();
+  mu.Unlock();
+  w->settlements.assign(n, Settlement::Redeliver());
+  try {
+    sink->Process(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(w->settlements));
+  } catch (const std::exception& e) {
+    Report(ReceiveError::Kind::kCallback,
+           absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
+    w->settlements.assign(n, Settlement::Redeliver());
+  } catch (...) {
+    Report(ReceiveError::Kind::kCallback,
+           absl::InternalError("receive callback threw a non-std exception"));
+    w->settlements.assign(n, Settlement::Redeliver());
+  }
+  mu.Lock();
+  if (suspect) suspect_running = false;
+  // Before the settle, so that a backoff's intake change reaches the consumer before the
+  // ack makes room (NSQ: RDY 0 goes out before the FIN).
+  RecordOutcomes(w->settlements, probe, &w->changes);
+  if (!abandoned) {
+    // Settling outside the lock would race the keeper extending a settled delivery, which
+    // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
+    w->settling.swap(slot.deliveries);
+    slot.renewed_at.clear();
+    mu.Unlock();
+    for (const BackoffChange& c : w->changes) sink->OnBackoff(c);
+    w->changes.clear();
+    SettleBatch(w->settling, w->settlements, &w->scratch);
+    w->settling.clear();
+    mu.Lock();
+  } else {
+    slot.deliveries.clear();
+    slot.renewed_at.clear();
+    w->changes.clear();
+  }
+  SetHeld(held - static_cast<int>(n));
+}
+
+void Loop::WaitForWork(Slot& slot, absl::Time now) {
+  // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
+  // prefetch window has room, or a pause (backoff or broker failure) ends.
+  auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
+    if (!Admitting()) return false;
+    return HasWork() || (!fetching && Room() > 0);
+  };
+  absl::Time deadline = absl::InfiniteFuture();
+  if (phase == Phase::kWaiting) deadline = backoff_until;
+  if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
+  if (deadline == absl::InfiniteFuture()) {
+    mu.Await(absl::Condition(&cond));
+  } else if (now < deadline) {
+    // A pause for a broker failure waits it out even if the condition holds.
+    if (now < fetch_paused_until && deadline == fetch_paused_until) {
+      auto stopped = [this, &slot]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
+      clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
+    } else {
+      clock->AwaitWithDeadline(&mu, absl::Condition(&cond), deadline);
+    }
+  }
+}
+
+void Loop::Fetch(int room, std::vector<Delivery>* fetched) {
+  fetching = true;
+  mu.Unlock();
+  fetched->clear();
+  const absl::Status st = consumer->Receive(room, options.poll_wait, stop, fetched);
+  const absl::Time received_at = clock->Now();
+  // Outside the lock: the sink may look the message up (ReceiveSink::Suspect).
+  std::vector<char> suspects(fetched->size());
+  for (size_t i = 0; i < fetched->size(); ++i) suspects[i] = sink->Suspect((*fetched)[i]);
+  mu.Lock();
+  fetching = false;
+  if (!st.ok()) {
+    if (IsFatalReceiveError(st) && !options.retry_fatal_errors) {
+      // A retry cannot fix it: the loop ends with it, after the drain.
+      if (fatal.ok()) {
+        fatal = st;
+        stopping = true;
+        mu.Unlock();
+        sink->OnFatal({ReceiveError::Kind::kReceive, st});
+        mu.Lock();
+      }
+      return;
+    }
+    // The broker is unreachable: back off so a dead broker does not spin, and keep trying;
+    // the driver reconnects underneath. The pause is shared: every worker waits it out.
+    Report(ReceiveError::Kind::kReceive, st);
+    fetch_paused_until = received_at + fetch_backoff.Next();
+    return;
+  }
+  fetch_backoff.Reset();
+  for (size_t i = 0; i < fetched->size(); ++i) {
+    buffer.push_back(Held{std::move((*fetched)[i]), received_at, suspects[i] != 0});
+    suspects_buffered += suspects[i] != 0 ? 1 : 0;
+  }
+  SetHeld(held + static_cast<int>(fetched->size()));
+}
+
 void Loop::Worker(Slot* slot_ptr) {
-  std::vector<Delivery> fetched;
-  std::vector<Delivery> settling;
-  std::vector<Settlement> settlements;
-  std::vector<BackoffChange> changes;
-  std::vector<Held> giving_back;
-  SettleScratch scratch;
+  WorkerScratch w;
   absl::MutexLock lock(&mu);
   Slot& slot = *slot_ptr;
   while (!stopping && !slot.retire) {
@@ -148,134 +310,18 @@ void Loop::Worker(Slot* slot_ptr) {
       UpdateIntake();
     }
     if (limits.paused && !buffer.empty()) {
-      // Paused: what is buffered goes back to the broker (for other consumers, or for us after
-      // Resume) rather than staying leased for as long as the pause lasts.
-      giving_back.assign(std::make_move_iterator(buffer.begin()),
-                         std::make_move_iterator(buffer.end()));
-      buffer.clear();
-      mu.Unlock();
-      for (const Held& h : giving_back) {
-        // A refused nack is reported by SettleOne; the delivery comes back when its lease ends.
-        SettleOne(h.delivery.receipt, Settlement::Redeliver()).IgnoreError();
-      }
-      mu.Lock();
-      SetHeld(held - static_cast<int>(giving_back.size()));
-      giving_back.clear();
-      continue;
-    }
-    if (Admitting() && !buffer.empty()) {
-      size_t n = std::min(buffer.size(), static_cast<size_t>(options.batch_size));
-      const int sink_limit = sink->BatchLimit();
-      if (sink_limit > 0 || options.batch_size == 0) {
-        // A fair share of all that is held (buffered and running), not of the buffer alone:
-        // with the others busy, halving the buffer at each take would shrink every batch.
-        const size_t workers = static_cast<size_t>(std::max(1, limits.concurrency));
-        const size_t share = (static_cast<size_t>(held) + workers - 1) / workers;
-        const int limit = sink_limit > 0 ? sink_limit : kMaxAutoBatch;
-        n = std::min({buffer.size(), share, static_cast<size_t>(limit)});
-      }
-      const bool probe = phase == Phase::kProbe;
-      if (probe) {
-        n = 1;
-        phase = Phase::kProbing;
-        UpdateIntake();
-      }
-      for (size_t i = 0; i < n; ++i) {
-        slot.deliveries.push_back(std::move(buffer.front().delivery));
-        slot.renewed_at.push_back(buffer.front().renewed_at);
-        buffer.pop_front();
-      }
-      mu.Unlock();
-      settlements.assign(n, Settlement::Redeliver());
-      try {
-        sink->Process(absl::MakeConstSpan(slot.deliveries), absl::MakeSpan(settlements));
-      } catch (const std::exception& e) {
-        Report(ReceiveError::Kind::kCallback,
-               absl::InternalError(absl::StrCat("receive callback threw: ", e.what())));
-        settlements.assign(n, Settlement::Redeliver());
-      } catch (...) {
-        Report(ReceiveError::Kind::kCallback,
-               absl::InternalError("receive callback threw a non-std exception"));
-        settlements.assign(n, Settlement::Redeliver());
-      }
-      mu.Lock();
-      // Before the settle, so that a backoff's intake change reaches the consumer before the
-      // ack makes room (NSQ: RDY 0 goes out before the FIN).
-      RecordOutcomes(settlements, probe, &changes);
-      if (!abandoned) {
-        // Settling outside the lock would race the keeper extending a settled delivery, which
-        // is harmless (the extend fails and is ignored), so the lock is released for the I/O.
-        settling.swap(slot.deliveries);
-        slot.renewed_at.clear();
-        mu.Unlock();
-        for (const BackoffChange& c : changes) sink->OnBackoff(c);
-        changes.clear();
-        SettleBatch(settling, settlements, &scratch);
-        settling.clear();
-        mu.Lock();
+      GiveBackBuffered(&w.giving_back);
+    } else if (Admitting() && HasWork()) {
+      RunBatch(slot, &w);
+    } else {
+      const int room = Room();
+      const absl::Time now = clock->Now();
+      if (!Admitting() || HasWork() || fetching || room <= 0 || now < fetch_paused_until) {
+        WaitForWork(slot, now);
       } else {
-        slot.deliveries.clear();
-        slot.renewed_at.clear();
-        changes.clear();
+        Fetch(room, &w.fetched);
       }
-      SetHeld(held - static_cast<int>(n));
-      continue;
     }
-    const int room = Room();
-    const absl::Time now = clock->Now();
-    if (!Admitting() || !buffer.empty() || fetching || room <= 0 || now < fetch_paused_until) {
-      // Nothing to do until intake opens, a delivery arrives, another worker's fetch ends, the
-      // prefetch window has room, or a pause (backoff or broker failure) ends.
-      auto cond = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-        if (stopping || slot.retire || (limits.paused && !buffer.empty())) return true;
-        if (!Admitting()) return false;
-        return !buffer.empty() || (!fetching && Room() > 0);
-      };
-      absl::Time deadline = absl::InfiniteFuture();
-      if (phase == Phase::kWaiting) deadline = backoff_until;
-      if (now < fetch_paused_until) deadline = std::min(deadline, fetch_paused_until);
-      if (deadline == absl::InfiniteFuture()) {
-        mu.Await(absl::Condition(&cond));
-      } else if (now < deadline) {
-        // A pause for a broker failure waits it out even if the condition holds.
-        if (now < fetch_paused_until && deadline == fetch_paused_until) {
-          auto stopped = [this, &slot]()
-                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping || slot.retire; };
-          clock->AwaitWithDeadline(&mu, absl::Condition(&stopped), deadline);
-        } else {
-          clock->AwaitWithDeadline(&mu, absl::Condition(&cond), deadline);
-        }
-      }
-      continue;
-    }
-    fetching = true;
-    mu.Unlock();
-    fetched.clear();
-    const absl::Status st = consumer->Receive(room, options.poll_wait, stop, &fetched);
-    const absl::Time received_at = clock->Now();
-    mu.Lock();
-    fetching = false;
-    if (!st.ok()) {
-      if (IsFatalReceiveError(st) && !options.retry_fatal_errors) {
-        // A retry cannot fix it: the loop ends with it, after the drain.
-        if (fatal.ok()) {
-          fatal = st;
-          stopping = true;
-          mu.Unlock();
-          sink->OnFatal({ReceiveError::Kind::kReceive, st});
-          mu.Lock();
-        }
-        continue;
-      }
-      // The broker is unreachable: back off so a dead broker does not spin, and keep trying;
-      // the driver reconnects underneath. The pause is shared: every worker waits it out.
-      Report(ReceiveError::Kind::kReceive, st);
-      fetch_paused_until = received_at + fetch_backoff.Next();
-      continue;
-    }
-    fetch_backoff.Reset();
-    for (Delivery& d : fetched) buffer.push_back(Held{std::move(d), received_at});
-    SetHeld(held + static_cast<int>(fetched.size()));
   }
   --running_workers;
   for (auto it = slots.begin(); it != slots.end(); ++it) {

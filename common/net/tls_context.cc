@@ -3,11 +3,13 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "boost/asio/ip/address.hpp"
 #include "boost/asio/ssl/error.hpp"
 
-namespace bus::nsq {
+namespace bus::net {
 namespace {
 
 // Alerts a TLS server sends when it refuses the client's certificate or its absence.
@@ -27,7 +29,90 @@ bool IsClientCertificateAlert(int alert) {
   }
 }
 
+namespace ssl = boost::asio::ssl;
+using boost::system::error_code;
+
+// "RedisOptions.tls.ca_file (URL: tls_ca_file)".
+std::string Option(const TlsOptionNames& names, absl::string_view field) {
+  if (names.url.empty()) return absl::StrCat(names.field, ".", field);
+  return absl::StrCat(names.field, ".", field, " (", names.url, " tls_", field, ")");
+}
+
+absl::Status Bad(const TlsOptionNames& names, absl::string_view field, absl::string_view file,
+                 const error_code& ec) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(names.field, ".", field, " \"", file, "\" cannot be used: ", ec.message()));
+}
+
+absl::Status LoadTrust(ssl::context& ctx, const TlsOptions& tls, const TlsOptionNames& names) {
+  error_code ec;
+  if (!tls.ca_file.empty()) {
+    ctx.load_verify_file(tls.ca_file, ec);
+    if (ec) return Bad(names, "ca_file", tls.ca_file, ec);
+  }
+  if (!tls.ca_dir.empty()) {
+    ctx.add_verify_path(tls.ca_dir, ec);
+    if (ec) return Bad(names, "ca_dir", tls.ca_dir, ec);
+  }
+  if (tls.ca_file.empty() && tls.ca_dir.empty()) {
+    ctx.set_default_verify_paths(ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("the system's CA store cannot be loaded (set ",
+                                                     Option(names, "ca_file"),
+                                                     "): ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadClientCertificate(ssl::context& ctx, const TlsOptions& tls,
+                                   const TlsOptionNames& names) {
+  error_code ec;
+  // Always set, so OpenSSL never prompts on the terminal for an encrypted key: an empty
+  // passphrase fails to decrypt it instead.
+  ctx.set_password_callback(
+      [password = tls.key_password](size_t, ssl::context::password_purpose) { return password; },
+      ec);
+  if (ec) return absl::InternalError("OpenSSL refused a key passphrase callback");
+  ctx.use_certificate_chain_file(tls.cert_file, ec);
+  if (ec) return Bad(names, "cert_file", tls.cert_file, ec);
+  ctx.use_private_key_file(tls.key_file, ssl::context::pem, ec);
+  if (ec) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(names.field, ".key_file \"", tls.key_file, "\" cannot be used (",
+                     tls.key_password.empty() ? "an encrypted key needs " : "wrong ",
+                     Option(names, "key_password"),
+                     tls.key_password.empty() ? "" : ", or not a PEM key", "): ", ec.message()));
+  }
+  if (SSL_CTX_check_private_key(ctx.native_handle()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(names.field, ".key_file \"", tls.key_file,
+                                                   "\" is not the key of ", names.field,
+                                                   ".cert_file \"", tls.cert_file, "\""));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const TlsOptions& tls,
+                                                             TlsOptionNames names) {
+  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
+  error_code ec;
+  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                       ssl::context::no_sslv3 | ssl::context::no_compression,
+                   ec);
+  const int min = tls.min_version == TlsOptions::Version::kTls13 ? TLS1_3_VERSION : TLS1_2_VERSION;
+  if (SSL_CTX_set_min_proto_version(ctx->native_handle(), min) != 1) {
+    return absl::InternalError(absl::StrCat("OpenSSL refused ", names.field, ".min_version"));
+  }
+  if (absl::Status s = LoadTrust(*ctx, tls, names); !s.ok()) return s;
+  if (!tls.cert_file.empty()) {
+    if (absl::Status s = LoadClientCertificate(*ctx, tls, names); !s.ok()) return s;
+  }
+  return ctx;
+}
 
 absl::Status PrepareTlsClient(SSL* ssl, const std::string& name, bool verify,
                               absl::string_view server) {
@@ -54,7 +139,7 @@ absl::Status PrepareTlsClient(SSL* ssl, const std::string& name, bool verify,
 }
 
 absl::Status TlsFailure(SSL* ssl, bool verify, const boost::system::error_code& ec,
-                        absl::string_view server, absl::string_view what,
+                        absl::string_view server, absl::string_view what, TlsOptionNames names,
                         absl::string_view name_option) {
   const std::string prefix = absl::StrCat(server, ": TLS ", what, ": ");
   if (verify) {
@@ -72,9 +157,8 @@ absl::Status TlsFailure(SSL* ssl, bool verify, const boost::system::error_code& 
           fix = "the server's certificate is outside its validity period: renew it";
           break;
         default:
-          fix =
-              "set NsqOptions.tls.ca_file (nsq:// tls_ca_file) to the CA that signed the "
-              "server's certificate";
+          fix = absl::StrCat("set ", Option(names, "ca_file"),
+                             " to the CA that signed the server's certificate");
       }
       return absl::FailedPreconditionError(
           absl::StrCat(prefix, "the server's certificate failed verification: ",
@@ -86,9 +170,10 @@ absl::Status TlsFailure(SSL* ssl, bool verify, const boost::system::error_code& 
     // OpenSSL reports an alert received from the peer as SSL_AD_REASON_OFFSET + its number.
     if (reason > SSL_AD_REASON_OFFSET && IsClientCertificateAlert(reason - SSL_AD_REASON_OFFSET)) {
       return absl::UnauthenticatedError(absl::StrCat(
-          prefix, "the server refused the client certificate (", ec.message(),
-          "): set NsqOptions.tls.cert_file and key_file (nsq:// tls_cert_file, tls_key_file) to "
-          "a certificate signed by a CA the server trusts (nsqd: --tls-root-ca-file)"));
+          prefix, "the server refused the client certificate (", ec.message(), "): set ",
+          names.field, ".cert_file and key_file",
+          names.url.empty() ? "" : absl::StrCat(" (", names.url, " tls_cert_file, tls_key_file)"),
+          " to a certificate signed by a CA the server trusts"));
     }
     if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG ||
         reason == SSL_R_UNSUPPORTED_PROTOCOL) {
@@ -99,4 +184,4 @@ absl::Status TlsFailure(SSL* ssl, bool verify, const boost::system::error_code& 
   return absl::UnavailableError(absl::StrCat(prefix, ec.message()));
 }
 
-}  // namespace bus::nsq
+}  // namespace bus::net

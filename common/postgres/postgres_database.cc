@@ -104,11 +104,11 @@ absl::Status ValidatePostgresOptions(const PostgresOptions& o) {
   if (o.pool_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresOptions.pool_timeout: must be > 0");
   }
-  if (o.connect_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("PostgresOptions.connect_timeout: must be > 0");
+  if (o.timeouts.connect <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("PostgresOptions.timeouts.connect: must be > 0");
   }
-  if (o.statement_timeout < absl::Milliseconds(1)) {
-    return absl::InvalidArgumentError("PostgresOptions.statement_timeout: must be >= 1ms");
+  if (o.timeouts.request < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("PostgresOptions.timeouts.request: must be >= 1ms");
   }
   if (o.max_retries < 0) {
     return absl::InvalidArgumentError("PostgresOptions.max_retries: must be >= 0");
@@ -190,8 +190,8 @@ absl::StatusOr<std::shared_ptr<PostgresDatabase>> PostgresDatabase::Open(Postgre
   auto impl = std::make_unique<Impl>();
   impl->spec.params = std::move(parsed->params);
   impl->spec.redacted = std::move(parsed->redacted);
-  impl->spec.connect_timeout = options.connect_timeout;
-  impl->spec.statement_timeout = options.statement_timeout;
+  impl->spec.connect_timeout = options.timeouts.connect;
+  impl->spec.statement_timeout = options.timeouts.request;
   impl->quoted_schema = pg_internal::QuoteIdentifier(options.schema);
   impl->options = std::move(options);
   return std::shared_ptr<PostgresDatabase>(new PostgresDatabase(std::move(impl)));
@@ -206,7 +206,7 @@ std::string PostgresDatabase::Sql(absl::string_view sql) const {
 
 absl::Time PostgresDatabase::Deadline(size_t statements) const {
   // Real time: the bound on the server's answer over the network.
-  return absl::Now() + impl_->options.statement_timeout * static_cast<double>(statements + 1);
+  return absl::Now() + impl_->options.timeouts.request * static_cast<double>(statements + 1);
 }
 
 PostgresDatabase::Stats PostgresDatabase::stats() const {

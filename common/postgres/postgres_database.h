@@ -23,10 +23,10 @@
 // migrate one after another. A schema already at the version needs no privilege beyond using its
 // tables; a schema written by a newer library is refused (FailedPrecondition).
 //
-// Every call is bounded: statement_timeout is set for each connection's session (the server
-// cancels a statement that runs longer: DeadlineExceeded), and the client gives up on a server
-// that does not answer at all. A serialization failure or deadlock (SQLSTATE 40001, 40P01) is
-// retried inside the library with backoff, up to max_retries times (then Aborted). A connection
+// Every call is bounded: timeouts.request is the statement_timeout of each connection's session
+// (the server cancels a statement that runs longer: DeadlineExceeded), and the client gives up on a
+// server that does not answer at all. A serialization failure or deadlock (SQLSTATE 40001, 40P01)
+// is retried inside the library with backoff, up to max_retries times (then Aborted). A connection
 // that broke (the server restarted, the network failed) is closed and replaced by a new one on a
 // later call; the call that found it broken fails with Unavailable, and an idle connection that
 // the server closed meanwhile is noticed before use and replaced without failing anything.
@@ -54,11 +54,13 @@
 #include "absl/types/span.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/connection_options.h"
 
 namespace bus {
 
 namespace pg_internal {
 class Connection;
+class Engine;
 class Result;
 struct Statement;
 }  // namespace pg_internal
@@ -73,20 +75,21 @@ struct PostgresOptions {
   // with a schema each.
   std::string schema = "msgbus";
 
-  // Connections open at most at once; >= 1. A caller waits up to pool_timeout for one.
+  // Connections open at most at once; >= 1. Default 8. A caller waits up to pool_timeout
+  // (> 0, default 10 s) for one.
   int max_connections = 8;
   absl::Duration pool_timeout = absl::Seconds(10);
 
-  // For opening a connection (libpq's connect_timeout, whole seconds, at least 2; a
-  // connect_timeout in `conninfo` wins); > 0.
-  absl::Duration connect_timeout = absl::Seconds(10);
+  // A bus::Timeouts. connect: opening a connection (libpq's connect_timeout, whole seconds, at
+  // least 2; a connect_timeout in `conninfo` wins); > 0. request: one statement; the server
+  // cancels a statement that runs longer (the session's statement_timeout): the call fails with
+  // DeadlineExceeded, and the client waits for an answer up to this per statement plus one
+  // more; at least 1 ms. Defaults 10 s and 10 s. TLS is libpq's (sslmode, sslrootcert, ... in
+  // `conninfo`), not a bus::TlsOptions.
+  Timeouts timeouts{.connect = absl::Seconds(10), .request = absl::Seconds(10)};
 
-  // The server cancels a statement that runs longer (the session's statement_timeout): the call
-  // fails with DeadlineExceeded. The client waits for an answer up to this per statement plus
-  // one more. > 0, at least 1ms.
-  absl::Duration statement_timeout = absl::Seconds(10);
-
-  // Serialization failures and deadlocks are retried this many times; >= 0.
+  // Serialization failures and deadlocks are retried this many times; >= 0 (0: not retried).
+  // Default 8, with retry_backoff between tries (default 5 ms doubling to 500 ms, full jitter).
   int max_retries = 8;
   BackoffPolicy retry_backoff{.initial = absl::Milliseconds(5),
                               .max = absl::Milliseconds(500),
@@ -127,25 +130,6 @@ class PostgresDatabase {
   // One round trip to the server (SELECT 1), bounded by `timeout`.
   absl::Status Ping(absl::Duration timeout);
 
-  // For the stores: runs `statements` on a pooled connection in one round trip, as one
-  // transaction, and returns their results. Retried whole on a serialization failure or
-  // deadlock.
-  absl::StatusOr<std::vector<pg_internal::Result>> Run(
-      absl::Span<const pg_internal::Statement> statements);
-
-  // For the stores and the inbox: runs `op` with a pooled connection (idle on entry and on
-  // return). `op` is run again when it returns Aborted (a serialization failure or deadlock),
-  // up to max_retries times, on another connection if this one broke.
-  absl::Status WithConnection(absl::FunctionRef<absl::Status(pg_internal::Connection&)> op);
-
-  // For work that needs a session of its own beside the pool (the outbox relay's LISTEN and
-  // advisory lock): a new connection, not counted in max_connections, after the schema is
-  // migrated. Errors as above.
-  absl::StatusOr<std::unique_ptr<pg_internal::Connection>> OpenSession();
-
-  // The client's deadline for `statements` statements sent now (see statement_timeout).
-  absl::Time Deadline(size_t statements) const;
-
   struct Stats {
     int open_connections = 0;
     int idle_connections = 0;
@@ -160,8 +144,15 @@ class PostgresDatabase {
   Stats stats() const;
 
  private:
+  // The PostgreSQL packages' access (common/postgres/internal/engine.h).
+  friend class pg_internal::Engine;
   struct Impl;
   explicit PostgresDatabase(std::unique_ptr<Impl> impl);
+  absl::StatusOr<std::vector<pg_internal::Result>> Run(
+      absl::Span<const pg_internal::Statement> statements);
+  absl::Status WithConnection(absl::FunctionRef<absl::Status(pg_internal::Connection&)> op);
+  absl::StatusOr<std::unique_ptr<pg_internal::Connection>> OpenSession();
+  absl::Time Deadline(size_t statements) const;
   absl::Status EnsureMigrated(pg_internal::Connection& conn);
   absl::Status MigrateOn(pg_internal::Connection& conn);
 

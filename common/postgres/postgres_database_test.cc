@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "common/postgres/internal/schema.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -57,7 +58,7 @@ class PostgresDatabaseTest : public ::testing::Test {
   static absl::StatusOr<std::vector<std::string>> Column(PostgresDatabase& db,
                                                          const std::string& sql) {
     const Statement s{&sql};
-    absl::StatusOr<std::vector<Result>> r = db.Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(db).Run({&s, 1});
     if (!r.ok()) return r.status();
     std::vector<std::string> out;
     for (int i = 0; i < (*r)[0].rows(); ++i) out.emplace_back((*r)[0].Bytes(i, 0));
@@ -195,8 +196,8 @@ TEST_F(PostgresDatabaseTest, BadOptionsNameTheirField) {
   o.max_connections = 0;
   EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("max_connections"));
   o = Options();
-  o.statement_timeout = absl::ZeroDuration();
-  EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("statement_timeout"));
+  o.timeouts.request = absl::ZeroDuration();
+  EXPECT_THAT(ValidatePostgresOptions(o).message(), HasSubstr("timeouts.request"));
 }
 
 TEST_F(PostgresDatabaseTest, SqlstatesMapToStatusCodes) {
@@ -230,7 +231,7 @@ TEST_F(PostgresDatabaseTest, SqlstatesMapToStatusCodes) {
 
 TEST_F(PostgresDatabaseTest, TheStatementTimeoutBoundsEveryCall) {
   PostgresOptions o = Options();
-  o.statement_timeout = absl::Milliseconds(200);
+  o.timeouts.request = absl::Milliseconds(200);
   std::shared_ptr<PostgresDatabase> db = Open(o);
   ASSERT_TRUE(db->Migrate().ok());
   absl::Status st = Column(*db, "SELECT pg_sleep(30)::text").status();
@@ -245,9 +246,9 @@ TEST_F(PostgresDatabaseTest, SerializationFailuresAreRetriedInsideTheLibrary) {
   int runs = 0;
   const std::string fail = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$";
   const std::string ok = "SELECT 1";
-  absl::Status st = db->WithConnection([&](Connection& c) {
+  absl::Status st = pg_internal::Engine(*db).WithConnection([&](Connection& c) {
     const Statement s{++runs < 3 ? &fail : &ok};
-    return c.Pipeline({&s, 1}, db->Deadline(1)).status();
+    return c.Pipeline({&s, 1}, pg_internal::Engine(*db).Deadline(1)).status();
   });
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(runs, 3);
@@ -256,10 +257,10 @@ TEST_F(PostgresDatabaseTest, SerializationFailuresAreRetriedInsideTheLibrary) {
   runs = 0;
   const std::string deadlock =
       "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = '40P01'; END $$";
-  st = db->WithConnection([&](Connection& c) {
+  st = pg_internal::Engine(*db).WithConnection([&](Connection& c) {
     ++runs;
     const Statement s{&deadlock};
-    return c.Pipeline({&s, 1}, db->Deadline(1)).status();
+    return c.Pipeline({&s, 1}, pg_internal::Engine(*db).Deadline(1)).status();
   });
   EXPECT_TRUE(absl::IsAborted(st)) << st;
   EXPECT_EQ(runs, 4);  // the first run and max_retries more
@@ -271,7 +272,7 @@ TEST_F(PostgresDatabaseTest, ThePoolIsBounded) {
   o.pool_timeout = absl::Milliseconds(100);
   std::shared_ptr<PostgresDatabase> db = Open(o);
   absl::Status inner;
-  absl::Status outer = db->WithConnection([&](Connection&) {
+  absl::Status outer = pg_internal::Engine(*db).WithConnection([&](Connection&) {
     inner = db->Ping(absl::Milliseconds(100));
     return absl::OkStatus();
   });
@@ -288,7 +289,7 @@ TEST_F(PostgresDatabaseTest, ParametersAndBinaryResultsRoundTrip) {
   const std::string bytes("\0\xff\x01 x", 5);
   const absl::Time t = absl::FromUnixMicros(1700000000123456);
   const Statement s{&sql, {Param::Bytes(bytes), Param::Int(-42), Param::Time(t), Param::Null()}};
-  absl::StatusOr<std::vector<Result>> r = db->Run({&s, 1});
+  absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db).Run({&s, 1});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)[0].Bytes(0, 0), bytes);
   EXPECT_EQ((*r)[0].Int(0, 1), -42);
@@ -304,11 +305,12 @@ TEST_F(PostgresDatabaseTest, PreparedStatementsAndTheFailedStatementsIndex) {
   const std::string bad = "SELEKT 1";
   const std::string count =
       "SELECT count(*) FROM pg_prepared_statements WHERE statement = 'SELECT $1::bigint + 1'";
-  absl::Status st = db->WithConnection([&](Connection& c) -> absl::Status {
+  absl::Status st = pg_internal::Engine(*db).WithConnection([&](Connection& c) -> absl::Status {
     const std::vector<Statement> twice = {
         {&add, {Param::Int(1)}, false, true}, {&add, {Param::Int(41)}, false, true}, {&count}};
     for (int round = 0; round < 2; ++round) {
-      absl::StatusOr<std::vector<Result>> r = c.Pipeline(twice, db->Deadline(twice.size()));
+      absl::StatusOr<std::vector<Result>> r =
+          c.Pipeline(twice, pg_internal::Engine(*db).Deadline(twice.size()));
       if (!r.ok()) return r.status();
       EXPECT_EQ((*r)[0].Int(0, 0), 2);
       EXPECT_EQ((*r)[1].Int(0, 0), 42);
@@ -319,11 +321,12 @@ TEST_F(PostgresDatabaseTest, PreparedStatementsAndTheFailedStatementsIndex) {
     for (int round = 0; round < 2; ++round) {
       size_t failed_at = 99;
       absl::StatusOr<std::vector<Result>> r =
-          c.Pipeline(failing, db->Deadline(failing.size()), &failed_at);
+          c.Pipeline(failing, pg_internal::Engine(*db).Deadline(failing.size()), &failed_at);
       EXPECT_FALSE(r.ok());
       EXPECT_EQ(failed_at, 1u) << "round " << round;
     }
-    absl::StatusOr<std::vector<Result>> ok = c.Pipeline({&failing[0], 1}, db->Deadline(1));
+    absl::StatusOr<std::vector<Result>> ok =
+        c.Pipeline({&failing[0], 1}, pg_internal::Engine(*db).Deadline(1));
     return ok.status();
   });
   EXPECT_TRUE(st.ok()) << st;

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/connection_options.h"
 #include "bus/logger.h"
 #include "bus/random.h"
 
@@ -37,7 +38,7 @@ namespace bus {
 // an announced array up front (8 bytes an element: 128 MiB here) before any element arrives.
 inline constexpr int64_t kMaxRedisReplyElements = int64_t{1} << 24;
 
-// RedisOptions::limits.script_batch 0: script calls move at most this many messages.
+// RedisOptions::limits.script_batch_size 0: script calls move at most this many messages.
 inline constexpr int kDefaultRedisScriptBatch = 500;
 
 struct RedisOptions {
@@ -88,46 +89,15 @@ struct RedisOptions {
   // one hash tag, "{queue}", so they live in one cluster slot.
   std::string key_prefix = "bus:";
 
-  // TLS to the server (every node of a cluster): OpenSSL through Boost.Asio's SSL streams.
-  // The server's certificate is verified against `ca_file` / `ca_dir` (neither: the system's
-  // trust store) and must hold `server_name` (empty: the host being connected to, a cluster
-  // node's address as the cluster names it), which is also sent as SNI when it is a name and
-  // not an IP address. An encrypted key file takes its passphrase in `key_password`.
-  // docs/redis-tls.md.
-  struct Tls {
-    // Default false: plaintext. rediss:// and rediss+cluster:// set it.
-    bool enabled = false;
-    // PEM file of the CAs to trust; a directory of hashed CA files (c_rehash). Either, both
-    // or neither (the system's default trust store).
-    std::string ca_file{};
-    std::string ca_dir{};
-    // Client certificate (PEM, may hold the chain) and its private key, for a server that asks
-    // for one (tls-auth-clients yes): mutual TLS. Both or neither.
-    std::string cert_file{};
-    std::string key_file{};
-    // Passphrase of an encrypted `key_file` (PEM, as `openssl pkey -aes256` writes); empty: the
-    // key is not encrypted. Never logged or shown (URLs show it as <redacted>).
-    std::string key_password{};
-    // The name the server's certificate must hold (a DNS name or an IP address); empty: the
-    // host connected to.
-    std::string server_name{};
-    // Accepts any server certificate: no chain or name check. The connection is encrypted but
-    // anyone on the path can impersonate the server. For tests against self-signed servers
-    // only; never in production.
-    bool insecure_skip_verify = false;
-    // The oldest TLS version accepted. Default TLS 1.2.
-    enum class Version { kTls12, kTls13 };
-    Version min_version = Version::kTls12;
-  };
-  Tls tls{};
+  // TLS to the server (every node of a cluster), a bus::TlsOptions: OpenSSL through
+  // Boost.Asio's SSL streams. `enabled` default false (plaintext); rediss:// and
+  // rediss+cluster:// set it. `server_name` empty: the host being connected to (a cluster node's
+  // address as the cluster names it). Every field is honoured. docs/redis-tls.md.
+  TlsOptions tls{};
 
-  struct Timeouts {
-    // One connect attempt (TCP connect, TLS handshake, AUTH, SELECT). Default 2 s; > 0.
-    absl::Duration connect = absl::Seconds(2);
-    // Every request, and the internal retries of a send. Default 5 s; > 0.
-    absl::Duration request = absl::Seconds(5);
-  };
-  Timeouts timeouts{};
+  // connect: one connect attempt (TCP connect, TLS handshake, AUTH, SELECT); request: every
+  // request, and the internal retries of a send. Defaults 2 s and 5 s; both > 0.
+  Timeouts timeouts{.connect = absl::Seconds(2), .request = absl::Seconds(5)};
 
   // After each write that acknowledges a send, and each write of the Redis stores (Acquire,
   // MarkDone, Release, Store, Remove and their batch forms), wait (WAIT) until `wait_replicas`
@@ -148,7 +118,7 @@ struct RedisOptions {
     // Most messages one script call moves (promoting due delayed messages, recovering expired
     // leases, purging letters, acking many): bounds the time Redis spends in one call.
     // 0 (the default): kDefaultRedisScriptBatch. 0 to 5000 (a Lua unpack() limit).
-    int script_batch = 0;
+    int script_batch_size = 0;
     // Bounds on one reply from the server: its bytes (nested arrays included) and its array
     // elements in all. A reply that announces or sends more closes the connection (the
     // requests on it fail with Unavailable), so a broken or hostile server cannot make the

@@ -35,8 +35,8 @@ TEST(RedisOptionsTest, EachBadFieldIsNamed) {
       {"timeouts.request", [](RedisOptions& o) { o.timeouts.request = -absl::Seconds(1); }},
       {"backoff.initial", [](RedisOptions& o) { o.backoff.initial = absl::ZeroDuration(); }},
       {"backoff.max", [](RedisOptions& o) { o.backoff.max = absl::Milliseconds(1); }},
-      {"limits.script_batch", [](RedisOptions& o) { o.limits.script_batch = -1; }},
-      {"limits.script_batch", [](RedisOptions& o) { o.limits.script_batch = 5001; }},
+      {"limits.script_batch_size", [](RedisOptions& o) { o.limits.script_batch_size = -1; }},
+      {"limits.script_batch_size", [](RedisOptions& o) { o.limits.script_batch_size = 5001; }},
       {"limits.max_reply_bytes", [](RedisOptions& o) { o.limits.max_reply_bytes = 1023; }},
       {"limits.max_reply_bytes",
        [](RedisOptions& o) { o.limits.max_reply_bytes = (int64_t{4} << 30) + 1; }},
@@ -157,11 +157,11 @@ TEST(RedisOptionsTest, MaxReplyElementsUpToItsDocumentedBound) {
 
 TEST(RedisOptionsTest, ZeroScriptBatchIsTheLibrarysChoice) {
   RedisOptions o;
-  EXPECT_EQ(o.limits.script_batch, 0);
+  EXPECT_EQ(o.limits.script_batch_size, 0);
   EXPECT_TRUE(ValidateRedisOptions(o).ok());
-  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch, kDefaultRedisScriptBatch);
-  o.limits.script_batch = 7;
-  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch, 7);
+  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch_size, kDefaultRedisScriptBatch);
+  o.limits.script_batch_size = 7;
+  EXPECT_EQ(redis::WithDefaults(o).limits.script_batch_size, 7);
   const RedisOptions d = redis::WithDefaults({});
   EXPECT_NE(d.clock, nullptr);
   EXPECT_NE(d.logger, nullptr);

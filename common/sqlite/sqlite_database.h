@@ -16,7 +16,7 @@
 // idempotency_keys, outbox and outbox_relay.
 //
 // Writes use group commit: concurrent callers' operations are committed together in one
-// transaction (up to SqliteOptions::max_batch); one failing operation never fails or undoes
+// transaction (up to SqliteOptions::commit_batch_size); one failing operation never fails or undoes
 // another, and every caller gets its result only after the COMMIT that made its change durable.
 // Reads run alongside the writer on separate connections, which WAL allows (docs/sqlite.md).
 //

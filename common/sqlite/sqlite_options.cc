@@ -14,8 +14,8 @@ absl::Status ValidateSqliteOptions(const SqliteOptions& options) {
   if (options.busy_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("SqliteOptions.busy_timeout must be >= 0");
   }
-  if (options.max_batch < 1) {
-    return absl::InvalidArgumentError("SqliteOptions.max_batch must be >= 1");
+  if (options.commit_batch_size < 1) {
+    return absl::InvalidArgumentError("SqliteOptions.commit_batch_size must be >= 1");
   }
   if (options.max_idle_readers < 0) {
     return absl::InvalidArgumentError("SqliteOptions.max_idle_readers must be >= 0");

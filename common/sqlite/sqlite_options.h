@@ -34,7 +34,7 @@ struct SqliteOptions {
   std::string path = "bus.db";
 
   // How long an operation waits for a lock held by another connection or process before it
-  // fails with Unavailable; >= 0.
+  // fails with Unavailable; >= 0 (0: fails at once). Default 5 s.
   absl::Duration busy_timeout = absl::Seconds(5);
 
   // Durability of a commit; see SqliteSynchronous. Group commit does not change it: every
@@ -45,17 +45,18 @@ struct SqliteOptions {
   // stored as wall-clock values, so processes sharing a file must agree on the time.
   std::shared_ptr<Clock> clock{};
 
-  // Group commit: most operations committed in one transaction; >= 1. 1 gives every operation a
-  // transaction of its own.
-  int max_batch = 64;
+  // Group commit: most operations committed in one transaction; >= 1. Default 64; 1 gives every
+  // operation a transaction of its own.
+  int commit_batch_size = 64;
 
-  // Idle read connections kept open for reuse; >= 0.
+  // Idle read connections kept open for reuse; >= 0 (0: each read opens and closes its own).
+  // Default 4.
   int max_idle_readers = 4;
 
   // How long a caller queued behind a running group-commit batch checks for its result,
   // yielding the CPU between checks, before it sleeps until woken; >= 0. A batch usually takes
   // less time than putting a thread to sleep and waking it again, so a short spin returns the
-  // result sooner; it costs CPU only while a batch runs. 0 sleeps at once.
+  // result sooner; it costs CPU only while a batch runs. 0 sleeps at once. Default 1 ms.
   absl::Duration spin_wait = absl::Milliseconds(1);
 
   // Who checkpoints the WAL (copies committed pages back into the database file, so that the

@@ -23,7 +23,7 @@
 namespace bus {
 
 struct MemoryDriverOptions {
-  // Default: RealClock().
+  // Default (nullptr): RealClock().
   std::shared_ptr<Clock> clock{};
   // Largest message accepted by Send*; larger ones are InvalidArgument. Default
   // kDefaultMaxMessageBytes (1 MiB), as the Handler's.

@@ -192,11 +192,11 @@ TEST(NsqOptionsTest, InvalidOptionsNameTheField) {
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
   EXPECT_TRUE(absl::StrContains(d.status().message(), "nsqd_tcp_addresses"));
   o.nsqd_tcp_addresses = {"127.0.0.1:1"};
-  o.timeouts.heartbeat_interval = absl::Milliseconds(10);
+  o.connection.heartbeat_interval = absl::Milliseconds(10);
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));
-  EXPECT_TRUE(absl::StrContains(d.status().message(), "timeouts.heartbeat_interval"));
-  o.timeouts = {};
+  EXPECT_TRUE(absl::StrContains(d.status().message(), "connection.heartbeat_interval"));
+  o.connection = {};
   o.reconnect_backoff = {.initial = absl::Seconds(2), .max = absl::Seconds(1)};
   d = NewNsqDriver(o);
   ASSERT_TRUE(absl::IsInvalidArgument(d.status()));

@@ -286,7 +286,7 @@ std::shared_ptr<Driver> MakeDriver(const std::string& address, std::shared_ptr<L
   options.nsqd_tcp_addresses = {address};
   options.logger = std::move(logger);
   options.timeouts.request = absl::Milliseconds(500);
-  options.timeouts.heartbeat_interval = absl::Seconds(1);
+  options.connection.heartbeat_interval = absl::Seconds(1);
   options.reconnect_backoff.initial = absl::Milliseconds(50);
   options.reconnect_backoff.max = absl::Milliseconds(500);
   auto d = NewNsqDriver(options);

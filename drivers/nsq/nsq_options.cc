@@ -59,7 +59,14 @@ absl::string_view NsqCompressionName(NsqCompression codec) {
   return "unknown";
 }
 
-absl::Status ValidateNsqOptions(const NsqOptions& o) {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("NsqOptions.", field, why));
+}
+
+// Addresses parse; `*any_https` tells whether an HTTP address is https://.
+absl::Status ValidateAddresses(const NsqOptions& o, bool* any_https) {
   if (o.nsqd_tcp_addresses.empty() && o.lookupd_http_addresses.empty()) {
     return absl::InvalidArgumentError(
         "NsqOptions: nsqd_tcp_addresses and lookupd_http_addresses are both empty");
@@ -67,73 +74,84 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
   std::string host, port;
   for (const std::string& a : o.nsqd_tcp_addresses) {
     if (absl::Status s = nsq::SplitHostPort(a, &host, &port); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NsqOptions.nsqd_tcp_addresses: ", s.message()));
+      return Invalid("nsqd_tcp_addresses: ", s.message());
     }
   }
-  bool tls = false, any_https = false;
+  bool tls = false;
+  *any_https = false;
   for (const std::string& a : o.lookupd_http_addresses) {
     if (absl::Status s = nsq::SplitHttpAddress(a, &tls, &host, &port); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NsqOptions.lookupd_http_addresses: ", s.message()));
+      return Invalid("lookupd_http_addresses: ", s.message());
     }
-    any_https |= tls;
+    *any_https |= tls;
   }
   for (const std::string& a : o.discovery.nsqd_http_addresses) {
     if (absl::Status s = nsq::SplitHttpAddress(a, &tls, &host, &port); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NsqOptions.discovery.nsqd_http_addresses: ", s.message()));
+      return Invalid("discovery.nsqd_http_addresses: ", s.message());
     }
-    any_https |= tls;
+    *any_https |= tls;
   }
-  if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
-  if (o.auth.user_agent.empty()) {
-    return absl::InvalidArgumentError("NsqOptions.auth.user_agent is empty");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTls(const TlsOptions& tls, bool any_https) {
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return Invalid("tls: ",
+                   "cert_file and key_file go together (a client certificate needs its key)");
   }
-  if (o.tls.cert_file.empty() != o.tls.key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "NsqOptions.tls: cert_file and key_file go together (a client certificate needs its key)");
-  }
-  const bool tls_settings = !o.tls.ca_file.empty() || !o.tls.cert_file.empty() ||
-                            !o.tls.server_name.empty() || o.tls.insecure_skip_verify;
+  const bool tls_settings = !tls.ca_file.empty() || !tls.ca_dir.empty() || !tls.cert_file.empty() ||
+                            !tls.server_name.empty() || tls.insecure_skip_verify;
   // Without tls.enabled the settings may serve https:// HTTP addresses (server_name is the
   // TCP connections' only).
-  const bool https_settings = !o.tls.server_name.empty() && !o.tls.enabled;
-  if ((tls_settings && !o.tls.enabled && !any_https) || https_settings) {
-    return absl::InvalidArgumentError(
-        "NsqOptions.tls: CA, certificate, server name or insecure_skip_verify set while "
-        "tls.enabled is false and no HTTP address is https:// (server_name needs tls.enabled); "
-        "set tls.enabled (nsq:// tls=true) or drop them");
+  const bool https_settings = !tls.server_name.empty() && !tls.enabled;
+  if ((tls_settings && !tls.enabled && !any_https) || https_settings) {
+    return Invalid("tls: ",
+                   "CA, certificate, server name or insecure_skip_verify set while tls.enabled "
+                   "is false and no HTTP address is https:// (server_name needs tls.enabled); "
+                   "set tls.enabled (nsq:// tls=true) or drop them");
   }
+  if (tls.min_version != TlsOptions::Version::kTls12 &&
+      tls.min_version != TlsOptions::Version::kTls13) {
+    return Invalid("tls.min_version", " has no such value");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCompressionAndFlow(const NsqOptions& o) {
   switch (o.compression.codec) {
     case NsqCompression::kNone:
     case NsqCompression::kSnappy:
     case NsqCompression::kDeflate:
       break;
     default:
-      return absl::InvalidArgumentError("NsqOptions.compression.codec has no such value");
+      return Invalid("compression.codec", " has no such value");
   }
   if (o.compression.deflate_level < 1 || o.compression.deflate_level > 9) {
-    return absl::InvalidArgumentError(absl::StrCat("NsqOptions.compression.deflate_level is ",
-                                                   o.compression.deflate_level, "; want 1..9"));
+    return Invalid("compression.deflate_level",
+                   absl::StrCat(" is ", o.compression.deflate_level, "; want 1..9"));
   }
   if (o.consuming.sample_rate < 0 || o.consuming.sample_rate > 99) {
-    return absl::InvalidArgumentError(absl::StrCat("NsqOptions.consuming.sample_rate is ",
-                                                   o.consuming.sample_rate, "; want 0..99"));
+    return Invalid("consuming.sample_rate",
+                   absl::StrCat(" is ", o.consuming.sample_rate, "; want 0..99"));
+  }
+  if (o.consuming.output_buffer_size < 0) {
+    return Invalid("consuming.output_buffer_size", " must be >= 0");
   }
   if (o.publishing.policy != NsqPublishPolicy::kPrefer &&
       o.publishing.policy != NsqPublishPolicy::kSpread) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NsqOptions.publishing.policy has no such value (",
-                     static_cast<int>(o.publishing.policy), "); want kPrefer or kSpread"));
+    return Invalid("publishing.policy",
+                   absl::StrCat(" has no such value (", static_cast<int>(o.publishing.policy),
+                                "); want kPrefer or kSpread"));
   }
   if (o.publishing.use_lookupd && o.lookupd_http_addresses.empty()) {
-    return absl::InvalidArgumentError(
-        "NsqOptions.publishing.use_lookupd needs lookupd_http_addresses");
+    return Invalid("publishing.use_lookupd", " needs lookupd_http_addresses");
   }
-  if (o.publishing.connections < 1) {
-    return absl::InvalidArgumentError("NsqOptions.publishing.connections must be >= 1");
-  }
+  if (o.publishing.connections < 1) return Invalid("publishing.connections", " must be >= 1");
+  if (o.io_threads < 1 || o.io_threads > 64) return Invalid("io_threads", " must be in [1, 64]");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDurations(const NsqOptions& o) {
   for (auto [d, name] :
        {std::pair{o.publishing.timeout, "publishing.timeout"},
         std::pair{o.consuming.rdy_redistribute_interval, "consuming.rdy_redistribute_interval"},
@@ -141,46 +159,47 @@ absl::Status ValidateNsqOptions(const NsqOptions& o) {
         std::pair{o.timeouts.connect, "timeouts.connect"},
         std::pair{o.timeouts.request, "timeouts.request"},
         std::pair{o.reconnect_backoff.initial, "reconnect_backoff.initial"}}) {
-    if (d <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("NsqOptions.", name, " must be > 0"));
-    }
+    if (d <= absl::ZeroDuration()) return Invalid(name, " must be > 0");
   }
   for (auto [d, name] :
        {std::pair{o.consuming.close_timeout, "consuming.close_timeout"},
         std::pair{o.consuming.output_buffer_timeout, "consuming.output_buffer_timeout"}}) {
-    if (d < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("NsqOptions.", name, " must be >= 0"));
-    }
+    if (d < absl::ZeroDuration()) return Invalid(name, " must be >= 0");
   }
-  if (o.consuming.output_buffer_size < 0) {
-    return absl::InvalidArgumentError("NsqOptions.consuming.output_buffer_size must be >= 0");
+  if (o.connection.heartbeat_interval < absl::Seconds(1)) {
+    return Invalid("connection.heartbeat_interval", " must be >= 1s");
   }
-  if (o.timeouts.heartbeat_interval < absl::Seconds(1)) {
-    return absl::InvalidArgumentError("NsqOptions.timeouts.heartbeat_interval must be >= 1s");
-  }
+  if (o.limits.max_defer < absl::Seconds(1)) return Invalid("limits.max_defer", " must be >= 1s");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLimitsAndBackoff(const NsqOptions& o) {
   if (o.limits.max_message_bytes == 0 || o.limits.max_batch_bytes == 0) {
-    return absl::InvalidArgumentError(
-        "NsqOptions.limits.max_message_bytes and max_batch_bytes must be > 0");
-  }
-  if (o.limits.max_defer < absl::Seconds(1)) {
-    return absl::InvalidArgumentError("NsqOptions.limits.max_defer must be >= 1s");
+    return Invalid("limits.max_message_bytes and max_batch_bytes", " must be > 0");
   }
   if (o.reconnect_backoff.max < o.reconnect_backoff.initial) {
-    return absl::InvalidArgumentError(
-        "NsqOptions.reconnect_backoff.max must be >= reconnect_backoff.initial");
+    return Invalid("reconnect_backoff.max", " must be >= reconnect_backoff.initial");
   }
   switch (o.reconnect_backoff.jitter) {
     case BackoffPolicy::Jitter::kNone:
     case BackoffPolicy::Jitter::kFull:
     case BackoffPolicy::Jitter::kEqual:
-      break;
-    default:
-      return absl::InvalidArgumentError("NsqOptions.reconnect_backoff.jitter has no such value");
+      return absl::OkStatus();
   }
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return absl::InvalidArgumentError("NsqOptions.io_threads must be in [1, 64]");
-  }
-  return absl::OkStatus();
+  return Invalid("reconnect_backoff.jitter", " has no such value");
+}
+
+}  // namespace
+
+absl::Status ValidateNsqOptions(const NsqOptions& o) {
+  bool any_https = false;
+  if (absl::Status s = ValidateAddresses(o, &any_https); !s.ok()) return s;
+  if (absl::Status s = ValidateName("NsqOptions.queue_channel", o.queue_channel); !s.ok()) return s;
+  if (o.auth.user_agent.empty()) return Invalid("auth.user_agent", " is empty");
+  if (absl::Status s = ValidateTls(o.tls, any_https); !s.ok()) return s;
+  if (absl::Status s = ValidateCompressionAndFlow(o); !s.ok()) return s;
+  if (absl::Status s = ValidateDurations(o); !s.ok()) return s;
+  return ValidateLimitsAndBackoff(o);
 }
 
 NsqOptions WithNsqDefaults(NsqOptions options) {

@@ -10,8 +10,9 @@
 //   };
 //   absl::Status s = bus::ValidateNsqOptions(options);  // InvalidArgument naming the field
 //
-// The rest are grouped by what they tune: `tls`, `compression`, `publishing`, `consuming`
-// (flow), `discovery`, `timeouts`, `limits` (nsqd's own limits, mirrored), `reconnect_backoff`.
+// The rest are grouped by what they tune: `tls` (bus::TlsOptions), `connection` (TLS required,
+// heartbeats), `compression`, `publishing`, `consuming` (flow), `discovery`, `timeouts`
+// (bus::Timeouts), `limits` (nsqd's own limits, mirrored), `reconnect_backoff`.
 //
 // Thread-safety: plain data; the functions share no state.
 
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/connection_options.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 #include "bus/random.h"
@@ -62,31 +64,6 @@ struct NsqAuth {
   // With a `secret`, queries to nsqlookupd carry "Authorization: Bearer <secret>" (as go-nsq's
   // LookupdAuthorization); false keeps the secret from nsqlookupd. Default true.
   bool lookupd_authorization = true;
-};
-
-// TLS on the TCP connections to nsqd (IDENTIFY tls_v1, then the upgrade nsqd agrees to; nsqd
-// needs --tls-cert and --tls-key) when `enabled`; the CA, client certificate and verification
-// also serve the https:// HTTP addresses, with or without `enabled`. docs/nsq-tls.md.
-struct NsqTls {
-  // Ask nsqd for TLS on every connection. Default false (plaintext).
-  bool enabled = false;
-  // With `enabled`: an nsqd that does not offer TLS is refused (FailedPrecondition) instead of
-  // used in plaintext. Default true.
-  bool required = true;
-  // PEM file of the CAs that sign nsqd's certificate; empty: the system's default CA paths.
-  std::string ca_file{};
-  // PEM client certificate (chain) and its private key, for nsqd's
-  // --tls-client-auth-policy=require-verify. Both or neither.
-  std::string cert_file{};
-  std::string key_file{};
-  // Passphrase of an encrypted `key_file`. Never logged.
-  std::string key_password{};
-  // Name sent in SNI and checked against nsqd's certificate (DNS name or IP address); empty:
-  // the host of the nsqd address.
-  std::string server_name{};
-  // Accepts any certificate nsqd shows, from anyone: the connection is encrypted but not
-  // authenticated. For experiments only. Default false.
-  bool insecure_skip_verify = false;
 };
 
 // Compression of the TCP connections to nsqd, negotiated in IDENTIFY; on top of TLS when both
@@ -162,13 +139,11 @@ struct NsqDiscovery {
   std::vector<std::string> nsqd_http_addresses{};
 };
 
-struct NsqTimeouts {
-  // TCP connect plus handshake (IDENTIFY, AUTH), and one nsqlookupd request. Default 5s; > 0.
-  absl::Duration connect = absl::Seconds(5);
-  // Bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the call. An
-  // nsqd that does not answer in time has its connection dropped (the next call reconnects) and
-  // the call fails with Unavailable. Default 10s; > 0.
-  absl::Duration request = absl::Seconds(10);
+// How each TCP connection to nsqd is negotiated (IDENTIFY), beside `tls` and `compression`.
+struct NsqConnectionOptions {
+  // With tls.enabled: an nsqd that does not offer TLS is refused (FailedPrecondition) instead of
+  // used in plaintext. Default true; false lets an nsqd without TLS be used in plaintext.
+  bool tls_required = true;
   // Heartbeat interval asked for in IDENTIFY; a connection silent for twice this is dropped.
   // Default 30s; >= 1s (nsqd's minimum).
   absl::Duration heartbeat_interval = absl::Seconds(30);
@@ -201,7 +176,13 @@ struct NsqOptions {
   // Channel through which queues are consumed. Default "bus".
   std::string queue_channel = "bus";
   NsqAuth auth{};
-  NsqTls tls{};
+  // TLS on the TCP connections to nsqd (IDENTIFY tls_v1, then the upgrade nsqd agrees to; nsqd
+  // needs --tls-cert and --tls-key) when `tls.enabled`; the CAs, client certificate and
+  // verification also serve the https:// HTTP addresses, with or without `enabled`.
+  // `server_name` empty: the host of the nsqd address. docs/nsq-tls.md. Default: plaintext.
+  TlsOptions tls{};
+  // NSQ's own connection settings: TLS required, heartbeats.
+  NsqConnectionOptions connection{};
   NsqCompressionOptions compression{};
   // Where connection events (lost, reconnected, discovery) are logged. Default: stderr, info.
   std::shared_ptr<Logger> logger{};
@@ -209,10 +190,15 @@ struct NsqOptions {
   NsqPublishing publishing{};
   NsqConsuming consuming{};
   NsqDiscovery discovery{};
-  NsqTimeouts timeouts{};
+  // connect: TCP connect plus handshake (TLS, IDENTIFY, AUTH), and one nsqlookupd request.
+  // request: bound on every request's response (PUB, MPUB, DPUB, SUB, CLS), counted from the
+  // call; an nsqd that does not answer in time has its connection dropped (the next call
+  // reconnects) and the call fails with Unavailable. Defaults 5s and 10s; both > 0.
+  Timeouts timeouts{.connect = absl::Seconds(5), .request = absl::Seconds(10)};
   NsqLimits limits{};
   // The wait before connecting again to an nsqd after consecutive failures, per connection
-  // (consumers) and per nsqd (publishing). initial > 0, max >= initial.
+  // (consumers) and per nsqd (publishing). Default 100 ms doubling to 30 s, equal jitter;
+  // initial > 0, max >= initial.
   BackoffPolicy reconnect_backoff{.initial = absl::Milliseconds(100),
                                   .max = absl::Seconds(30),
                                   .jitter = BackoffPolicy::Jitter::kEqual};

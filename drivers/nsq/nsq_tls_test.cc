@@ -64,7 +64,7 @@ NsqOptions Options(const NsqdServer& nsqd) {
   return o;
 }
 
-NsqTls TrustingTls() { return {.enabled = true, .ca_file = Certs().ca_cert}; }
+TlsOptions TrustingTls() { return {.enabled = true, .ca_file = Certs().ca_cert}; }
 
 std::shared_ptr<Driver> MakeDriver(NsqOptions options) {
   auto d = NewNsqDriver(std::move(options));
@@ -281,7 +281,7 @@ TEST(NsqTlsTest, TlsRequiredByTheClientAndNotOffered) {
   o.tls = TrustingTls();
   ExpectRefused(o, absl::StatusCode::kFailedPrecondition, "does not offer TLS");
   // Not required: the connection stays in plaintext.
-  o.tls.required = false;
+  o.connection.tls_required = false;
   auto driver = MakeDriver(o);
   ASSERT_NE(driver, nullptr);
   ExpectRoundTrip(*driver, *nsqd, "fallbackq", 5, {false, false, false});

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "bus/route_key.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "drivers/postgres/internal/consumer.h"
 #include "drivers/postgres/internal/core.h"
 #include "drivers/postgres/internal/queue_sql.h"
@@ -103,8 +104,8 @@ absl::Status ValidatePostgresDriverOptions(const PostgresDriverOptions& o) {
   if (o.max_message_bytes < 1) {
     return absl::InvalidArgumentError("PostgresDriverOptions.max_message_bytes: must be >= 1");
   }
-  if (o.reserve_batch < 1) {
-    return absl::InvalidArgumentError("PostgresDriverOptions.reserve_batch: must be >= 1");
+  if (o.reserve_batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresDriverOptions.reserve_batch_size: must be >= 1");
   }
   return absl::OkStatus();
 }
@@ -148,35 +149,35 @@ absl::Status PostgresDriver::Ping(absl::Duration timeout) { return core_->db->Pi
 
 absl::Status PostgresDriver::DoCreateQueue(absl::string_view queue, absl::Duration delay) {
   if (absl::Status st = CheckDelay(delay); !st.ok()) return st;
-  return core_->db
-      ->Run({{&core_->sql.create_queue,
-              {Param::Text(std::string(queue)), Param::Int(absl::ToInt64Microseconds(delay))}}})
+  return pg_internal::Engine(*core_->db)
+      .Run({{&core_->sql.create_queue,
+             {Param::Text(std::string(queue)), Param::Int(absl::ToInt64Microseconds(delay))}}})
       .status();
 }
 
 absl::Status PostgresDriver::DoSubscribe(absl::string_view topic, absl::string_view queue,
                                          absl::string_view binding_key) {
-  return core_->db
-      ->Run({{&core_->sql.ensure_queue, {Param::Text(std::string(queue))}},
-             {&core_->sql.bind,
-              {Param::Text(std::string(topic)), Param::Text(std::string(queue)),
-               Param::Text(std::string(binding_key))}}})
+  return pg_internal::Engine(*core_->db)
+      .Run({{&core_->sql.ensure_queue, {Param::Text(std::string(queue))}},
+            {&core_->sql.bind,
+             {Param::Text(std::string(topic)), Param::Text(std::string(queue)),
+              Param::Text(std::string(binding_key))}}})
       .status();
 }
 
 absl::Status PostgresDriver::DoUnsubscribe(absl::string_view topic, absl::string_view queue,
                                            absl::string_view binding_key) {
-  return core_->db
-      ->Run({{&core_->sql.unbind,
-              {Param::Text(std::string(topic)), Param::Text(std::string(queue)),
-               Param::Text(std::string(binding_key))}}})
+  return pg_internal::Engine(*core_->db)
+      .Run({{&core_->sql.unbind,
+             {Param::Text(std::string(topic)), Param::Text(std::string(queue)),
+              Param::Text(std::string(binding_key))}}})
       .status();
 }
 
 absl::Status PostgresDriver::DoDeleteQueue(absl::string_view queue) {
-  return core_->db
-      ->Run({{&core_->sql.delete_messages, {Param::Text(std::string(queue))}},
-             {&core_->sql.delete_queue, {Param::Text(std::string(queue))}}})
+  return pg_internal::Engine(*core_->db)
+      .Run({{&core_->sql.delete_messages, {Param::Text(std::string(queue))}},
+            {&core_->sql.delete_queue, {Param::Text(std::string(queue))}}})
       .status();
 }
 
@@ -201,7 +202,8 @@ absl::Status PostgresDriver::DoSendBatchToQueue(absl::string_view queue,
           Param::Int(absl::ToInt64Microseconds(delay)), Param::Text(core_->db->options().schema)},
          false,
          true}};
-    if (absl::Status st = core_->db->Run(statements).status(); !st.ok()) return st;
+    if (absl::Status st = pg_internal::Engine(*core_->db).Run(statements).status(); !st.ok())
+      return st;
   }
   return absl::OkStatus();
 }
@@ -210,7 +212,8 @@ absl::Status PostgresDriver::DoSendToTopic(absl::string_view topic, absl::string
                                            absl::string_view route_key) {
   if (absl::Status st = pg_internal::CheckMessageSize(core_->options, data); !st.ok()) return st;
   absl::StatusOr<std::vector<Result>> r =
-      core_->db->Run({{&core_->sql.bindings, {Param::Text(std::string(topic))}, false, true}});
+      pg_internal::Engine(*core_->db)
+          .Run({{&core_->sql.bindings, {Param::Text(std::string(topic))}, false, true}});
   if (!r.ok()) return r.status();
   std::vector<std::pair<std::string, std::string>> bindings;
   for (int i = 0; i < (*r)[0].rows(); ++i) {
@@ -218,12 +221,12 @@ absl::Status PostgresDriver::DoSendToTopic(absl::string_view topic, absl::string
   }
   const std::vector<std::string> queues = pg_internal::MatchingQueues(bindings, route_key);
   if (queues.empty()) return absl::OkStatus();
-  return core_->db
-      ->Run({{&core_->sql.send,
-              {Param::Text(pg_internal::QueueArray(queues)), Param::Bytes(std::string(data)),
-               Param::Int(0), Param::Text(core_->db->options().schema)},
-              false,
-              true}})
+  return pg_internal::Engine(*core_->db)
+      .Run({{&core_->sql.send,
+             {Param::Text(pg_internal::QueueArray(queues)), Param::Bytes(std::string(data)),
+              Param::Int(0), Param::Text(core_->db->options().schema)},
+             false,
+             true}})
       .status();
 }
 
@@ -234,7 +237,8 @@ absl::StatusOr<std::unique_ptr<Consumer>> PostgresDriver::DoNewConsumer(
 
 absl::StatusOr<QueueCounts> PostgresDriver::DoInspectQueue(absl::string_view queue) {
   absl::StatusOr<std::vector<Result>> r =
-      core_->db->Run({{&core_->sql.counts, {Param::Text(std::string(queue))}}});
+      pg_internal::Engine(*core_->db)
+          .Run({{&core_->sql.counts, {Param::Text(std::string(queue))}}});
   if (!r.ok()) return r.status();
   QueueCounts c;
   c.queue = std::string(queue);
@@ -246,14 +250,15 @@ absl::StatusOr<QueueCounts> PostgresDriver::DoInspectQueue(absl::string_view que
 
 absl::StatusOr<std::optional<std::string>> PostgresDriver::DoPeekReady(absl::string_view queue) {
   absl::StatusOr<std::vector<Result>> r =
-      core_->db->Run({{&core_->sql.peek, {Param::Text(std::string(queue))}}});
+      pg_internal::Engine(*core_->db).Run({{&core_->sql.peek, {Param::Text(std::string(queue))}}});
   if (!r.ok()) return r.status();
   if ((*r)[0].rows() == 0) return std::optional<std::string>();
   return std::optional<std::string>(std::string((*r)[0].Bytes(0, 0)));
 }
 
 absl::StatusOr<std::vector<std::string>> PostgresDriver::ListQueues() {
-  absl::StatusOr<std::vector<Result>> r = core_->db->Run({{&core_->sql.list_queues}});
+  absl::StatusOr<std::vector<Result>> r =
+      pg_internal::Engine(*core_->db).Run({{&core_->sql.list_queues}});
   if (!r.ok()) return r.status();
   std::vector<std::string> out;
   for (int i = 0; i < (*r)[0].rows(); ++i) out.emplace_back((*r)[0].Bytes(i, 0));

@@ -29,12 +29,12 @@
 //    that found it and is replaced by the next one (reconnects are counted in Stats()).
 //
 // Transactional enqueue: SendToQueue and PublishToTopic also take a transaction of the user's,
-// either the PostgresTransaction a PostgresInbox hands to a handler (the handler's effect, the
-// key's mark-done and its outgoing messages are then one commit, without an outbox relay) or a
-// libpq connection inside a transaction the user began. The driver's tables must be in the
-// database of that transaction (the driver's PostgresDatabase is opened on it).
+// a PostgresStatements: either the PostgresTransaction a PostgresInbox hands to a handler (the
+// handler's effect, the key's mark-done and its outgoing messages are then one commit, without an
+// outbox relay) or a libpq connection inside a transaction the user began. The driver's tables must
+// be in the database of that transaction (the driver's PostgresDatabase is opened on it).
 //
-// Errors as bus/driver.h; PostgreSQL's mapped by the database layer (postgres_db.h).
+// Errors as bus/driver.h; PostgreSQL's mapped by the database layer (postgres_database.h).
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes; a
 // transaction or connection passed in is used only during the call.
@@ -57,7 +57,7 @@
 #include "bus/driver.h"
 #include "bus/publisher.h"
 #include "common/postgres/postgres_database.h"
-#include "transactional/postgres/inbox.h"
+#include "common/postgres/postgres_statements.h"
 
 typedef struct pg_conn PGconn;
 
@@ -69,12 +69,13 @@ struct QueueCore;
 struct PostgresDriverOptions {
   // The longest a waiting consumer goes without looking at its queue when no notification came
   // (a notification lost with a connection, or a send by a program that does not notify); > 0.
+  // Default 2 s.
   absl::Duration fallback_poll = absl::Seconds(2);
   // Largest message accepted by a send; larger ones are InvalidArgument. Default
   // kDefaultMaxMessageBytes (1 MiB), as the Handler's.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
-  // Most messages one reserve statement leases; >= 1.
-  int reserve_batch = 256;
+  // Most messages one reserve statement leases; >= 1. Default 256.
+  int reserve_batch_size = 256;
 };
 
 // InvalidArgument naming the first bad field.
@@ -111,15 +112,16 @@ class PostgresDriver final : public Driver {
   // effect and the key's mark-done, or not at all. Returns the message id. InvalidArgument for
   // a bad name or route key, a negative delay or a message over max_message_bytes; a database
   // error is also the transaction's (the inbox rolls the message's work back).
-  absl::StatusOr<std::string> SendToQueue(PostgresTransaction& tx, absl::string_view queue,
+  absl::StatusOr<std::string> SendToQueue(PostgresStatements& tx, absl::string_view queue,
                                           Outgoing out,
                                           absl::Duration delay = absl::ZeroDuration());
-  absl::StatusOr<std::string> PublishToTopic(PostgresTransaction& tx, absl::string_view topic,
+  absl::StatusOr<std::string> PublishToTopic(PostgresStatements& tx, absl::string_view topic,
                                              absl::string_view route_key, Outgoing out);
 
   // The same on a libpq connection of the user's, idle, in a transaction the user began and
   // will commit or roll back (outside one, each call commits on its own). The statements run
-  // in libpq's blocking calls, bounded by the session's statement_timeout.
+  // in libpq's blocking calls, bounded by the session's statement_timeout
+  // (PostgresOptions.timeouts.request).
   absl::StatusOr<std::string> SendToQueue(PGconn* conn, absl::string_view queue, Outgoing out,
                                           absl::Duration delay = absl::ZeroDuration());
   absl::StatusOr<std::string> PublishToTopic(PGconn* conn, absl::string_view topic,

@@ -115,7 +115,7 @@ TEST(PostgresDriverTest, BadOptionsNameTheirField) {
   for (const auto& [options, field] : std::vector<std::pair<PostgresDriverOptions, std::string>>{
            {{.fallback_poll = absl::ZeroDuration()}, "fallback_poll"},
            {{.max_message_bytes = 0}, "max_message_bytes"},
-           {{.reserve_batch = 0}, "reserve_batch"}}) {
+           {{.reserve_batch_size = 0}, "reserve_batch_size"}}) {
     absl::Status st = NewPostgresDriver(db, options).status();
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
     EXPECT_NE(st.message().find(field), std::string::npos) << st;
@@ -284,7 +284,7 @@ TEST_P(PostgresRestartTest, ProducerAndConsumerResumeAfterTheServerRestarts) {
   PostgresOptions db;
   db.conninfo = (*server)->Url();
   db.schema = "restart";
-  db.connect_timeout = absl::Seconds(2);
+  db.timeouts.connect = absl::Seconds(2);
   absl::StatusOr<std::shared_ptr<PostgresDriver>> driver = NewPostgresDriver(db);
   ASSERT_TRUE(driver.ok()) << driver.status();
 

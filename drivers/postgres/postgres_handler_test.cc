@@ -35,7 +35,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdempotencyStoreConformanceTest);
 class PostgresHandlerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.statement_timeout = absl::Seconds(30);
+    options_.timeouts.request = absl::Seconds(30);
     absl::StatusOr<std::shared_ptr<PostgresDatabase>> db = PostgresDatabase::Open(options_);
     ASSERT_TRUE(db.ok()) << db.status();
     db_ = *db;

@@ -408,7 +408,7 @@ TEST(RedisDriverTest, ABacklogOfDelayedMessagesFallingDueAtOnceIsDeliveredInBoun
   EXPECT_EQ(Int(*server->Cli({"ZCARD", "bus:q:{backlog}:delayed"})), kCount);
 
   // Once all are due (on the server's clock, which decides), one reserve call (one script)
-  // moves at most script_batch of them: the bound is on work, which holds however loaded the
+  // moves at most script_batch_size of them: the bound is on work, which holds however loaded the
   // machine is.
   std::vector<std::string> last =
       absl::StrSplit(*server->Cli({"ZRANGE", "bus:q:{backlog}:delayed", "-1", "-1", "WITHSCORES"}),

@@ -99,7 +99,7 @@ TEST_F(RedisTlsTest, MutualTlsWorksByAddressAndByName) {
   // Database, password and TLS together: AUTH and SELECT run inside TLS.
   o.db = 3;
   EXPECT_TRUE(Ping(o).ok()) << Ping(o);
-  o.tls.min_version = RedisOptions::Tls::Version::kTls13;
+  o.tls.min_version = TlsOptions::Version::kTls13;
   EXPECT_TRUE(Ping(o).ok()) << Ping(o);
 }
 
@@ -217,7 +217,7 @@ TEST_F(RedisTlsTest, NoCommonTlsVersionIsNamed) {
   ASSERT_NE(server, nullptr);
   RedisOptions o = Client(server->port());
   EXPECT_TRUE(Ping(o).ok()) << Ping(o);
-  o.tls.min_version = RedisOptions::Tls::Version::kTls13;
+  o.tls.min_version = TlsOptions::Version::kTls13;
   const absl::Status st = Ping(o);
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("no TLS version in common"));

@@ -75,6 +75,7 @@
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
 #include "url/open.h"
+#include "url/postgres_url.h"
 #include "url/url.h"
 
 ABSL_FLAG(int, orders, 300, "distinct orders to publish");

@@ -60,11 +60,16 @@ class Shard {
  public:
   absl::Mutex mu;
 
+  // `lapsed_owner`, when not null, gets the owner of a lapsed lease taken over (else empty).
   bool AcquireLocked(absl::string_view key, absl::string_view owner, absl::Duration lease,
-                     absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+                     absl::Time now, std::string* lapsed_owner = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto [it, inserted] = entries_.try_emplace(key);
     Entry& e = it->second;
     if (!inserted && e.expires > now) return false;  // live lease, or done within retention
+    if (lapsed_owner != nullptr && !inserted && !e.done && e.expires != absl::InfinitePast()) {
+      *lapsed_owner = std::move(e.owner);
+    }
     e.owner.assign(owner.data(), owner.size());
     e.expires = now + lease;
     e.done = false;
@@ -158,9 +163,18 @@ class Shard {
 
   void Drop(const Expiry& x, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     --pending_;
-    if (--x.entry->expiry_refs == 0 && x.entry->expires <= now) {
-      entries_.erase(entries_.find(*x.key));
+    Entry& e = *x.entry;
+    if (--e.expiry_refs != 0 || e.expires > now) return;
+    const absl::Time record_until = e.expires + kLapsedLeaseRecord;
+    if (!e.done && e.expires != absl::InfinitePast() && now < record_until) {
+      // A lease that ran out unreleased: kept as the record AcquireReporting reports.
+      ++e.expiry_refs;
+      ++pending_;
+      heap_.push_back(Expiry{record_until, x.key, &e});
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+      return;
     }
+    entries_.erase(entries_.find(*x.key));
   }
 
   Map entries_ ABSL_GUARDED_BY(mu);
@@ -192,8 +206,22 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     const absl::Time now = options_.clock->Now();
     Shard& s = ShardOf(key);
     absl::MutexLock lock(&s.mu);
-    s.Sweep(now, options_.sweep_batch);
+    s.Sweep(now, options_.sweep_batch_size);
     return s.AcquireLocked(key, owner, lease, now);
+  }
+
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{.reported = true};
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
+    const absl::Time now = options_.clock->Now();
+    Shard& s = ShardOf(key);
+    absl::MutexLock lock(&s.mu);
+    s.Sweep(now, options_.sweep_batch);
+    return s.AcquireLocked(key, owner, lease, now, &report->lapsed_owner);
   }
 
   void AcquireMany(absl::Span<const absl::string_view> keys,
@@ -204,7 +232,7 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     if (valid.empty()) return;
     const absl::Time now = options_.clock->Now();
     ForEachShard(keys, valid, [&](Shard& s, absl::Span<const size_t> mine) {
-      s.Sweep(now, options_.sweep_batch);
+      s.Sweep(now, options_.sweep_batch_size);
       for (size_t i : mine) results[i] = s.AcquireLocked(keys[i], owners[i], lease, now);
     });
   }

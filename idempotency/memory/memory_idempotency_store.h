@@ -1,6 +1,7 @@
 // An in-memory IdempotencyStore: leases with owner tokens, done-with-retention, release by the
 // owner only (bus/stores.h). Expired entries are swept in bounded batches as operations run, so
-// the map does not grow without bound. Time comes from the injected clock.
+// the map does not grow without bound; a lease that ran out unreleased is kept as a record for
+// kLapsedLeaseRecord (AcquireReporting). Time comes from the injected clock.
 //
 // Thread-safety: safe for concurrent use.
 
@@ -16,10 +17,11 @@
 namespace bus {
 
 struct MemoryIdempotencyOptions {
-  // Default: RealClock().
+  // Default (nullptr): RealClock().
   std::shared_ptr<Clock> clock{};
-  // Expired entries removed per operation, at most.
-  int sweep_batch = 16;
+  // Expired entries removed per operation, at most; >= 0 (0: none, expired entries are
+  // removed only when their key is used again). Default 16.
+  int sweep_batch_size = 16;
 };
 
 class MemoryIdempotencyStore : public IdempotencyStore {

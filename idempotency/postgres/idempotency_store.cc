@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "common/postgres/internal/idempotency_sql.h"
 
 namespace bus {
@@ -31,6 +32,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       : db_(std::move(db)),
         options_(options),
         acquire_(db_->Sql(pg_internal::kAcquireSql)),
+        acquire_reporting_(db_->Sql(pg_internal::kAcquireReportingSql)),
         mark_done_(db_->Sql(pg_internal::kMarkDoneSql)),
         release_(db_->Sql(pg_internal::kReleaseKeySql)),
         cleanup_(db_->Sql(pg_internal::kCleanupKeysSql)),
@@ -43,10 +45,29 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       return st;
     }
     const Statement s = AcquireStatement(key, owner, lease);
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     MaybeCleanup();
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1;
+  }
+
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{.reported = true};
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
+    const Statement s{&acquire_reporting_,
+                      {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner)),
+                       Param::Int(Micros(lease))}};
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
+    MaybeCleanup();
+    if (!r.ok()) return r.status();
+    const Result& got = (*r)[0];
+    if (got.rows() != 1) return false;
+    if (!got.IsNull(0, 0)) report->lapsed_owner = std::string(got.Bytes(0, 0));
+    return true;
   }
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
@@ -56,7 +77,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       return st;
     }
     const Statement s = MarkDoneStatement(key, owner, retention);
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     MaybeCleanup();
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : NotOwner("MarkDone");
@@ -69,7 +90,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     }
     const Statement s{&release_,
                       {Param::Bytes(std::string(key)), Param::Bytes(std::string(owner))}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : NotOwner("Release");
   }
@@ -83,7 +104,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     std::vector<Statement> batch;
     batch.reserve(valid.size());
     for (size_t i : valid) batch.push_back(AcquireStatement(keys[i], owners[i], lease));
-    absl::StatusOr<std::vector<Result>> r = db_->Run(batch);
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run(batch);
     MaybeCleanup();
     for (size_t j = 0; j < valid.size(); ++j) {
       if (r.ok()) {
@@ -103,7 +124,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
     std::vector<Statement> batch;
     batch.reserve(valid.size());
     for (size_t i : valid) batch.push_back(MarkDoneStatement(keys[i], owners[i], retention));
-    absl::StatusOr<std::vector<Result>> r = db_->Run(batch);
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run(batch);
     MaybeCleanup();
     for (size_t j = 0; j < valid.size(); ++j) {
       if (!r.ok()) {
@@ -143,9 +164,11 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
       if (cleaning_ || clock.Now() < next_cleanup_) return;
       cleaning_ = true;
     }
-    const Statement s{&cleanup_, {Param::Int(options_.cleanup_batch)}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
-    const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch;
+    const Statement s{
+        &cleanup_,
+        {Param::Int(options_.cleanup_batch_size), Param::Int(Micros(kLapsedLeaseRecord))}};
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
+    const bool more = r.ok() && (*r)[0].affected() >= options_.cleanup_batch_size;
     absl::MutexLock lock(&mu_);
     cleaning_ = false;
     next_cleanup_ = more ? clock.Now() : clock.Now() + options_.cleanup_interval;
@@ -153,7 +176,7 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
 
   const std::shared_ptr<PostgresDatabase> db_;
   const PostgresIdempotencyOptions options_;
-  const std::string acquire_, mark_done_, release_, cleanup_;
+  const std::string acquire_, acquire_reporting_, mark_done_, release_, cleanup_;
   absl::Mutex mu_;
   bool cleaning_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time next_cleanup_ ABSL_GUARDED_BY(mu_);
@@ -162,8 +185,9 @@ class PostgresIdempotencyStore final : public IdempotencyStore {
 }  // namespace
 
 absl::Status ValidatePostgresIdempotencyOptions(const PostgresIdempotencyOptions& options) {
-  if (options.cleanup_batch < 1) {
-    return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_batch: must be >= 1");
+  if (options.cleanup_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        "PostgresIdempotencyOptions.cleanup_batch_size: must be >= 1");
   }
   if (options.cleanup_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresIdempotencyOptions.cleanup_interval: must be > 0");

@@ -23,7 +23,7 @@
 // Lease and retention are counted in whole microseconds; a positive duration under 1us counts
 // as 1us.
 //
-// Outcomes: as bus/stores.h, and the database layer's errors (postgres_db.h).
+// Outcomes: as bus/stores.h, and the database layer's errors (postgres_database.h).
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
@@ -41,10 +41,11 @@
 namespace bus {
 
 struct PostgresIdempotencyOptions {
-  // Expired keys deleted per cleanup step (one statement, one transaction); >= 1. A step that
+  // Expired keys deleted per cleanup step (one statement, one transaction); >= 1. Default
+  // 1000. A step that
   // finds a full batch lets the next call run another at once.
-  int cleanup_batch = 1000;
-  // How often a call looks for expired keys; > 0.
+  int cleanup_batch_size = 1000;
+  // How often a call looks for expired keys; > 0. Default 10 s.
   absl::Duration cleanup_interval = absl::Seconds(10);
 };
 

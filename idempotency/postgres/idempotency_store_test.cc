@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "gtest/gtest.h"
 #include "tests/store_conformance.h"
 #include "tests/testing/postgres_store_harness.h"
@@ -37,7 +38,7 @@ class PostgresIdempotencyStoreTest : public ::testing::Test {
   int64_t Rows() {
     const std::string sql = db_->Sql("SELECT count(*) FROM {schema}.idempotency_keys");
     const pg_internal::Statement s{&sql};
-    absl::StatusOr<std::vector<pg_internal::Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<pg_internal::Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? (*r)[0].Int(0, 0) : -1;
   }
@@ -68,18 +69,20 @@ TEST_F(PostgresIdempotencyStoreTest, ABatchIsOneRoundTrip) {
 }
 
 TEST_F(PostgresIdempotencyStoreTest, CleanupDeletesExpiredKeysInStepsAndKeepsLiveOnes) {
-  // The keys come from a store that does not clean up within the test.
+  // Done keys whose retention runs out at once, a lease that runs out (kept as a record for
+  // kLapsedLeaseRecord) and a live key, from a store that does not clean up within the test.
   std::shared_ptr<IdempotencyStore> writer = Open({.cleanup_interval = absl::Hours(1)});
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(*writer->Acquire(absl::StrCat("short-", i), "o", absl::Microseconds(1)));
+    const std::string key = absl::StrCat("short-", i);
+    ASSERT_TRUE(*writer->Acquire(key, "o", absl::Hours(1)));
+    ASSERT_TRUE(writer->MarkDone(key, "o", absl::Microseconds(1)).ok());
   }
+  ASSERT_TRUE(*writer->Acquire("lapsed", "o", absl::Microseconds(1)));
   ASSERT_TRUE(*writer->Acquire("live", "o", absl::Hours(1)));
-  // The writer's first call ran its one cleanup step (and deleted the key it had just
-  // written, whose lease had run out).
-  const int64_t expired = Rows() - 1;
-  ASSERT_GE(expired, 3);
-  absl::StatusOr<std::shared_ptr<IdempotencyStore>> cleaner =
-      NewPostgresIdempotencyStore(db_, {.cleanup_batch = 2, .cleanup_interval = absl::Hours(1)});
+  const int64_t expired = Rows() - 2;
+  ASSERT_EQ(expired, 5);
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> cleaner = NewPostgresIdempotencyStore(
+      db_, {.cleanup_batch_size = 2, .cleanup_interval = absl::Hours(1)});
   ASSERT_TRUE(cleaner.ok());
   // The first call finds cleanup due; a step that deletes a full batch of two makes the next
   // call run another, until a step finds less.
@@ -87,17 +90,21 @@ TEST_F(PostgresIdempotencyStoreTest, CleanupDeletesExpiredKeysInStepsAndKeepsLiv
   EXPECT_TRUE(WaitUntil([&] {
     EXPECT_TRUE((*cleaner)->Acquire("live", "other", absl::Hours(1)).ok());
     ++calls;
-    return Rows() == 1;
+    return Rows() == 2;
   }));
   EXPECT_EQ(calls, (expired + 1) / 2);
   EXPECT_FALSE(*(*cleaner)->Acquire("live", "other", absl::Hours(1)));
+  // The lease that ran out is still there to report.
+  AcquireReport report;
+  EXPECT_TRUE(*(*cleaner)->AcquireReporting("lapsed", "p", absl::Hours(1), &report));
+  EXPECT_EQ(report.lapsed_owner, "o");
 }
 
 TEST_F(PostgresIdempotencyStoreTest, BadOptionsNameTheirField) {
   Open();
-  absl::Status st = NewPostgresIdempotencyStore(db_, {.cleanup_batch = 0}).status();
+  absl::Status st = NewPostgresIdempotencyStore(db_, {.cleanup_batch_size = 0}).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st));
-  EXPECT_NE(st.message().find("cleanup_batch"), absl::string_view::npos);
+  EXPECT_NE(st.message().find("cleanup_batch_size"), absl::string_view::npos);
   st = NewPostgresIdempotencyStore(db_, {.cleanup_interval = absl::ZeroDuration()}).status();
   EXPECT_NE(st.message().find("cleanup_interval"), absl::string_view::npos);
 }

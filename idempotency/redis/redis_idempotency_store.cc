@@ -15,7 +15,8 @@ using redis::Reply;
 using redis::Script;
 
 // A key's value is "held:<owner>" during the lease and "done:<owner>" during the retention; its
-// TTL is the lease or the retention. With replication.wait_replicas set, Acquire, MarkDone and
+// TTL is the lease or the retention (a lease taken with AcquireReporting also leaves a record,
+// kAcquireReporting). With replication.wait_replicas set, Acquire, MarkDone and
 // Release run as scripts followed by WAIT (Durability::kReplicated): a write only the master
 // acknowledged is lost when a replica takes over, and a lost done-mark repeats an effect.
 
@@ -25,23 +26,40 @@ if redis.call('SET', KEYS[1], 'held:' .. ARGV[1], 'NX', 'PX', ARGV[2]) then retu
 return 0
 )lua";
 
-// KEYS: key. ARGV: owner, retention_ms. 1 when done, 0 when not the owner of a live lease.
+// AcquireReporting. A key's record (its "idem-last:" key, in the same slot) holds the owner of
+// the last lease taken with this script, for kLapsedLeaseRecord past that lease; MarkDone and
+// Release delete it, so a record found when the key is free again names a lease that ran out
+// unreleased. KEYS: key, record. ARGV: owner, lease_ms, lease_ms + record_ms. {1, the record's
+// owner or ''} when acquired, {0, ''} when the key is held or done.
+constexpr char kAcquireReporting[] = R"lua(
+if not redis.call('SET', KEYS[1], 'held:' .. ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, ''} end
+local last = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+return {1, last or ''}
+)lua";
+
+// KEYS: key, record. ARGV: owner, retention_ms. 1 when done, 0 when not the owner of a live
+// lease.
 constexpr char kMarkDone[] = R"lua(
 if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
 return 1
 )lua";
 
 // The same for several keys at once (one server only: the keys may hash to any slot). KEYS:
-// the keys. ARGV: retention (ms), then one owner per key. One 1 or 0 per key. One MGET reads
-// every key; a key named twice is marked once (the second finds it done, as a second call would).
+// the keys, then their records. ARGV: retention (ms), then one owner per key. One 1 or 0 per
+// key. One MGET reads every key; a key named twice is marked once (the second finds it done, as
+// a second call would).
 constexpr char kMarkDoneMany[] = R"lua(
 local out, marked = {}, {}
-local values = redis.call('MGET', unpack(KEYS))
-for i = 1, #KEYS do
+local n = #KEYS / 2
+local values = redis.call('MGET', unpack(KEYS, 1, n))
+for i = 1, n do
   local key, owner = KEYS[i], ARGV[i + 1]
   if not marked[key] and values[i] == 'held:' .. owner then
     redis.call('SET', key, 'done:' .. owner, 'PX', ARGV[1])
+    redis.call('DEL', KEYS[n + i])
     marked[key] = true
     out[i] = 1
   else
@@ -51,15 +69,19 @@ end
 return out
 )lua";
 
-// KEYS: key. ARGV: owner. 1 when released, 0 when not the owner of a live lease.
+// KEYS: key, record. ARGV: owner. 1 when released, 0 when not the owner of a live lease.
 constexpr char kRelease[] = R"lua(
 if redis.call('GET', KEYS[1]) ~= 'held:' .. ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 )lua";
 
 const Script& AcquireScript() {
   static const Script* s = new Script(kAcquire);
+  return *s;
+}
+const Script& AcquireReportingScript() {
+  static const Script* s = new Script(kAcquireReporting);
   return *s;
 }
 const Script& MarkDoneScript() {
@@ -102,6 +124,31 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     if (!r.ok()) return r.status();
     if (r->is_error()) return redis::ReplyStatus(*r);
     return !r->is_nil();
+  }
+
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{.reported = true};
+    if (absl::Status st = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease);
+        !st.ok()) {
+      return st;
+    }
+    std::vector<std::string> call = {"2",
+                                     KeyOf(key),
+                                     RecordOf(key),
+                                     std::string(owner),
+                                     absl::StrCat(Millis(lease)),
+                                     absl::StrCat(Millis(lease + kLapsedLeaseRecord))};
+    absl::StatusOr<std::vector<Reply>> replies =
+        client_->Eval(AcquireReportingScript(), {std::move(call)}, options_.timeouts.request,
+                      replicated() ? redis::Durability::kReplicated : redis::Durability::kDefault);
+    if (!replies.ok()) return replies.status();
+    const Reply& r = (*replies)[0];
+    if (r.is_error()) return redis::ReplyStatus(r);
+    if (r.elements.size() != 2) return absl::InternalError("redis: bad acquire reply");
+    if (r.elements[0].integer != 1) return false;
+    report->lapsed_owner = r.elements[1].str;
+    return true;
   }
 
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
@@ -193,14 +240,15 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     const redis::Durability durability =
         replicated() ? redis::Durability::kReplicated : redis::Durability::kDefault;
     if (!client_->clustered() && sent.size() > 1) {
-      // One server: one script run per script_batch keys, pipelined (a script run costs the
+      // One server: one script run per script_batch_size keys, pipelined (a script run costs the
       // server far more than the GET and SET in it).
       std::vector<std::vector<std::string>> calls;
-      const size_t per_call = static_cast<size_t>(options_.limits.script_batch);
+      const size_t per_call = static_cast<size_t>(options_.limits.script_batch_size);
       for (size_t from = 0; from < sent.size(); from += per_call) {
         const size_t to = std::min(sent.size(), from + per_call);
-        std::vector<std::string> call = {absl::StrCat(to - from)};
+        std::vector<std::string> call = {absl::StrCat(2 * (to - from))};
         for (size_t k = from; k < to; ++k) call.push_back(KeyOf(keys[sent[k]]));
+        for (size_t k = from; k < to; ++k) call.push_back(RecordOf(keys[sent[k]]));
         call.push_back(ms);
         for (size_t k = from; k < to; ++k) call.emplace_back(owners[sent[k]]);
         calls.push_back(std::move(call));
@@ -227,7 +275,9 @@ class RedisIdempotencyStore final : public IdempotencyStore {
     // one round trip per node (and one WAIT per node when replicated); a node that fails fails
     // the keys it serves, not the others.
     std::vector<std::vector<std::string>> calls;
-    for (size_t i : sent) calls.push_back({"1", KeyOf(keys[i]), std::string(owners[i]), ms});
+    for (size_t i : sent) {
+      calls.push_back({"2", KeyOf(keys[i]), RecordOf(keys[i]), std::string(owners[i]), ms});
+    }
     std::vector<absl::StatusOr<Reply>> replies = client_->EvalEach(
         MarkDoneScript(), std::move(calls), options_.timeouts.request, durability);
     for (size_t k = 0; k < sent.size(); ++k) {
@@ -264,10 +314,18 @@ class RedisIdempotencyStore final : public IdempotencyStore {
   std::string KeyOf(absl::string_view key) const {
     return absl::StrCat(options_.key_prefix, "idem:{", key, "}");
   }
+  // The record of the last lease taken with AcquireReporting (kAcquireReporting).
+  std::string RecordOf(absl::string_view key) const {
+    return absl::StrCat(options_.key_prefix, "idem-last:{", key, "}");
+  }
 
+  // The acquire script (KEYS: key), or MarkDone's and Release's (KEYS: key, record).
   absl::StatusOr<int64_t> Run(const Script& script, absl::string_view key, absl::string_view owner,
                               int64_t ms) {
-    std::vector<std::string> call = {"1", KeyOf(key), std::string(owner)};
+    std::vector<std::string> call =
+        &script == &AcquireScript()
+            ? std::vector<std::string>{"1", KeyOf(key), std::string(owner)}
+            : std::vector<std::string>{"2", KeyOf(key), RecordOf(key), std::string(owner)};
     if (ms >= 0) call.push_back(absl::StrCat(ms));
     absl::StatusOr<std::vector<Reply>> replies = client_->Eval(
         script, {std::move(call)}, options_.timeouts.request, redis::Durability::kReplicated);

@@ -39,6 +39,20 @@ absl::StatusOr<bool> RunAcquire(Connection& conn, absl::Time now, absl::string_v
   return conn.Changes() == 1;
 }
 
+// The owner of `key`'s lapsed lease, if any, into `*owner` (empty when none).
+absl::Status RunLapsedOwner(Connection& conn, absl::Time now, absl::string_view key,
+                            std::string* owner) {
+  owner->clear();
+  absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kLapsedOwnerSql);
+  if (!stmt.ok()) return stmt.status();
+  stmt->BindText(1, key);
+  stmt->BindInt64(2, absl::ToUnixMillis(now));
+  absl::StatusOr<bool> row = stmt->Step();
+  if (!row.ok()) return row.status();
+  if (*row) *owner = std::string(stmt->ColumnText(0));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> RunMarkDone(Connection& conn, absl::Time now, absl::string_view key,
                                  absl::string_view owner, absl::Duration retention) {
   absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kMarkDoneSql);
@@ -69,6 +83,27 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
       return absl::OkStatus();
     });
     if (!s.ok()) return s;
+    return acquired;
+  }
+
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{.reported = true};
+    if (absl::Status s = ValidateIdempotencyCall("Acquire", key, owner, "lease", lease); !s.ok()) {
+      return s;
+    }
+    bool acquired = false;
+    std::string lapsed;
+    const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+      const absl::Time now = db_->clock()->Now();
+      if (absl::Status read = RunLapsedOwner(conn, now, key, &lapsed); !read.ok()) return read;
+      absl::StatusOr<bool> got = RunAcquire(conn, now, key, owner, lease);
+      if (!got.ok()) return got.status();
+      acquired = *got;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    if (acquired) report->lapsed_owner = std::move(lapsed);
     return acquired;
   }
 
@@ -152,8 +187,8 @@ class SqliteIdempotencyStore final : public IdempotencyStore {
 }  // namespace
 
 absl::Status ValidateSqliteIdempotencyOptions(const SqliteIdempotencyOptions& options) {
-  if (options.cleanup_batch < 1) {
-    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch must be >= 1");
+  if (options.cleanup_batch_size < 1) {
+    return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_batch_size must be >= 1");
   }
   if (options.cleanup_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("SqliteIdempotencyOptions.cleanup_interval must be > 0");
@@ -173,15 +208,17 @@ absl::StatusOr<std::shared_ptr<IdempotencyStore>> NewSqliteIdempotencyStore(
     std::shared_ptr<SqliteDatabase> db, const SqliteIdempotencyOptions& options) {
   if (absl::Status s = ValidateSqliteIdempotencyOptions(options); !s.ok()) return s;
   // Cleanup rides along with the database's writes (Database::AddHousekeeping): expired
-  // rows, oldest first, cleanup_batch per transaction, so it never holds the lock for long.
+  // rows, oldest first, cleanup_batch_size per transaction, so it never holds the lock for long.
   sqlite_internal::Engine(db)->AddHousekeeping(
       options.cleanup_interval,
       [clock = db->clock(),
-       batch = options.cleanup_batch](Connection& conn) -> absl::StatusOr<bool> {
+       batch = options.cleanup_batch_size](Connection& conn) -> absl::StatusOr<bool> {
         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCleanupKeysSql);
         if (!stmt.ok()) return stmt.status();
-        stmt->BindInt64(1, absl::ToUnixMillis(clock->Now()));
+        const absl::Time now = clock->Now();
+        stmt->BindInt64(1, absl::ToUnixMillis(now));
         stmt->BindInt64(2, batch);
+        stmt->BindInt64(3, absl::ToUnixMillis(now - kLapsedLeaseRecord));
         if (absl::Status s = stmt->Run(); !s.ok()) return s;
         return conn.Changes() >= batch;
       });

@@ -38,12 +38,12 @@
 namespace bus {
 
 struct SqliteIdempotencyOptions {
-  // Expired entries deleted per cleanup step; >= 1. A cleanup step runs in a write transaction of
-  // its own, taken by the database's group commit at most every `cleanup_interval`, and again
-  // at the next write as long as a step finds a full batch, so cleanup keeps up without ever
-  // holding the lock for long.
-  int cleanup_batch = 1000;
-  // How often writes look for expired entries; > 0.
+  // Expired entries deleted per cleanup step; >= 1. Default 1000. A cleanup step runs in a write
+  // transaction of its own, taken by the database's group commit at most every `cleanup_interval`,
+  // and again at the next write as long as a step finds a full batch, so cleanup keeps up without
+  // ever holding the lock for long.
+  int cleanup_batch_size = 1000;
+  // How often writes look for expired entries; > 0. Default 10 s.
   absl::Duration cleanup_interval = absl::Seconds(10);
 };
 

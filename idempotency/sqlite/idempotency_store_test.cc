@@ -110,7 +110,7 @@ TEST_F(SqliteIdempotencyStoreTest, BadOptionsAreInvalidArgumentNamingTheField) {
     SqliteIdempotencyOptions options;
     const char* field;
   } cases[] = {
-      {{.cleanup_batch = 0}, "cleanup_batch"},
+      {{.cleanup_batch_size = 0}, "cleanup_batch_size"},
       {{.cleanup_interval = absl::ZeroDuration()}, "cleanup_interval"},
   };
   for (const auto& c : cases) {
@@ -128,12 +128,13 @@ TEST_F(SqliteIdempotencyStoreTest, ExpiredEntriesAreCleanedUpInBoundedBatches) {
   options_.clock = clock;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  absl::StatusOr<std::shared_ptr<IdempotencyStore>> opened =
-      NewSqliteIdempotencyStore(*db, {.cleanup_batch = 100, .cleanup_interval = absl::Minutes(1)});
+  absl::StatusOr<std::shared_ptr<IdempotencyStore>> opened = NewSqliteIdempotencyStore(
+      *db, {.cleanup_batch_size = 100, .cleanup_interval = absl::Minutes(1)});
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<IdempotencyStore> store = *opened;
-  // 250 done keys whose retention runs out, 50 abandoned leases, and 10 keys that stay live.
-  for (int i = 0; i < 250; ++i) {
+  // 300 done keys whose retention runs out, 50 abandoned leases (kept as records of a lapsed
+  // lease for kLapsedLeaseRecord), and 10 keys that stay live.
+  for (int i = 0; i < 300; ++i) {
     const std::string key = absl::StrCat("done-", i);
     ASSERT_TRUE(*store->Acquire(key, "o", absl::Seconds(5)));
     ASSERT_TRUE(store->MarkDone(key, "o", absl::Seconds(10)).ok());
@@ -145,26 +146,28 @@ TEST_F(SqliteIdempotencyStoreTest, ExpiredEntriesAreCleanedUpInBoundedBatches) {
     ASSERT_TRUE(*store->Acquire(key, "o", absl::Seconds(5)));
     ASSERT_TRUE(store->MarkDone(key, "o", absl::Hours(24)).ok());
   }
-  EXPECT_EQ(CountRows(options_.path), 310);
+  EXPECT_EQ(CountRows(options_.path), 360);
 
-  clock->Advance(absl::Minutes(2));  // everything but the live keys expired; cleanup is due
+  clock->Advance(absl::Minutes(2));  // the done keys' retention ran out; cleanup is due
   // Each write runs at most one bounded cleanup step; a full step makes the next write run
   // another, until a step comes back short.
   ASSERT_TRUE(*store->Acquire("new-1", "o", absl::Seconds(5)));
-  EXPECT_EQ(CountRows(options_.path), 310 - 100 + 1);
+  EXPECT_EQ(CountRows(options_.path), 360 - 100 + 1);
   ASSERT_TRUE(*store->Acquire("new-2", "o", absl::Seconds(5)));
-  EXPECT_EQ(CountRows(options_.path), 310 - 200 + 2);
+  EXPECT_EQ(CountRows(options_.path), 360 - 200 + 2);
   ASSERT_TRUE(*store->Acquire("new-3", "o", absl::Seconds(5)));
-  EXPECT_EQ(CountRows(options_.path), 10 + 3);
+  EXPECT_EQ(CountRows(options_.path), 60 + 3);
+  ASSERT_TRUE(*store->Acquire("new-4", "o", absl::Seconds(5)));
+  EXPECT_EQ(CountRows(options_.path), 60 + 4);  // the step before was short
   EXPECT_EQ((*db)->stats().cleaned_up, 300);
-  // The live keys were not touched.
+  // The live keys were not touched; the abandoned leases are free to take.
   for (int i = 0; i < 10; ++i)
     EXPECT_FALSE(*store->Acquire(absl::StrCat("live-", i), "x", absl::Seconds(5)));
-  // The last step was short: the next one waits for the interval.
-  clock->Advance(absl::Seconds(30));  // new-1..3 expired, cleanup not due yet
-  ASSERT_TRUE(*store->Acquire("new-4", "o", absl::Seconds(5)));
-  EXPECT_EQ(CountRows(options_.path), 10 + 4);
-  clock->Advance(absl::Seconds(31));
+  AcquireReport report;
+  ASSERT_TRUE(*store->AcquireReporting("abandoned-0", "p", absl::Seconds(5), &report));
+  EXPECT_EQ(report.lapsed_owner, "o");
+  // Once the records of the lapsed leases are older than kLapsedLeaseRecord, they go too.
+  clock->Advance(kLapsedLeaseRecord + absl::Minutes(1));
   ASSERT_TRUE(*store->Acquire("new-5", "o", absl::Seconds(5)));
   EXPECT_EQ(CountRows(options_.path), 10 + 1);
 }

@@ -1,6 +1,7 @@
 #include "observability/otlp/exporter.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <stop_token>
@@ -71,7 +72,7 @@ absl::Status ParseKeyValues(const char* variable, absl::string_view text,
 
 class OtlpHttpExporter::Impl {
  public:
-  Impl(OtlpHttpExporterOptions options, HttpUrl url)
+  Impl(OtlpHttpExporterOptions options, net::HttpUrl url)
       : options_(std::move(options)), url_(std::move(url)) {
     thread_ = std::jthread([this] { Loop(); });
   }
@@ -117,7 +118,7 @@ class OtlpHttpExporter::Impl {
   // batch_delay, a flush, or stopping.
   bool Ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (queue_.empty()) return stopping_;
-    return stopping_ || queue_.size() >= options_.max_batch || flush_until_ > queued_total_ ||
+    return stopping_ || queue_.size() >= options_.batch_size || flush_until_ > queued_total_ ||
            options_.clock->Now() - first_queued_ >= options_.batch_delay;
   }
 
@@ -145,7 +146,7 @@ class OtlpHttpExporter::Impl {
           queue_.clear();
           return;
         }
-        const size_t n = std::min(queue_.size(), options_.max_batch);
+        const size_t n = std::min(queue_.size(), options_.batch_size);
         batch.reserve(n);
         for (size_t i = 0; i < n; ++i) {
           batch.push_back(std::move(queue_.front()));
@@ -168,13 +169,28 @@ class OtlpHttpExporter::Impl {
         EncodeTraces(batch, options_.service_name, options_.resource_attributes);
     backoff.Reset();
     for (int attempt = 0;; ++attempt) {
-      absl::Duration timeout = options_.timeout;
+      Timeouts timeouts = options_.timeouts;
       {
         absl::MutexLock lock(&mu_);
-        if (stopping_) timeout = std::min(timeout, shutdown_deadline_ - options_.clock->Now());
+        if (stopping_) {
+          const absl::Duration left = shutdown_deadline_ - options_.clock->Now();
+          timeouts = {.connect = std::min(timeouts.connect, left),
+                      .request = std::min(timeouts.request, left)};
+        }
       }
-      if (timeout <= absl::ZeroDuration()) return false;
-      absl::StatusOr<HttpAnswer> answer = PostOnce(url_, options_.headers, body, timeout);
+      if (timeouts.connect <= absl::ZeroDuration() || timeouts.request <= absl::ZeroDuration()) {
+        return false;
+      }
+      // A collector answers with a small ExportTraceServiceResponse (or an error text); more
+      // is not read, and a longer answer still counts by its status.
+      const net::HttpClientOptions client{.server = "OTLP collector",
+                                          .user_agent = "msgbus-otlp",
+                                          .headers = options_.headers,
+                                          .timeouts = timeouts,
+                                          .max_body_bytes = uint64_t{64} << 10,
+                                          .cut_body_over_limit = true};
+      absl::StatusOr<net::HttpResponse> answer =
+          net::HttpCallSync(client, url_, {.method = "POST", .body = body});
       if (answer.ok() && answer->status >= 200 && answer->status < 300) return true;
       {
         absl::MutexLock lock(&mu_);
@@ -195,7 +211,7 @@ class OtlpHttpExporter::Impl {
   }
 
   const OtlpHttpExporterOptions options_;
-  const HttpUrl url_;
+  const net::HttpUrl url_;
   std::stop_source stop_;
 
   mutable absl::Mutex mu_;
@@ -230,14 +246,20 @@ absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> NewOtlpHttpExporter(
     if (options.endpoint.empty()) return Invalid("endpoint", "required");
     url = absl::StrCat(absl::StripSuffix(options.endpoint, "/"), "/v1/traces");
   }
-  absl::StatusOr<HttpUrl> parsed = ParseHttpUrl(url);
+  absl::StatusOr<net::HttpUrl> parsed = net::ParseHttpUrl(url);
   if (!parsed.ok()) return Invalid(field, parsed.status().message());
+  if (parsed->tls) return Invalid(field, absl::StrCat("\"", url, "\": https:// is not supported"));
   if (options.max_queue < 1) return Invalid("max_queue", "must be >= 1");
-  if (options.max_batch < 1 || options.max_batch > options.max_queue) {
-    return Invalid("max_batch", "must be in [1, max_queue]");
+  if (options.batch_size < 1 || options.batch_size > options.max_queue) {
+    return Invalid("batch_size", "must be in [1, max_queue]");
   }
   if (options.batch_delay < absl::ZeroDuration()) return Invalid("batch_delay", "must be >= 0");
-  if (options.timeout <= absl::ZeroDuration()) return Invalid("timeout", "must be > 0");
+  if (options.timeouts.connect <= absl::ZeroDuration()) {
+    return Invalid("timeouts.connect", "must be > 0");
+  }
+  if (options.timeouts.request <= absl::ZeroDuration()) {
+    return Invalid("timeouts.request", "must be > 0");
+  }
   if (options.retry_attempts < 0) return Invalid("retry_attempts", "must be >= 0");
   if (options.shutdown_timeout < absl::ZeroDuration()) {
     return Invalid("shutdown_timeout", "must be >= 0");

@@ -18,11 +18,11 @@
 //
 // Export never waits for the network: spans go into a bounded queue (max_queue spans; what
 // does not fit is dropped and counted in Stats().dropped) and a thread of the exporter's own
-// sends them in batches of up to max_batch, at the latest batch_delay after the first of a
-// batch was queued. A POST that fails with a connection error, a timeout (timeout) or a 429,
+// sends them in batches of up to batch_size, at the latest batch_delay after the first of a
+// batch was queued. A POST that fails with a connection error, a timeout (timeouts) or a 429,
 // 502, 503 or 504 answer is tried again after a Backoff (retry_backoff), retry_attempts times
 // at most; then its spans are given up (Stats().failed). Destruction lets a POST in progress
-// finish (within its timeout), then sends what is queued until shutdown_timeout after it
+// finish (within its timeouts), then sends what is queued until shutdown_timeout after it
 // began, without retries; what is left then is dropped.
 //
 // Plain http:// only (a collector on the same host or network; TLS is not implemented).
@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "bus/backoff.h"
 #include "bus/clock.h"
+#include "bus/connection_options.h"
 #include "bus/tracing.h"
 
 namespace bus::otlp {
@@ -63,12 +64,13 @@ struct OtlpHttpExporterOptions {
   std::vector<SpanAttribute> resource_attributes{};
   // Spans waiting to be sent; >= 1. Past it, Export drops spans.
   size_t max_queue = 2048;
-  // Spans in one POST; 1 <= max_batch <= max_queue.
-  size_t max_batch = 512;
+  // Spans in one POST; 1 <= batch_size <= max_queue. Default 512.
+  size_t batch_size = 512;
   // How long a span waits for a full batch before a smaller one is sent; >= 0.
   absl::Duration batch_delay = absl::Milliseconds(500);
-  // One POST, from connect to the end of the answer; > 0.
-  absl::Duration timeout = absl::Seconds(10);
+  // A bus::Timeouts. connect: the TCP connect to the collector; request: one POST, from
+  // sending it to the end of the answer. Defaults 5 s and 10 s; both > 0.
+  Timeouts timeouts{.connect = absl::Seconds(5), .request = absl::Seconds(10)};
   // Tries of one batch after the first; >= 0.
   int retry_attempts = 5;
   BackoffPolicy retry_backoff = {.initial = absl::Milliseconds(500),

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "storage/postgres/internal/dead_letter_sql.h"
 
 namespace bus {
@@ -57,7 +58,7 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
     // No row only while another transaction stores the same message's letter: by the next
     // run it has committed (found) or rolled back (inserted).
     for (int attempt = 0;; ++attempt) {
-      absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+      absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
       if (!r.ok()) return r.status();
       if ((*r)[0].rows() > 0) return absl::StrCat((*r)[0].Int(0, 0));
       if (attempt >= db_->options().max_retries) {
@@ -80,7 +81,7 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
     const Statement s{&fetch_,
                       {Param::Text(std::string(queue)), Param::Int(after), Param::Int(limit),
                        Param::Text(KindsArray(kinds))}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     if (!r.ok()) return r.status();
     const Result& rows = (*r)[0];
     std::vector<DeadLetter> out;
@@ -107,13 +108,13 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
     absl::StatusOr<int64_t> n = ParseId("Remove", id);
     if (!n.ok()) return n.status();
     const Statement s{&remove_, {Param::Text(std::string(queue)), Param::Int(*n)}};
-    return db_->Run({&s, 1}).status();
+    return pg_internal::Engine(*db_).Run({&s, 1}).status();
   }
 
   absl::StatusOr<int64_t> Count(absl::string_view queue, DeadLetterKinds kinds) override {
     if (kinds.empty()) return 0;
     const Statement s{&count_, {Param::Text(std::string(queue)), Param::Text(KindsArray(kinds))}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&s, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&s, 1});
     if (!r.ok()) return r.status();
     return (*r)[0].Int(0, 0);
   }
@@ -121,17 +122,17 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
   absl::Status Purge(absl::string_view queue, DeadLetterKinds kinds) override {
     if (kinds.empty()) return absl::OkStatus();
     const Statement max{&max_id_, {Param::Text(std::string(queue))}};
-    absl::StatusOr<std::vector<Result>> r = db_->Run({&max, 1});
+    absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(*db_).Run({&max, 1});
     if (!r.ok()) return r.status();
     const int64_t highest = (*r)[0].Int(0, 0);
     if (highest == 0) return absl::OkStatus();
     const Statement step{&purge_,
                          {Param::Text(std::string(queue)), Param::Int(highest),
-                          Param::Text(KindsArray(kinds)), Param::Int(options_.purge_batch)}};
+                          Param::Text(KindsArray(kinds)), Param::Int(options_.purge_batch_size)}};
     while (true) {
-      absl::StatusOr<std::vector<Result>> d = db_->Run({&step, 1});
+      absl::StatusOr<std::vector<Result>> d = pg_internal::Engine(*db_).Run({&step, 1});
       if (!d.ok()) return d.status();
-      if ((*d)[0].affected() < options_.purge_batch) return absl::OkStatus();
+      if ((*d)[0].affected() < options_.purge_batch_size) return absl::OkStatus();
     }
   }
 
@@ -146,8 +147,8 @@ class PostgresDeadLetterStore final : public DeadLetterStore {
 }  // namespace
 
 absl::Status ValidatePostgresDeadLetterOptions(const PostgresDeadLetterOptions& options) {
-  if (options.purge_batch < 1) {
-    return absl::InvalidArgumentError("PostgresDeadLetterOptions.purge_batch: must be >= 1");
+  if (options.purge_batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresDeadLetterOptions.purge_batch_size: must be >= 1");
   }
   return absl::OkStatus();
 }

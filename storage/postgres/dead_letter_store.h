@@ -10,13 +10,13 @@
 // within a queue a later letter has a higher id. Letters stored concurrently by several
 // processes become visible in commit order, which may differ from id order by the few letters
 // in flight at that moment. Purge() deletes in bounded batches of
-// PostgresDeadLetterOptions::purge_batch letters per transaction; letters stored while it runs
+// PostgresDeadLetterOptions::purge_batch_size letters per transaction; letters stored while it runs
 // stay. Every call is one round trip (Store: one statement, INSERT ... ON CONFLICT DO NOTHING
 // with the lookup of an existing letter of the same message and attempts).
 //
 // Outcomes, beyond bus/stores.h: InvalidArgument for an id (Remove) or after_id (Fetch) that is
 // not one this store hands out, or a queue or message id that is not valid UTF-8; the database
-// layer's errors (postgres_db.h) otherwise.
+// layer's errors (postgres_database.h) otherwise.
 //
 // Thread-safety: safe for concurrent use from any number of threads and processes.
 
@@ -33,8 +33,8 @@
 namespace bus {
 
 struct PostgresDeadLetterOptions {
-  // Letters Purge() deletes per transaction; >= 1.
-  int purge_batch = 1000;
+  // Letters Purge() deletes per transaction; >= 1. Default 1000.
+  int purge_batch_size = 1000;
 };
 
 // InvalidArgument naming the first bad field.

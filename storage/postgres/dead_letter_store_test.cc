@@ -53,7 +53,7 @@ TEST_F(PostgresDeadLetterStoreTest, IdsThatAreNotThisStoresAreInvalidArguments) 
 }
 
 TEST_F(PostgresDeadLetterStoreTest, PurgeDeletesInBoundedBatches) {
-  std::shared_ptr<DeadLetterStore> store = Open({.purge_batch = 2});
+  std::shared_ptr<DeadLetterStore> store = Open({.purge_batch_size = 2});
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(store->Store(Letter("q", absl::StrCat(i), "r")).ok());
   ASSERT_TRUE(store->Store(Letter("other", "o", "r")).ok());
   const int64_t before = db_->stats().round_trips;
@@ -63,7 +63,7 @@ TEST_F(PostgresDeadLetterStoreTest, PurgeDeletesInBoundedBatches) {
   EXPECT_EQ(*store->Count("q"), 0);
   EXPECT_THAT(Datas(*store->Fetch("other", 10)), ElementsAre("o"));
   EXPECT_TRUE(
-      absl::IsInvalidArgument(NewPostgresDeadLetterStore(db_, {.purge_batch = 0}).status()));
+      absl::IsInvalidArgument(NewPostgresDeadLetterStore(db_, {.purge_batch_size = 0}).status()));
 }
 
 TEST_F(PostgresDeadLetterStoreTest, StoreIsOneRoundTrip) {

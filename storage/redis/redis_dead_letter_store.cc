@@ -262,7 +262,7 @@ class RedisDeadLetterStore final : public DeadLetterStore {
         absl::StatusOr<Reply> r = One(client_->Eval(
             PurgeScript(),
             {{"12", k.ids, k.data, k.reason, k.time, k.meta, k.kind[0], k.kind[1], k.kind[2],
-              k.kind[3], k.msg, k.bymsg, index, absl::StrCat(options_.limits.script_batch)}},
+              k.kind[3], k.msg, k.bymsg, index, absl::StrCat(options_.limits.script_batch_size)}},
             options_.timeouts.request));
         if (!r.ok()) return r.status();
         if (r->integer == 0) break;

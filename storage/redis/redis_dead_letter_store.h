@@ -7,7 +7,7 @@
 // Keys of queue Q under prefix P (one hash tag per queue): P dlq:{Q}:seq (counter),
 // P dlq:{Q}:ids (sorted set, id -> sequence), P dlq:{Q}:data, :reason, :time (hashes by id).
 // Ids are decimal sequence numbers per queue, increasing in store order; every change is one
-// Lua script, and Purge deletes in batches of options.limits.script_batch.
+// Lua script, and Purge deletes in batches of options.limits.script_batch_size.
 //
 // Errors: InvalidArgument (bad limit or id), Unavailable (Redis unreachable), DeadlineExceeded.
 // Thread-safety: safe for concurrent use.

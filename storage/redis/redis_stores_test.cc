@@ -76,14 +76,14 @@ TEST(RedisIdempotencyStoreTest, EntriesCarryATtlSoRedisRemovesThem) {
   }
 }
 
-// On one server MarkDoneMany runs one script per script_batch keys: every key gets its own
+// On one server MarkDoneMany runs one script per script_batch_size keys: every key gets its own
 // result across the chunks (owned, another owner's, not held), and the server ran
-// ceil(keys / script_batch) scripts, not one per key.
+// ceil(keys / script_batch_size) scripts, not one per key.
 TEST(RedisIdempotencyStoreTest, MarkDoneManyRunsOneScriptPerScriptBatch) {
   RedisStoreHarness h;
   ASSERT_NE(h.server(), nullptr);
   RedisOptions options = h.Options();
-  options.limits.script_batch = 2;
+  options.limits.script_batch_size = 2;
   absl::StatusOr<std::shared_ptr<IdempotencyStore>> store = NewRedisIdempotencyStore(options);
   ASSERT_TRUE(store.ok()) << store.status();
   for (const char* k : {"a", "b", "d", "e"})
@@ -115,7 +115,7 @@ TEST(RedisDeadLetterStoreTest, LettersSurviveANewStoreObjectAndPurgeRunsInBatche
   RedisStoreHarness h;
   ASSERT_NE(h.server(), nullptr);
   RedisOptions options = h.Options();
-  options.limits.script_batch = 7;
+  options.limits.script_batch_size = 7;
   {
     auto store = NewRedisDeadLetterStore(options);
     ASSERT_TRUE(store.ok());

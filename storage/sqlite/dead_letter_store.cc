@@ -169,7 +169,7 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
       return absl::OkStatus();
     });
     if (!s.ok() || max_id == 0) return s;
-    const int batch = options_.purge_batch;
+    const int batch = options_.purge_batch_size;
     while (true) {
       int64_t deleted = 0;
       s = db_->Write([&](Connection& conn) -> absl::Status {
@@ -197,8 +197,8 @@ class SqliteDeadLetterStore final : public DeadLetterStore {
 }  // namespace
 
 absl::Status ValidateSqliteDeadLetterOptions(const SqliteDeadLetterOptions& options) {
-  if (options.purge_batch < 1) {
-    return absl::InvalidArgumentError("SqliteDeadLetterOptions.purge_batch must be >= 1");
+  if (options.purge_batch_size < 1) {
+    return absl::InvalidArgumentError("SqliteDeadLetterOptions.purge_batch_size must be >= 1");
   }
   return absl::OkStatus();
 }

@@ -7,7 +7,8 @@
 // SqliteSynchronous::kFull also against an operating-system crash). Ids are decimal integers
 // that increase with every letter in the file and are never reused, so a late Remove() of an
 // old id can never delete a newer letter. Purge() deletes in bounded batches of
-// SqliteDeadLetterOptions::purge_batch letters per transaction; letters stored while it runs stay.
+// SqliteDeadLetterOptions::purge_batch_size letters per transaction; letters stored while it runs
+// stay.
 //
 // Outcomes, beyond bus/stores.h: InvalidArgument for an id (Remove) or after_id (Fetch) that is
 // not one this store hands out; Unavailable when the database stayed locked by another process
@@ -28,9 +29,9 @@
 namespace bus {
 
 struct SqliteDeadLetterOptions {
-  // Letters Purge() deletes per transaction; >= 1. Bounds how long one purge step holds the
-  // database's write lock.
-  int purge_batch = 1000;
+  // Letters Purge() deletes per transaction; >= 1. Default 1000. Bounds how long one purge step
+  // holds the database's write lock.
+  int purge_batch_size = 1000;
 };
 
 // InvalidArgument naming the first bad field.

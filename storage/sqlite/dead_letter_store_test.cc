@@ -104,7 +104,7 @@ TEST_F(SqliteDeadLetterStoreTest, IdsAreNeverReused) {
 }
 
 TEST_F(SqliteDeadLetterStoreTest, PurgeDeletesInBatchesAndLeavesOtherQueues) {
-  auto store = Open({.purge_batch = 3});
+  auto store = Open({.purge_batch_size = 3});
   ASSERT_NE(store, nullptr);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(store->Store(Letter("a", absl::StrCat(i), "r")).ok());
   ASSERT_TRUE(store->Store(Letter("b", "keep", "r")).ok());
@@ -115,12 +115,12 @@ TEST_F(SqliteDeadLetterStoreTest, PurgeDeletesInBatchesAndLeavesOtherQueues) {
 
 TEST_F(SqliteDeadLetterStoreTest, BadOptionsAreInvalidArgumentNamingTheField) {
   absl::StatusOr<std::shared_ptr<DeadLetterStore>> store =
-      NewSqliteDeadLetterStore(options_, {.purge_batch = 0});
+      NewSqliteDeadLetterStore(options_, {.purge_batch_size = 0});
   EXPECT_TRUE(absl::IsInvalidArgument(store.status()));
-  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("purge_batch"));
+  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("purge_batch_size"));
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(options_);
   ASSERT_TRUE(db.ok()) << db.status();
-  store = NewSqliteDeadLetterStore(*db, {.purge_batch = 0});
+  store = NewSqliteDeadLetterStore(*db, {.purge_batch_size = 0});
   EXPECT_TRUE(absl::IsInvalidArgument(store.status()));
 }
 

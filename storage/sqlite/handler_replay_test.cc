@@ -60,7 +60,7 @@ class SqliteHandlerTest : public ::testing::Test {
     o.stores.idempotency = idempotency_;
     o.handle = std::move(handle);
     o.replay.interval = replay_interval;
-    o.replay.batch = 2;  // several batches per pass
+    o.replay.batch_size = 2;  // several batches per pass
     absl::StatusOr<std::unique_ptr<Handler>> h = Handler::Create(std::move(o));
     EXPECT_TRUE(h.ok()) << h.status();
     if (!h.ok()) return nullptr;

@@ -45,6 +45,20 @@ class FaultyKeys : public Base {
     return r;
   }
 
+  absl::StatusOr<bool> AcquireReporting(absl::string_view key, absl::string_view owner,
+                                        absl::Duration lease, AcquireReport* report) override {
+    *report = AcquireReport{};
+    const std::string target = world_->TargetOfKey(key);
+    if (absl::Status st = Fail(target); !st.ok()) return st;
+    absl::StatusOr<bool> r = inner_->AcquireReporting(key, owner, lease, report);
+    Slow(target);
+    world_->Trace(absl::StrCat("acquire ", target, " alone -> ",
+                               !r.ok() ? r.status().ToString() : (*r ? "taken" : "not taken"),
+                               report->lapsed_owner.empty() ? "" : " over a lease that ran out"));
+    if (world_->Chance(FaultKind::kCrashAfterAcquire, target)) world_->Crash();
+    return r;
+  }
+
   absl::Status MarkDone(absl::string_view key, absl::string_view owner,
                         absl::Duration retention) override {
     const std::string target = world_->TargetOfKey(key);

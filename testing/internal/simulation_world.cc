@@ -71,9 +71,14 @@ class ModelBroker final : public Driver {
     const size_t n = std::min<size_t>(ready.size(), 1 + world_->Draw(max_batch));
     size_t start = 0;
     if (world_->Chance(FaultKind::kReorder, "")) start = world_->Draw(ready.size());
-    for (size_t k = 0; k < n; ++k) {
+    // As the receive loop: a suspect goes alone; else the batch takes no suspect.
+    bool alone = false;
+    for (size_t k = 0; k < ready.size() && out.size() < n && !alone; ++k) {
       const uint64_t seq = ready[(start + k) % ready.size()];
       Entry& e = entries_.at(seq);
+      const bool suspect = world_->Suspect(Delivery{e.data, "", e.attempts + 1, ""});
+      if (suspect && !out.empty()) continue;
+      alone = suspect;
       const bool lease_ran_out = e.leased;
       e.leased = true;
       e.lease_until = now + world_->handler_options().flow.delivery_lease;
@@ -86,6 +91,22 @@ class ModelBroker final : public Driver {
       if (world_->Chance(FaultKind::kDuplicate, e.id)) Add(e.data, absl::ZeroDuration());
     }
     return out;
+  }
+
+  // Leases up to `k` more ready entries without handing them out: the prefetch of a process
+  // that dies holding them (kCrashHoldingBatch).
+  void Hold(int k) {
+    const absl::Time now = clock_->Now();
+    for (auto& [seq, e] : entries_) {
+      if (k == 0) break;
+      if (e.visible_at > now || (e.leased && e.lease_until > now)) continue;
+      e.leased = true;
+      e.lease_until = now + world_->handler_options().flow.delivery_lease;
+      ++e.lease;
+      ++e.attempts;
+      --k;
+      world_->Trace(absl::StrCat("hold ", e.id, " attempt ", e.attempts));
+    }
   }
 
   // When the next entry becomes ready (a delay or a lease that runs out); InfiniteFuture() when
@@ -320,6 +341,11 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
     RunSecondWorker(msg.id);
     if (crashed_) return absl::UnavailableError("simulation: the process crashed");
   }
+  if (batch_size_ > 1 && Chance(FaultKind::kCrashHoldingBatch, msg.id)) {
+    broker_->Hold(sim_.max_batch);
+    Crash();
+    return absl::UnavailableError("simulation: the process crashed");
+  }
   absl::Status st;
   try {
     st = handle(msg, ctx);
@@ -329,6 +355,11 @@ absl::Status World::CallHandle(const HandleFn& handle, const Message& msg,
   } catch (...) {
     Trace(absl::StrCat("handle ", msg.id, " threw"));
     throw;
+  }
+  if (crashed_) {
+    // The handler killed its process (SimulationContext::Crash), which held its prefetch too.
+    broker_->Hold(sim_.max_batch);
+    return absl::UnavailableError("simulation: the process crashed");
   }
   Trace(absl::StrCat("handle ", msg.id, " -> ", st.ToString()));
   if (Chance(FaultKind::kCrashDuringHandle, msg.id)) {
@@ -360,7 +391,7 @@ Ensure World::CallEnsure(const EnsureFn& ensure, const Message& msg) {
 }
 
 void World::RunSecondWorker(const std::string& during) {
-  std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+  std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
   if (batch.empty()) {
     Trace(absl::StrCat("second worker: nothing ready while handle ", during, " runs"));
     return;
@@ -370,7 +401,10 @@ void World::RunSecondWorker(const std::string& during) {
   second_worker_running_ = true;
   // On a thread of its own, as in production: the pipeline keeps a worker's batch buffers per
   // thread. This thread waits for it, so one thread runs at a time and the run stays the seed's.
+  const size_t outer_batch = batch_size_;
+  batch_size_ = batch.size();
   std::thread([&] { pipeline_->Process(batch, absl::MakeSpan(out)); }).join();
+  batch_size_ = outer_batch;
   second_worker_running_ = false;
   if (!crashed_) Settle(batch, out);
   Trace(absl::StrCat("second worker: done", crashed_ ? " (the process crashed)" : ""));
@@ -442,7 +476,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
         for (std::function<void()>& fn : tasks) fn();
       }
     }
-    std::vector<Delivery> batch = broker_->Take(sim_.max_batch);
+    std::vector<Delivery> batch = broker_->Take(sim_.max_batch_size);
     if (batch.empty()) {
       if (!later_.empty()) continue;
       const absl::Time next = broker_->NextDue();
@@ -454,6 +488,7 @@ absl::StatusOr<RunReport> World::Run(const SimulationSetup& setup) {
       continue;
     }
     std::vector<Settlement> out(batch.size());
+    batch_size_ = batch.size();
     pipeline_->Process(batch, absl::MakeSpan(out));
     if (!crashed_) Settle(batch, out);
     if (crashed_) Restart();

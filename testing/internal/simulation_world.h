@@ -36,7 +36,7 @@ namespace bus::testing::sim {
 class ModelBroker;
 
 // How many kinds FaultKind has.
-inline constexpr size_t kFaultKinds = static_cast<size_t>(FaultKind::kCrashInTransaction) + 1;
+inline constexpr size_t kFaultKinds = static_cast<size_t>(FaultKind::kCrashHoldingBatch) + 1;
 
 class World final : public SimulationContext {
  public:
@@ -54,6 +54,7 @@ class World final : public SimulationContext {
 
   // SimulationContext.
   void Later(std::function<void()> fn) override;
+  void Crash() override;
   absl::Time Now() const override;
   std::shared_ptr<Clock> clock() const override;
 
@@ -62,10 +63,11 @@ class World final : public SimulationContext {
   // Whether the next chance of `kind` on `target` fires; a fault that fires is recorded and
   // traced.
   bool Chance(FaultKind kind, absl::string_view target);
-  // The process dies now: from here until the batch returns, nothing it does reaches the
-  // handler, the stores or the broker.
-  void Crash();
+  // Crash(): the process dies now: from here until the batch returns, nothing it does reaches
+  // the handler, the stores or the broker.
   bool crashed() const { return crashed_; }
+  // Whether the pipeline takes `d` for a suspect (the receive loop then runs it alone).
+  bool Suspect(const Delivery& d) { return pipeline_->Suspect(d); }
   // Appends "step S t+D: <text>" to the trace.
   void Trace(absl::string_view text);
   // The id of the message last delivered with idempotency key `key` (for fault targets).
@@ -114,6 +116,8 @@ class World final : public SimulationContext {
   std::vector<std::function<void()>> later_;
   bool crashed_ = false;
   bool second_worker_running_ = false;
+  // The size of the batch the pipeline runs (kCrashHoldingBatch fires in batches of several).
+  size_t batch_size_ = 0;
   int step_ = 0;
   // Chances so far, by kind and target (hash maps: only looked up, never iterated, so their
   // order cannot reach the trace).

@@ -46,6 +46,7 @@
 #include "bus/handler.h"
 #include "common/postgres/postgres_database.h"
 #include "common/sqlite/sqlite_database.h"
+#include "drivers/nats/nats_driver.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "idempotency/postgres/idempotency_store.h"
@@ -58,6 +59,8 @@
 #include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1");
+ABSL_FLAG(std::string, nats_url, "",
+          "the queues are the NATS JetStream driver's on this server (not Redis's)");
 ABSL_FLAG(std::string, queue, "crash", "queue to consume");
 ABSL_FLAG(std::string, stores_db, "", "SQLite file of the dead-letter and idempotency stores");
 ABSL_FLAG(std::string, effects_db, "", "SQLite file with the table effects(biz_uid, incarnation)");
@@ -210,7 +213,13 @@ int main(int argc, char** argv) {
 
   const bool pg_driver = absl::GetFlag(FLAGS_pg_driver);
   std::shared_ptr<bus::Driver> driver;
-  if (!pg_driver) {
+  if (const std::string nats = absl::GetFlag(FLAGS_nats_url); !nats.empty()) {
+    bus::NatsOptions options;
+    options.servers = {nats};
+    absl::StatusOr<std::shared_ptr<bus::Driver>> opened = bus::NewNatsDriver(options);
+    if (!opened.ok()) return Fail(opened.status());
+    driver = *std::move(opened);
+  } else if (!pg_driver) {
     bus::RedisOptions redis;
     redis.port = absl::GetFlag(FLAGS_redis_port);
     absl::StatusOr<std::shared_ptr<bus::Driver>> opened = bus::NewRedisDriver(redis);

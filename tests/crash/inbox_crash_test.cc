@@ -17,6 +17,7 @@
 //    mark-done that docs/pipeline.md describes. So the test shows the difference the inbox
 //    makes.
 //
+// - With the NATS JetStream driver (--nats_url; SQLite and PostgreSQL inboxes): as with Redis.
 // - With the PostgreSQL driver (PostgresDriver; --pg_driver) and the inbox: the queues are
 //    tables of the stores' database and each invoice is sent by the driver inside the inbox's
 //    transaction (no outbox, no relay), so every invoice is delivered exactly once.
@@ -43,10 +44,12 @@
 #include "absl/strings/str_cat.h"
 #include "bus/envelope.h"
 #include "bus/publisher.h"
+#include "drivers/nats/nats_driver.h"
 #include "drivers/postgres/postgres_driver.h"
 #include "drivers/redis/redis_driver.h"
 #include "gtest/gtest.h"
 #include "tests/crash/crash_files.h"
+#include "tests/testing/nats_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
 #include "tests/testing/redis_server.h"
@@ -67,6 +70,8 @@ struct Mode {
   Backend backend;
   int batch_size;
   bool inbox;
+  // The queues on a nats-server (the NATS JetStream driver) instead of Redis.
+  bool nats = false;
 };
 
 // Open transactions of the consumers that have written (the test's own connection is active).
@@ -85,7 +90,12 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
 
   const bool pg_driver = mode.backend == Backend::kPostgresDriver;
   std::unique_ptr<RedisServer> redis_server;
-  if (!pg_driver) {
+  std::unique_ptr<NatsServer> nats_server;
+  if (mode.nats) {
+    absl::StatusOr<std::unique_ptr<NatsServer>> started = NatsServer::Start({});
+    ASSERT_TRUE(started.ok()) << started.status();
+    nats_server = *std::move(started);
+  } else if (!pg_driver) {
     absl::StatusOr<std::unique_ptr<RedisServer>> started = RedisServer::Start({});
     ASSERT_TRUE(started.ok()) << started.status();
     redis_server = *std::move(started);
@@ -114,6 +124,10 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
     absl::StatusOr<std::shared_ptr<PostgresDriver>> opened = NewPostgresDriver(pg);
     ASSERT_TRUE(opened.ok()) << opened.status();
     driver = std::shared_ptr<Driver>(*opened);
+  } else if (nats_server != nullptr) {
+    NatsOptions nats;
+    nats.servers = {nats_server->url()};
+    driver = NewNatsDriver(nats);
   } else {
     RedisOptions redis;
     redis.port = redis_server->port();
@@ -128,7 +142,9 @@ TEST_P(InboxCrashTest, KilledConsumersRepeatEffectsOnlyWithoutTheInbox) {
                                      absl::StrCat("--incarnation=", incarnation),
                                      absl::StrCat("--batch_size=", mode.batch_size),
                                      absl::StrCat("--sleep_after=", sleep_after)};
-    if (redis_server != nullptr) {
+    if (nats_server != nullptr) {
+      argv.push_back(absl::StrCat("--nats_url=", nats_server->url()));
+    } else if (redis_server != nullptr) {
       argv.push_back(absl::StrCat("--redis_port=", redis_server->port()));
     } else {
       argv.push_back("--pg_driver");
@@ -287,13 +303,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{Backend::kSqlite, 64, false}, Mode{Backend::kPostgres, 1, true},
                       Mode{Backend::kPostgres, 64, true}, Mode{Backend::kPostgres, 64, false},
                       Mode{Backend::kPostgresDriver, 1, true},
-                      Mode{Backend::kPostgresDriver, 64, true}),
+                      Mode{Backend::kPostgresDriver, 64, true},
+                      Mode{Backend::kSqlite, 64, true, /*nats=*/true},
+                      Mode{Backend::kPostgres, 64, true, /*nats=*/true}),
     [](const ::testing::TestParamInfo<Mode>& info) {
       const Backend b = info.param.backend;
       return absl::StrCat(b == Backend::kSqlite     ? "Sqlite"
                           : b == Backend::kPostgres ? "Postgres"
                                                     : "PostgresDriver",
-                          info.param.inbox ? "Inbox" : "NoInbox", "Batch", info.param.batch_size);
+                          info.param.inbox ? "Inbox" : "NoInbox", "Batch", info.param.batch_size,
+                          info.param.nats ? "Nats" : "");
     });
 
 }  // namespace

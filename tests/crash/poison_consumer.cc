@@ -1,9 +1,12 @@
-// The consumer the poison test restarts: a Handler on Redis or NSQ (--driver) with one delivery
-// in flight and HandlerOptions::flow.max_deliveries = --max_deliveries, whose `handle` SIGKILLs
-// its own process on the message whose biz_uid is --kill_biz_uid and otherwise appends the
-// message's biz_uid as a line to --handled_log. Dead letters go to the SQLite file
-// --dead_letters_db. Runs until SIGTERM (a clean stop, exit 0) or until it kills itself. Exits 2
-// when it cannot start.
+// The consumer the poison test restarts: a Handler on Redis or NSQ (--driver) with
+// HandlerOptions::flow.max_deliveries = --max_deliveries, whose `handle` SIGKILLs its own process
+// on the message whose biz_uid is --kill_biz_uid and otherwise records the message. --stores
+// picks the stores, all in the SQLite file --stores_db: "none" (dead letters only; the null
+// idempotency store), "sqlite" (the SQLite idempotency store; each handled message's biz_uid and
+// --incarnation are appended as a line to --handled_log), or "inbox" (a SqliteInbox; the row
+// (biz_uid, incarnation) goes into the table effects of --stores_db in the inbox's transaction).
+// --concurrency, --batch_size and --max_in_flight are the Handler's. Runs until SIGTERM (a clean
+// stop, exit 0) or until it kills itself. Exits 2 when it cannot start.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -23,16 +26,23 @@
 #include "common/sqlite/sqlite_database.h"
 #include "drivers/nsq/nsq_driver.h"
 #include "drivers/redis/redis_driver.h"
+#include "idempotency/sqlite/idempotency_store.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "transactional/sqlite/inbox.h"
 
 ABSL_FLAG(std::string, driver, "redis", "redis or nsq");
 ABSL_FLAG(int, redis_port, 0, "redis-server port on 127.0.0.1 (--driver=redis)");
 ABSL_FLAG(std::string, nsqd, "", "nsqd TCP address host:port (--driver=nsq)");
 ABSL_FLAG(std::string, queue, "poison", "queue to consume");
-ABSL_FLAG(std::string, dead_letters_db, "", "SQLite file of the dead-letter store");
-ABSL_FLAG(std::string, handled_log, "", "file each handled message's biz_uid is appended to");
+ABSL_FLAG(std::string, stores_db, "", "SQLite file of the stores");
+ABSL_FLAG(std::string, stores, "none", "none, sqlite or inbox");
+ABSL_FLAG(std::string, handled_log, "", "file each handled message's line is appended to");
+ABSL_FLAG(int, incarnation, 0, "this run's number, recorded with each effect");
 ABSL_FLAG(std::string, kill_biz_uid, "", "the message whose handling kills this process");
 ABSL_FLAG(int, max_deliveries, 3, "HandlerOptions::flow.max_deliveries");
+ABSL_FLAG(int, concurrency, 1, "HandlerOptions::flow.concurrency");
+ABSL_FLAG(int, batch_size, 1, "HandlerOptions::flow.batch_size");
+ABSL_FLAG(int, max_in_flight, 1, "HandlerOptions::flow.max_in_flight");
 
 namespace {
 
@@ -82,30 +92,48 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = OpenDriver();
   if (!driver.ok()) return Fail(driver.status());
   bus::SqliteOptions sqlite;
-  sqlite.path = absl::GetFlag(FLAGS_dead_letters_db);
+  sqlite.path = absl::GetFlag(FLAGS_stores_db);
   absl::StatusOr<std::shared_ptr<bus::SqliteDatabase>> db = bus::SqliteDatabase::Open(sqlite);
   if (!db.ok()) return Fail(db.status());
 
   const std::string kill_biz_uid = absl::GetFlag(FLAGS_kill_biz_uid);
   const std::string handled_log = absl::GetFlag(FLAGS_handled_log);
+  const std::string stores = absl::GetFlag(FLAGS_stores);
+  const int incarnation = absl::GetFlag(FLAGS_incarnation);
   bus::HandlerOptions options;
   options.queue = absl::GetFlag(FLAGS_queue);
   options.driver = *driver;
   options.stores.dead_letters = bus::NewSqliteDeadLetterStore(*db);
   options.observability.logger = bus::StderrLogger(bus::LogLevel::kWarning);
-  // One delivery held at a time: only the message that kills the process is redelivered for
-  // it, so only that one reaches the cap.
-  options.flow.concurrency = 1;
-  options.flow.max_in_flight = 1;
+  options.flow.concurrency = absl::GetFlag(FLAGS_concurrency);
+  options.flow.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.flow.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.flow.max_deliveries = absl::GetFlag(FLAGS_max_deliveries);
   // A short lease (nsqd's smallest message timeout), so a killed run's delivery comes back soon.
   options.flow.delivery_lease = absl::Seconds(1);
   options.replay.interval = absl::ZeroDuration();
-  options.handle = [&](const bus::Message& msg) -> absl::Status {
-    if (msg.biz_uid == kill_biz_uid) kill(getpid(), SIGKILL);
-    return Append(handled_log, msg.biz_uid);
-  };
-  absl::StatusOr<std::unique_ptr<bus::Handler>> handler = bus::Handler::Create(options);
+  bus::TransactionalHandler transactional;
+  if (stores == "inbox") {
+    absl::StatusOr<std::shared_ptr<bus::SqliteInbox>> inbox = bus::NewSqliteInbox(*db);
+    if (!inbox.ok()) return Fail(inbox.status());
+    options.stores.idempotency = *inbox;
+    transactional = (*inbox)->Handle([&](const bus::Message& msg, bus::SqliteTransaction& tx) {
+      if (msg.biz_uid == kill_biz_uid) kill(getpid(), SIGKILL);
+      return tx
+          .Execute("INSERT INTO effects (biz_uid, incarnation) VALUES (?1, ?2)",
+                   {msg.biz_uid, incarnation})
+          .status();
+    });
+  } else {
+    if (stores == "sqlite") options.stores.idempotency = bus::NewSqliteIdempotencyStore(*db);
+    options.handle = [&](const bus::Message& msg) -> absl::Status {
+      if (msg.biz_uid == kill_biz_uid) kill(getpid(), SIGKILL);
+      return Append(handled_log, absl::StrCat(msg.biz_uid, " ", incarnation));
+    };
+  }
+  absl::StatusOr<std::unique_ptr<bus::Handler>> handler =
+      stores == "inbox" ? bus::Handler::Create(options, transactional)
+                        : bus::Handler::Create(options);
   if (!handler.ok()) return Fail(handler.status());
 
   std::atomic<bool> run_ended{false};

@@ -1,18 +1,30 @@
-// Max deliveries against real brokers (HandlerOptions::flow.max_deliveries): a consumer process
-// (poison_consumer) whose handler SIGKILLs it on one message is restarted each time it dies.
-// The broker's delivery count of that message grows with each death; once it is over the cap,
-// the next run dead-letters the message as poison without handling it and handles the rest.
-// On Redis (the reserve script's counter) and NSQ (the message frame's attempts).
+// Max deliveries against real brokers (HandlerOptions::flow.max_deliveries, docs/flow-control.md
+// "Max deliveries"): a consumer process (poison_consumer) whose handler SIGKILLs it on one
+// message is restarted each time it dies, until a run dead-letters the message as poison and
+// handles the rest.
+//
+//  - One message at a time without an idempotency store, on Redis (the reserve script's counter)
+//    and NSQ (the message frame's attempts): the broker's count decides; the message is poison
+//    after `cap` deaths.
+//  - Four workers, batches of 16, 64 in flight, 2,000 messages, on Redis with the SQLite stores,
+//    plain and with the SQLite inbox: every death leaves up to 64 neighbours with counts as high
+//    as the culprit's. Only the culprit becomes a letter (after its first death in a batch and
+//    `cap` deaths alone); every other message is handled once (inbox) or again only when its
+//    first handling was in a run that died before its batch was marked done (plain).
 
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bus/driver.h"
@@ -31,19 +43,28 @@ namespace bus::testing {
 namespace {
 
 constexpr char kQueue[] = "poison";
-constexpr int kMessages = 10;
 constexpr int kMaxDeliveries = 3;
-constexpr char kKiller[] = "m-4";
+
+struct PoisonCase {
+  std::string name;
+  std::string driver;  // "redis" or "nsq"
+  std::string stores;  // poison_consumer's --stores
+  int concurrency = 1;
+  int batch_size = 1;
+  int max_in_flight = 1;
+  int messages = 10;
+  std::string killer;
+};
 
 std::string PoisonConsumerBinary() {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
                       "/tests/crash/poison_consumer");
 }
 
-class PoisonTest : public ::testing::TestWithParam<std::string> {
+class PoisonTest : public ::testing::TestWithParam<PoisonCase> {
  protected:
   void SetUp() override {
-    if (GetParam() == "redis") {
+    if (GetParam().driver == "redis") {
       absl::StatusOr<std::unique_ptr<RedisServer>> s = RedisServer::Start({});
       ASSERT_TRUE(s.ok()) << s.status();
       redis_ = std::move(*s);
@@ -67,60 +88,79 @@ class PoisonTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // biz_uid -> the incarnations (runs) that handled it, from the handled log (plain) or the
+  // effects table (inbox).
+  std::map<std::string, std::vector<int>> Handled(const std::string& log, EffectsReader* effects) {
+    if (effects != nullptr) return effects->All();
+    std::map<std::string, std::vector<int>> out;
+    for (absl::string_view line : absl::StrSplit(ReadFile(log), '\n', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> parts = absl::StrSplit(line, ' ');
+      int run = 0;
+      if (!absl::SimpleAtoi(parts.second, &run)) run = -1;
+      out[parts.first].push_back(run);
+    }
+    return out;
+  }
+
   std::unique_ptr<RedisServer> redis_;
   std::unique_ptr<NsqdServer> nsqd_;
   std::shared_ptr<Driver> driver_;
   std::vector<std::string> driver_args_;
 };
 
-TEST_P(PoisonTest, ASelfKillingMessageIsDeadLetteredAfterTheCapAndTheRestAreHandled) {
+TEST_P(PoisonTest, OnlyTheSelfKillingMessageIsDeadLetteredAndTheRestAreHandled) {
+  const PoisonCase& c = GetParam();
   const std::string dir = MakeTempDir("poison");
-  const std::string db_path = dir + "/dead_letters.db";
-  const std::string handled = dir + "/handled.log";
+  const std::string db_path = dir + "/stores.db";
+  const std::string handled_log = dir + "/handled.log";
   SqliteOptions sqlite;
   sqlite.path = db_path;
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(sqlite);
   ASSERT_TRUE(db.ok()) << db.status();
   std::shared_ptr<DeadLetterStore> letters = NewSqliteDeadLetterStore(*db);
+  std::unique_ptr<EffectsReader> effects;
+  if (c.stores == "inbox") {
+    effects = std::make_unique<EffectsReader>(db_path);
+    ASSERT_TRUE(effects->CreateTable());
+  }
 
   ASSERT_TRUE(driver_->CreateQueue(kQueue, absl::ZeroDuration()).ok());
-  ASSERT_TRUE(PublishNumbered(driver_, kQueue, kMessages).ok());
+  ASSERT_TRUE(PublishNumbered(driver_, kQueue, c.messages).ok());
 
   auto start = [&](int run) {
     std::vector<std::string> argv = {PoisonConsumerBinary()};
     argv.insert(argv.end(), driver_args_.begin(), driver_args_.end());
-    argv.insert(argv.end(),
-                {absl::StrCat("--queue=", kQueue), absl::StrCat("--dead_letters_db=", db_path),
-                 absl::StrCat("--handled_log=", handled), absl::StrCat("--kill_biz_uid=", kKiller),
-                 absl::StrCat("--max_deliveries=", kMaxDeliveries)});
+    argv.insert(
+        argv.end(),
+        {absl::StrCat("--queue=", kQueue), absl::StrCat("--stores_db=", db_path),
+         absl::StrCat("--stores=", c.stores), absl::StrCat("--handled_log=", handled_log),
+         absl::StrCat("--incarnation=", run), absl::StrCat("--kill_biz_uid=", c.killer),
+         absl::StrCat("--max_deliveries=", kMaxDeliveries),
+         absl::StrCat("--concurrency=", c.concurrency), absl::StrCat("--batch_size=", c.batch_size),
+         absl::StrCat("--max_in_flight=", c.max_in_flight)});
     return ChildProcess::Start(argv, absl::StrCat(dir, "/consumer-", run, ".log"));
-  };
-  auto handled_set = [&] {
-    std::set<std::string> out;
-    for (absl::string_view l : absl::StrSplit(ReadFile(handled), '\n', absl::SkipEmpty())) {
-      out.emplace(l);
-    }
-    return out;
   };
   auto poisoned = [&] {
     absl::StatusOr<int64_t> n = letters->Count(kQueue, {DeadLetterKind::kPoison});
     return n.ok() ? *n : -1;
   };
+  auto all_handled = [&] {
+    return Handled(handled_log, effects.get()).size() == static_cast<size_t>(c.messages - 1);
+  };
 
-  // Each run either kills itself on the message (one more delivery counted by the broker) or,
-  // once the count is over the cap, dead-letters it and handles the rest.
+  // Each run either kills itself on the message or, once it died alone often enough (or, without
+  // an idempotency store, the broker's count is over the cap), dead-letters it and handles the
+  // rest. The first death of a message in a batch only makes it a suspect.
+  const int want_kills = c.stores == "none" ? kMaxDeliveries : kMaxDeliveries + 1;
   int kills = 0;
+  int run = 0;
   std::unique_ptr<ChildProcess> child;
-  for (int run = 0; run <= kMaxDeliveries + 1; ++run) {
-    absl::StatusOr<std::unique_ptr<ChildProcess>> c = start(run);
-    ASSERT_TRUE(c.ok()) << c.status();
-    child = std::move(*c);
-    ASSERT_TRUE(WaitUntil(
-        [&] {
-          return !child->Running() ||
-                 (poisoned() == 1 && handled_set().size() == static_cast<size_t>(kMessages - 1));
-        },
-        absl::Seconds(60)))
+  for (; run <= want_kills + 1; ++run) {
+    absl::StatusOr<std::unique_ptr<ChildProcess>> started = start(run);
+    ASSERT_TRUE(started.ok()) << started.status();
+    child = std::move(*started);
+    ASSERT_TRUE(WaitUntil([&] { return !child->Running() || (poisoned() == 1 && all_handled()); },
+                          absl::Seconds(120)))
         << "run " << run << ":\n"
         << ReadFile(absl::StrCat(dir, "/consumer-", run, ".log"));
     if (child->Running()) break;
@@ -132,37 +172,66 @@ TEST_P(PoisonTest, ASelfKillingMessageIsDeadLetteredAfterTheCapAndTheRestAreHand
     ++kills;
   }
   ASSERT_TRUE(child->Running()) << kills << " kills and no run got past the message";
-  // Delivered and killed kMaxDeliveries times; the next delivery is over the cap.
-  EXPECT_EQ(kills, kMaxDeliveries);
+  EXPECT_EQ(kills, want_kills);
   child->Signal(SIGTERM);
   absl::StatusOr<int> exit = child->Wait(absl::Seconds(60));
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
 
-  std::set<std::string> want;
-  for (int i = 0; i < kMessages; ++i) {
-    if (absl::StrCat("m-", i) != kKiller) want.insert(absl::StrCat("m-", i));
+  // Every other message handled: once with the inbox; without it, again only after a first
+  // handling in a run that died (its batch's mark-done lost with the process).
+  const std::map<std::string, std::vector<int>> handled = Handled(handled_log, effects.get());
+  EXPECT_FALSE(handled.contains(c.killer));
+  int repeated = 0;
+  for (int i = 0; i < c.messages; ++i) {
+    const std::string biz_uid = absl::StrCat("m-", i);
+    if (biz_uid == c.killer) continue;
+    auto it = handled.find(biz_uid);
+    ASSERT_TRUE(it != handled.end()) << biz_uid << " never handled";
+    const std::vector<int>& runs = it->second;
+    if (c.stores == "inbox") {
+      EXPECT_EQ(runs.size(), 1u) << biz_uid;
+    }
+    for (size_t k = 0; k + 1 < runs.size(); ++k) {
+      EXPECT_LT(runs[k], run) << biz_uid << " handled again after a run that did not die";
+      ++repeated;
+    }
   }
-  EXPECT_EQ(handled_set(), want);
+  // A death repeats at most what its workers' batches had handled.
+  EXPECT_LE(repeated, kills * c.concurrency * c.batch_size);
+  // The one letter: the culprit, as poison.
   absl::StatusOr<std::vector<DeadLetter>> all = letters->Fetch(kQueue, 10);
   ASSERT_TRUE(all.ok()) << all.status();
-  ASSERT_EQ(all->size(), 1u);
+  ASSERT_EQ(all->size(), 1u) << (all->size() > 1 ? (*all)[1].reason : "");
   const DeadLetter& letter = (*all)[0];
   EXPECT_EQ(letter.kind, DeadLetterKind::kPoison);
-  EXPECT_TRUE(
-      absl::StrContains(letter.reason, absl::StrCat("delivered ", kMaxDeliveries + 1, " times")))
-      << letter.reason;
-  EXPECT_TRUE(absl::StrContains(letter.data, kKiller));
+  EXPECT_TRUE(absl::StrContains(letter.data, c.killer)) << letter.reason;
+  if (c.stores == "none") {
+    EXPECT_TRUE(
+        absl::StrContains(letter.reason, absl::StrCat("delivered ", kMaxDeliveries + 1, " times")))
+        << letter.reason;
+  } else {
+    EXPECT_TRUE(absl::StrContains(letter.reason,
+                                  absl::StrCat("died running alone ", kMaxDeliveries, " times")))
+        << letter.reason;
+  }
   // Nothing is left in the queue.
   absl::StatusOr<QueueCounts> counts = driver_->InspectQueue(kQueue);
   ASSERT_TRUE(counts.ok()) << counts.status();
   EXPECT_EQ(counts->ready + counts->in_flight + counts->delayed, 0);
+  std::printf("%s: %d kills, %d repeated effects\n", c.name.c_str(), kills, repeated);
   if (!HasFailure()) RemoveTree(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Brokers, PoisonTest, ::testing::Values("redis", "nsq"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+INSTANTIATE_TEST_SUITE_P(Cases, PoisonTest,
+                         ::testing::Values(PoisonCase{"redis", "redis", "none", 1, 1, 1, 10, "m-4"},
+                                           PoisonCase{"nsq", "nsq", "none", 1, 1, 1, 10, "m-4"},
+                                           PoisonCase{"redis_sqlite_batches", "redis", "sqlite", 4,
+                                                      16, 64, 2000, "m-100"},
+                                           PoisonCase{"redis_inbox_batches", "redis", "inbox", 4,
+                                                      16, 64, 2000, "m-100"}),
+                         [](const ::testing::TestParamInfo<PoisonCase>& info) {
+                           return info.param.name;
                          });
 
 }  // namespace

@@ -20,7 +20,7 @@ RedisServerOptions::Tls RedisServerTls(const TestCertificates& certs, bool auth_
           .client_key_file = certs.client_key};
 }
 
-RedisOptions::Tls RedisClientTls(const TestCertificates& certs) {
+TlsOptions RedisClientTls(const TestCertificates& certs) {
   return {.enabled = true,
           .ca_file = certs.ca_cert,
           .cert_file = certs.client_cert,

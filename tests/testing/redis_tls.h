@@ -25,7 +25,7 @@ absl::StatusOr<const TestCertificates*> SharedTestCertificates();
 RedisServerOptions::Tls RedisServerTls(const TestCertificates& certs, bool auth_clients);
 
 // TLS on, trusting the test CA, presenting the client certificate.
-RedisOptions::Tls RedisClientTls(const TestCertificates& certs);
+TlsOptions RedisClientTls(const TestCertificates& certs);
 
 }  // namespace bus::testing
 

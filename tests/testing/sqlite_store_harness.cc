@@ -12,7 +12,7 @@ SqliteStoreHarness::SqliteStoreHarness(bool shared_database, int max_batch)
     : dir_(MakeTempDir("sqlite_store_")), shared_database_(shared_database) {
   options_.path = dir_ + "/bus.db";
   options_.clock = clock_;
-  options_.max_batch = max_batch;
+  options_.commit_batch_size = max_batch;
 }
 
 SqliteStoreHarness::~SqliteStoreHarness() {

@@ -17,7 +17,7 @@ namespace bus::testing {
 
 class SqliteStoreHarness final : public StoreHarness {
  public:
-  // `max_batch` is SqliteOptions::max_batch (1 turns group commit off).
+  // `max_batch` is SqliteOptions::commit_batch_size (1 turns group commit off).
   SqliteStoreHarness(bool shared_database, int max_batch);
   ~SqliteStoreHarness() override;
 

@@ -11,6 +11,7 @@
 #include "bus/envelope.h"
 #include "bus/names.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "common/postgres/internal/idempotency_sql.h"
 #include "transactional/postgres/internal/outbox_sql.h"
 
@@ -101,7 +102,7 @@ class InboxBatch {
       if (user != nullptr) list.push_back(*user);
       size_t failed_at = list.size();
       absl::StatusOr<std::vector<Result>> r =
-          c_.Pipeline(list, db_.Deadline(list.size()), &failed_at);
+          c_.Pipeline(list, pg_internal::Engine(db_).Deadline(list.size()), &failed_at);
       if (r.ok()) {
         for (size_t k = 0; k < queued_.size(); ++k) {
           if (queued_[k].role != Role::kLock) continue;
@@ -196,20 +197,6 @@ absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Run(
   return rows;
 }
 
-absl::StatusOr<int64_t> PostgresTransaction::Execute(absl::string_view sql,
-                                                     std::vector<Value> params) {
-  int64_t affected = 0;
-  absl::StatusOr<std::vector<Row>> rows = Run(sql, std::move(params), &affected);
-  if (!rows.ok()) return rows.status();
-  return affected;
-}
-
-absl::StatusOr<std::vector<PostgresTransaction::Row>> PostgresTransaction::Query(
-    absl::string_view sql, std::vector<Value> params) {
-  int64_t affected = 0;
-  return Run(sql, std::move(params), &affected);
-}
-
 PGconn* PostgresTransaction::raw() {
   // What the inbox queued (the savepoint, the key lock) runs before the caller's statements.
   if (absl::StatusOr<std::optional<Result>> r = batch_.Flush(nullptr); !r.ok() && failed_.ok()) {
@@ -284,8 +271,8 @@ std::string BeginSql(PostgresInboxOptions::Isolation isolation) {
 
 PostgresInbox::PostgresInbox(std::shared_ptr<PostgresDatabase> db,
                              std::shared_ptr<IdempotencyStore> keys, PostgresInboxOptions options)
-    : db_(std::move(db)),
-      keys_(std::move(keys)),
+    : ForwardingIdempotencyStoreOf(std::move(keys)),
+      db_(std::move(db)),
       options_(std::move(options)),
       begin_(BeginSql(options_.isolation)),
       lock_key_(db_->Sql(kLockKeySql)),
@@ -330,28 +317,70 @@ PostgresInbox::Stats PostgresInbox::stats() const {
           published_.load(std::memory_order_relaxed)};
 }
 
-absl::StatusOr<bool> PostgresInbox::Acquire(absl::string_view key, absl::string_view owner,
-                                            absl::Duration lease) {
-  return keys_->Acquire(key, owner, lease);
+namespace {
+
+absl::Status LeaseLost(const TransactionalStore::Entry& e) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("inbox: the caller holds no live lease on idempotency key '", e.key,
+                   "' (it ran out or another owner holds it)"));
 }
-absl::Status PostgresInbox::MarkDone(absl::string_view key, absl::string_view owner,
-                                     absl::Duration retention) {
-  return keys_->MarkDone(key, owner, retention);
+
+// Ends the transaction after `why` (when the connection still can), and returns `why`; a
+// serialization failure or deadlock as Aborted, which makes the database layer run the batch
+// again.
+absl::Status Abandon(PostgresDatabase& db, Connection& c, absl::Status why) {
+  if (!c.broken()) {
+    const Statement rollback{&Tx().rollback};
+    c.Pipeline({&rollback, 1}, pg_internal::Engine(db).Deadline(1)).IgnoreError();
+  }
+  if (pg_internal::IsSerializationFailure(why)) {
+    return absl::AbortedError(absl::StrCat(
+        "inbox: a serialization failure or deadlock; the batch runs again: ", why.message()));
+  }
+  return why;
 }
-absl::Status PostgresInbox::Release(absl::string_view key, absl::string_view owner) {
-  return keys_->Release(key, owner);
+
+// The mark-done of entry `i`, queued after its effect succeeded.
+void QueueMarkDone(InboxBatch& batch, const std::string& mark_done_sql,
+                   const TransactionalStore::Entry& e, absl::Duration retention, size_t i) {
+  batch.Queue({&mark_done_sql,
+               {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner)),
+                Param::Int(std::max<int64_t>(1, absl::ToInt64Microseconds(retention)))}},
+              InboxBatch::Role::kMarkDone, i);
 }
-void PostgresInbox::AcquireMany(absl::Span<const absl::string_view> keys,
-                                absl::Span<const absl::string_view> owners, absl::Duration lease,
-                                absl::Span<absl::StatusOr<bool>> results) {
-  keys_->AcquireMany(keys, owners, lease, results);
+
+// The end of a run: ROLLBACK when the batch is one failed message, else the relay's wake-up
+// (when a message published) and COMMIT; then the entries whose mark-done failed at the
+// server (the lease ran out while the effect ran) are rolled back alone.
+absl::Status EndBatch(PostgresDatabase& db, InboxBatch& batch,
+                      absl::Span<const TransactionalStore::Entry> entries, bool savepoints,
+                      const std::string& notify_sql, const std::string& channel,
+                      std::vector<absl::Status>& local, std::vector<int>& published) {
+  if (!savepoints && !local[0].ok()) {
+    batch.Queue({&Tx().rollback});
+    if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
+      return Abandon(db, batch.connection(), end.status());
+    }
+    return absl::OkStatus();
+  }
+  // Delivered by the server at COMMIT (and dropped with a rollback).
+  if (std::any_of(published.begin(), published.end(), [](int p) { return p > 0; })) {
+    batch.Queue({&notify_sql, {Param::Text(channel)}});
+  }
+  batch.Queue({&Tx().commit});
+  if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
+    return Abandon(db, batch.connection(), end.status());
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const absl::Status& failed = batch.mark_done_failed(i);
+    if (failed.ok()) continue;
+    local[i] = absl::IsFailedPrecondition(failed) ? LeaseLost(entries[i]) : failed;
+    published[i] = 0;
+  }
+  return absl::OkStatus();
 }
-void PostgresInbox::MarkDoneMany(absl::Span<const absl::string_view> keys,
-                                 absl::Span<const absl::string_view> owners,
-                                 absl::Duration retention, absl::Span<absl::Status> results) {
-  keys_->MarkDoneMany(keys, owners, retention, results);
-}
-absl::Status PostgresInbox::Ping(absl::Duration timeout) { return keys_->Ping(timeout); }
+
+}  // namespace
 
 void PostgresInbox::RunAndMarkDone(
     absl::Span<const Entry> entries, absl::Duration retention,
@@ -366,91 +395,44 @@ void PostgresInbox::RunAndMarkDone(
   std::vector<absl::Status> local(n);
   std::vector<int> published(n, 0);
   int runs = 0;
-  const auto lease_lost = [](const Entry& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("inbox: the caller holds no live lease on idempotency key '", e.key,
-                     "' (it ran out or another owner holds it)"));
-  };
   // Aborted (a serialization failure or deadlock) makes the database layer run this again.
-  const absl::Status s = db_->WithConnection([&](Connection& c) -> absl::Status {
-    if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
-    local.assign(n, absl::OkStatus());
-    published.assign(n, 0);
-    // Ends the transaction after `why` (when the connection still can), and returns `why`.
-    const auto abandon = [&](absl::Status why) {
-      if (!c.broken()) {
-        const Statement rollback{&Tx().rollback};
-        c.Pipeline({&rollback, 1}, db_->Deadline(1)).IgnoreError();
-      }
-      if (pg_internal::IsSerializationFailure(why)) {
-        return absl::AbortedError(absl::StrCat(
-            "inbox: a serialization failure or deadlock; the batch runs again: ", why.message()));
-      }
-      return why;
-    };
-    // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
-    // A batch of one needs no savepoint: its message's failure rolls the transaction back.
-    const bool savepoints = n > 1;
-    InboxBatch batch(*db_, c, n, savepoints);
-    batch.Queue({&begin_});
-    for (size_t i = 0; i < n; ++i) {
-      const Entry& e = entries[i];
-      const bool keyed = !e.key.empty();
-      if (savepoints) batch.Queue({&Tx().savepoint});
-      if (keyed) {
-        batch.Queue(
-            {&lock_key_, {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
-            InboxBatch::Role::kLock, i);
-      }
-      PostgresTransaction tx(*db_, batch, append_);
-      absl::Status st = effect(i, tx);
-      if (!batch.fatal().ok()) return abandon(batch.fatal());
-      if (st.ok() && !tx.failed_.ok()) st = tx.failed_;
-      // A lock that already ran and found no live lease; when it has not run yet, the
-      // mark-done fails on the server instead.
-      if (st.ok() && keyed && batch.owned(i) == false) st = lease_lost(e);
-      if (st.ok()) {
-        if (keyed) {
-          batch.Queue({&mark_done_,
-                       {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner)),
-                        Param::Int(std::max<int64_t>(1, absl::ToInt64Microseconds(retention)))}},
-                      InboxBatch::Role::kMarkDone, i);
+  const absl::Status s =
+      pg_internal::Engine(*db_).WithConnection([&](Connection& c) -> absl::Status {
+        if (runs++ > 0) batch_retries_.fetch_add(1, std::memory_order_relaxed);
+        local.assign(n, absl::OkStatus());
+        published.assign(n, 0);
+        // Nothing is sent until the first statement of an effect, or the COMMIT, needs an answer.
+        // A batch of one needs no savepoint: its message's failure rolls the transaction back.
+        const bool savepoints = n > 1;
+        InboxBatch batch(*db_, c, n, savepoints);
+        batch.Queue({&begin_});
+        for (size_t i = 0; i < n; ++i) {
+          const Entry& e = entries[i];
+          const bool keyed = !e.key.empty();
+          if (savepoints) batch.Queue({&Tx().savepoint});
+          if (keyed) {
+            batch.Queue({&lock_key_,
+                         {Param::Bytes(std::string(e.key)), Param::Bytes(std::string(e.owner))}},
+                        InboxBatch::Role::kLock, i);
+          }
+          PostgresTransaction tx(*db_, batch, append_);
+          absl::Status st = effect(i, tx);
+          if (!batch.fatal().ok()) return Abandon(*db_, c, batch.fatal());
+          if (st.ok() && !tx.failed_.ok()) st = tx.failed_;
+          // A lock that already ran and found no live lease; when it has not run yet, the
+          // mark-done fails on the server instead.
+          if (st.ok() && keyed && batch.owned(i) == false) st = LeaseLost(e);
+          if (st.ok()) {
+            if (keyed) QueueMarkDone(batch, mark_done_, e, retention, i);
+            published[i] = tx.published_;
+          } else {
+            local[i] = st;
+            if (savepoints) batch.Queue({&Tx().rollback_to});
+          }
+          if (savepoints) batch.Queue({&Tx().release});
         }
-        published[i] = tx.published_;
-      } else {
-        local[i] = st;
-        if (savepoints) batch.Queue({&Tx().rollback_to});
-      }
-      if (savepoints) batch.Queue({&Tx().release});
-    }
-    if (!savepoints && !local[0].ok()) {
-      // The one message failed: nothing to commit.
-      batch.Queue({&Tx().rollback});
-      if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
-        return abandon(end.status());
-      }
-      return absl::OkStatus();
-    }
-    // The relay's wake-up, delivered by the server at COMMIT (and dropped with a rollback).
-    for (int p : published) {
-      if (p > 0) {
-        batch.Queue({&notify_, {Param::Text(channel_)}});
-        break;
-      }
-    }
-    batch.Queue({&Tx().commit});
-    if (absl::StatusOr<std::optional<Result>> end = batch.Flush(nullptr); !end.ok()) {
-      return abandon(end.status());
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (batch.mark_done_failed(i).ok()) continue;
-      // The lease ran out while the effect ran: that message alone was rolled back.
-      local[i] = absl::IsFailedPrecondition(batch.mark_done_failed(i)) ? lease_lost(entries[i])
-                                                                       : batch.mark_done_failed(i);
-      published[i] = 0;
-    }
-    return absl::OkStatus();
-  });
+        return EndBatch(*db_, batch, entries, savepoints, notify_, channel_, local, published);
+      });
   uint64_t ok = 0, rows = 0;
   for (size_t i = 0; i < n; ++i) {
     results[i] = s.ok() ? local[i] : s;

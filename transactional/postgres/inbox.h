@@ -54,6 +54,7 @@
 #include "bus/stores.h"
 #include "bus/transactional.h"
 #include "common/postgres/postgres_database.h"
+#include "common/postgres/postgres_statements.h"
 #include "idempotency/postgres/idempotency_store.h"
 #include "transactional/postgres/outbox_relay.h"
 
@@ -65,21 +66,14 @@ class InboxBatch;
 }  // namespace pg_internal
 
 // The inbox's open transaction, as the handler function sees it.
-class PostgresTransaction final : public Transaction {
+//
+// Execute and Query (PostgresStatements) run one statement with bound parameters ($1, $2, ...).
+// Errors as the database layer maps them (postgres_database.h); after an error the message's
+// work is rolled back whatever the function returns. Transaction control (BEGIN, START, COMMIT,
+// END, ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE) is InvalidArgument: the inbox owns the
+// transaction.
+class PostgresTransaction final : public Transaction, public PostgresStatements {
  public:
-  // A parameter: text that the server parses as the parameter's type, or NULL (nullopt).
-  using Value = std::optional<std::string>;
-  using Row = std::vector<Value>;
-
-  // Runs one statement with bound parameters ($1, $2, ...) and returns the rows it changed (or
-  // returned). Errors as the database layer maps them (postgres_db.h); after an error the
-  // message's work is rolled back whatever the function returns. Transaction control (BEGIN,
-  // START, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE) is InvalidArgument: the
-  // inbox owns the transaction.
-  absl::StatusOr<int64_t> Execute(absl::string_view sql, std::vector<Value> params = {});
-  // Runs a query and returns its rows, every value as text (NULL as nullopt).
-  absl::StatusOr<std::vector<Row>> Query(absl::string_view sql, std::vector<Value> params = {});
-
   // Publishes through the outbox, with the transaction: to a queue after `delay` (counted from
   // now, not from when the relay sends it), or to a topic with a route key. Returns the message
   // id, fixed now. InvalidArgument for a bad queue or topic name (bus/names.h), a bad route key,
@@ -100,7 +94,7 @@ class PostgresTransaction final : public Transaction {
                       const std::string& append_sql)
       : db_(db), batch_(batch), append_sql_(append_sql) {}
   absl::StatusOr<std::vector<Row>> Run(absl::string_view sql, std::vector<Value> params,
-                                       int64_t* affected);
+                                       int64_t* affected) override;
   absl::StatusOr<std::string> Append(int kind, absl::string_view destination,
                                      absl::string_view route_key, absl::Duration delay,
                                      Outgoing out);
@@ -132,7 +126,7 @@ struct PostgresInboxOptions {
   PostgresRelayOptions relay{};
 };
 
-class PostgresInbox final : public TransactionalStore,
+class PostgresInbox final : public ForwardingIdempotencyStoreOf<TransactionalStore>,
                             public std::enable_shared_from_this<PostgresInbox> {
  public:
   // The transactional handler for Handler::Create(options, handler): this inbox, and `fn` run
@@ -152,19 +146,7 @@ class PostgresInbox final : public TransactionalStore,
   };
   Stats stats() const;
 
-  // IdempotencyStore (bus/stores.h), as the PostgreSQL idempotency store.
-  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
-                               absl::Duration lease) override;
-  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
-                        absl::Duration retention) override;
-  absl::Status Release(absl::string_view key, absl::string_view owner) override;
-  void AcquireMany(absl::Span<const absl::string_view> keys,
-                   absl::Span<const absl::string_view> owners, absl::Duration lease,
-                   absl::Span<absl::StatusOr<bool>> results) override;
-  void MarkDoneMany(absl::Span<const absl::string_view> keys,
-                    absl::Span<const absl::string_view> owners, absl::Duration retention,
-                    absl::Span<absl::Status> results) override;
-  absl::Status Ping(absl::Duration timeout) override;
+  // IdempotencyStore (bus/stores.h): forwarded to the PostgreSQL idempotency store.
 
   // TransactionalStore (bus/transactional.h). Results as documented there; a database error of
   // the transaction (connection lost, COMMIT failed) is every entry's result. The effect is
@@ -184,7 +166,6 @@ class PostgresInbox final : public TransactionalStore,
                 PostgresInboxOptions options);
 
   const std::shared_ptr<PostgresDatabase> db_;
-  const std::shared_ptr<IdempotencyStore> keys_;
   const PostgresInboxOptions options_;
   const std::string begin_, lock_key_, mark_done_, append_, notify_, channel_;
   std::atomic<uint64_t> committed_{0};

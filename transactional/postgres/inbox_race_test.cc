@@ -42,7 +42,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IdempotencyStoreConformanceTest);
 class PostgresInboxRaceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.statement_timeout = absl::Seconds(30);
+    options_.timeouts.request = absl::Seconds(30);
     schema_ = options_.schema;
     ASSERT_NE(NewInbox(), nullptr);
     const absl::Status ping = inboxes_[0]->Ping(absl::Seconds(60));

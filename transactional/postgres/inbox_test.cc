@@ -60,7 +60,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DeadLetterStoreConformanceTest);
 class PostgresInboxTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    options_.statement_timeout = absl::Seconds(30);
+    options_.timeouts.request = absl::Seconds(30);
     db_ = Open(options_);
     ASSERT_NE(db_, nullptr);
     absl::StatusOr<std::shared_ptr<PostgresInbox>> inbox = NewPostgresInbox(db_);
@@ -290,7 +290,7 @@ TEST_F(PostgresInboxCallTest, AStaleOwnerCommitsNothing) {
 
 TEST_F(PostgresInboxCallTest, AStatementTimeoutRollsTheEffectBackAndKeepsTheLease) {
   PostgresOptions o = options_;
-  o.statement_timeout = absl::Milliseconds(300);
+  o.timeouts.request = absl::Milliseconds(300);
   absl::StatusOr<std::shared_ptr<PostgresInbox>> inbox = NewPostgresInbox(Open(o));
   ASSERT_TRUE(inbox.ok());
   ASSERT_TRUE(*(*inbox)->Acquire("orders.slow", "me", absl::Minutes(5)));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 #include "transactional/postgres/internal/outbox_sql.h"
 
 namespace bus {
@@ -19,8 +20,8 @@ using pg_internal::Result;
 using pg_internal::Statement;
 
 absl::Status ValidatePostgresRelayOptions(const PostgresRelayOptions& options) {
-  if (options.batch < 1) {
-    return absl::InvalidArgumentError("PostgresRelayOptions.batch: must be >= 1");
+  if (options.batch_size < 1) {
+    return absl::InvalidArgumentError("PostgresRelayOptions.batch_size: must be >= 1");
   }
   if (options.poll_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("PostgresRelayOptions.poll_interval: must be > 0");
@@ -87,13 +88,14 @@ void PostgresOutboxRelay::Run(std::stop_token stop) {
 }
 
 absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Backoff& backoff) {
-  absl::StatusOr<std::unique_ptr<Connection>> conn = db_->OpenSession();
+  absl::StatusOr<std::unique_ptr<Connection>> conn = pg_internal::Engine(*db_).OpenSession();
   if (!conn.ok()) return conn.status();
   Connection& c = **conn;
   // One active relay: the others wait for its session, and its lock, to end.
   const Statement lock{&lock_sql_, {Param::Text(lock_key_)}};
   while (true) {
-    absl::StatusOr<std::vector<Result>> r = c.Pipeline({&lock, 1}, db_->Deadline(1));
+    absl::StatusOr<std::vector<Result>> r =
+        c.Pipeline({&lock, 1}, pg_internal::Engine(*db_).Deadline(1));
     if (!r.ok()) return r.status();
     if ((*r)[0].Bool(0, 0)) break;
     // Real time: another server session holds the lock; try again after a backoff.
@@ -103,12 +105,14 @@ absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Bac
   }
   active_.store(true, std::memory_order_relaxed);
   const Statement listen{&listen_sql_};
-  if (absl::Status st = c.Pipeline({&listen, 1}, db_->Deadline(1)).status(); !st.ok()) return st;
+  if (absl::Status st = c.Pipeline({&listen, 1}, pg_internal::Engine(*db_).Deadline(1)).status();
+      !st.ok())
+    return st;
   while (!stop.stop_requested()) {
     absl::StatusOr<int> sent = Pass(c);
     if (!sent.ok()) return sent.status();
     backoff.Reset();
-    if (*sent >= options_.batch) continue;
+    if (*sent >= options_.batch_size) continue;
     // Real time: the wait for a commit's notification, bounded by the slow poll.
     absl::StatusOr<bool> woken = c.AwaitNotification(absl::Now() + options_.poll_interval, wake_fd);
     if (!woken.ok()) return woken.status();
@@ -117,8 +121,9 @@ absl::Status PostgresOutboxRelay::Session(std::stop_token stop, int wake_fd, Bac
 }
 
 absl::StatusOr<int> PostgresOutboxRelay::Pass(Connection& conn) {
-  const Statement read{&read_, {Param::Int(options_.batch)}};
-  absl::StatusOr<std::vector<Result>> r = conn.Pipeline({&read, 1}, db_->Deadline(1));
+  const Statement read{&read_, {Param::Int(options_.batch_size)}};
+  absl::StatusOr<std::vector<Result>> r =
+      conn.Pipeline({&read, 1}, pg_internal::Engine(*db_).Deadline(1));
   if (!r.ok()) return r.status();
   const Result& rows = (*r)[0];
   const int n = rows.rows();
@@ -160,7 +165,9 @@ absl::StatusOr<int> PostgresOutboxRelay::Pass(Connection& conn) {
   if (!sent.empty()) {
     // Sent but not deleted (the database went away): sent again by a later pass, same ids.
     const Statement del{&delete_, {Param::Text(absl::StrCat("{", absl::StrJoin(sent, ","), "}"))}};
-    if (absl::Status st = conn.Pipeline({&del, 1}, db_->Deadline(1)).status(); !st.ok()) return st;
+    if (absl::Status st = conn.Pipeline({&del, 1}, pg_internal::Engine(*db_).Deadline(1)).status();
+        !st.ok())
+      return st;
     relayed_.fetch_add(sent.size(), std::memory_order_relaxed);
   }
   if (!failure.ok()) return failure;
@@ -170,7 +177,7 @@ absl::StatusOr<int> PostgresOutboxRelay::Pass(Connection& conn) {
 absl::StatusOr<PostgresOutboxDepth> PostgresOutboxPending(PostgresDatabase& db) {
   const std::string sql = db.Sql(pg_internal::kCountOutboxSql);
   const Statement s{&sql};
-  absl::StatusOr<std::vector<Result>> r = db.Run({&s, 1});
+  absl::StatusOr<std::vector<Result>> r = pg_internal::Engine(db).Run({&s, 1});
   if (!r.ok()) return r.status();
   PostgresOutboxDepth d;
   d.pending = (*r)[0].Int(0, 0);

@@ -40,11 +40,12 @@
 namespace bus {
 
 struct PostgresRelayOptions {
-  // Rows read and sent per pass; >= 1.
-  int batch = 256;
-  // The longest wait for a notification before looking at the table anyway; > 0.
+  // Rows read and sent per pass; >= 1. Default 256.
+  int batch_size = 256;
+  // The longest wait for a notification before looking at the table anyway; > 0. Default 5 s.
   absl::Duration poll_interval = absl::Seconds(5);
   // Waits after a failure (and between tries for the lock another relay holds).
+  // Default 100 ms doubling to 5 s, full jitter; 0 <= initial <= max.
   BackoffPolicy backoff{.initial = absl::Milliseconds(100),
                         .max = absl::Seconds(5),
                         .jitter = BackoffPolicy::Jitter::kFull};

@@ -40,7 +40,7 @@ absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(std::shared_ptr<Sqli
   absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(db, options.outbox);
   if (!outbox.ok()) return outbox.status();
   return std::shared_ptr<SqliteInbox>(new SqliteInbox(
-      sqlite_internal::Engine(db), *std::move(keys), *std::move(outbox), options.relay_in_handler));
+      std::move(db), *std::move(keys), *std::move(outbox), options.relay_in_handler));
 }
 
 TransactionalHandler SqliteInbox::Handle(SqliteHandleFn fn) {
@@ -60,28 +60,6 @@ SqliteInbox::Stats SqliteInbox::stats() const {
   return {committed_.load(std::memory_order_relaxed), rolled_back_.load(std::memory_order_relaxed)};
 }
 
-absl::StatusOr<bool> SqliteInbox::Acquire(absl::string_view key, absl::string_view owner,
-                                          absl::Duration lease) {
-  return keys_->Acquire(key, owner, lease);
-}
-absl::Status SqliteInbox::MarkDone(absl::string_view key, absl::string_view owner,
-                                   absl::Duration retention) {
-  return keys_->MarkDone(key, owner, retention);
-}
-absl::Status SqliteInbox::Release(absl::string_view key, absl::string_view owner) {
-  return keys_->Release(key, owner);
-}
-void SqliteInbox::AcquireMany(absl::Span<const absl::string_view> keys,
-                              absl::Span<const absl::string_view> owners, absl::Duration lease,
-                              absl::Span<absl::StatusOr<bool>> results) {
-  keys_->AcquireMany(keys, owners, lease, results);
-}
-void SqliteInbox::MarkDoneMany(absl::Span<const absl::string_view> keys,
-                               absl::Span<const absl::string_view> owners, absl::Duration retention,
-                               absl::Span<absl::Status> results) {
-  keys_->MarkDoneMany(keys, owners, retention, results);
-}
-
 void SqliteInbox::RunAndMarkDone(absl::Span<const Entry> entries, absl::Duration retention,
                                  absl::FunctionRef<absl::Status(size_t i, Transaction& tx)> effect,
                                  absl::Span<absl::Status> results) {
@@ -94,13 +72,14 @@ void SqliteInbox::RunAndMarkDone(absl::Span<const Entry> entries, absl::Duration
   std::vector<absl::Status> local(n);
   std::vector<int> published(n, 0);
   int runs = 0;
-  const Clock& clock = *db_->clock();
+  const std::shared_ptr<sqlite_internal::Database> db = sqlite_internal::Engine(db_);
+  const Clock& clock = *db->clock();
   const size_t max_bytes = outbox_->options().max_message_bytes;
   // One operation of the group commit for the whole batch: each message in a savepoint of its
   // own from the start, so that a failing message is undone alone and the operation itself
   // never fails after a change (which would make the database layer run the whole batch
   // again); and run once: a second run (after a failed COMMIT) commits nothing.
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = db->Write([&](Connection& conn) -> absl::Status {
     if (++runs > 1) {
       return absl::AbortedError(
           "inbox transaction retried by the database layer; the effects are not run twice");

@@ -66,7 +66,7 @@ struct SqliteInboxOptions {
 
 using SqliteHandleFn = std::function<absl::Status(const Message& msg, SqliteTransaction& tx)>;
 
-class SqliteInbox final : public TransactionalStore,
+class SqliteInbox final : public ForwardingIdempotencyStoreOf<TransactionalStore>,
                           public std::enable_shared_from_this<SqliteInbox> {
  public:
   // The transactional handler for Handler::Create(options, handler): this inbox, and `fn` run
@@ -85,18 +85,7 @@ class SqliteInbox final : public TransactionalStore,
   };
   Stats stats() const;
 
-  // IdempotencyStore (bus/stores.h), as the SQLite idempotency store.
-  absl::StatusOr<bool> Acquire(absl::string_view key, absl::string_view owner,
-                               absl::Duration lease) override;
-  absl::Status MarkDone(absl::string_view key, absl::string_view owner,
-                        absl::Duration retention) override;
-  absl::Status Release(absl::string_view key, absl::string_view owner) override;
-  void AcquireMany(absl::Span<const absl::string_view> keys,
-                   absl::Span<const absl::string_view> owners, absl::Duration lease,
-                   absl::Span<absl::StatusOr<bool>> results) override;
-  void MarkDoneMany(absl::Span<const absl::string_view> keys,
-                    absl::Span<const absl::string_view> owners, absl::Duration retention,
-                    absl::Span<absl::Status> results) override;
+  // IdempotencyStore (bus/stores.h): forwarded to the SQLite idempotency store.
 
   // TransactionalStore (bus/transactional.h). Results as documented there; a database error
   // while marking done is that entry's result (its effect rolled back).
@@ -110,15 +99,14 @@ class SqliteInbox final : public TransactionalStore,
  private:
   friend absl::StatusOr<std::shared_ptr<SqliteInbox>> NewSqliteInbox(
       std::shared_ptr<SqliteDatabase> db, const SqliteInboxOptions& options);
-  SqliteInbox(std::shared_ptr<sqlite_internal::Database> db, std::shared_ptr<IdempotencyStore> keys,
+  SqliteInbox(std::shared_ptr<SqliteDatabase> db, std::shared_ptr<IdempotencyStore> keys,
               std::shared_ptr<SqliteOutbox> outbox, bool relay_in_handler)
-      : db_(std::move(db)),
-        keys_(std::move(keys)),
+      : ForwardingIdempotencyStoreOf(std::move(keys)),
+        db_(std::move(db)),
         outbox_(std::move(outbox)),
         relay_in_handler_(relay_in_handler) {}
 
-  const std::shared_ptr<sqlite_internal::Database> db_;
-  const std::shared_ptr<IdempotencyStore> keys_;
+  const std::shared_ptr<SqliteDatabase> db_;
   const std::shared_ptr<SqliteOutbox> outbox_;
   const bool relay_in_handler_;
   std::atomic<uint64_t> committed_{0};

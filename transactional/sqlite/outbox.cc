@@ -27,6 +27,81 @@ struct Row {
   int64_t created_at_us = 0;
 };
 
+// What one pass sent: `sent` rows, the last of them `sent_upto` (-1: none), and the failure
+// that ended the pass early (OK: every row was sent).
+struct SendOutcome {
+  int sent = 0;
+  int64_t sent_upto = -1;
+  absl::Status failure;
+};
+
+// The oldest `limit` rows of the outbox, in commit order.
+absl::StatusOr<std::vector<Row>> ReadRows(sqlite_internal::Database& db, int limit) {
+  std::vector<Row> rows;
+  const absl::Status read = db.Read([&](Connection& conn) -> absl::Status {
+    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchOutboxSql);
+    if (!stmt.ok()) return stmt.status();
+    stmt->BindInt64(1, limit);
+    while (true) {
+      absl::StatusOr<bool> more = stmt->Step();
+      if (!more.ok()) return more.status();
+      if (!*more) return absl::OkStatus();
+      Row& r = rows.emplace_back();
+      r.seq = stmt->ColumnInt64(0);
+      r.kind = static_cast<int>(stmt->ColumnInt64(1));
+      r.destination = std::string(stmt->ColumnText(2));
+      r.route_key = std::string(stmt->ColumnText(3));
+      r.delay_ms = stmt->ColumnInt64(4);
+      r.data = std::string(stmt->ColumnBlob(6));
+      r.created_at_us = stmt->ColumnInt64(7);
+    }
+  });
+  if (!read.ok()) return read;
+  return rows;
+}
+
+// Sends `rows` in order: runs of rows to one queue with no delay left go out in one batched
+// call (which keeps their order), the others one at a time. The first failure ends the pass.
+SendOutcome SendRows(Driver& driver, std::vector<Row>& rows, absl::Time now) {
+  auto delay_left = [&](const Row& r) {
+    const absl::Time due = absl::FromUnixMicros(r.created_at_us) + absl::Milliseconds(r.delay_ms);
+    return std::max(due - now, absl::ZeroDuration());
+  };
+  SendOutcome out;
+  std::vector<std::string> run;
+  for (size_t i = 0; i < rows.size();) {
+    const Row& r = rows[i];
+    size_t end = i + 1;
+    absl::Status s;
+    if (r.kind == 1) {
+      s = driver.SendToTopic(r.destination, r.data, r.route_key);
+    } else if (const absl::Duration d = delay_left(r); d > absl::ZeroDuration()) {
+      s = driver.SendToQueue(r.destination, r.data, d);
+    } else {
+      while (end < rows.size() && rows[end].kind == 0 && rows[end].destination == r.destination &&
+             delay_left(rows[end]) == absl::ZeroDuration()) {
+        ++end;
+      }
+      if (end == i + 1) {
+        s = driver.SendToQueue(r.destination, r.data, absl::ZeroDuration());
+      } else {
+        run.clear();
+        for (size_t k = i; k < end; ++k) run.push_back(std::move(rows[k].data));
+        s = driver.SendBatchToQueue(r.destination, run, absl::ZeroDuration());
+      }
+    }
+    if (!s.ok()) {
+      out.failure = absl::Status(s.code(), absl::StrCat("outbox relay: sending to ", r.destination,
+                                                        " failed: ", s.message()));
+      return out;
+    }
+    out.sent += static_cast<int>(end - i);
+    out.sent_upto = rows[end - 1].seq;
+    i = end;
+  }
+  return out;
+}
+
 class RelayTaskImpl final : public BackgroundTask {
  public:
   RelayTaskImpl(std::shared_ptr<SqliteOutbox> outbox, std::shared_ptr<Driver> driver,
@@ -47,10 +122,10 @@ absl::Status ValidateSqliteOutboxOptions(const SqliteOutboxOptions& o) {
   auto bad = [](absl::string_view field, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("SqliteOutboxOptions.", field, " ", what));
   };
-  if (o.relay_batch < 1) return bad("relay_batch", "must be >= 1");
+  if (o.relay_batch_size < 1) return bad("relay_batch_size", "must be >= 1");
   if (o.poll_interval <= absl::ZeroDuration()) return bad("poll_interval", "must be > 0");
-  if (o.backoff_base <= absl::ZeroDuration()) return bad("backoff_base", "must be > 0");
-  if (o.backoff_max < o.backoff_base) return bad("backoff_max", "must be >= backoff_base");
+  if (o.backoff.initial <= absl::ZeroDuration()) return bad("backoff.initial", "must be > 0");
+  if (o.backoff.max < o.backoff.initial) return bad("backoff.max", "must be >= backoff.initial");
   if (o.relay_lease <= absl::ZeroDuration()) return bad("relay_lease", "must be > 0");
   if (o.max_message_bytes < 64) return bad("max_message_bytes", "must be >= 64");
   return absl::OkStatus();
@@ -64,19 +139,19 @@ absl::StatusOr<std::shared_ptr<SqliteOutbox>> SqliteOutbox::Create(
 }
 
 SqliteOutbox::SqliteOutbox(std::shared_ptr<SqliteDatabase> db, SqliteOutboxOptions options)
-    : db_(sqlite_internal::Engine(db)), options_(std::move(options)), owner_(NewMessageId()) {}
+    : db_(std::move(db)), options_(std::move(options)), owner_(NewMessageId()) {}
 
 absl::Status SqliteOutbox::Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn) {
   int runs = 0;
   absl::Status result;
   int published = 0;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     // The database layer may run an operation again (docs/exactly-once.md, "Decisions"); the
     // application's function runs once, so a second run commits nothing.
     if (++runs > 1) {
       return absl::AbortedError("outbox transaction retried by the database layer; not rerun");
     }
-    SqliteTransaction tx(conn, *db_->clock(), options_.max_message_bytes);
+    SqliteTransaction tx(conn, *sqlite_internal::Engine(db_)->clock(), options_.max_message_bytes);
     absl::Status lost = sqlite_internal::RunInSavepoint(
         conn,
         [&]() -> absl::Status {
@@ -113,11 +188,11 @@ void SqliteOutbox::RolledBack(uint64_t transactions) {
 }
 
 absl::StatusOr<bool> SqliteOutbox::HoldLease() {
-  const absl::Time now = db_->clock()->Now();
+  const absl::Time now = sqlite_internal::Engine(db_)->clock()->Now();
   if (now + options_.relay_lease / 2 < lease_until_) return true;
   const absl::Time until = now + options_.relay_lease;
   bool held = false;
-  const absl::Status s = db_->Write([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kTakeRelayLeaseSql);
     if (!stmt.ok()) return stmt.status();
     stmt->BindText(1, owner_);
@@ -137,79 +212,23 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
   absl::StatusOr<bool> held = HoldLease();
   if (!held.ok()) return held.status();
   if (!*held) return 0;
-  std::vector<Row> rows;
-  const absl::Status read = db_->Read([&](Connection& conn) -> absl::Status {
-    absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kFetchOutboxSql);
-    if (!stmt.ok()) return stmt.status();
-    stmt->BindInt64(1, options_.relay_batch);
-    while (true) {
-      absl::StatusOr<bool> more = stmt->Step();
-      if (!more.ok()) return more.status();
-      if (!*more) return absl::OkStatus();
-      Row& r = rows.emplace_back();
-      r.seq = stmt->ColumnInt64(0);
-      r.kind = static_cast<int>(stmt->ColumnInt64(1));
-      r.destination = std::string(stmt->ColumnText(2));
-      r.route_key = std::string(stmt->ColumnText(3));
-      r.delay_ms = stmt->ColumnInt64(4);
-      r.data = std::string(stmt->ColumnBlob(6));
-      r.created_at_us = stmt->ColumnInt64(7);
-    }
-  });
-  if (!read.ok()) {
+  absl::StatusOr<std::vector<Row>> rows =
+      ReadRows(*sqlite_internal::Engine(db_), options_.relay_batch_size);
+  if (!rows.ok()) {
     relay_errors_.fetch_add(1, std::memory_order_relaxed);
-    return read;
+    return rows.status();
   }
-  if (rows.empty()) return 0;
-
-  // Send in order: runs of rows to one queue with no delay left go out in one batched call
-  // (which keeps their order), the others one at a time. The first failure ends the pass.
-  const absl::Time now = db_->clock()->Now();
-  auto delay_left = [&](const Row& r) {
-    const absl::Time due = absl::FromUnixMicros(r.created_at_us) + absl::Milliseconds(r.delay_ms);
-    return std::max(due - now, absl::ZeroDuration());
-  };
-  int64_t sent_upto = -1;
-  int sent = 0;
-  absl::Status failure;
-  std::vector<std::string> run;
-  for (size_t i = 0; i < rows.size();) {
-    const Row& r = rows[i];
-    size_t end = i + 1;
-    absl::Status s;
-    if (r.kind == 1) {
-      s = driver.SendToTopic(r.destination, r.data, r.route_key);
-    } else if (const absl::Duration d = delay_left(r); d > absl::ZeroDuration()) {
-      s = driver.SendToQueue(r.destination, r.data, d);
-    } else {
-      while (end < rows.size() && rows[end].kind == 0 && rows[end].destination == r.destination &&
-             delay_left(rows[end]) == absl::ZeroDuration()) {
-        ++end;
-      }
-      if (end == i + 1) {
-        s = driver.SendToQueue(r.destination, r.data, absl::ZeroDuration());
-      } else {
-        run.clear();
-        for (size_t k = i; k < end; ++k) run.push_back(std::move(rows[k].data));
-        s = driver.SendBatchToQueue(r.destination, run, absl::ZeroDuration());
-      }
-    }
-    if (!s.ok()) {
-      failure = absl::Status(s.code(), absl::StrCat("outbox relay: sending to ", r.destination,
-                                                    " failed: ", s.message()));
-      break;
-    }
-    sent += static_cast<int>(end - i);
-    sent_upto = rows[end - 1].seq;
-    i = end;
-  }
-  if (sent_upto >= 0) {
-    const absl::Status del = db_->Write([&](Connection& conn) -> absl::Status {
-      absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
-      if (!stmt.ok()) return stmt.status();
-      stmt->BindInt64(1, sent_upto);
-      return stmt->Run();
-    });
+  if (rows->empty()) return 0;
+  const SendOutcome out = SendRows(driver, *rows, sqlite_internal::Engine(db_)->clock()->Now());
+  if (out.sent_upto >= 0) {
+    const absl::Status del =
+        sqlite_internal::Engine(db_)->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt =
+              conn.Prepare(sqlite_internal::kDeleteOutboxUpToSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindInt64(1, out.sent_upto);
+          return stmt->Run();
+        });
     if (!del.ok()) {
       // Sent but still in the outbox: sent again by the next pass (same ids).
       relay_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -218,13 +237,13 @@ absl::StatusOr<int> SqliteOutbox::RelayOnce(Driver& driver) {
                                        "sent again): ",
                                        del.message()));
     }
-    relayed_.fetch_add(static_cast<uint64_t>(sent), std::memory_order_relaxed);
+    relayed_.fetch_add(static_cast<uint64_t>(out.sent), std::memory_order_relaxed);
   }
-  if (!failure.ok()) {
+  if (!out.failure.ok()) {
     relay_errors_.fetch_add(1, std::memory_order_relaxed);
-    return failure;
+    return out.failure;
   }
-  return sent;
+  return out.sent;
 }
 
 void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop) {
@@ -237,7 +256,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     r.text = text;
     r.error = error;
     try {
-      r.time = db_->clock()->Now();
+      r.time = sqlite_internal::Engine(db_)->clock()->Now();
       logger.Write(r);
     } catch (...) {
     }
@@ -251,11 +270,8 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
     absl::MutexLock lock(&wake_mu_);
     stopping_ = true;
   });
-  const Clock& clock = *db_->clock();
-  Backoff backoff({.initial = options_.backoff_base,
-                   .max = options_.backoff_max,
-                   .jitter = BackoffPolicy::Jitter::kFull},
-                  options_.random);
+  const Clock& clock = *sqlite_internal::Engine(db_)->clock();
+  Backoff backoff(options_.backoff, options_.random);
   while (!stop.stop_requested()) {
     {
       absl::MutexLock lock(&wake_mu_);
@@ -278,7 +294,7 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
       log(LogLevel::kInfo, "relay_recovered", "outbox relay: the broker accepts again", {});
     }
     backoff.Reset();
-    if (*sent == options_.relay_batch) continue;  // more rows are likely waiting
+    if (*sent == options_.relay_batch_size) continue;  // more rows are likely waiting
     absl::MutexLock lock(&wake_mu_);
     clock.AwaitWithDeadline(&wake_mu_, absl::Condition(this, &SqliteOutbox::Woken),
                             clock.Now() + options_.poll_interval);
@@ -286,12 +302,13 @@ void SqliteOutbox::RunRelay(Driver& driver, Logger& logger, std::stop_token stop
   // A clean stop gives the lease up, so another process's relay need not wait for it.
   absl::MutexLock lock(&relay_mu_);
   if (lease_until_ != absl::InfinitePast()) {
-    db_->Write([&](Connection& conn) -> absl::Status {
-         absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
-         if (!stmt.ok()) return stmt.status();
-         stmt->BindText(1, owner_);
-         return stmt->Run();
-       })
+    sqlite_internal::Engine(db_)
+        ->Write([&](Connection& conn) -> absl::Status {
+          absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kDropRelayLeaseSql);
+          if (!stmt.ok()) return stmt.status();
+          stmt->BindText(1, owner_);
+          return stmt->Run();
+        })
         .IgnoreError();
     lease_until_ = absl::InfinitePast();
   }
@@ -313,7 +330,7 @@ std::unique_ptr<SqliteOutbox::Relay> SqliteOutbox::StartRelay(std::shared_ptr<Dr
 
 absl::StatusOr<int64_t> SqliteOutbox::Pending() {
   int64_t n = 0;
-  const absl::Status s = db_->Read([&](Connection& conn) -> absl::Status {
+  const absl::Status s = sqlite_internal::Engine(db_)->Read([&](Connection& conn) -> absl::Status {
     absl::StatusOr<ScopedStatement> stmt = conn.Prepare(sqlite_internal::kCountOutboxSql);
     if (!stmt.ok()) return stmt.status();
     absl::StatusOr<bool> row = stmt->Step();

@@ -16,9 +16,9 @@
 //
 // Guarantees: a row is sent only after its transaction committed, and never when it rolled
 // back. Rows are sent in commit order (per destination, and overall); a send that fails stops
-// the pass, so no later row overtakes it, and the relay backs off (full jitter, backoff_base
-// doubling to backoff_max) until the broker accepts it. Rows survive restarts: those a crash
-// left are sent by the next relay. Delivery is at-least-once with a stable message id (fixed
+// the pass, so no later row overtakes it, and the relay backs off (options.backoff: full jitter,
+// 100 ms doubling to 10 s by default) until the broker accepts it. Rows survive restarts: those a
+// crash left are sent by the next relay. Delivery is at-least-once with a stable message id (fixed
 // when the row was written): a crash (or a failed delete) after the broker accepted a row and
 // before it was deleted sends it again, so a consumer downstream deduplicates with its own
 // inbox (the id, or the biz_uid, is its key). When several processes run a relay on one file,
@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "bus/backoff.h"
 #include "bus/driver.h"
 #include "bus/logger.h"
 #include "bus/random.h"
@@ -53,16 +54,17 @@
 namespace bus {
 
 struct SqliteOutboxOptions {
-  // Rows read and sent per relay pass; >= 1.
-  int relay_batch = 256;
+  // Rows read and sent per relay pass; >= 1. Default 256.
+  int relay_batch_size = 256;
   // How often an idle relay looks for rows committed by another process or another
   // SqliteOutbox on the file; this object's own commits wake it at once; > 0.
   absl::Duration poll_interval = absl::Milliseconds(100);
-  // While sends fail, the relay waits between passes as a bus::Backoff with full jitter
-  // (bus/backoff.h): backoff_base after the first failure, doubling up to backoff_max;
-  // 0 < backoff_base <= backoff_max.
-  absl::Duration backoff_base = absl::Milliseconds(100);
-  absl::Duration backoff_max = absl::Seconds(10);
+  // While sends fail, the relay waits between passes as this backoff says (bus/backoff.h):
+  // initial after the first failure, doubling up to max, with the policy's jitter; initial > 0,
+  // max >= initial. Default 100 ms doubling to 10 s, full jitter.
+  BackoffPolicy backoff{.initial = absl::Milliseconds(100),
+                        .max = absl::Seconds(10),
+                        .jitter = BackoffPolicy::Jitter::kFull};
   // The backoff's jitter; nullptr: DefaultRandom(). Tests pin the delays with SeededRandom().
   std::shared_ptr<RandomSource> random{};
   // The relay lease (one sending relay per file); renewed when half of it is left; > 0.
@@ -88,8 +90,8 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   // error, or the database's (Unavailable: locked for longer than busy_timeout; Aborted).
   absl::Status Transact(absl::FunctionRef<absl::Status(SqliteTransaction&)> fn);
 
-  // One relay pass now: sends up to relay_batch committed rows, oldest first, and deletes those
-  // the broker accepted. Returns how many were sent; 0 when the outbox is empty or another
+  // One relay pass now: sends up to relay_batch_size committed rows, oldest first, and deletes
+  // those the broker accepted. Returns how many were sent; 0 when the outbox is empty or another
   // relay holds the lease. The first send error ends the pass and is returned (the rows sent
   // before it are deleted); a failed delete is returned too (those rows will be sent again).
   absl::StatusOr<int> RelayOnce(Driver& driver);
@@ -157,7 +159,7 @@ class SqliteOutbox : public std::enable_shared_from_this<SqliteOutbox> {
   absl::StatusOr<bool> HoldLease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(relay_mu_);
   bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) { return wake_ || stopping_; }
 
-  const std::shared_ptr<sqlite_internal::Database> db_;
+  const std::shared_ptr<SqliteDatabase> db_;
   const SqliteOutboxOptions options_;
   // This object's relay owner token.
   const std::string owner_;

@@ -71,8 +71,8 @@ class OutboxTest : public ::testing::Test {
     absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(sqlite_);
     ASSERT_TRUE(db.ok()) << db.status();
     db_ = *db;
-    options.backoff_base = absl::Milliseconds(5);
-    options.backoff_max = absl::Milliseconds(100);
+    options.backoff.initial = absl::Milliseconds(5);
+    options.backoff.max = absl::Milliseconds(100);
     absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(db_, options);
     ASSERT_TRUE(outbox.ok()) << outbox.status();
     outbox_ = *outbox;
@@ -219,7 +219,7 @@ TEST_F(OutboxTest, WhileTheBrokerIsDownTheRelayBacksOffAndSendsEverythingOnceItI
   redis.timeouts.request = absl::Milliseconds(500);
   absl::StatusOr<std::shared_ptr<Driver>> driver = NewRedisDriver(redis);
   ASSERT_TRUE(driver.ok()) << driver.status();
-  Open(SqliteOutboxOptions{.relay_batch = 50});
+  Open(SqliteOutboxOptions{.relay_batch_size = 50});
   const std::map<std::string, std::vector<std::string>> first = PublishMany(60, {"a", "b"});
   (*server)->Stop();
   std::unique_ptr<SqliteOutbox::Relay> relay = outbox_->StartRelay(*driver, NullLogger());
@@ -275,8 +275,8 @@ TEST_F(OutboxTest, WhileSendsFailTheRelayWaitsItsBackoffOnTheDatabaseClock) {
   absl::StatusOr<std::shared_ptr<SqliteDatabase>> db = SqliteDatabase::Open(sqlite_);
   ASSERT_TRUE(db.ok()) << db.status();
   SqliteOutboxOptions options;
-  options.backoff_base = absl::Seconds(1);
-  options.backoff_max = absl::Seconds(4);
+  options.backoff.initial = absl::Seconds(1);
+  options.backoff.max = absl::Seconds(4);
   options.random = FixedRandom(0.5);
   absl::StatusOr<std::shared_ptr<SqliteOutbox>> outbox = SqliteOutbox::Create(*db, options);
   ASSERT_TRUE(outbox.ok()) << outbox.status();

@@ -22,6 +22,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "bus/connection_options.h"
 #include "url/url.h"
 
 namespace bus::url_internal {
@@ -38,10 +40,35 @@ std::string JoinHost(const UrlHost& h, int default_port);
 // `st` (an options validation error) with "URL: " in front.
 absl::Status Prefixed(const absl::Status& st);
 
+// A parameter renamed in 0.8: `old_name` is accepted as `new_name` until 0.9, with a warning
+// (DeprecatedUrlParameters in url.h; docs/compatibility.md).
+struct RenamedParameter {
+  absl::string_view old_name;
+  absl::string_view new_name;
+};
+// The renamed parameters of `scheme` (lower case; empty for a scheme without any).
+absl::Span<const RenamedParameter> RenamedParameters(absl::string_view scheme);
+
+// Percent-decodes `in`; InvalidArgument naming `part` (never echoing the text: it may be a
+// password).
+absl::StatusOr<std::string> Decode(absl::string_view in, absl::string_view part);
+// Percent-encodes all but the unreserved characters.
+std::string Encode(absl::string_view in);
+// InvalidArgument when `url` has a user or password, or (unless allow_path) a path.
+absl::Status NoUserOrPath(const ParsedUrl& url, bool allow_path);
+
 // The query parameters, consumed one by one; what is left at the end is unknown.
 class Params {
  public:
-  explicit Params(const ParsedUrl& url) : params_(url.params) {}
+  // The parameters of `url`, an old spelling (RenamedParameters) taken as its new one: given
+  // with both, the parameter is given twice.
+  explicit Params(const ParsedUrl& url) : params_(url.params) {
+    for (auto& [name, value] : params_) {
+      for (const RenamedParameter& r : RenamedParameters(url.scheme)) {
+        if (name == r.old_name) name = std::string(r.new_name);
+      }
+    }
+  }
 
   // The value of `name`, removed; nullopt when absent. Given twice: an error (in status()).
   std::optional<std::string> Take(absl::string_view name) {
@@ -107,6 +134,28 @@ class Params {
       Fail(Bad(absl::StrCat("parameter ", name), "want true or false"));
     }
   }
+  // The tls_* parameters into `tls` (all but `enabled`, which the scheme or `tls` sets):
+  // tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, tls_key_password, tls_server_name,
+  // tls_insecure_skip_verify, tls_min_version (1.2 or 1.3).
+  void Tls(TlsOptions* tls) {
+    String("tls_ca_file", &tls->ca_file);
+    String("tls_ca_dir", &tls->ca_dir);
+    String("tls_cert_file", &tls->cert_file);
+    String("tls_key_file", &tls->key_file);
+    String("tls_key_password", &tls->key_password);
+    String("tls_server_name", &tls->server_name);
+    Bool("tls_insecure_skip_verify", &tls->insecure_skip_verify);
+    if (auto v = Take("tls_min_version")) {
+      if (*v == "1.2") {
+        tls->min_version = TlsOptions::Version::kTls12;
+      } else if (*v == "1.3") {
+        tls->min_version = TlsOptions::Version::kTls13;
+      } else {
+        Fail(Bad("parameter tls_min_version", "want 1.2 or 1.3"));
+      }
+    }
+  }
+
   void Fail(absl::Status st) {
     if (status_.ok()) status_ = std::move(st);
   }

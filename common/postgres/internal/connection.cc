@@ -254,17 +254,10 @@ bool Connection::Stale() {
   return poll(&pfd, 1, 0) != 0;
 }
 
-absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statement> statements,
-                                                         absl::Time deadline, size_t* failed_at) {
+absl::Status Connection::SendStatements(absl::Span<const Statement> statements,
+                                        std::vector<std::string>& preparing) {
   PGconn* c = conn_.get();
-  size_t failed = statements.size();
-  if (failed_at != nullptr) *failed_at = failed;
-  if (PQenterPipelineMode(c) != 1) {
-    return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline mode", redacted_));
-  }
-  // The name of each statement prepared in this round trip (empty: none); a text that comes
-  // twice is prepared once.
-  std::vector<std::string> preparing(statements.size());
+  // A text that comes twice is prepared once.
   absl::flat_hash_map<std::string, std::string> pending;
   for (size_t i = 0; i < statements.size(); ++i) {
     const Statement& s = statements[i];
@@ -301,70 +294,89 @@ absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statem
     }
     if (sent != 1) return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Connection::FlushPipeline(absl::Time deadline) {
+  PGconn* c = conn_.get();
   if (PQpipelineSync(c) != 1) return Abandon(PgStatus(nullptr, c, "PostgreSQL: sync", redacted_));
   while (true) {
     const int f = PQflush(c);
-    if (f == 0) break;
+    if (f == 0) return absl::OkStatus();
     if (f < 0) return Abandon(PgStatus(nullptr, c, "PostgreSQL: send", redacted_));
     if (absl::Status st = Wait(/*write=*/true, deadline); !st.ok()) return st;
   }
-  // The next result, or nullptr at the end of one statement's results.
-  auto next = [&]() -> absl::StatusOr<PGresult*> {
-    while (PQisBusy(c)) {
-      if (absl::Status st = Wait(/*write=*/false, deadline); !st.ok()) return st;
-    }
-    return PQgetResult(c);
-  };
-  absl::Status first_error;
-  // One statement's result and the null that ends it: the result when its status is COMMAND_OK
-  // (or TUPLES_OK, `rows`), else nullopt (an error is kept as the batch's first, with `i`).
-  auto read_one = [&](size_t i, bool rows) -> absl::StatusOr<std::optional<Result>> {
-    absl::StatusOr<PGresult*> r = next();
-    if (!r.ok()) return r.status();
-    if (*r == nullptr) {
-      return Abandon(PgStatus(nullptr, c, "PostgreSQL: result missing", redacted_));
-    }
-    Result owned(*r);
-    std::optional<Result> out;
-    const ExecStatusType st = PQresultStatus(*r);
-    if (st == PGRES_COMMAND_OK || (rows && st == PGRES_TUPLES_OK)) {
-      out.emplace(std::move(owned));
-    } else if (st != PGRES_PIPELINE_ABORTED && first_error.ok()) {
-      first_error = PgStatus(*r, c, "PostgreSQL", redacted_);
-      failed = i;
-    }
-    absl::StatusOr<PGresult*> end = next();
-    if (!end.ok()) return end.status();
-    if (*end != nullptr) {
-      PQclear(*end);
-      return Abandon(absl::InternalError(
-          absl::StrCat("PostgreSQL: more than one result for a statement [", redacted_, "]")));
-    }
-    return out;
-  };
+}
+
+absl::StatusOr<PGresult*> Connection::NextResult(absl::Time deadline) {
+  while (PQisBusy(conn_.get())) {
+    if (absl::Status st = Wait(/*write=*/false, deadline); !st.ok()) return st;
+  }
+  return PQgetResult(conn_.get());
+}
+
+absl::StatusOr<std::optional<Result>> Connection::ReadOne(size_t i, bool rows, absl::Time deadline,
+                                                          PipelineError& error) {
+  PGconn* c = conn_.get();
+  absl::StatusOr<PGresult*> r = NextResult(deadline);
+  if (!r.ok()) return r.status();
+  if (*r == nullptr) return Abandon(PgStatus(nullptr, c, "PostgreSQL: result missing", redacted_));
+  Result owned(*r);
+  std::optional<Result> out;
+  const ExecStatusType st = PQresultStatus(*r);
+  if (st == PGRES_COMMAND_OK || (rows && st == PGRES_TUPLES_OK)) {
+    out.emplace(std::move(owned));
+  } else if (st != PGRES_PIPELINE_ABORTED && error.status.ok()) {
+    error = {PgStatus(*r, c, "PostgreSQL", redacted_), i};
+  }
+  absl::StatusOr<PGresult*> end = NextResult(deadline);
+  if (!end.ok()) return end.status();
+  if (*end != nullptr) {
+    PQclear(*end);
+    return Abandon(absl::InternalError(
+        absl::StrCat("PostgreSQL: more than one result for a statement [", redacted_, "]")));
+  }
+  return out;
+}
+
+absl::Status Connection::EndPipeline(absl::Time deadline) {
+  absl::StatusOr<PGresult*> sync = NextResult(deadline);
+  if (!sync.ok()) return sync.status();
+  const bool synced = *sync != nullptr && PQresultStatus(*sync) == PGRES_PIPELINE_SYNC;
+  PQclear(*sync);
+  if (!synced || PQexitPipelineMode(conn_.get()) != 1) {
+    return Abandon(PgStatus(nullptr, conn_.get(), "PostgreSQL: pipeline end", redacted_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Result>> Connection::Pipeline(absl::Span<const Statement> statements,
+                                                         absl::Time deadline, size_t* failed_at) {
+  if (failed_at != nullptr) *failed_at = statements.size();
+  if (PQenterPipelineMode(conn_.get()) != 1) {
+    return Abandon(PgStatus(nullptr, conn_.get(), "PostgreSQL: pipeline mode", redacted_));
+  }
+  std::vector<std::string> preparing(statements.size());
+  if (absl::Status st = SendStatements(statements, preparing); !st.ok()) return st;
+  if (absl::Status st = FlushPipeline(deadline); !st.ok()) return st;
+  PipelineError error;
   std::vector<Result> results;
   results.reserve(statements.size());
   for (size_t i = 0; i < statements.size(); ++i) {
     if (!preparing[i].empty()) {
       // The Parse of a statement prepared now: remembered once the server took it.
-      absl::StatusOr<std::optional<Result>> p = read_one(i, /*rows=*/false);
+      absl::StatusOr<std::optional<Result>> p = ReadOne(i, /*rows=*/false, deadline, error);
       if (!p.ok()) return p.status();
       if (p->has_value()) prepared_.emplace(*statements[i].sql, preparing[i]);
     }
-    absl::StatusOr<std::optional<Result>> r = read_one(i, /*rows=*/true);
+    absl::StatusOr<std::optional<Result>> r = ReadOne(i, /*rows=*/true, deadline, error);
     if (!r.ok()) return r.status();
     if (r->has_value()) results.push_back(std::move(**r));
   }
-  absl::StatusOr<PGresult*> sync = next();
-  if (!sync.ok()) return sync.status();
-  const bool synced = *sync != nullptr && PQresultStatus(*sync) == PGRES_PIPELINE_SYNC;
-  PQclear(*sync);
-  if (!synced || PQexitPipelineMode(c) != 1) {
-    return Abandon(PgStatus(nullptr, c, "PostgreSQL: pipeline end", redacted_));
-  }
-  if (!first_error.ok()) {
-    if (failed_at != nullptr) *failed_at = failed;
-    return first_error;
+  if (absl::Status st = EndPipeline(deadline); !st.ok()) return st;
+  if (!error.status.ok()) {
+    if (failed_at != nullptr) *failed_at = error.at;
+    return error.status;
   }
   return results;
 }

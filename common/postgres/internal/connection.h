@@ -134,6 +134,26 @@ class Connection {
   absl::Status Wait(bool write, absl::Time deadline);
   absl::Status Abandon(absl::Status why);
 
+  // The steps of Pipeline. SendStatements queues every statement (preparing those that ask for
+  // it and are not prepared yet: `preparing[i]` is the name of statement i's Parse, or empty).
+  absl::Status SendStatements(absl::Span<const Statement> statements,
+                              std::vector<std::string>& preparing);
+  absl::Status FlushPipeline(absl::Time deadline);
+  // The next result, or nullptr at the end of one statement's results.
+  absl::StatusOr<PGresult*> NextResult(absl::Time deadline);
+  // The first failed statement of a pipeline (`at` is its index) and its error.
+  struct PipelineError {
+    absl::Status status;
+    size_t at = 0;
+  };
+  // Statement i's result and the null that ends it: the result when its status is COMMAND_OK
+  // (or TUPLES_OK with `rows`), else nullopt (an error is kept in `error` when it is the
+  // pipeline's first).
+  absl::StatusOr<std::optional<Result>> ReadOne(size_t i, bool rows, absl::Time deadline,
+                                                PipelineError& error);
+  // Reads the pipeline's final sync and leaves pipeline mode.
+  absl::Status EndPipeline(absl::Time deadline);
+
   std::unique_ptr<PGconn, decltype(&PQfinish)> conn_;
   std::string redacted_;
   bool broken_ = false;

@@ -27,13 +27,14 @@ RedisOptions WithDefaults(RedisOptions options) {
   if (options.clock == nullptr) options.clock = RealClock();
   if (options.logger == nullptr) options.logger = DefaultLogger(LogLevel::kWarning);
   if (options.random == nullptr) options.random = DefaultRandom();
-  if (options.limits.script_batch == 0) options.limits.script_batch = kDefaultRedisScriptBatch;
+  if (options.limits.script_batch_size == 0)
+    options.limits.script_batch_size = kDefaultRedisScriptBatch;
   return options;
 }
 
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options) {
   if (!options.tls.enabled) return nullptr;
-  return MakeTlsContext(options.tls);
+  return MakeRedisTlsContext(options.tls);
 }
 
 ConnectionOptions ToConnectionOptions(

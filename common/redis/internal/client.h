@@ -140,10 +140,10 @@ using ReconnectCallback = std::function<void(const std::string& address)>;
 
 // `options` (valid: ValidateRedisOptions) with every default the library chooses filled in:
 // clock RealClock(), logger StderrLogger(kWarning), random DefaultRandom(),
-// limits.script_batch kDefaultRedisScriptBatch. The driver and the stores keep these.
+// limits.script_batch_size kDefaultRedisScriptBatch. The driver and the stores keep these.
 RedisOptions WithDefaults(RedisOptions options);
 
-// The TLS context of `options` (tls.h MakeTlsContext), shared by every connection of a client;
+// The TLS context of `options` (tls.h MakeRedisTlsContext), shared by every connection of a client;
 // nullptr when options.tls.enabled is false. InvalidArgument naming the field and the file that
 // cannot be loaded: the factories of the driver and the stores return it.
 absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> LoadTls(const RedisOptions& options);

@@ -93,7 +93,7 @@ struct ConnectionOptions {
   std::string noauth_hint{};
   // Database for SELECT; 0 skips SELECT.
   int db = 0;
-  // TLS: the context every connection of a client shares (tls.h MakeTlsContext); nullptr:
+  // TLS: the context every connection of a client shares (tls.h MakeRedisTlsContext); nullptr:
   // plaintext, unless tls_error is set.
   std::shared_ptr<boost::asio::ssl::context> tls{};
   // The name the server's certificate must hold (and SNI); empty: host.

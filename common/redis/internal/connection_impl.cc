@@ -36,10 +36,6 @@ constexpr std::chrono::milliseconds kSweepInterval{10};
 
 }  // namespace
 
-std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
-  return absl::ToChronoNanoseconds(std::max(d, absl::ZeroDuration()));
-}
-
 Connection::Impl::Impl(asio::io_context& io, ConnectionOptions o, std::function<void()> cb)
     : io(io),
       options(std::move(o)),

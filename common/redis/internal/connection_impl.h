@@ -30,6 +30,7 @@
 #include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "bus/backoff.h"
+#include "common/net/duration.h"
 #include "common/redis/internal/connection.h"
 #include "common/redis/internal/reply_scanner.h"
 #include "common/redis/internal/resp.h"
@@ -41,8 +42,7 @@ struct ReaderDeleter {
 };
 using ReaderPtr = std::unique_ptr<redisReader, ReaderDeleter>;
 
-// `d` as a steady-clock duration (negative: zero).
-std::chrono::steady_clock::duration ToChrono(absl::Duration d);
+using net::ToChrono;
 
 struct Connection::Impl : std::enable_shared_from_this<Connection::Impl> {
   using TlsStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>;

@@ -104,6 +104,76 @@ absl::Status ReplyScanner::Scan(absl::string_view data, size_t* accepted) {
   return st;
 }
 
+absl::Status ReplyScanner::ScanTypeByte(absl::string_view data, size_t* i) {
+  if (depth_ == 0) {
+    if (completed_ >= expected_) {
+      return Fail(
+          "redis server sent bytes nobody asked for (no request pending); the connection was "
+          "dropped");
+    }
+    reply_bytes_ = 0;
+    reply_elements_ = 0;
+  }
+  const char c = data[(*i)++];
+  if (absl::Status st = AddBytes(1); !st.ok()) return st;
+  saw_cr_ = false;
+  if (c == '+' || c == '-') {
+    state_ = State::kSimpleLine;
+  } else if (c == ':' || c == '$' || c == '*') {
+    state_ = State::kHeaderLine;
+    type_ = c;
+    line_.clear();
+  } else {
+    return Fail(absl::StrCat("redis protocol error: invalid reply type byte 0x",
+                             absl::Hex(static_cast<unsigned char>(c))));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplyScanner::ScanSimpleLine(absl::string_view data, size_t* i) {
+  // The line ends at the first CRLF, as hiredis reads it.
+  const size_t start = *i;
+  bool end = false;
+  while (*i < data.size() && !end) {
+    const char c = data[(*i)++];
+    end = c == '\n' && saw_cr_;
+    saw_cr_ = c == '\r';
+  }
+  if (absl::Status st = AddBytes(static_cast<int64_t>(*i - start)); !st.ok()) return st;
+  if (end) {
+    state_ = State::kType;
+    ElementDone();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplyScanner::ScanHeaderByte(absl::string_view data, size_t* i) {
+  const char c = data[(*i)++];
+  if (absl::Status st = AddBytes(1); !st.ok()) return st;
+  if (c == '\n' && saw_cr_) {
+    line_.pop_back();  // the '\r'
+    return EndHeaderLine();
+  }
+  saw_cr_ = c == '\r';
+  line_.push_back(c);
+  if (line_.size() > kMaxHeaderLine) {
+    return Fail(absl::StrCat("redis protocol error: '", std::string(1, type_),
+                             "' line longer than ", kMaxHeaderLine, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+void ReplyScanner::ScanBulk(absl::string_view data, size_t* i) {
+  const int64_t n = std::min<int64_t>(bulk_left_, static_cast<int64_t>(data.size() - *i));
+  *i += static_cast<size_t>(n);
+  bulk_left_ -= n;
+  reply_bytes_ += n;  // within the bound: checked when the header announced it
+  if (bulk_left_ == 0) {
+    state_ = State::kType;
+    ElementDone();
+  }
+}
+
 absl::Status ReplyScanner::ScanFrom(absl::string_view data, size_t* boundary) {
   size_t i = 0;
   uint64_t completed = completed_;
@@ -112,76 +182,22 @@ absl::Status ReplyScanner::ScanFrom(absl::string_view data, size_t* boundary) {
       completed = completed_;
       *boundary = i;
     }
+    absl::Status st;
     switch (state_) {
-      case State::kType: {
-        if (depth_ == 0) {
-          if (completed_ >= expected_) {
-            return Fail(
-                "redis server sent bytes nobody asked for (no request pending); the connection "
-                "was dropped");
-          }
-          reply_bytes_ = 0;
-          reply_elements_ = 0;
-        }
-        const char c = data[i++];
-        if (absl::Status st = AddBytes(1); !st.ok()) return st;
-        saw_cr_ = false;
-        if (c == '+' || c == '-') {
-          state_ = State::kSimpleLine;
-        } else if (c == ':' || c == '$' || c == '*') {
-          state_ = State::kHeaderLine;
-          type_ = c;
-          line_.clear();
-        } else {
-          return Fail(absl::StrCat("redis protocol error: invalid reply type byte 0x",
-                                   absl::Hex(static_cast<unsigned char>(c))));
-        }
+      case State::kType:
+        st = ScanTypeByte(data, &i);
         break;
-      }
-      case State::kSimpleLine: {
-        // The line ends at the first CRLF, as hiredis reads it.
-        const size_t start = i;
-        bool end = false;
-        while (i < data.size() && !end) {
-          const char c = data[i++];
-          end = c == '\n' && saw_cr_;
-          saw_cr_ = c == '\r';
-        }
-        if (absl::Status st = AddBytes(static_cast<int64_t>(i - start)); !st.ok()) return st;
-        if (end) {
-          state_ = State::kType;
-          ElementDone();
-        }
+      case State::kSimpleLine:
+        st = ScanSimpleLine(data, &i);
         break;
-      }
-      case State::kHeaderLine: {
-        const char c = data[i++];
-        if (absl::Status st = AddBytes(1); !st.ok()) return st;
-        if (c == '\n' && saw_cr_) {
-          line_.pop_back();  // the '\r'
-          if (absl::Status st = EndHeaderLine(); !st.ok()) return st;
-          break;
-        }
-        saw_cr_ = c == '\r';
-        line_.push_back(c);
-        if (line_.size() > kMaxHeaderLine) {
-          return Fail(absl::StrCat("redis protocol error: '", std::string(1, type_),
-                                   "' line longer than ", kMaxHeaderLine, " bytes"));
-        }
+      case State::kHeaderLine:
+        st = ScanHeaderByte(data, &i);
         break;
-      }
-      case State::kBulk: {
-        const int64_t n = std::min<int64_t>(bulk_left_, static_cast<int64_t>(data.size() - i));
-        i += static_cast<size_t>(n);
-        bulk_left_ -= n;
-        reply_bytes_ += n;  // within the bound: checked when the header announced it
-        if (bulk_left_ == 0) {
-          state_ = State::kType;
-          ElementDone();
-        }
+      case State::kBulk:
+        ScanBulk(data, &i);
         break;
-      }
     }
+    if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }

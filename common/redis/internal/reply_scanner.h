@@ -66,6 +66,11 @@ class ReplyScanner {
   absl::Status ScanFrom(absl::string_view data, size_t* boundary);
   absl::Status Fail(std::string message);
   absl::Status EndHeaderLine();
+  // One step of ScanFrom per state: each consumes from data[*i].
+  absl::Status ScanTypeByte(absl::string_view data, size_t* i);
+  absl::Status ScanSimpleLine(absl::string_view data, size_t* i);
+  absl::Status ScanHeaderByte(absl::string_view data, size_t* i);
+  void ScanBulk(absl::string_view data, size_t* i);
   absl::Status AddBytes(int64_t n);
   // One element (or a whole top-level reply) is complete.
   void ElementDone();

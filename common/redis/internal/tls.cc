@@ -10,6 +10,8 @@
 #include "boost/asio/error.hpp"
 #include "boost/asio/ip/address.hpp"
 #include "boost/asio/ssl/error.hpp"
+#include "bus/connection_options.h"
+#include "common/net/tls_context.h"
 
 namespace bus::redis {
 namespace {
@@ -17,11 +19,6 @@ namespace {
 namespace asio = boost::asio;
 namespace ssl = boost::asio::ssl;
 using boost::system::error_code;
-
-absl::Status Bad(absl::string_view field, absl::string_view file, const error_code& ec) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("RedisOptions.tls.", field, " \"", file, "\" cannot be used: ", ec.message()));
-}
 
 // What to do about a server certificate that failed verification with `result`.
 absl::string_view VerifyHint(long result) {
@@ -48,59 +45,8 @@ absl::string_view VerifyHint(long result) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ssl::context>> MakeTlsContext(const RedisOptions::Tls& tls) {
-  auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
-  error_code ec;
-  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
-                       ssl::context::no_sslv3 | ssl::context::no_compression,
-                   ec);
-  const int min =
-      tls.min_version == RedisOptions::Tls::Version::kTls13 ? TLS1_3_VERSION : TLS1_2_VERSION;
-  if (SSL_CTX_set_min_proto_version(ctx->native_handle(), min) != 1) {
-    return absl::InternalError("OpenSSL refused the minimum TLS version");
-  }
-  if (!tls.ca_file.empty()) {
-    ctx->load_verify_file(tls.ca_file, ec);
-    if (ec) return Bad("ca_file", tls.ca_file, ec);
-  }
-  if (!tls.ca_dir.empty()) {
-    ctx->add_verify_path(tls.ca_dir, ec);
-    if (ec) return Bad("ca_dir", tls.ca_dir, ec);
-  }
-  if (tls.ca_file.empty() && tls.ca_dir.empty()) {
-    ctx->set_default_verify_paths(ec);
-    if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the system's CA store cannot be loaded (set RedisOptions.tls.ca_file): ", ec.message()));
-    }
-  }
-  if (!tls.cert_file.empty()) {
-    // Always set, so OpenSSL never prompts on the terminal for an encrypted key: an empty
-    // passphrase fails to decrypt it instead.
-    ctx->set_password_callback(
-        [password = tls.key_password](size_t, ssl::context::password_purpose) { return password; },
-        ec);
-    if (ec) return absl::InternalError("OpenSSL refused a key passphrase callback");
-    ctx->use_certificate_chain_file(tls.cert_file, ec);
-    if (ec) return Bad("cert_file", tls.cert_file, ec);
-    ctx->use_private_key_file(tls.key_file, ssl::context::pem, ec);
-    if (ec) {
-      ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RedisOptions.tls.key_file \"", tls.key_file, "\" cannot be used (",
-          tls.key_password.empty() ? "an encrypted key needs RedisOptions.tls.key_password, URL "
-                                     "tls_key_password"
-                                   : "wrong RedisOptions.tls.key_password, or not a PEM key",
-          "): ", ec.message()));
-    }
-    if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
-      ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat("RedisOptions.tls.key_file \"", tls.key_file,
-                                                     "\" is not the key of tls.cert_file \"",
-                                                     tls.cert_file, "\""));
-    }
-  }
-  return ctx;
+absl::StatusOr<std::shared_ptr<ssl::context>> MakeRedisTlsContext(const TlsOptions& tls) {
+  return net::MakeTlsContext(tls, {.field = "RedisOptions.tls", .url = "URL:"});
 }
 
 absl::Status PrepareTls(SSL* ssl, const std::string& server_name, bool verify,

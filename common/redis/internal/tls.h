@@ -1,10 +1,9 @@
-// TLS for the Redis client: the OpenSSL context made from RedisOptions::tls (CA, client
-// certificate and key, minimum version), the per-connection checks (SNI, the server's name),
-// and the one place where a TLS failure becomes a Status that names what to fix.
+// TLS for the Redis client over the context of common/net/tls_context.h (MakeTlsContext): the
+// per-connection checks (SNI, the server's name), and the one place where a TLS failure of a
+// Redis connection becomes a Status that names what to fix.
 //
-//   absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> ctx = MakeTlsContext(options.tls);
-//   stream.set_verify_mode(...);  // PrepareTlsStream() does it
-//   absl::Status st = TlsStatus(where, ec, stream.native_handle());
+//   PrepareTls(stream.native_handle(), server_name, verify, &certificate_requested);
+//   absl::Status st = TlsStatus(what, where, ec, stream.native_handle(), requested, connecting);
 //
 // Thread-safety: a context is shared read-only by every connection of a Client.
 
@@ -25,11 +24,10 @@
 
 namespace bus::redis {
 
-// The client context for `tls`: trust (ca_file, ca_dir, else the system's store), the client
-// certificate and key, the minimum version. InvalidArgument naming the field and the file when
-// one cannot be loaded (or the key does not match the certificate).
-absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> MakeTlsContext(
-    const RedisOptions::Tls& tls);
+// The client context for RedisOptions::tls (common/net/tls_context.h MakeTlsContext, errors
+// naming RedisOptions.tls and the URL's parameters).
+absl::StatusOr<std::shared_ptr<boost::asio::ssl::context>> MakeRedisTlsContext(
+    const TlsOptions& tls);
 
 // Sets up one connection's SSL before its handshake: verification of the server's certificate
 // for `server_name` (a DNS name or an IP address) unless `verify` is false, and SNI for a name.

@@ -107,7 +107,7 @@ Database::Database(SqliteOptions options, std::shared_ptr<RandomSource> random,
       mode_(mode),
       writer_conn_(std::move(writer)),
       ckpt_conn_(std::move(checkpointer)) {
-  batch_.reserve(options_.max_batch);
+  batch_.reserve(options_.commit_batch_size);
   if (ckpt_conn_ != nullptr) {
     // Replaces SQLite's autocheckpoint on the writer connection (the only one that commits).
     sqlite3_wal_hook(writer_conn_->raw(), &Database::WalHook, this);

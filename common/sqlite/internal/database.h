@@ -5,7 +5,7 @@
 // here) and housekeeping steps. A store reaches it with sqlite_internal::Engine(db).
 //
 // Writes use group commit. Concurrent callers' operations run in one transaction (up to
-// max_batch), one after another without savepoints: a failed statement is undone by SQLite
+// commit_batch_size), one after another without savepoints: a failed statement is undone by SQLite
 // itself, and only when an operation fails after a change of its own (which SQLite's change
 // count shows) is the batch run again with a savepoint per operation. A lone caller runs its
 // operation in a transaction of its own, at once. Reads run on the writer connection when it is
@@ -119,7 +119,7 @@ class Database {
   // (itself first) into batch_, runs them (and those that join meanwhile) and commits. mu_ is
   // not held.
   void LeadBatch();
-  // Appends to batch_ the writers queued behind it, up to max_batch; returns how many.
+  // Appends to batch_ the writers queued behind it, up to commit_batch_size; returns how many.
   size_t TakeQueued();
   // Runs the operations of batch_ inside the open transaction, without savepoints (again with
   // them when a failed operation left a change behind), taking in writers that queue

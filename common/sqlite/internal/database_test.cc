@@ -112,7 +112,7 @@ TEST(SqliteOptionsTest, EachBadOptionIsNamed) {
       {[](SqliteOptions& o) { o.path = ""; }, "path"},
       {[](SqliteOptions& o) { o.path = ":memory:"; }, "path"},
       {[](SqliteOptions& o) { o.busy_timeout = absl::Milliseconds(-1); }, "busy_timeout"},
-      {[](SqliteOptions& o) { o.max_batch = 0; }, "max_batch"},
+      {[](SqliteOptions& o) { o.commit_batch_size = 0; }, "commit_batch_size"},
       {[](SqliteOptions& o) { o.max_idle_readers = -1; }, "max_idle_readers"},
       {[](SqliteOptions& o) { o.spin_wait = absl::Microseconds(-1); }, "spin_wait"},
   };

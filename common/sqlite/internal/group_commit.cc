@@ -126,7 +126,7 @@ size_t Database::TakeQueued() {
   absl::MutexLock lock(&mu_);
   // writers_ starts with batch_, in order: only the leader removes writers, after its batch.
   for (size_t i = before; i < writers_.size(); ++i) {
-    if (static_cast<int>(batch_.size()) == options_.max_batch) break;
+    if (static_cast<int>(batch_.size()) == options_.commit_batch_size) break;
     batch_.push_back(writers_[i]);
   }
   return batch_.size() - before;
@@ -160,9 +160,9 @@ void Database::RunBatch() {
   // operation that failed after a change of its own shows as a change in the count: then the
   // batch is run again with a savepoint per operation, which can undo exactly that operation.
   //
-  // Callers that queue while the batch runs join it, up to max_batch. Those that the previous
-  // batch has just finished are likely to write again at once; when they wait for a CPU (more
-  // threads than cores), yielding (at most kMaxYields times) lets them queue up and join this
+  // Callers that queue while the batch runs join it, up to commit_batch_size. Those that the
+  // previous batch has just finished are likely to write again at once; when they wait for a CPU
+  // (more threads than cores), yielding (at most kMaxYields times) lets them queue up and join this
   // transaction instead of the next, which they would otherwise have to themselves. The leader
   // runs the operations it has meanwhile, so their return overlaps with its work.
   bool intact = true;
@@ -171,7 +171,7 @@ void Database::RunBatch() {
   int yields = 0;
   while (true) {
     if (ran == batch_.size() && TakeQueued() == 0) {
-      if (yields == kMaxYields || static_cast<int>(batch_.size()) == options_.max_batch ||
+      if (yields == kMaxYields || static_cast<int>(batch_.size()) == options_.commit_batch_size ||
           finished_not_returned_.load(std::memory_order_relaxed) == 0) {
         break;
       }

@@ -19,6 +19,10 @@ inline constexpr char kAcquireSql[] =
     "INSERT INTO idempotency_keys (key, owner, done, expires_at_ms) VALUES (?1, ?2, 0, ?3) "
     "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = 0, "
     "expires_at_ms = excluded.expires_at_ms WHERE idempotency_keys.expires_at_ms <= ?4";
+// ?1 key, ?2 now. The owner of a lease on the key that ran out (no row: none), read before
+// kAcquireSql in the same transaction (AcquireReporting).
+inline constexpr char kLapsedOwnerSql[] =
+    "SELECT owner FROM idempotency_keys WHERE key = ?1 AND done = 0 AND expires_at_ms <= ?2";
 // ?1 key, ?2 owner, ?3 retention expiry, ?4 now. One row changed: done.
 inline constexpr char kMarkDoneSql[] =
     "UPDATE idempotency_keys SET done = 1, expires_at_ms = ?3 "
@@ -27,10 +31,12 @@ inline constexpr char kMarkDoneSql[] =
 inline constexpr char kReleaseKeySql[] =
     "DELETE FROM idempotency_keys "
     "WHERE key = ?1 AND owner = ?2 AND done = 0 AND expires_at_ms > ?3";
-// ?1 now, ?2 batch size.
+// ?1 now, ?2 batch size, ?3 now less kLapsedLeaseRecord: a lease that ran out unreleased is
+// kept that long as a record (AcquireReporting), a done marker goes when its retention ends.
 inline constexpr char kCleanupKeysSql[] =
     "DELETE FROM idempotency_keys WHERE key IN "
-    "(SELECT key FROM idempotency_keys WHERE expires_at_ms <= ?1 ORDER BY expires_at_ms LIMIT ?2)";
+    "(SELECT key FROM idempotency_keys WHERE expires_at_ms <= ?1 "
+    "AND (done = 1 OR expires_at_ms <= ?3) ORDER BY expires_at_ms LIMIT ?2)";
 
 }  // namespace bus::sqlite_internal
 

@@ -13,20 +13,18 @@
 #include "boost/asio/redirect_error.hpp"
 #include "boost/asio/use_awaitable.hpp"
 #include "boost/asio/write.hpp"
+#include "common/net/duration.h"
 
 namespace bus::nsq {
 namespace asio = boost::asio;
 using asio::awaitable;
 using asio::use_awaitable;
 using boost::system::error_code;
+using net::ToChrono;
 
 namespace {
 
 std::atomic<uint64_t> next_connection_id{1};
-
-std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
-  return absl::ToChronoNanoseconds(d);
-}
 
 // The most one decoding step hands to the frame reader (a small compressed input may inflate
 // to far more).

@@ -50,11 +50,15 @@
 #include "boost/asio/ssl/context.hpp"
 #include "boost/asio/ssl/stream.hpp"
 #include "boost/asio/steady_timer.hpp"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/compression.h"
 #include "drivers/nsq/internal/protocol.h"
 
 namespace bus::nsq {
+
+// How TLS errors name the options that fix them.
+inline constexpr net::TlsOptionNames kNsqTlsNames{.field = "NsqOptions.tls", .url = "nsq://"};
 
 enum class Codec { kNone, kSnappy, kDeflate };
 
@@ -78,7 +82,7 @@ struct ConnectionOptions {
   bool tls_required = true;
   // SNI and the name checked against nsqd's certificate; empty: the address's host.
   std::string tls_server_name{};
-  // Check nsqd's certificate chain and name (off only with NsqTls::insecure_skip_verify).
+  // Check nsqd's certificate chain and name (off only with NsqOptions.tls.insecure_skip_verify).
   bool tls_verify = true;
   Codec codec = Codec::kNone;
   int deflate_level = 6;
@@ -145,7 +149,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Writes `data` to the socket (through the encoder and TLS when on).
   boost::asio::awaitable<absl::Status> WriteAll(absl::string_view data);
   // TLS handshake on the connected socket, then nsqd's OK over TLS.
+  // The steps of Handshake, in order. Each returns the first failure; Handshake closes.
+  boost::asio::awaitable<absl::Status> Connect(const std::string& host, const std::string& port);
+  // Sends the magic and IDENTIFY (`*asked`, what the driver asked for) and reads nsqd's answer
+  // into identify_.
+  boost::asio::awaitable<absl::Status> Identify(IdentifyRequest* asked);
+  // TLS, then snappy or deflate, as nsqd agreed to what was `asked`.
+  boost::asio::awaitable<absl::Status> Upgrade(const std::string& host,
+                                               const IdentifyRequest& asked);
   boost::asio::awaitable<absl::Status> UpgradeTls(const std::string& host);
+  boost::asio::awaitable<absl::Status> UpgradeCompression();
+  boost::asio::awaitable<absl::Status> Authenticate();
+  // The next response frame of the handshake (heartbeats skipped); an error frame or a message
+  // is a failure of `what`.
+  boost::asio::awaitable<absl::StatusOr<std::string>> ReadHandshakeResponse(absl::string_view what);
+  // Marks the connection open and starts its read, write and watch loops.
+  void Start(std::shared_ptr<Connection> self);
   // The status of a failed socket or TLS operation.
   absl::Status TransportError(absl::string_view what, const boost::system::error_code& ec);
   // Each loop takes the reference that keeps the connection alive as a parameter, so it lives

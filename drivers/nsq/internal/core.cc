@@ -1,10 +1,10 @@
 #include "drivers/nsq/internal/core.h"
 
-#include <openssl/ssl.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "bus/connection_options.h"
+#include "common/net/tls_context.h"
 #include "drivers/nsq/internal/address.h"
 #include "drivers/nsq/internal/protocol.h"
 
@@ -27,45 +27,9 @@ bool UsesHttps(const NsqOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<asio::ssl::context>> NewTlsContext(const NsqOptions& options) {
-  const NsqTls& tls = options.tls;
+  const TlsOptions& tls = options.tls;
   if (!tls.enabled && !UsesHttps(options)) return nullptr;
-  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
-  auto bad = [](absl::string_view option, const std::string& file,
-                const boost::system::error_code& ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NsqOptions.tls.", option, " \"", file, "\" cannot be used: ", ec.message()));
-  };
-  boost::system::error_code ec;
-  if (SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION) != 1) {
-    return absl::InternalError("OpenSSL refuses a minimum of TLS 1.2");
-  }
-  if (tls.ca_file.empty()) {
-    ctx->set_default_verify_paths(ec);
-    if (ec) return bad("ca_file", "(system default)", ec);
-  } else {
-    ctx->load_verify_file(tls.ca_file, ec);
-    if (ec) return bad("ca_file", tls.ca_file, ec);
-  }
-  if (!tls.cert_file.empty()) {
-    if (!tls.key_password.empty()) {
-      ctx->set_password_callback(
-          [password = tls.key_password](size_t, asio::ssl::context::password_purpose) {
-            return password;
-          },
-          ec);
-      if (ec) return absl::InternalError("OpenSSL refuses a key passphrase callback");
-    }
-    ctx->use_certificate_chain_file(tls.cert_file, ec);
-    if (ec) return bad("cert_file", tls.cert_file, ec);
-    ctx->use_private_key_file(tls.key_file, asio::ssl::context::pem, ec);
-    if (ec) return bad("key_file (or key_password)", tls.key_file, ec);
-    if (SSL_CTX_check_private_key(ctx->native_handle()) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("NsqOptions.tls.key_file \"", tls.key_file,
-                                                     "\" is not the key of cert_file \"",
-                                                     tls.cert_file, "\""));
-    }
-  }
-  return ctx;
+  return net::MakeTlsContext(tls, kNsqTlsNames);
 }
 
 Core::Core(NsqOptions options, std::shared_ptr<asio::ssl::context> tls_context)
@@ -116,7 +80,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.identify.client_id = options_.auth.client_id;
   c.identify.hostname = options_.auth.client_id;
   c.identify.user_agent = options_.auth.user_agent;
-  c.identify.heartbeat_interval_ms = ToMs(options_.timeouts.heartbeat_interval);
+  c.identify.heartbeat_interval_ms = ToMs(options_.connection.heartbeat_interval);
   c.identify.msg_timeout_ms = ToMs(msg_timeout);
   c.identify.output_buffer_timeout_ms = ToMs(options_.consuming.output_buffer_timeout);
   c.identify.output_buffer_size = options_.consuming.output_buffer_size;
@@ -125,7 +89,7 @@ ConnectionOptions Core::ConnOptions(const std::string& address, absl::Duration m
   c.open_count = open_connections_;
   // The context may be there for https:// HTTP addresses alone.
   if (options_.tls.enabled) c.tls_context = tls_context_;
-  c.tls_required = options_.tls.required;
+  c.tls_required = options_.connection.tls_required;
   c.tls_server_name = options_.tls.server_name;
   c.tls_verify = !options_.tls.insecure_skip_verify;
   switch (options_.compression.codec) {

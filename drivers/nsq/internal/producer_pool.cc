@@ -147,6 +147,24 @@ void ProducerPool::DiscoverIfDue() {
   discovery_mu_.Unlock();
 }
 
+absl::Status ProducerPool::NoNsqdUp(const std::vector<Nsqd*>& nsqd, absl::Time now) {
+  std::vector<std::string> down;
+  for (Nsqd* n : nsqd) {
+    absl::MutexLock lock(&n->mu);
+    if (!n->listed) continue;
+    down.push_back(absl::StrCat(
+        "nsqd ", n->address, " is down (", n->last_error.message(), "); next attempt in ",
+        absl::FormatDuration(absl::Trunc(n->retry_at - now, absl::Milliseconds(1)))));
+  }
+  if (down.empty()) {
+    absl::MutexLock lock(&discovery_mu_);
+    return absl::UnavailableError(absl::StrCat(
+        "nsq: no nsqd to publish to: nsqlookupd lists none",
+        discovery_error_.ok() ? "" : absl::StrCat(" (", discovery_error_.message(), ")")));
+  }
+  return absl::UnavailableError(absl::StrJoin(down, "; "));
+}
+
 absl::Status ProducerPool::Publish(std::string command, absl::string_view topic,
                                    absl::Span<const std::string> channels) {
   const NsqOptions& o = core_->options();
@@ -165,24 +183,7 @@ absl::Status ProducerPool::Publish(std::string command, absl::string_view topic,
   const absl::Time now = core_->Now();
   const std::vector<size_t> order =
       PublishOrder(spread_, health, now, next_publish_.fetch_add(1, std::memory_order_relaxed));
-  if (order.empty()) {
-    std::vector<std::string> down;
-    for (size_t i = 0; i < nsqd.size(); ++i) {
-      if (!health[i].listed) continue;
-      absl::MutexLock lock(&nsqd[i]->mu);
-      down.push_back(absl::StrCat(
-          "nsqd ", nsqd[i]->address, " is down (", nsqd[i]->last_error.message(),
-          "); next attempt in ",
-          absl::FormatDuration(absl::Trunc(nsqd[i]->retry_at - now, absl::Milliseconds(1)))));
-    }
-    if (down.empty()) {
-      absl::MutexLock lock(&discovery_mu_);
-      return absl::UnavailableError(absl::StrCat(
-          "nsq: no nsqd to publish to: nsqlookupd lists none",
-          discovery_error_.ok() ? "" : absl::StrCat(" (", discovery_error_.message(), ")")));
-    }
-    return absl::UnavailableError(absl::StrJoin(down, "; "));
-  }
+  if (order.empty()) return NoNsqdUp(nsqd, now);
   std::vector<absl::Status> failures;
   auto all_failed = [&]() -> absl::Status {
     if (failures.size() == 1) return failures[0];

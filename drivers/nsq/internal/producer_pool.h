@@ -119,6 +119,9 @@ class ProducerPool {
   // Starts (or lengthens) the backoff of `nsqd` after `why`.
   void MarkFailed(Nsqd& nsqd, const absl::Status& why, absl::string_view event);
   void MarkHealthy(Nsqd& nsqd);
+  // Unavailable when no nsqd can take a publish at `now`: each listed one's last error and
+  // when it is tried again, or that nsqlookupd lists none.
+  absl::Status NoNsqdUp(const std::vector<Nsqd*>& nsqd, absl::Time now);
   bool ChannelEnsured(Nsqd& nsqd, absl::string_view topic, absl::string_view channel);
   void ForgetChannels(Nsqd& nsqd);
   absl::Status EnsureChannelsOn(Nsqd& nsqd, absl::string_view topic,

@@ -17,7 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bus/intake.h"
 #include "common/postgres/internal/connection.h"
+#include "common/postgres/internal/engine.h"
 
 namespace bus::pg_internal {
 namespace {
@@ -70,7 +72,7 @@ class PostgresConsumer final : public Consumer {
         queue_(std::move(queue)),
         options_(options),
         wake_fd_(wake_fd),
-        limit_(options.max_in_flight) {}
+        intake_(options.max_in_flight) {}
 
   ~PostgresConsumer() override {
     GiveBack();
@@ -85,16 +87,14 @@ class PostgresConsumer final : public Consumer {
     const absl::Time deadline = clock.Now() + wait;
     absl::MutexLock receive_lock(&receive_mu_);
     std::stop_callback wake(stop, [this] {
-      {
-        absl::MutexLock lock(&mu_);
-        stopping_ = true;
-      }
+      intake_.Stop();
       // An eventfd's counter only fails to take 1 when it is at its maximum: readable anyway.
       const uint64_t one = 1;
       [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof(one));
     });
     while (!stop.stop_requested()) {
-      const int room = AwaitRoom(max, deadline, stop);
+      const int room =
+          intake_.AwaitRoom(clock, max, core_->options.reserve_batch_size, deadline, stop);
       if (room < 0) return absl::OkStatus();
       if (room == 0) continue;
       if (absl::Status st = EnsureSession(); !st.ok()) return st;
@@ -118,7 +118,8 @@ class PostgresConsumer final : public Consumer {
     Forget({&receipt, 1});
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Result>> r =
-        core_->db->Run({{&core_->sql.ack, {Param::Int(p->id), Param::Int(p->owner)}, false, true}});
+        pg_internal::Engine(*core_->db)
+            .Run({{&core_->sql.ack, {Param::Int(p->id), Param::Int(p->owner)}, false, true}});
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : LeaseLost(receipt);
   }
@@ -141,8 +142,9 @@ class PostgresConsumer final : public Consumer {
       }
       if (parsed.empty()) continue;
       auto [ids, owners] = Arrays(parsed);
-      absl::StatusOr<std::vector<Result>> r = core_->db->Run(
-          {{&core_->sql.ack_many, {Param::Text(ids), Param::Text(owners)}, false, true}});
+      absl::StatusOr<std::vector<Result>> r =
+          pg_internal::Engine(*core_->db)
+              .Run({{&core_->sql.ack_many, {Param::Text(ids), Param::Text(owners)}, false, true}});
       absl::flat_hash_set<int64_t> deleted;
       if (r.ok()) {
         for (int row = 0; row < (*r)[0].rows(); ++row) deleted.insert((*r)[0].Int(row, 0));
@@ -171,42 +173,19 @@ class PostgresConsumer final : public Consumer {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Result>> r =
-        core_->db->Run({{&core_->sql.extend,
-                         {Param::Int(p->id), Param::Int(p->owner),
-                          Param::Int(absl::ToInt64Microseconds(options_.lease))},
-                         false,
-                         true}});
+        pg_internal::Engine(*core_->db)
+            .Run({{&core_->sql.extend,
+                   {Param::Int(p->id), Param::Int(p->owner),
+                    Param::Int(absl::ToInt64Microseconds(options_.lease))},
+                   false,
+                   true}});
     if (!r.ok()) return r.status();
     return (*r)[0].affected() == 1 ? absl::OkStatus() : LeaseLost(receipt);
   }
 
-  void SetIntake(int max_held) override {
-    absl::MutexLock lock(&mu_);
-    limit_ = max_held;
-  }
+  void SetIntake(int max_held) override { intake_.SetLimit(max_held); }
 
  private:
-  // How many messages the next reserve may take: waits (on the database's clock) while this
-  // consumer holds its limit, for a settle, a stop or `deadline`. -1: stopped or the deadline
-  // passed; 0: woken with no room (look again).
-  int AwaitRoom(int max, absl::Time deadline, const std::stop_token& stop) {
-    absl::MutexLock lock(&mu_);
-    auto has_room = [this] {
-      mu_.AssertHeld();
-      return stopping_ || static_cast<int>(held_.size()) < limit_;
-    };
-    if (!core_->db->options().clock->AwaitWithDeadline(&mu_, absl::Condition(&has_room),
-                                                       deadline)) {
-      return -1;
-    }
-    if (stopping_) {
-      stopping_ = false;
-      if (stop.stop_requested()) return -1;
-    }
-    return std::max(
-        0, std::min({max, limit_ - static_cast<int>(held_.size()), core_->options.reserve_batch}));
-  }
-
   // The session that LISTENs on the queue's channel, opened (again) when there is none or it
   // broke. LISTEN runs before the first reserve, so no send that commits after a reserve
   // found the queue empty goes unnoticed.
@@ -216,16 +195,17 @@ class PostgresConsumer final : public Consumer {
       session_.reset();
       core_->sessions.fetch_sub(1, std::memory_order_relaxed);
     }
-    absl::StatusOr<std::unique_ptr<Connection>> s = core_->db->OpenSession();
+    absl::StatusOr<std::unique_ptr<Connection>> s = pg_internal::Engine(*core_->db).OpenSession();
     if (!s.ok()) return s.status();
     const Statement channel{&core_->sql.channel,
                             {Param::Text(core_->db->options().schema), Param::Text(queue_)}};
-    absl::StatusOr<std::vector<Result>> c = (*s)->Pipeline({&channel, 1}, core_->db->Deadline(1));
+    absl::StatusOr<std::vector<Result>> c =
+        (*s)->Pipeline({&channel, 1}, pg_internal::Engine(*core_->db).Deadline(1));
     if (!c.ok()) return c.status();
     const std::string listen = absl::StrCat("LISTEN ", QuoteIdentifier((*c)[0].Bytes(0, 0)));
     const Statement listen_stmt{&listen};
     if (absl::StatusOr<std::vector<Result>> l =
-            (*s)->Pipeline({&listen_stmt, 1}, core_->db->Deadline(1));
+            (*s)->Pipeline({&listen_stmt, 1}, pg_internal::Engine(*core_->db).Deadline(1));
         !l.ok()) {
       return l.status();
     }
@@ -251,7 +231,7 @@ class PostgresConsumer final : public Consumer {
         {&core_->sql.next_due, {Param::Text(queue_)}, false, true},
     };
     absl::StatusOr<std::vector<Result>> r =
-        session_->Pipeline(statements, core_->db->Deadline(statements.size()));
+        session_->Pipeline(statements, pg_internal::Engine(*core_->db).Deadline(statements.size()));
     if (!r.ok()) return r.status();
     const Result& rows = (*r)[0];
     struct Row {
@@ -266,16 +246,13 @@ class PostgresConsumer final : public Consumer {
     }
     // RETURNING has no order: hand them out oldest first.
     std::sort(got.begin(), got.end(), [](const Row& a, const Row& b) { return a.id < b.id; });
-    {
-      absl::MutexLock lock(&mu_);
-      for (Row& row : got) {
-        Delivery d;
-        d.receipt = absl::StrCat(row.id, ":", owner);
-        d.attempts = row.attempts;
-        d.data = std::move(row.data);
-        held_.insert(d.receipt);
-        out->push_back(std::move(d));
-      }
+    for (Row& row : got) {
+      Delivery d;
+      d.receipt = absl::StrCat(row.id, ":", owner);
+      d.attempts = row.attempts;
+      d.data = std::move(row.data);
+      intake_.Hold(d.receipt);
+      out->push_back(std::move(d));
     }
     const Result& next = (*r)[1];
     *next_us = next.rows() == 1 && !next.IsNull(0, 0) ? next.Int(0, 0) : -1;
@@ -295,21 +272,20 @@ class PostgresConsumer final : public Consumer {
   }
 
   // Stops counting `receipts` as held (whatever their settle's outcome).
-  void Forget(absl::Span<const absl::string_view> receipts) {
-    absl::MutexLock lock(&mu_);
-    for (absl::string_view r : receipts) held_.erase(r);
-  }
+  void Forget(absl::Span<const absl::string_view> receipts) { intake_.Release(receipts); }
 
   // Gives `receipts` back, due after `delay`; the rows that came back.
   absl::StatusOr<int64_t> GiveBackRows(const std::vector<ParsedReceipt>& receipts,
                                        absl::Duration delay) {
     auto [ids, owners] = Arrays(receipts);
-    absl::StatusOr<std::vector<Result>> r = core_->db->Run(
-        {{&core_->sql.nack,
-          {Param::Text(ids), Param::Text(owners), Param::Int(absl::ToInt64Microseconds(delay)),
-           Param::Text(core_->db->options().schema)},
-          false,
-          true}});
+    absl::StatusOr<std::vector<Result>> r =
+        pg_internal::Engine(*core_->db)
+            .Run({{&core_->sql.nack,
+                   {Param::Text(ids), Param::Text(owners),
+                    Param::Int(absl::ToInt64Microseconds(delay)),
+                    Param::Text(core_->db->options().schema)},
+                   false,
+                   true}});
     if (!r.ok()) return r.status();
     int64_t n = 0;
     for (int row = 0; row < (*r)[0].rows(); ++row) n += (*r)[0].Int(row, 0);
@@ -320,12 +296,8 @@ class PostgresConsumer final : public Consumer {
   // given back comes back when its lease runs out).
   void GiveBack() {
     std::vector<ParsedReceipt> held;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const std::string& r : held_) {
-        if (absl::StatusOr<ParsedReceipt> p = ParseReceipt(r); p.ok()) held.push_back(*p);
-      }
-      held_.clear();
+    for (const std::string& r : intake_.TakeAll()) {
+      if (absl::StatusOr<ParsedReceipt> p = ParseReceipt(r); p.ok()) held.push_back(*p);
     }
     for (size_t start = 0; start < held.size(); start += kSettleBatch) {
       const size_t end = std::min(held.size(), start + kSettleBatch);
@@ -348,11 +320,8 @@ class PostgresConsumer final : public Consumer {
   bool opened_ ABSL_GUARDED_BY(receive_mu_) = false;
   absl::BitGen random_ ABSL_GUARDED_BY(receive_mu_);
 
-  absl::Mutex mu_;
-  absl::flat_hash_set<std::string> held_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The most deliveries held now (SetIntake; ConsumerOptions::max_in_flight at first).
-  int limit_ ABSL_GUARDED_BY(mu_);
+  // The deliveries held, bounded by SetIntake (ConsumerOptions::max_in_flight at first).
+  IntakeLimiter intake_;
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
-// PostgresDriver's sends inside a transaction of the user's: on the inbox's PostgresTransaction
-// (through its Execute and Query, so the inbox's own queued statements run first) and on a libpq
-// connection of the user's (libpq's blocking PQexecParams). Both run the driver's statements,
-// so a message sent in a transaction is the same row a plain send writes.
+// PostgresDriver's sends inside a transaction of the user's: on a PostgresStatements (the inbox's
+// PostgresTransaction) (through its Execute and Query, so the inbox's own queued statements run
+// first) and on a libpq connection of the user's (libpq's blocking PQexecParams). Both run the
+// driver's statements, so a message sent in a transaction is the same row a plain send writes.
 
 #include <utility>
 
@@ -67,7 +67,7 @@ absl::StatusOr<pg_internal::Result> Exec(PGconn* conn, const std::string& sql,
 
 }  // namespace
 
-absl::StatusOr<std::string> PostgresDriver::SendToQueue(PostgresTransaction& tx,
+absl::StatusOr<std::string> PostgresDriver::SendToQueue(PostgresStatements& tx,
                                                         absl::string_view queue, Outgoing out,
                                                         absl::Duration delay) {
   if (absl::Status st = CheckQueueSend(queue, delay); !st.ok()) return st;
@@ -84,7 +84,7 @@ absl::StatusOr<std::string> PostgresDriver::SendToQueue(PostgresTransaction& tx,
   return std::move(msg.id);
 }
 
-absl::StatusOr<std::string> PostgresDriver::PublishToTopic(PostgresTransaction& tx,
+absl::StatusOr<std::string> PostgresDriver::PublishToTopic(PostgresStatements& tx,
                                                            absl::string_view topic,
                                                            absl::string_view route_key,
                                                            Outgoing out) {
@@ -93,11 +93,11 @@ absl::StatusOr<std::string> PostgresDriver::PublishToTopic(PostgresTransaction& 
   const std::string wire = EncodeEnvelope(msg);
   if (absl::Status st = pg_internal::CheckMessageSize(core_->options, wire); !st.ok()) return st;
   if (absl::Status st = core_->db->Migrate(); !st.ok()) return st;
-  absl::StatusOr<std::vector<PostgresTransaction::Row>> rows =
+  absl::StatusOr<std::vector<PostgresStatements::Row>> rows =
       tx.Query(core_->sql.bindings, {std::string(topic)});
   if (!rows.ok()) return rows.status();
   std::vector<std::pair<std::string, std::string>> bindings;
-  for (const PostgresTransaction::Row& row : *rows) {
+  for (const PostgresStatements::Row& row : *rows) {
     bindings.emplace_back(row[0].value_or(""), row[1].value_or(""));
   }
   const std::vector<std::string> queues = pg_internal::MatchingQueues(bindings, route_key);

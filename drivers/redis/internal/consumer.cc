@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "bus/intake.h"
 
 namespace bus::redis {
 namespace {
@@ -53,17 +54,12 @@ class RedisConsumer final : public Consumer {
         keys_(core_->options().key_prefix, queue_),
         options_(options),
         blocking_(core_->client().NewBlocking()),
-        limit_(options.max_in_flight) {}
+        intake_(options.max_in_flight) {}
 
   ~RedisConsumer() override {
     // Give back what this consumer still holds, so others get it now rather than after the
     // leases run out. Best effort: the leases cover a failure here.
-    std::vector<std::string> held;
-    {
-      absl::MutexLock lock(&mu_);
-      held.assign(held_.begin(), held_.end());
-      held_.clear();
-    }
+    const std::vector<std::string> held = intake_.TakeAll();
     std::vector<std::vector<std::string>> calls;
     for (const std::string& receipt : held) {
       absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
@@ -83,12 +79,11 @@ class RedisConsumer final : public Consumer {
     const Clock& clock = *core_->options().clock;
     const absl::Time deadline = clock.Now() + wait;
     absl::MutexLock receive_lock(&receive_mu_);
-    std::stop_callback wake(stop, [this] {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    });
+    std::stop_callback wake(stop, [this] { intake_.Stop(); });
     while (!stop.stop_requested()) {
-      const int room = AwaitRoom(max, deadline, stop);
+      // One reserve moves at most script_batch_size messages, like every other script call.
+      const int room =
+          intake_.AwaitRoom(clock, max, core_->options().limits.script_batch_size, deadline, stop);
       if (room < 0) return absl::OkStatus();
       if (room == 0) continue;
       int64_t next_ms = -1;
@@ -114,8 +109,8 @@ class RedisConsumer final : public Consumer {
 
   void AckMany(absl::Span<const absl::string_view> receipts,
                absl::Span<absl::Status> results) override {
-    // One script call per script_batch deliveries, all calls pipelined in one round trip.
-    const size_t chunk = static_cast<size_t>(core_->options().limits.script_batch);
+    // One script call per script_batch_size deliveries, all calls pipelined in one round trip.
+    const size_t chunk = static_cast<size_t>(core_->options().limits.script_batch_size);
     std::vector<std::vector<std::string>> calls;
     std::vector<size_t> sent;  // positions in `receipts`, in call order
     for (size_t i = 0; i < receipts.size(); ++i) {
@@ -136,11 +131,8 @@ class RedisConsumer final : public Consumer {
       replies = core_->client().Eval(AckManyScript(), std::move(calls),
                                      core_->options().timeouts.request);
     }
-    {
-      // Whatever the outcome, this consumer stops counting the deliveries.
-      absl::MutexLock lock(&mu_);
-      for (absl::string_view receipt : receipts) held_.erase(receipt);
-    }
+    // Whatever the outcome, this consumer stops counting the deliveries.
+    intake_.Release(receipts);
     if (sent.empty()) return;
     if (!replies.ok()) {
       for (size_t i : sent) results[i] = replies.status();
@@ -176,10 +168,7 @@ class RedisConsumer final : public Consumer {
 
   // Reserves stop at once when the limit drops (a reserve in progress completes); a Receive
   // waiting for room wakes when it rises.
-  void SetIntake(int max_held) override {
-    absl::MutexLock lock(&mu_);
-    limit_ = max_held;
-  }
+  void SetIntake(int max_held) override { intake_.SetLimit(max_held); }
 
   absl::Status Extend(absl::string_view receipt) override {
     absl::StatusOr<ParsedReceipt> p = ParseReceipt(receipt);
@@ -197,27 +186,6 @@ class RedisConsumer final : public Consumer {
   }
 
  private:
-  // How many messages the next reserve may take: waits (on the injected clock) while this
-  // consumer holds max_in_flight deliveries, for a settle, a stop or `deadline`. -1: stopped or
-  // the deadline passed; 0: woken with no room (look again).
-  int AwaitRoom(int max, absl::Time deadline, const std::stop_token& stop) {
-    absl::MutexLock lock(&mu_);
-    auto has_room = [this] {
-      mu_.AssertHeld();
-      return stopping_ || static_cast<int>(held_.size()) < limit_;
-    };
-    if (!core_->options().clock->AwaitWithDeadline(&mu_, absl::Condition(&has_room), deadline)) {
-      return -1;
-    }
-    if (stopping_) {
-      stopping_ = false;
-      if (stop.stop_requested()) return -1;
-    }
-    // One reserve moves at most script_batch messages, like every other script call.
-    return std::max(0, std::min({max, limit_ - static_cast<int>(held_.size()),
-                                 core_->options().limits.script_batch}));
-  }
-
   // One reserve script call for up to `room` messages, appended to `out` and counted as held.
   // `*next_ms`: the server's time until the next delayed message falls due or lease runs out
   // (-1: none).
@@ -227,7 +195,7 @@ class RedisConsumer final : public Consumer {
         ReserveScript(),
         {{"5", keys_.ready, keys_.delayed, keys_.inflight, keys_.msgs, keys_.attempts,
           absl::StrCat(room), absl::StrCat(Millis(options_.lease)),
-          absl::StrCat(o.limits.script_batch)}},
+          absl::StrCat(o.limits.script_batch_size)}},
         o.timeouts.request);
     if (!replies.ok()) return replies.status();
     const Reply& r = (*replies)[0];
@@ -236,7 +204,6 @@ class RedisConsumer final : public Consumer {
       return absl::InternalError("redis: malformed reserve reply");
     }
     *next_ms = r.elements[0].integer;
-    absl::MutexLock lock(&mu_);
     for (size_t i = 1; i + 3 < r.elements.size(); i += 4) {
       Delivery d;
       const std::string& id = r.elements[i].str;
@@ -249,7 +216,7 @@ class RedisConsumer final : public Consumer {
                                  "\" on queue ", queue_, " is not a number: \"",
                                  absl::CHexEscape(bad.str), "\" (reset to 1)");
       }
-      held_.insert(d.receipt);
+      intake_.Hold(d.receipt);
       out->push_back(std::move(d));
     }
     return absl::OkStatus();
@@ -272,12 +239,9 @@ class RedisConsumer final : public Consumer {
     if (!p.ok()) return p.status();
     absl::StatusOr<std::vector<Reply>> replies =
         core_->client().Eval(script, {make_call(*p)}, core_->options().timeouts.request);
-    {
-      // Whatever the outcome, this consumer stops counting the delivery: settled, lost, or left
-      // to its lease.
-      absl::MutexLock lock(&mu_);
-      held_.erase(receipt);
-    }
+    // Whatever the outcome, this consumer stops counting the delivery: settled, lost, or left
+    // to its lease.
+    intake_.Release(receipt);
     if (!replies.ok()) return replies.status();
     absl::StatusOr<int64_t> n = IntReply((*replies)[0]);
     if (!n.ok()) return n.status();
@@ -299,11 +263,8 @@ class RedisConsumer final : public Consumer {
   const ConsumerOptions options_;
   std::unique_ptr<BlockingConnection> blocking_;  // BLPOP only
   absl::Mutex receive_mu_;                        // one Receive at a time (one blocking connection)
-  absl::Mutex mu_;
-  absl::flat_hash_set<std::string> held_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The most deliveries held now (SetIntake; ConsumerOptions::max_in_flight at first).
-  int limit_ ABSL_GUARDED_BY(mu_);
+  // The deliveries held, bounded by SetIntake (ConsumerOptions::max_in_flight at first).
+  IntakeLimiter intake_;
 };
 
 }  // namespace

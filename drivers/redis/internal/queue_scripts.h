@@ -1,6 +1,6 @@
 // The Lua scripts behind the Redis driver's queues. Every multi-step change to a queue is one
 // script, so it is atomic on the server; every loop in them is bounded by an argument (the
-// driver's limits.script_batch or the caller's max), so no call scans a whole queue.
+// driver's limits.script_batch_size or the caller's max), so no call scans a whole queue.
 //
 // Keys of queue Q under prefix P (one hash tag per queue, so they share a cluster slot); a
 // message id is any byte string (docs/redis.md says how a foreign producer enqueues):
@@ -214,8 +214,9 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 )lua";
 
-// KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's limits.script_batch).
-// Acks each delivery whose lease is held; returns one 1 (acked) or 0 (lease lost) per pair.
+// KEYS: inflight, msgs, attempts. ARGV: id, token pairs (at most the driver's
+// limits.script_batch_size). Acks each delivery whose lease is held; returns one 1 (acked) or 0
+// (lease lost) per pair.
 inline constexpr char kAckMany[] = BUS_REDIS_NOW R"lua(
 local now = now_ms()
 local asked = {}
