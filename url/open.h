@@ -3,11 +3,11 @@
 //   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = bus::OpenDriver("redis://cache:6379/1");
 //   absl::StatusOr<bus::Stores> stores = bus::OpenStores("sqlite:///var/lib/orders/bus.db");
 //
-// One call per kind: OpenDriver (memory, redis, nsq, amqp, nats, kafka, postgres), OpenDeadLetterStore
-// and OpenIdempotencyStore (memory, redis, sqlite, postgres), and OpenStores for both over one
-// connection (one SQLite database, one PostgreSQL database and its pool, or one Redis address).
-// Like the factories they call, none of them connects: an unreachable server shows up as
-// Unavailable from the first call that needs it.
+// One call per kind: OpenDriver (memory, redis, nsq, amqp, nats, kafka, postgres),
+// OpenDeadLetterStore and OpenIdempotencyStore (memory, redis, sqlite, postgres), and OpenStores
+// for both over one connection (one SQLite database, one PostgreSQL database and its pool, or one
+// Redis address). Like the factories they call, none of them connects: an unreachable server shows
+// up as Unavailable from the first call that needs it.
 //
 // Errors: InvalidArgument naming the URL part or parameter (never with the password or secret),
 // or what the factory returns (SqliteDatabase::Open opens the file).

@@ -620,7 +620,7 @@ TEST(Open, EveryKindAndUnknownSchemes) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->name(), "kafka");
   ExpectBad(OpenDriver("sqlite:///x.db").status(), "scheme");
-  ExpectBad(OpenDriver("amqp://h").status(), "scheme");
+  ExpectBad(OpenDriver("zmq://h").status(), "scheme");
 
   const std::string db = std::string(::testing::TempDir()) + "/open_test.db";
   absl::StatusOr<Stores> s = OpenStores("sqlite://" + db);

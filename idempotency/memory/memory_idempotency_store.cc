@@ -220,7 +220,7 @@ class MemoryIdempotencyStoreImpl final : public MemoryIdempotencyStore {
     const absl::Time now = options_.clock->Now();
     Shard& s = ShardOf(key);
     absl::MutexLock lock(&s.mu);
-    s.Sweep(now, options_.sweep_batch);
+    s.Sweep(now, options_.sweep_batch_size);
     return s.AcquireLocked(key, owner, lease, now, &report->lapsed_owner);
   }
 
