@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/letters.h"
+#include "tests/testing/kafka_server.h"
 #include "tests/testing/nsq_server.h"
 #include "tests/testing/postgres_server.h"
 #include "tests/testing/process.h"
@@ -601,6 +602,25 @@ TEST(BusctlRabbitMq, PublishStatsAndQueues) {
   EXPECT_EQ(r.exit, 1);
   EXPECT_THAT(r.err, HasSubstr("guest"));
   EXPECT_THAT(r.err, Not(HasSubstr("wrong-pw")));
+}
+
+TEST(BusctlKafka, PublishStatsAndQueues) {
+  KafkaServer* kafka = SharedKafkaServer();
+  ASSERT_NE(kafka, nullptr);
+  const std::string driver = absl::StrCat("--driver=kafka://", kafka->bootstrap());
+  Result r = Busctl({driver, "publish", "jobs", "--data=one"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "publish", "jobs", "--data=two", "--delay=1h"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  r = Busctl({driver, "stats", "jobs", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::vector<nlohmann::json> lines = JsonLines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["ready"], 1);
+  EXPECT_EQ(lines[0]["delayed"], 1);
+  r = Busctl({driver, "queues"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(r.out, "QUEUE  READY  DELAYED  IN_FLIGHT\njobs   1      1        0\n");
 }
 
 // `busctl tail` running as a child process: its stdout and stderr in files.

@@ -46,7 +46,8 @@ Commands:
   ui --listen=HOST:PORT      serve the web console (docs/console.md) until interrupted
 
 Global flags:
-  --driver=URL     broker: memory://, redis[s]://..., nsq://..., amqp[s]://..., nats://...
+  --driver=URL     broker: memory://, redis[s]://..., nsq://..., amqp[s]://..., nats://...,
+                   kafka://...
                    (default: $BUS_DRIVER)
   --stores=URL     dead-letter store: memory://, redis[s]://..., sqlite://..., postgres://...
                    (default: $BUS_STORES)

@@ -130,4 +130,5 @@ fi
 # The brokers of the newer drivers, one script each.
 bash "$here/setup_nats.sh"
 bash "$here/setup_rabbitmq.sh"
+bash "$here/setup_kafka.sh"
 echo "setup_tests: ok"

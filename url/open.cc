@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/sqlite/sqlite_database.h"
+#include "drivers/kafka/kafka_driver.h"
 #include "drivers/memory/memory_driver.h"
 #include "drivers/nats/nats_driver.h"
 #include "drivers/nsq/nsq_driver.h"
@@ -25,6 +26,7 @@
 #include "storage/postgres/dead_letter_store.h"
 #include "storage/redis/redis_dead_letter_store.h"
 #include "storage/sqlite/dead_letter_store.h"
+#include "url/kafka_url.h"
 #include "url/memory_url.h"
 #include "url/nats_url.h"
 #include "url/nsq_url.h"
@@ -124,6 +126,16 @@ absl::StatusOr<std::shared_ptr<Driver>> OpenNsq(absl::string_view text, const Op
   return NewNsqDriver(*std::move(nsq));
 }
 
+absl::StatusOr<std::shared_ptr<Driver>> OpenKafka(absl::string_view text, const OpenOverrides& o) {
+  absl::StatusOr<ParsedUrl> url = ParseUrl(text);
+  if (!url.ok()) return url.status();
+  absl::StatusOr<KafkaOptions> kafka = KafkaOptionsFromUrl(*url, EnvOf(o));
+  if (!kafka.ok()) return kafka.status();
+  if (o.clock != nullptr) kafka->clock = o.clock;
+  if (o.logger != nullptr) kafka->logger = o.logger;
+  return NewKafkaDriver(*std::move(kafka));
+}
+
 absl::StatusOr<std::shared_ptr<Driver>> OpenNats(absl::string_view text, const OpenOverrides& o) {
   absl::StatusOr<ParsedUrl> url = ParseUrl(text);
   if (!url.ok()) return url.status();
@@ -216,6 +228,7 @@ constexpr Opener kOpeners[] = {
     {"tls", OpenNats, nullptr},
     {"amqp", OpenRabbitMq, nullptr},
     {"amqps", OpenRabbitMq, nullptr},
+    {"kafka", OpenKafka, nullptr},
     {"sqlite", nullptr, OpenSqliteStores},
     {"postgres", OpenPostgres, OpenPostgresStores},
     {"postgresql", OpenPostgres, OpenPostgresStores},

@@ -3,11 +3,11 @@
 //   absl::StatusOr<std::shared_ptr<bus::Driver>> driver = bus::OpenDriver("redis://cache:6379/1");
 //   absl::StatusOr<bus::Stores> stores = bus::OpenStores("sqlite:///var/lib/orders/bus.db");
 //
-// One call per kind: OpenDriver (memory, redis, nsq, amqp, nats, postgres), OpenDeadLetterStore
-// and OpenIdempotencyStore (memory, redis, sqlite, postgres), and OpenStores for both over one
-// connection (one SQLite database, one PostgreSQL database and its pool, or one Redis address).
-// Like the factories they call, none of them connects: an unreachable server shows up as
-// Unavailable from the first call that needs it.
+// One call per kind: OpenDriver (memory, redis, nsq, amqp, nats, kafka, postgres),
+// OpenDeadLetterStore and OpenIdempotencyStore (memory, redis, sqlite, postgres), and OpenStores
+// for both over one connection (one SQLite database, one PostgreSQL database and its pool, or one
+// Redis address). Like the factories they call, none of them connects: an unreachable server shows
+// up as Unavailable from the first call that needs it.
 //
 // Errors: InvalidArgument naming the URL part or parameter (never with the password or secret),
 // or what the factory returns (SqliteDatabase::Open opens the file).
@@ -36,7 +36,8 @@ struct OpenOverrides {
   // Logger for drivers (each driver's default when null).
   std::shared_ptr<Logger> logger{};
   // Where the URL's secrets are read from when it holds none (REDIS_PASSWORD, NSQ_AUTH_SECRET,
-  // RABBITMQ_USER and RABBITMQ_PASSWORD, NATS_TOKEN and the like). Default: the process
+  // RABBITMQ_USER and RABBITMQ_PASSWORD, NATS_TOKEN, KAFKA_USERNAME and KAFKA_PASSWORD and the
+  // like). Default: the process
   // environment.
   GetEnv env{};
 };

@@ -11,6 +11,7 @@
 //   nsq://nsqd-host[:4150][,host2:4150...][?lookupd=host:4161,...&auth_secret=...]
 //   amqp://[user[:password]@]host[:5672][/vhost][?heartbeat=..&queue_type=..]   (RabbitMQ)
 //   amqps://...   (the same over TLS, port 5671)
+//   kafka://[user[:password]@]broker1[:9092][,broker2...][?partitions=..]   (url/kafka_url.h)
 //   sqlite:///absolute/path.db      sqlite://relative/path.db
 //   postgres://[user[:password]@]host[:port][,host2...]/db[?sslmode=..&schema=..]   (stores)
 //   postgresql://...   (the same)
