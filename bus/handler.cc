@@ -43,6 +43,66 @@ void AlignReplication(internal::Pipeline& p) {
   check("dead-letter", o.stores.dead_letters->ReplicasAwaited());
 }
 
+// The flow group, with max_in_flight's default filled in.
+absl::Status ValidateFlow(HandlerOptions::Flow& flow) {
+  if (flow.concurrency < 1) return Invalid("flow.concurrency", "must be >= 1");
+  if (flow.max_in_flight == 0) flow.max_in_flight = flow.concurrency * kAutoInFlightPerWorker;
+  if (flow.max_in_flight < flow.concurrency) {
+    return Invalid("flow.max_in_flight", "must be 0 (chosen by the library) or >= concurrency");
+  }
+  if (flow.batch_size < 0) {
+    return Invalid("flow.batch_size", "must be 0 (chosen by the library) or >= 1");
+  }
+  if (flow.shutdown_timeout <= absl::ZeroDuration()) {
+    return Invalid("flow.shutdown_timeout", "must be > 0");
+  }
+  if (flow.delivery_lease <= absl::ZeroDuration()) {
+    return Invalid("flow.delivery_lease", "must be > 0");
+  }
+  if (flow.max_message_bytes < 64) return Invalid("flow.max_message_bytes", "must be >= 64");
+  if (flow.consumer_backoff.has_value() &&
+      (flow.consumer_backoff->initial <= absl::ZeroDuration() ||
+       flow.consumer_backoff->max < flow.consumer_backoff->initial)) {
+    return Invalid("flow.consumer_backoff", "initial must be > 0 and <= max");
+  }
+  if (flow.max_deliveries < 0) {
+    return Invalid("flow.max_deliveries", "must be 0 (no cap) or >= 1");
+  }
+  return absl::OkStatus();
+}
+
+// The stores (with the idempotency lease's default filled in), replay, backoff and observability
+// groups.
+absl::Status ValidateStoresAndReplay(HandlerOptions& o) {
+  HandlerOptions::Stores& stores = o.stores;
+  if (stores.idempotency_lease == absl::ZeroDuration()) {
+    stores.idempotency_lease = o.flow.delivery_lease / 2;
+  }
+  if (stores.idempotency_lease <= absl::ZeroDuration() ||
+      stores.idempotency_lease >= o.flow.delivery_lease) {
+    // A worker that dies mid-handle leaves its key leased. Its delivery comes back when the
+    // delivery lease runs out; the key must be free by then, or the redelivery would be taken
+    // for a duplicate and skipped.
+    return Invalid("stores.idempotency_lease", "must be > 0 and shorter than flow.delivery_lease");
+  }
+  if (stores.idempotency_retention <= absl::ZeroDuration()) {
+    return Invalid("stores.idempotency_retention", "must be > 0");
+  }
+  if (o.replay.interval < absl::ZeroDuration() ||
+      (o.replay.interval > absl::ZeroDuration() && o.replay.interval < absl::Milliseconds(1))) {
+    return Invalid("replay.interval", "must be zero (disabled) or >= 1ms");
+  }
+  if (o.replay.batch_size < 1) return Invalid("replay.batch_size", "must be >= 1");
+  if (o.infra_backoff.initial < absl::ZeroDuration() ||
+      o.infra_backoff.max < o.infra_backoff.initial) {
+    return Invalid("infra_backoff", "initial must be >= 0 and <= max");
+  }
+  if (o.observability.observer_queue < 1) {
+    return Invalid("observability.observer_queue", "must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Handler>> Handler::Create(HandlerOptions options) {
@@ -86,65 +146,17 @@ absl::StatusOr<std::unique_ptr<Handler>> Handler::Build(HandlerOptions o,
       return Invalid("setup.subscribe.route_key", st.message());
     }
   }
-  HandlerOptions::Flow& flow = o.flow;
-  if (flow.concurrency < 1) return Invalid("flow.concurrency", "must be >= 1");
-  if (flow.max_in_flight == 0) flow.max_in_flight = flow.concurrency * kAutoInFlightPerWorker;
-  if (flow.max_in_flight < flow.concurrency) {
-    return Invalid("flow.max_in_flight", "must be 0 (chosen by the library) or >= concurrency");
-  }
-  if (flow.batch_size < 0) {
-    return Invalid("flow.batch_size", "must be 0 (chosen by the library) or >= 1");
-  }
-  if (flow.shutdown_timeout <= absl::ZeroDuration()) {
-    return Invalid("flow.shutdown_timeout", "must be > 0");
-  }
-  if (flow.delivery_lease <= absl::ZeroDuration()) {
-    return Invalid("flow.delivery_lease", "must be > 0");
-  }
-  if (flow.max_message_bytes < 64) return Invalid("flow.max_message_bytes", "must be >= 64");
-  if (flow.consumer_backoff.has_value() &&
-      (flow.consumer_backoff->initial <= absl::ZeroDuration() ||
-       flow.consumer_backoff->max < flow.consumer_backoff->initial)) {
-    return Invalid("flow.consumer_backoff", "initial must be > 0 and <= max");
-  }
-  if (flow.max_deliveries < 0) {
-    return Invalid("flow.max_deliveries", "must be 0 (no cap) or >= 1");
-  }
-  HandlerOptions::Stores& stores = o.stores;
-  if (stores.idempotency_lease == absl::ZeroDuration()) {
-    stores.idempotency_lease = flow.delivery_lease / 2;
-  }
-  if (stores.idempotency_lease <= absl::ZeroDuration() ||
-      stores.idempotency_lease >= flow.delivery_lease) {
-    // A worker that dies mid-handle leaves its key leased. Its delivery comes back when the
-    // delivery lease runs out; the key must be free by then, or the redelivery would be taken
-    // for a duplicate and skipped.
-    return Invalid("stores.idempotency_lease", "must be > 0 and shorter than flow.delivery_lease");
-  }
-  if (stores.idempotency_retention <= absl::ZeroDuration()) {
-    return Invalid("stores.idempotency_retention", "must be > 0");
-  }
-  if (o.replay.interval < absl::ZeroDuration() ||
-      (o.replay.interval > absl::ZeroDuration() && o.replay.interval < absl::Milliseconds(1))) {
-    return Invalid("replay.interval", "must be zero (disabled) or >= 1ms");
-  }
-  if (o.replay.batch_size < 1) return Invalid("replay.batch_size", "must be >= 1");
-  if (o.infra_backoff.initial < absl::ZeroDuration() ||
-      o.infra_backoff.max < o.infra_backoff.initial) {
-    return Invalid("infra_backoff", "initial must be >= 0 and <= max");
-  }
-  if (o.observability.observer_queue < 1) {
-    return Invalid("observability.observer_queue", "must be >= 1");
-  }
+  if (absl::Status st = ValidateFlow(o.flow); !st.ok()) return st;
+  if (absl::Status st = ValidateStoresAndReplay(o); !st.ok()) return st;
 
   const bool user_ensure = o.ensure != nullptr;
   if (o.observability.logger == nullptr) o.observability.logger = DefaultLogger();
-  if (stores.idempotency == nullptr) stores.idempotency = NullIdempotencyStore();
+  if (o.stores.idempotency == nullptr) o.stores.idempotency = NullIdempotencyStore();
   if (o.ensure == nullptr) o.ensure = [](const Message&) { return Ensure::kAlreadyHandled; };
   if (o.retry_delay == nullptr) o.retry_delay = [](int) { return NoRetry(); };
   if (o.clock == nullptr) o.clock = o.driver->clock();
-  const bool no_dead_letters = stores.dead_letters == nullptr;
-  if (no_dead_letters) stores.dead_letters = NullDeadLetterStore();
+  const bool no_dead_letters = o.stores.dead_letters == nullptr;
+  if (no_dead_letters) o.stores.dead_letters = NullDeadLetterStore();
   auto handler =
       std::unique_ptr<Handler>(new Handler(std::move(o), user_ensure, std::move(transactional)));
   if (no_dead_letters) {

@@ -7,9 +7,10 @@
 
 namespace bus {
 
-void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver& driver,
-                         DeadLetterStore* dead_letters, MetricsWriter& w) {
-  const MetricLabels q = {{"queue", std::string(queue)}};
+namespace {
+
+// What happened to the messages: the pipeline's counters.
+void WriteMessageCounts(const HandlerStats& s, const MetricLabels& q, MetricsWriter& w) {
   w.Counter("bus_messages_received_total",
             "Deliveries taken from the driver, replayed dead letters included.", q, s.received);
   w.Counter("bus_messages_succeeded_total", "Messages whose handle() returned OK.", q, s.succeeded);
@@ -43,6 +44,11 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
   w.Counter("bus_events_dropped_total",
             "Observer events dropped because the observer's queue was full (bus/events.h).", q,
             s.events_dropped);
+}
+
+// The handler and its driver's connections now.
+void WriteHandlerState(const HandlerStats& s, absl::string_view queue, Driver& driver,
+                       const MetricLabels& q, MetricsWriter& w) {
   w.Gauge("bus_messages_in_flight", "Messages inside the pipeline now.", q,
           static_cast<double>(s.in_flight));
   w.Counter("bus_driver_reconnects_total",
@@ -58,8 +64,10 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
           s.running ? 1 : 0);
   w.Gauge("bus_handler_consuming", "1 while the handler's consumer is running.", q,
           s.consuming ? 1 : 0);
+}
 
-  // Intake control (the receive loop).
+// Intake control (the receive loop) and the handle() latency.
+void WriteIntake(const HandlerStats& s, const MetricLabels& q, MetricsWriter& w) {
   w.Counter("bus_deliveries_acknowledged_total", "Acks the broker accepted.", q, s.acknowledged);
   w.Counter("bus_deliveries_lease_lost_total",
             "Acks and nacks the broker refused because the delivery's lease had run out.", q,
@@ -86,7 +94,11 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
   h.counts.assign(s.latency_buckets.begin(), s.latency_buckets.end());
   h.sum = absl::ToDoubleSeconds(s.latency_sum);
   w.Histogram("bus_handle_duration_seconds", "Duration of handle() calls.", q, h);
+}
 
+// The queue's depth as the broker counts it, and the dead letters by kind.
+void WriteDepths(absl::string_view queue, Driver& driver, DeadLetterStore* dead_letters,
+                 const MetricLabels& q, MetricsWriter& w) {
   absl::StatusOr<QueueCounts> depth = driver.InspectQueue(queue);
   if (depth.ok()) {
     const char* help = "Messages in the queue now, as the broker counts them, by state.";
@@ -117,6 +129,17 @@ void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver&
           "Kinds whose bus_dead_letters was left off this page because the store's Count "
           "failed.",
           q, failed);
+}
+
+}  // namespace
+
+void WriteHandlerMetrics(const HandlerStats& s, absl::string_view queue, Driver& driver,
+                         DeadLetterStore* dead_letters, MetricsWriter& w) {
+  const MetricLabels q = {{"queue", std::string(queue)}};
+  WriteMessageCounts(s, q, w);
+  WriteHandlerState(s, queue, driver, q, w);
+  WriteIntake(s, q, w);
+  WriteDepths(queue, driver, dead_letters, q, w);
 }
 
 }  // namespace bus

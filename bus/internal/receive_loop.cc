@@ -205,6 +205,104 @@ absl::Status ReceiveBatches(Driver& driver, absl::string_view queue, const Recei
                      stop);
 }
 
+namespace {
+
+// A consumer of `queue`; the broker may be down when we start: keep trying, with the fetch
+// pause's backoff, until it is up or we are stopped (then null).
+absl::StatusOr<std::unique_ptr<Consumer>> OpenConsumer(Driver& driver, absl::string_view queue,
+                                                       const ReceiveOptions& opts,
+                                                       ReceiveSink& sink, std::stop_token stop) {
+  Backoff backoff(kReceiveBackoff);
+  while (true) {
+    auto c = driver.NewConsumer(queue, ConsumerOptions{opts.max_in_flight, opts.lease});
+    if (c.ok()) return c;
+    const bool retry = absl::IsUnavailable(c.status()) ||
+                       (opts.retry_fatal_errors && IsFatalReceiveError(c.status()));
+    if (!retry) return c.status();
+    sink.OnError({ReceiveError::Kind::kConsumer, c.status()});
+    if (SleepAfterFailure(*driver.clock(), backoff, stop)) return nullptr;
+  }
+}
+
+// The control's changes reach the loop from now on (under the control's lock, then the loop's);
+// the workers start with its limits.
+void AttachControl(const std::shared_ptr<Loop>& loop, ReceiveControl& control) {
+  std::weak_ptr<Loop> weak = loop;
+  const ReceiveControl::Limits limits =
+      control.Attach([weak](const ReceiveControl::Limits& changed) {
+        std::shared_ptr<Loop> l = weak.lock();
+        if (l == nullptr) return;
+        absl::MutexLock lock(&l->mu);
+        l->limits = changed;
+        l->ApplyConcurrency();
+        l->UpdateIntake();
+      });
+  absl::MutexLock lock(&loop->mu);
+  loop->limits = limits;
+  loop->UpdateIntake();
+  loop->ApplyConcurrency();
+}
+
+// Lets in-flight callbacks finish within the shutdown timeout (true when they did not), then
+// gives back what was received and never started, so it is redelivered at once, and what was
+// held, with what is left of its delay. (A refused nack is reported by SettleOne; the delivery
+// comes back when its lease ends.)
+bool DrainAndGiveBack(Loop& loop, const ReceiveOptions& opts) {
+  bool timed_out = false;
+  std::vector<Held> unstarted;
+  std::vector<absl::Duration> delays;
+  {
+    absl::MutexLock lock(&loop.mu);
+    auto drained = [&loop]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop.mu) { return loop.running_workers == 0; };
+    const absl::Time deadline = loop.clock->Now() + opts.shutdown_timeout;
+    timed_out = !loop.clock->AwaitWithDeadline(&loop.mu, absl::Condition(&drained), deadline);
+    if (timed_out) loop.abandoned = true;
+    for (Held& h : loop.buffer) unstarted.push_back(std::move(h));
+    delays.assign(loop.buffer.size(), absl::ZeroDuration());
+    loop.buffer.clear();
+    loop.TakeParked(&unstarted, &delays);
+  }
+  for (size_t i = 0; i < unstarted.size(); ++i) {
+    loop.SettleOne(unstarted[i].delivery.receipt, Settlement::Redeliver(delays[i])).IgnoreError();
+  }
+  absl::MutexLock lock(&loop.mu);
+  loop.SetHeld(loop.held - static_cast<int>(unstarted.size()));
+  return timed_out;
+}
+
+// Joins the keeper and the workers (detaches them after a timeout: stuck ones hold the loop
+// until they return) and says how the loop ended.
+absl::Status JoinAndReport(Loop& loop, std::thread& keeper, bool timed_out,
+                           const ReceiveOptions& opts) {
+  int stuck = 0;
+  std::vector<std::thread> workers;
+  absl::Status fatal;
+  {
+    absl::MutexLock lock(&loop.mu);
+    stuck = loop.running_workers;
+    workers.swap(loop.threads);
+    fatal = loop.fatal;
+  }
+  keeper.join();
+  for (std::thread& w : workers) {
+    if (timed_out) {
+      w.detach();
+    } else {
+      w.join();
+    }
+  }
+  if (!fatal.ok()) return fatal;
+  if (timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        stuck, " callback(s) still running after the shutdown timeout of ",
+        absl::FormatDuration(opts.shutdown_timeout), "; their deliveries are left unsettled"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveOptions& options,
                          std::shared_ptr<ReceiveSink> sink, std::stop_token stop) {
   if (absl::Status st = ValidateName("queue", queue); !st.ok()) return st;
@@ -217,26 +315,13 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
     control = std::make_shared<ReceiveControl>(
         ReceiveControl::Limits{opts.concurrency, opts.max_in_flight, false});
   }
+  absl::StatusOr<std::unique_ptr<Consumer>> consumer =
+      OpenConsumer(driver, queue, opts, *sink, stop);
+  if (!consumer.ok()) return consumer.status();
+  if (*consumer == nullptr) return absl::OkStatus();  // stopped while the broker was down
 
-  const std::shared_ptr<Clock> clk = driver.clock();
-  std::unique_ptr<Consumer> consumer;
-  // The broker may be down when we start: keep trying, with the fetch pause's backoff, until it
-  // is up or we are stopped.
-  Backoff backoff(kReceiveBackoff);
-  while (true) {
-    auto c = driver.NewConsumer(queue, ConsumerOptions{opts.max_in_flight, opts.lease});
-    if (c.ok()) {
-      consumer = std::move(*c);
-      break;
-    }
-    const bool retry = absl::IsUnavailable(c.status()) ||
-                       (opts.retry_fatal_errors && IsFatalReceiveError(c.status()));
-    if (!retry) return c.status();
-    sink->OnError({ReceiveError::Kind::kConsumer, c.status()});
-    if (SleepAfterFailure(*clk, backoff, stop)) return absl::OkStatus();
-  }
-
-  auto loop = std::make_shared<Loop>(std::move(consumer), clk, opts, sink, control, stop);
+  auto loop =
+      std::make_shared<Loop>(*std::move(consumer), driver.clock(), opts, sink, control, stop);
   // Registered before any worker starts, so no worker can take a new delivery after stop was
   // requested (it runs at once if stop was requested already).
   std::stop_callback on_stop(stop, [loop] {
@@ -245,82 +330,16 @@ absl::Status ReceiveInto(Driver& driver, absl::string_view queue, const ReceiveO
   });
   // Before the workers start, so it happens before the first delivery reaches the callback.
   sink->OnConsuming();
-  {
-    // The control's changes reach the loop from now on (under the control's lock, then the
-    // loop's); the workers start with its limits.
-    std::weak_ptr<Loop> weak = loop;
-    const ReceiveControl::Limits limits =
-        control->Attach([weak](const ReceiveControl::Limits& changed) {
-          std::shared_ptr<Loop> l = weak.lock();
-          if (l == nullptr) return;
-          absl::MutexLock lock(&l->mu);
-          l->limits = changed;
-          l->ApplyConcurrency();
-          l->UpdateIntake();
-        });
-    absl::MutexLock lock(&loop->mu);
-    loop->limits = limits;
-    loop->UpdateIntake();
-    loop->ApplyConcurrency();
-  }
+  AttachControl(loop, *control);
   std::thread keeper([loop] { loop->Keeper(); });
-
   {
     absl::MutexLock lock(&loop->mu);
     loop->mu.Await(absl::Condition(&loop->stopping));
   }
   // No worker starts after this (ApplyConcurrency does nothing once stopping).
   control->Detach();
-
-  // Let in-flight callbacks finish within the shutdown timeout.
-  bool timed_out = false;
-  std::vector<Held> unstarted;
-  std::vector<absl::Duration> delays;
-  {
-    absl::MutexLock lock(&loop->mu);
-    auto drained = [&loop]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop->mu) {
-      return loop->running_workers == 0;
-    };
-    const absl::Time deadline = clk->Now() + opts.shutdown_timeout;
-    timed_out = !clk->AwaitWithDeadline(&loop->mu, absl::Condition(&drained), deadline);
-    if (timed_out) loop->abandoned = true;
-    for (Held& h : loop->buffer) unstarted.push_back(std::move(h));
-    delays.assign(loop->buffer.size(), absl::ZeroDuration());
-    loop->buffer.clear();
-    loop->TakeParked(&unstarted, &delays);
-  }
-  // Give back what was received and never started, so it is redelivered at once, and what was
-  // held, with what is left of its delay. (A refused nack is reported by SettleOne; the delivery
-  // comes back when its lease ends.)
-  for (size_t i = 0; i < unstarted.size(); ++i) {
-    loop->SettleOne(unstarted[i].delivery.receipt, Settlement::Redeliver(delays[i])).IgnoreError();
-  }
-
-  int stuck = 0;
-  std::vector<std::thread> workers;
-  absl::Status fatal;
-  {
-    absl::MutexLock lock(&loop->mu);
-    stuck = loop->running_workers;
-    workers.swap(loop->threads);
-    loop->SetHeld(loop->held - static_cast<int>(unstarted.size()));
-    fatal = loop->fatal;
-  }
-  keeper.join();
-  for (std::thread& w : workers) {
-    if (timed_out) {
-      w.detach();  // finished ones exit promptly; stuck ones hold `loop` until they return
-    } else {
-      w.join();
-    }
-  }
-  if (!fatal.ok()) return fatal;
-  if (timed_out) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        stuck, " callback(s) still running after the shutdown timeout of ",
-        absl::FormatDuration(opts.shutdown_timeout), "; their deliveries are left unsettled"));
-  }
-  return absl::OkStatus();
+  const bool timed_out = DrainAndGiveBack(*loop, opts);
+  return JoinAndReport(*loop, keeper, timed_out, opts);
 }
 
 }  // namespace bus
