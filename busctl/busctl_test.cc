@@ -376,7 +376,7 @@ TEST_F(BusctlRedisTest, BadUrlsAndUnreachableServersExitOne) {
   };
   for (const Case& c : std::vector<Case>{
            {{"--driver=redis://:hunter2@127.0.0.1:99999", "queues"}, "URL port"},
-           {{"--driver=kafka://h", "queues"}, "URL scheme"},
+           {{"--driver=zmq://h", "queues"}, "URL scheme"},
            {{"--driver=redis://h?key_prefx=a", "queues"}, "unknown: key_prefx"},
            {{"--stores=sqlite://", "dead-letters", "count", "q"}, "URL path"},
            {{absl::StrCat("--driver=redis://:hunter2@127.0.0.1:", *free_port, "?timeout=500ms"),
