@@ -28,9 +28,9 @@ absl::StatusOr<NatsOptions> Parse(absl::string_view text, const GetEnv& env = En
 }
 
 TEST(NatsUrlTest, HostsPortsAndStreamParameters) {
-  absl::StatusOr<NatsOptions> o =
-      Parse("nats://n1,n2:4333?stream=ORDERS&replicas=3&storage=memory&max_deliver=5"
-            "&request_timeout=2s&subject_prefix=app");
+  absl::StatusOr<NatsOptions> o = Parse(
+      "nats://n1,n2:4333?stream=ORDERS&replicas=3&storage=memory&max_deliver=5"
+      "&request_timeout=2s&subject_prefix=app");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->servers, (std::vector<std::string>{"nats://n1:4222", "nats://n2:4333"}));
   EXPECT_EQ(o->stream.name, "ORDERS");

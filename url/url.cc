@@ -148,7 +148,8 @@ namespace {
 absl::StatusOr<std::string> ParseScheme(absl::string_view text, absl::string_view* rest) {
   const size_t sep = text.find("://");
   if (sep == absl::string_view::npos || sep == 0) {
-    return Bad("scheme", "missing (want memory://, redis://, nsq://, kafka://, sqlite:// or postgres://)");
+    return Bad("scheme",
+               "missing (want memory://, redis://, nsq://, kafka://, sqlite:// or postgres://)");
   }
   std::string scheme = absl::AsciiStrToLower(text.substr(0, sep));
   for (char c : scheme) {
